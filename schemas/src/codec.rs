@@ -1,0 +1,348 @@
+//! MessagePack encoding and decoding with size limits, version checks and upcasting.
+//!
+//! Decoding reads only `schema_version` first. The current version decodes straight into
+//! [`Envelope`]; an older one goes through the registered [`Upcaster`] chain as a dynamic
+//! value; a newer one is refused, since this build cannot know what it means.
+
+use serde::Deserialize;
+
+use crate::SCHEMA_VERSION;
+use crate::envelope::Envelope;
+use crate::error::SchemaError;
+
+/// Size limits enforced before anything is published.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Limits {
+    /// Largest encoded envelope accepted, in bytes. Keep it below the stream's
+    /// `max_msg_size` minus header room, so the server never has to be the one to refuse.
+    pub max_event_bytes: usize,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Self {
+            max_event_bytes: 512 * 1024,
+        }
+    }
+}
+
+/// Rewrites an event of version `from_version()` into version `from_version() + 1`.
+///
+/// Upcasters work on the dynamic MessagePack value so that the Rust type of an old version
+/// need not be kept around; they must set `schema_version` on what they return.
+pub trait Upcaster: Send + Sync {
+    fn from_version(&self) -> u16;
+    fn upcast(&self, event: rmpv::Value) -> Result<rmpv::Value, SchemaError>;
+}
+
+/// Encodes and decodes envelopes under a set of limits and upcasters.
+#[derive(Default)]
+pub struct Codec {
+    limits: Limits,
+    upcasters: Vec<Box<dyn Upcaster>>,
+}
+
+impl std::fmt::Debug for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Codec")
+            .field("limits", &self.limits)
+            .field("upcasters", &self.upcasters.len())
+            .finish()
+    }
+}
+
+#[derive(Deserialize)]
+struct VersionProbe {
+    schema_version: Option<u16>,
+}
+
+impl Codec {
+    pub fn new(limits: Limits) -> Self {
+        Self {
+            limits,
+            upcasters: Vec::new(),
+        }
+    }
+
+    pub fn with_upcaster(mut self, upcaster: impl Upcaster + 'static) -> Self {
+        self.upcasters.push(Box::new(upcaster));
+        self
+    }
+
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+
+    /// Validates and encodes; refuses events over the size limit.
+    pub fn encode(&self, event: &Envelope) -> Result<Vec<u8>, SchemaError> {
+        event.validate()?;
+        let bytes = rmp_serde::to_vec_named(event)
+            .map_err(|e| SchemaError::Malformed(format!("cannot encode event: {e}")))?;
+        self.check_size(bytes.len())?;
+        Ok(bytes)
+    }
+
+    /// Decodes MessagePack bytes, upcasting older versions, and validates the result.
+    pub fn decode(&self, bytes: &[u8]) -> Result<Envelope, SchemaError> {
+        self.check_size(bytes.len())?;
+        let probe: VersionProbe = rmp_serde::from_slice(bytes)
+            .map_err(|e| SchemaError::Malformed(format!("not a msgpack event map: {e}")))?;
+        let version = probe
+            .schema_version
+            .ok_or_else(|| SchemaError::Malformed("missing schema_version".into()))?;
+        let event = if version == SCHEMA_VERSION {
+            rmp_serde::from_slice::<Envelope>(bytes)
+                .map_err(|e| SchemaError::Malformed(e.to_string()))?
+        } else if version > SCHEMA_VERSION {
+            return Err(SchemaError::UnknownSchemaVersion {
+                found: version,
+                supported: SCHEMA_VERSION,
+            });
+        } else {
+            let value = rmpv::decode::read_value(&mut &bytes[..])
+                .map_err(|e| SchemaError::Malformed(e.to_string()))?;
+            let value = self.upcast(version, value)?;
+            // Re-encode rather than use rmpv's deserializer, which reads enums differently
+            // from rmp-serde; one decoder means one set of rules for every version.
+            let mut upcast = Vec::with_capacity(bytes.len());
+            rmpv::encode::write_value(&mut upcast, &value)
+                .map_err(|e| SchemaError::Malformed(e.to_string()))?;
+            rmp_serde::from_slice::<Envelope>(&upcast)
+                .map_err(|e| SchemaError::Malformed(format!("after upcasting: {e}")))?
+        };
+        event.validate()?;
+        Ok(event)
+    }
+
+    /// Parses one JSON event as a client would write it. `event_id`, `schema_version`,
+    /// `occurred_at` and `recorded_at` may be left out and are filled in here; everything
+    /// else is checked as strictly as on the binary path, with the failing field named.
+    pub fn decode_json(&self, json: &str) -> Result<Envelope, SchemaError> {
+        let mut value: serde_json::Value = serde_json::from_str(json)
+            .map_err(|e| SchemaError::Malformed(format!("invalid JSON: {e}")))?;
+        let object = value
+            .as_object_mut()
+            .ok_or_else(|| SchemaError::Malformed("an event must be a JSON object".into()))?;
+        let now = serde_json::Value::String(chrono::Utc::now().to_rfc3339());
+        object
+            .entry("event_id")
+            .or_insert_with(|| crate::EventId::new().to_string().into());
+        object
+            .entry("schema_version")
+            .or_insert_with(|| SCHEMA_VERSION.into());
+        object.entry("occurred_at").or_insert_with(|| now.clone());
+        object.entry("recorded_at").or_insert(now);
+        let version = object
+            .get("schema_version")
+            .and_then(serde_json::Value::as_u64)
+            .ok_or_else(|| SchemaError::InvalidField {
+                field: "schema_version",
+                reason: "must be a positive integer".into(),
+            })?;
+        if version != u64::from(SCHEMA_VERSION) {
+            return Err(SchemaError::UnknownSchemaVersion {
+                found: u16::try_from(version).unwrap_or(u16::MAX),
+                supported: SCHEMA_VERSION,
+            });
+        }
+        let event: Envelope = serde_path_to_error::deserialize(value).map_err(|e| {
+            let path = e.path().to_string();
+            SchemaError::Malformed(format!("field {path}: {}", e.into_inner()))
+        })?;
+        event.validate()?;
+        self.check_size(
+            rmp_serde::to_vec_named(&event)
+                .map_err(|e| SchemaError::Malformed(e.to_string()))?
+                .len(),
+        )?;
+        Ok(event)
+    }
+
+    fn upcast(&self, mut version: u16, mut value: rmpv::Value) -> Result<rmpv::Value, SchemaError> {
+        while version < SCHEMA_VERSION {
+            let upcaster = self
+                .upcasters
+                .iter()
+                .find(|u| u.from_version() == version)
+                .ok_or(SchemaError::UnknownSchemaVersion {
+                    found: version,
+                    supported: SCHEMA_VERSION,
+                })?;
+            value = upcaster.upcast(value)?;
+            version += 1;
+        }
+        Ok(value)
+    }
+
+    fn check_size(&self, size: usize) -> Result<(), SchemaError> {
+        if size > self.limits.max_event_bytes {
+            return Err(SchemaError::TooLarge {
+                size,
+                max: self.limits.max_event_bytes,
+            });
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::{Content, EventKind, Layer, Scope, ScopeKind};
+    use crate::ident::Ident;
+
+    fn event() -> Envelope {
+        let id = |s: &str| Ident::parse("id", s).unwrap();
+        let mut e = Envelope::new(
+            id("acme"),
+            Scope::new(ScopeKind::Task, "t-1").unwrap(),
+            id("coder"),
+            id("i-7"),
+            Layer::Episodic,
+            EventKind::Outcome,
+            Content::text("tests pass after the fix"),
+        );
+        e.tags = vec!["ci".into()];
+        e.content.data = Some(serde_json::json!({"exit_code": 0, "files": ["a.rs"]}));
+        e
+    }
+
+    fn named_value(e: &Envelope) -> rmpv::Value {
+        let bytes = rmp_serde::to_vec_named(e).unwrap();
+        rmpv::decode::read_value(&mut &bytes[..]).unwrap()
+    }
+
+    #[test]
+    fn round_trips_through_msgpack() {
+        let codec = Codec::default();
+        let e = event();
+        assert_eq!(codec.decode(&codec.encode(&e).unwrap()).unwrap(), e);
+    }
+
+    #[test]
+    fn old_reader_tolerates_new_optional_fields() {
+        // A newer writer of the same major version adds a field this build has never seen.
+        let e = event();
+        let mut value = named_value(&e);
+        if let rmpv::Value::Map(entries) = &mut value {
+            entries.push(("sentiment".into(), "positive".into()));
+        }
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &value).unwrap();
+        assert_eq!(Codec::default().decode(&bytes).unwrap(), e);
+    }
+
+    #[test]
+    fn refuses_newer_schema_versions() {
+        let mut e = event();
+        e.schema_version = SCHEMA_VERSION + 1;
+        let bytes = rmp_serde::to_vec_named(&e).unwrap();
+        assert!(matches!(
+            Codec::default().decode(&bytes),
+            Err(SchemaError::UnknownSchemaVersion { found, .. }) if found == SCHEMA_VERSION + 1
+        ));
+        assert!(matches!(
+            Codec::default().encode(&e),
+            Err(SchemaError::UnknownSchemaVersion { .. })
+        ));
+    }
+
+    /// A pre-release format (version 0) kept the text at the top level. The upcaster hook
+    /// moves it into `content` and the event then decodes as v1.
+    struct TextToContent;
+    impl Upcaster for TextToContent {
+        fn from_version(&self) -> u16 {
+            0
+        }
+        fn upcast(&self, event: rmpv::Value) -> Result<rmpv::Value, SchemaError> {
+            let rmpv::Value::Map(entries) = event else {
+                return Err(SchemaError::Malformed("v0 event is not a map".into()));
+            };
+            let mut out = Vec::new();
+            let mut text = rmpv::Value::from("");
+            for (k, v) in entries {
+                match k.as_str() {
+                    Some("text") => text = v,
+                    Some("schema_version") => out.push((k, rmpv::Value::from(1))),
+                    _ => out.push((k, v)),
+                }
+            }
+            out.push(("content".into(), rmpv::Value::Map(vec![("text".into(), text)])));
+            Ok(rmpv::Value::Map(out))
+        }
+    }
+
+    #[test]
+    fn upcaster_chain_lifts_old_versions() {
+        let e = event();
+        let mut value = named_value(&e);
+        let rmpv::Value::Map(entries) = &mut value else {
+            panic!("not a map")
+        };
+        entries.retain(|(k, _)| k.as_str() != Some("content"));
+        for (k, v) in entries.iter_mut() {
+            if k.as_str() == Some("schema_version") {
+                *v = 0.into();
+            }
+        }
+        entries.push(("text".into(), "legacy text".into()));
+        let mut bytes = Vec::new();
+        rmpv::encode::write_value(&mut bytes, &value).unwrap();
+
+        assert!(matches!(
+            Codec::default().decode(&bytes),
+            Err(SchemaError::UnknownSchemaVersion { found: 0, .. })
+        ));
+        let decoded = Codec::default()
+            .with_upcaster(TextToContent)
+            .decode(&bytes)
+            .unwrap();
+        assert_eq!(decoded.schema_version, 1);
+        assert_eq!(decoded.content.text, "legacy text");
+        assert_eq!(decoded.event_id, e.event_id);
+    }
+
+    #[test]
+    fn rejects_oversized_events_both_ways() {
+        let codec = Codec::new(Limits {
+            max_event_bytes: 1024,
+        });
+        let mut e = event();
+        e.content.text = "x".repeat(2000);
+        assert!(matches!(codec.encode(&e), Err(SchemaError::TooLarge { .. })));
+        let bytes = Codec::default().encode(&e).unwrap();
+        assert!(matches!(codec.decode(&bytes), Err(SchemaError::TooLarge { .. })));
+    }
+
+    #[test]
+    fn rejects_garbage_bytes() {
+        let codec = Codec::default();
+        assert!(matches!(codec.decode(b"\xc1\xff garbage"), Err(SchemaError::Malformed(_))));
+        assert!(matches!(codec.decode(&[]), Err(SchemaError::Malformed(_))));
+    }
+
+    #[test]
+    fn json_input_fills_defaults_and_names_bad_fields() {
+        let codec = Codec::default();
+        let ok = r#"{"tenant":"acme","scope":{"kind":"task","id":"t-1"},"agent_id":"a","instance_id":"i",
+                     "layer":"episodic","kind":"observation","content":{"text":"hello"}}"#;
+        let e = codec.decode_json(ok).unwrap();
+        assert_eq!(e.schema_version, SCHEMA_VERSION);
+        assert_eq!(e.importance, 0.5);
+
+        let wildcard = ok.replace("\"t-1\"", "\"t.*\"");
+        let err = codec.decode_json(&wildcard).unwrap_err().to_string();
+        assert!(err.contains("scope.id"), "{err}");
+
+        let missing_tenant = ok.replace("\"tenant\":\"acme\",", "");
+        let err = codec.decode_json(&missing_tenant).unwrap_err().to_string();
+        assert!(err.contains("tenant"), "{err}");
+
+        assert!(matches!(
+            codec.decode_json(&ok.replace("{\"tenant\"", "{\"schema_version\":9,\"tenant\"")),
+            Err(SchemaError::UnknownSchemaVersion { found: 9, .. })
+        ));
+        assert!(matches!(codec.decode_json("{not json"), Err(SchemaError::Malformed(_))));
+        assert!(matches!(codec.decode_json("[1,2]"), Err(SchemaError::Malformed(_))));
+    }
+}

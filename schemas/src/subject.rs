@@ -1,0 +1,115 @@
+//! Subject layout: `engram.evt.<tenant>.<scope_kind>.<scope_id>.<layer>`.
+//!
+//! Every token is a validated [`Ident`] or a closed enum, so a subject can never contain a
+//! wildcard or an extra separator. Filters use `*` only for tokens the caller left open,
+//! which makes scope matching exact token by token: `team-a` never matches `team-ab`.
+
+use std::fmt;
+
+use crate::envelope::{Envelope, Layer, ScopeKind};
+use crate::ident::Ident;
+
+/// First two tokens of every event subject.
+pub const SUBJECT_PREFIX: &str = "engram.evt";
+/// What the events stream captures.
+pub const STREAM_SUBJECTS: &str = "engram.evt.>";
+
+/// The subject an envelope is published on.
+pub fn subject_for(event: &Envelope) -> String {
+    format!(
+        "{SUBJECT_PREFIX}.{}.{}.{}.{}",
+        event.tenant, event.scope.kind, event.scope.id, event.layer
+    )
+}
+
+/// Which events to replay or tail. `None` means any value for that token.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubjectFilter {
+    pub tenant: Option<Ident>,
+    pub scope_kind: Option<ScopeKind>,
+    pub scope_id: Option<Ident>,
+    pub layer: Option<Layer>,
+}
+
+impl SubjectFilter {
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    pub fn tenant(mut self, tenant: Ident) -> Self {
+        self.tenant = Some(tenant);
+        self
+    }
+
+    pub fn scope(mut self, kind: ScopeKind, id: Ident) -> Self {
+        self.scope_kind = Some(kind);
+        self.scope_id = Some(id);
+        self
+    }
+
+    pub fn layer(mut self, layer: Layer) -> Self {
+        self.layer = Some(layer);
+        self
+    }
+
+    /// The NATS filter subject. With nothing set it is `engram.evt.>`.
+    pub fn to_subject(&self) -> String {
+        if *self == Self::default() {
+            return STREAM_SUBJECTS.to_owned();
+        }
+        let tok = |t: Option<String>| t.unwrap_or_else(|| "*".to_owned());
+        format!(
+            "{SUBJECT_PREFIX}.{}.{}.{}.{}",
+            tok(self.tenant.as_ref().map(ToString::to_string)),
+            tok(self.scope_kind.map(|k| k.to_string())),
+            tok(self.scope_id.as_ref().map(ToString::to_string)),
+            tok(self.layer.map(|l| l.to_string())),
+        )
+    }
+}
+
+impl fmt::Display for SubjectFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_subject())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::envelope::{Content, EventKind, Scope};
+
+    fn id(s: &str) -> Ident {
+        Ident::parse("id", s).unwrap()
+    }
+
+    #[test]
+    fn subject_encodes_tenant_scope_and_layer() {
+        let e = Envelope::new(
+            id("acme"),
+            Scope::new(ScopeKind::Team, "team-a").unwrap(),
+            id("planner"),
+            id("i-1"),
+            Layer::Episodic,
+            EventKind::Observation,
+            Content::text("saw a thing"),
+        );
+        assert_eq!(subject_for(&e), "engram.evt.acme.team.team-a.episodic");
+    }
+
+    #[test]
+    fn filters_leave_open_tokens_as_single_token_wildcards() {
+        assert_eq!(SubjectFilter::all().to_subject(), "engram.evt.>");
+        assert_eq!(
+            SubjectFilter::all().tenant(id("acme")).to_subject(),
+            "engram.evt.acme.*.*.*"
+        );
+        assert_eq!(
+            SubjectFilter::all()
+                .tenant(id("acme"))
+                .scope(ScopeKind::Team, id("team-a"))
+                .to_subject(),
+            "engram.evt.acme.team.team-a.*"
+        );
+    }
+}

