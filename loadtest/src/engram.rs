@@ -1,0 +1,106 @@
+//! Phase 1: simulated agents append realistic events through the SDK, as real agents do.
+//!
+//! Each agent records the encoded size and subject of every measured event, in order: that
+//! trace is what the raw phase replays, so both phases move exactly the same bytes.
+
+use engram_schema::{Envelope, subject_for};
+use engram_sdk::Client;
+
+use crate::driver::{Outcome, Sender};
+use crate::workload::AgentWorkload;
+
+/// Prefix of engram subjects, replaced by the raw stream's prefix in a trace.
+const ENGRAM_PREFIX: &str = "engram.evt.";
+/// What the raw stream captures; subjects below it mirror the engram ones token for token.
+pub(crate) const RAW_SUBJECT_PREFIX: &str = "bench.raw.";
+
+/// The sizes and subjects one agent appended, for the raw phase to replay.
+#[derive(Debug, Default)]
+pub(crate) struct Trace {
+    /// Distinct raw subjects; an agent writes to at most eight (two scopes, four layers).
+    pub(crate) subjects: Vec<String>,
+    /// Per measured event: index into `subjects`, and the encoded envelope size in bytes.
+    pub(crate) events: Vec<(u8, u32)>,
+}
+
+impl Trace {
+    fn push(&mut self, engram_subject: &str, size: usize) {
+        let raw = format!(
+            "{RAW_SUBJECT_PREFIX}{}",
+            engram_subject
+                .strip_prefix(ENGRAM_PREFIX)
+                .unwrap_or(engram_subject)
+        );
+        let slot = match self.subjects.iter().position(|s| *s == raw) {
+            Some(slot) => slot,
+            None => {
+                self.subjects.push(raw);
+                self.subjects.len() - 1
+            }
+        };
+        let slot = u8::try_from(slot).expect("an agent writes to at most eight subjects");
+        let size = u32::try_from(size).expect("events are far below 4 GiB");
+        self.events.push((slot, size));
+    }
+}
+
+/// One simulated agent instance of the engram phase.
+pub(crate) struct EngramAgent {
+    /// A clone of the client for this agent's connection from the pool.
+    client: Client,
+    workload: AgentWorkload,
+    pub(crate) trace: Trace,
+}
+
+impl EngramAgent {
+    pub(crate) fn new(client: Client, workload: AgentWorkload) -> Self {
+        Self {
+            client,
+            workload,
+            trace: Trace::default(),
+        }
+    }
+}
+
+/// An event ready to append, or the reason it could not be encoded.
+pub(crate) type Prepared = Result<(Envelope, usize), Outcome>;
+
+impl Sender for EngramAgent {
+    type Item = Prepared;
+
+    fn prepare(&mut self, measured: bool) -> Prepared {
+        let event = self.workload.next_event();
+        // Encoding once more only to learn the size the bus will send costs about a
+        // microsecond, outside the timed section; it makes the raw replay byte-exact.
+        let size = match self.client.bus().codec().encode(&event) {
+            Ok(bytes) => bytes.len(),
+            Err(e) => {
+                return Err(Outcome::Failed {
+                    kind: "invalid",
+                    message: format!("generated event does not encode: {e}"),
+                });
+            }
+        };
+        if measured {
+            self.trace.push(&subject_for(&event), size);
+        }
+        Ok((event, size))
+    }
+
+    async fn send(&self, item: Prepared) -> Outcome {
+        let (event, size) = match item {
+            Ok(prepared) => prepared,
+            Err(outcome) => return outcome,
+        };
+        match self.client.append(&event).await {
+            Ok(receipt) => Outcome::Stored {
+                bytes: size,
+                duplicate: receipt.duplicate,
+            },
+            Err(e) => Outcome::Failed {
+                kind: e.kind(),
+                message: e.to_string(),
+            },
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! Appending events.
+//!
+//! Every publish carries `Nats-Msg-Id = event_id`, so the stream stores a retried append once
+//! within its duplicate window and acks the retry with the original sequence.
+
+use std::error::Error as _;
+use std::time::Instant;
+
+use async_nats::jetstream::{self, context::PublishErrorKind};
+use async_nats::jetstream::context::PublishAckFuture;
+use bytes::Bytes;
+use engram_schema::{Envelope, subject_for};
+use engram_telemetry::metrics;
+use engram_telemetry::trace_context::{self, TraceContext};
+use futures::stream::{FuturesOrdered, StreamExt};
+
+use crate::{AppendError, Bus};
+
+/// Header naming the event kind, so consumers can filter without decoding the payload.
+pub const KIND_HEADER: &str = "Engram-Kind";
+/// Header naming the envelope version.
+pub const SCHEMA_HEADER: &str = "Engram-Schema";
+
+/// Per-append options.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct AppendOptions {
+    /// Optimistic concurrency: store only if the subject's last sequence is exactly this
+    /// (0 means the subject must be empty). A mismatch is [`AppendError::Conflict`].
+    pub expected_last_subject_seq: Option<u64>,
+    /// The caller's trace; the event becomes a child span of it. `None` starts a new trace.
+    pub trace: Option<TraceContext>,
+}
+
+/// Proof that an event is stored.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AppendReceipt {
+    /// Stream sequence: the consistency token for read-your-writes.
+    pub seq: u64,
+    /// True if this id was already stored; `seq` is then the original's sequence.
+    pub duplicate: bool,
+    pub subject: String,
+    pub event_id: String,
+}
+
+struct Prepared {
+    subject: String,
+    event_id: String,
+    layer: &'static str,
+    payload_len: usize,
+    /// The stream's cap, reported when the server refuses the size.
+    server_max: usize,
+    message: jetstream::message::PublishMessage,
+}
+
+impl Bus {
+    fn prepare(&self, event: &Envelope, opts: &AppendOptions) -> Result<Prepared, AppendError> {
+        let payload = self.codec.encode(event)?;
+        let payload_len = payload.len();
+        let trace = opts.trace.map_or_else(TraceContext::new_root, |t| t.child());
+        let mut message = jetstream::message::PublishMessage::build()
+            .payload(Bytes::from(payload))
+            .message_id(event.event_id.as_str())
+            .header(KIND_HEADER, event.kind.as_str())
+            .header(SCHEMA_HEADER, event.schema_version.to_string().as_str())
+            .header(trace_context::HEADER, trace.to_string().as_str());
+        if let Some(seq) = opts.expected_last_subject_seq {
+            message = message.expected_last_subject_sequence(seq);
+        }
+        Ok(Prepared {
+            subject: subject_for(event),
+            event_id: event.event_id.to_string(),
+            layer: event.layer.as_str(),
+            payload_len,
+            server_max: usize::try_from(self.config.stream.max_msg_size).unwrap_or_default(),
+            message,
+        })
+    }
+
+    async fn send(&self, p: &Prepared) -> Result<PublishAckFuture, AppendError> {
+        self.js
+            .send_publish(p.subject.clone(), p.message.clone())
+            .await
+            .map_err(|e| publish_error(e, p, None))
+    }
+
+    /// Stores one event and waits for its ack.
+    #[tracing::instrument(
+        name = "append",
+        skip_all,
+        fields(tenant = %event.tenant, scope = %event.scope, event_id = %event.event_id, seq)
+    )]
+    pub async fn append(
+        &self,
+        event: &Envelope,
+        opts: AppendOptions,
+    ) -> Result<AppendReceipt, AppendError> {
+        let started = Instant::now();
+        let result = async {
+            let prepared = self.prepare(event, &opts)?;
+            let ack = self.send(&prepared).await?;
+            finish(ack, &prepared, opts.expected_last_subject_seq).await
+        }
+        .await;
+        record(&result, started, event.layer.as_str());
+        if let Ok(receipt) = &result {
+            tracing::Span::current().record("seq", receipt.seq);
+        }
+        result
+    }
+
+    /// Stores many events, pipelining publishes with at most `max_inflight` acks pending.
+    /// Results come back in input order; one failure does not stop the others.
+    #[tracing::instrument(name = "append_batch", skip_all, fields(events = events.len()))]
+    pub async fn append_batch(
+        &self,
+        events: &[Envelope],
+        max_inflight: usize,
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
+        let max_inflight = max_inflight.max(1);
+        let mut results: Vec<Option<Result<AppendReceipt, AppendError>>> =
+            (0..events.len()).map(|_| None).collect();
+        let mut inflight = FuturesOrdered::new();
+        for (index, event) in events.iter().enumerate() {
+            let started = Instant::now();
+            let prepared = match self.prepare(event, &AppendOptions::default()) {
+                Ok(p) => p,
+                Err(e) => {
+                    let r = Err(e);
+                    record(&r, started, event.layer.as_str());
+                    results[index] = Some(r);
+                    continue;
+                }
+            };
+            let ack = self.send(&prepared).await;
+            inflight.push_back(async move {
+                let r = match ack {
+                    Ok(ack) => finish(ack, &prepared, None).await,
+                    Err(e) => Err(e),
+                };
+                record(&r, started, prepared.layer);
+                (index, r)
+            });
+            while inflight.len() >= max_inflight {
+                if let Some((i, r)) = inflight.next().await {
+                    results[i] = Some(r);
+                }
+            }
+        }
+        while let Some((i, r)) = inflight.next().await {
+            results[i] = Some(r);
+        }
+        results
+            .into_iter()
+            .map(|r| r.expect("every index is filled exactly once"))
+            .collect()
+    }
+}
+
+async fn finish(
+    ack: PublishAckFuture,
+    p: &Prepared,
+    expected: Option<u64>,
+) -> Result<AppendReceipt, AppendError> {
+    let ack = ack.await.map_err(|e| publish_error(e, p, expected))?;
+    Ok(AppendReceipt {
+        seq: ack.sequence,
+        duplicate: ack.duplicate,
+        subject: p.subject.clone(),
+        event_id: p.event_id.clone(),
+    })
+}
+
+fn record(result: &Result<AppendReceipt, AppendError>, started: Instant, layer: &str) {
+    let elapsed = started.elapsed().as_secs_f64();
+    match result {
+        Ok(r) if r.duplicate => {
+            metrics::EVENTS_DUPLICATE.with_label_values(&[layer]).inc();
+            metrics::APPEND_LATENCY.with_label_values(&["duplicate"]).observe(elapsed);
+        }
+        Ok(_) => {
+            metrics::EVENTS_APPENDED.with_label_values(&[layer]).inc();
+            metrics::APPEND_LATENCY.with_label_values(&["ok"]).observe(elapsed);
+        }
+        Err(e) => {
+            metrics::APPEND_ERRORS.with_label_values(&[e.kind()]).inc();
+            metrics::APPEND_LATENCY.with_label_values(&["error"]).observe(elapsed);
+            tracing::debug!(error = %e, "append failed");
+        }
+    }
+}
+
+fn publish_error(
+    e: jetstream::context::PublishError,
+    p: &Prepared,
+    expected: Option<u64>,
+) -> AppendError {
+    let server_code = e
+        .source()
+        .and_then(|s| s.downcast_ref::<jetstream::Error>())
+        .map(|j| j.error_code());
+    match e.kind() {
+        PublishErrorKind::WrongLastSequence => AppendError::Conflict {
+            subject: p.subject.clone(),
+            expected: expected.unwrap_or_default(),
+        },
+        PublishErrorKind::MaxPayloadExceeded => AppendError::TooLarge {
+            size: p.payload_len,
+            max: p.server_max,
+        },
+        PublishErrorKind::TimedOut
+        | PublishErrorKind::BrokenPipe
+        | PublishErrorKind::StreamNotFound
+        | PublishErrorKind::MaxAckPending => AppendError::Unavailable(e.to_string()),
+        _ if server_code == Some(jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
+            AppendError::TooLarge {
+                size: p.payload_len,
+                max: p.server_max,
+            }
+        }
+        _ => match e.source() {
+            Some(source) => AppendError::Rejected(format!("{e}: {source}")),
+            None => AppendError::Rejected(e.to_string()),
+        },
+    }
+}

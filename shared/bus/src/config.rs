@@ -1,0 +1,135 @@
+use std::time::Duration;
+
+use engram_schema::Limits;
+use serde::{Deserialize, Serialize};
+
+/// What the bus provisions and how it talks to the server.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct BusConfig {
+    /// NATS URL, for example `nats://127.0.0.1:4222`.
+    pub url: String,
+    /// Shown in the server's connection list.
+    pub client_name: String,
+    #[serde(with = "humantime_serde")]
+    pub connect_timeout: Duration,
+    /// How long an append waits for its ack before it fails as retryable.
+    #[serde(with = "humantime_serde")]
+    pub ack_timeout: Duration,
+    /// Timeout of JetStream API requests (stream info, consumer creation).
+    #[serde(with = "humantime_serde")]
+    pub request_timeout: Duration,
+    /// Publishes awaiting their ack at once, per connection; past it, publishers wait.
+    pub max_inflight: usize,
+    pub stream: StreamSettings,
+    pub working_memory: WorkingMemorySettings,
+    #[serde(skip)]
+    pub limits: Limits,
+}
+
+impl Default for BusConfig {
+    fn default() -> Self {
+        Self {
+            url: "nats://127.0.0.1:4222".into(),
+            client_name: "engram".into(),
+            connect_timeout: Duration::from_secs(5),
+            ack_timeout: Duration::from_secs(5),
+            request_timeout: Duration::from_secs(10),
+            max_inflight: 1024,
+            stream: StreamSettings::default(),
+            working_memory: WorkingMemorySettings::default(),
+            limits: Limits::default(),
+        }
+    }
+}
+
+/// The events stream.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct StreamSettings {
+    pub name: String,
+    /// 1 on a single node; 3 in a cluster for durability against a lost machine.
+    pub replicas: usize,
+    /// How long the server remembers event ids for dedup. A retry later than this is stored
+    /// again, so it must exceed the longest retry horizon of any client.
+    #[serde(with = "humantime_serde")]
+    pub duplicate_window: Duration,
+    /// Server-side cap on one message (payload plus headers), in bytes.
+    pub max_msg_size: i32,
+    /// Events older than this are dropped by the server; 0 keeps them forever.
+    #[serde(with = "humantime_serde")]
+    pub max_age: Duration,
+    /// Total size cap in bytes; -1 for none.
+    pub max_bytes: i64,
+}
+
+impl Default for StreamSettings {
+    fn default() -> Self {
+        Self {
+            name: "ENGRAM_EVENTS".into(),
+            replicas: 1,
+            duplicate_window: Duration::from_secs(10 * 60),
+            max_msg_size: 1024 * 1024,
+            max_age: Duration::ZERO,
+            max_bytes: -1,
+        }
+    }
+}
+
+/// The working-memory KV bucket.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct WorkingMemorySettings {
+    pub bucket: String,
+    /// TTL applied when a put names none.
+    #[serde(with = "humantime_serde")]
+    pub default_ttl: Duration,
+    pub max_value_size: i32,
+}
+
+impl Default for WorkingMemorySettings {
+    fn default() -> Self {
+        Self {
+            bucket: "engram_working".into(),
+            default_ttl: Duration::from_secs(60 * 60),
+            max_value_size: 256 * 1024,
+        }
+    }
+}
+
+impl BusConfig {
+    /// Checks what would otherwise fail later and less clearly at the server.
+    pub fn validate(&self) -> Result<(), String> {
+        // Headers (msg id, kind, traceparent) ride on top of the payload.
+        const HEADER_ROOM: usize = 4096;
+        if self.stream.max_msg_size <= 0 {
+            return Err("stream.max_msg_size must be positive".into());
+        }
+        if self.limits.max_event_bytes + HEADER_ROOM > self.stream.max_msg_size as usize {
+            return Err(format!(
+                "limits.max_event_bytes ({}) plus {HEADER_ROOM} bytes of headers exceeds stream.max_msg_size ({}); lower the first or raise the second",
+                self.limits.max_event_bytes, self.stream.max_msg_size
+            ));
+        }
+        if self.stream.replicas == 0 || self.stream.replicas > 5 {
+            return Err(format!("stream.replicas is {}, expected 1 to 5", self.stream.replicas));
+        }
+        if self.stream.duplicate_window.is_zero() {
+            return Err("stream.duplicate_window must be positive, or retried appends are stored twice".into());
+        }
+        if !self.stream.max_age.is_zero() && self.stream.duplicate_window > self.stream.max_age {
+            return Err("stream.duplicate_window cannot exceed stream.max_age".into());
+        }
+        if self.max_inflight == 0 {
+            return Err("max_inflight must be at least 1".into());
+        }
+        if self.working_memory.default_ttl < Duration::from_secs(1) {
+            return Err("working_memory.default_ttl must be at least 1s (the server's TTL granularity)".into());
+        }
+        let valid_name = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        if !valid_name(&self.stream.name) || !valid_name(&self.working_memory.bucket) {
+            return Err("stream.name and working_memory.bucket may use only [A-Za-z0-9_-]".into());
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,124 @@
+//! The JetStream layer every Engram component talks through.
+//!
+//! # Layout
+//! - [`config`]: what the bus provisions and how it publishes ([`BusConfig`]).
+//! - [`provision`]: idempotent creation of the events stream and the working-memory bucket;
+//!   an existing resource with a different config is reported field by field, never changed.
+//! - [`append`]: `append` and `append_batch`. `Nats-Msg-Id` is the event id, so a retried
+//!   append is stored once; the returned stream sequence is the consistency token.
+//! - [`read`]: `replay` (ordered consumer, ends when caught up) and `tail` (live).
+//! - [`working`]: working memory, a KV bucket with per-key TTL.
+//! - [`error`]: typed errors, each marked retryable or not.
+//!
+//! The bus never interprets events beyond decoding them: projection is other crates' job.
+
+pub mod append;
+pub mod config;
+pub mod error;
+pub mod provision;
+pub mod read;
+pub mod working;
+
+use std::sync::Arc;
+
+use async_nats::jetstream;
+use engram_schema::Codec;
+use engram_telemetry::metrics;
+
+pub use append::{AppendOptions, AppendReceipt};
+pub use config::{BusConfig, StreamSettings, WorkingMemorySettings};
+pub use error::{AppendError, BusError, ReadError};
+pub use provision::{ConfigDiff, ProvisionReport};
+pub use read::{EventStream, StartAt, StoredEvent};
+pub use working::WorkingMemory;
+
+/// A connection to NATS plus the JetStream context and codec the bus uses.
+///
+/// Cheap to clone: clones share one connection.
+#[derive(Clone, Debug)]
+pub struct Bus {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    codec: Arc<Codec>,
+    config: Arc<BusConfig>,
+}
+
+impl Bus {
+    /// Connects to `config.url`. Fails fast, with a hint, when no server answers.
+    pub async fn connect(config: BusConfig) -> Result<Self, BusError> {
+        let url = config.url.clone();
+        let client = async_nats::ConnectOptions::new()
+            .name(&config.client_name)
+            .connection_timeout(config.connect_timeout)
+            // Appends wait for their ack; the client keeps reconnecting forever in the
+            // background so that a restarted server is picked up without user action.
+            .max_reconnects(None)
+            .event_callback(|event| async move {
+                match event {
+                    async_nats::Event::Connected => {
+                        metrics::NATS_CONNECTED.set(1);
+                        tracing::info!("nats connection up");
+                    }
+                    async_nats::Event::Disconnected => {
+                        metrics::NATS_CONNECTED.set(0);
+                        tracing::warn!("nats connection lost, reconnecting");
+                    }
+                    other => tracing::debug!(event = %other, "nats client event"),
+                }
+            })
+            .connect(&url)
+            .await
+            .map_err(|source| BusError::Connect {
+                url: url.clone(),
+                reason: source.to_string(),
+            })?;
+        metrics::NATS_CONNECTED.set(1);
+        Ok(Self::from_client(client, config))
+    }
+
+    /// Wraps an existing connection (for callers that manage their own).
+    pub fn from_client(client: async_nats::Client, config: BusConfig) -> Self {
+        let js = jetstream::ContextBuilder::new()
+            .ack_timeout(config.ack_timeout)
+            .timeout(config.request_timeout)
+            .max_ack_inflight(config.max_inflight)
+            .backpressure_on_inflight(true)
+            .build(client.clone());
+        let codec = Codec::new(config.limits);
+        Self {
+            client,
+            js,
+            codec: Arc::new(codec),
+            config: Arc::new(config),
+        }
+    }
+
+    pub fn client(&self) -> &async_nats::Client {
+        &self.client
+    }
+
+    pub fn jetstream(&self) -> &jetstream::Context {
+        &self.js
+    }
+
+    pub fn codec(&self) -> &Codec {
+        &self.codec
+    }
+
+    pub fn config(&self) -> &BusConfig {
+        &self.config
+    }
+
+    /// True while the connection is up.
+    pub fn is_connected(&self) -> bool {
+        self.client.connection_state() == async_nats::connection::State::Connected
+    }
+
+    /// Sends everything buffered and waits for the server to have it.
+    pub async fn flush(&self) -> Result<(), BusError> {
+        self.client
+            .flush()
+            .await
+            .map_err(|e| BusError::Unavailable(format!("flush failed: {e}")))
+    }
+}

@@ -1,0 +1,172 @@
+//! Idempotent provisioning. Creating what is missing is safe to repeat at every start-up;
+//! changing what exists is not (a shorter max_age would delete data), so drift is reported.
+
+use std::fmt;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv, stream};
+
+use crate::{Bus, BusError};
+
+/// One field where an existing resource differs from the wanted config.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ConfigDiff {
+    pub field: &'static str,
+    pub existing: String,
+    pub wanted: String,
+}
+
+impl fmt::Display for ConfigDiff {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}: {} -> {}", self.field, self.existing, self.wanted)
+    }
+}
+
+/// What provisioning did.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ProvisionReport {
+    pub stream_created: bool,
+    pub bucket_created: bool,
+}
+
+impl Bus {
+    /// The events stream config this bus wants.
+    pub fn wanted_stream_config(&self) -> stream::Config {
+        let s = &self.config.stream;
+        stream::Config {
+            name: s.name.clone(),
+            description: Some("engram experience events".into()),
+            subjects: vec![engram_schema::STREAM_SUBJECTS.into()],
+            storage: stream::StorageType::File,
+            num_replicas: s.replicas,
+            duplicate_window: s.duplicate_window,
+            max_message_size: s.max_msg_size,
+            max_age: s.max_age,
+            max_bytes: s.max_bytes,
+            retention: stream::RetentionPolicy::Limits,
+            discard: stream::DiscardPolicy::Old,
+            allow_direct: true,
+            ..Default::default()
+        }
+    }
+
+    fn wanted_bucket_config(&self) -> kv::Config {
+        let w = &self.config.working_memory;
+        kv::Config {
+            bucket: w.bucket.clone(),
+            description: "engram working memory".into(),
+            history: 1,
+            max_value_size: w.max_value_size,
+            storage: stream::StorageType::File,
+            num_replicas: self.config.stream.replicas,
+            // Enables per-message TTL (server 2.11+); the value is how long delete markers
+            // left by expiry stay visible to watchers.
+            limit_markers: Some(Duration::from_secs(60)),
+            ..Default::default()
+        }
+    }
+
+    /// Creates the events stream and working-memory bucket if missing; verifies them if not.
+    #[tracing::instrument(skip(self), fields(stream = %self.config.stream.name))]
+    pub async fn provision(&self) -> Result<ProvisionReport, BusError> {
+        self.config.validate().map_err(BusError::InvalidConfig)?;
+        let wanted = self.wanted_stream_config();
+        let stream_created = match self.js.get_stream(&wanted.name).await {
+            Ok(mut existing) => {
+                let info = existing.info().await.map_err(js_err)?;
+                let diffs = stream_diffs(&info.config, &wanted);
+                if !diffs.is_empty() {
+                    return Err(BusError::ConfigDrift {
+                        resource: format!("stream {}", wanted.name),
+                        name: wanted.name.clone(),
+                        diffs,
+                    });
+                }
+                false
+            }
+            Err(e) if is_not_found(&e) => {
+                self.js
+                    .create_stream(wanted.clone())
+                    .await
+                    .map_err(js_err)?;
+                tracing::info!("events stream created");
+                true
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+
+        let wanted_kv = self.wanted_bucket_config();
+        let stream_name = format!("KV_{}", wanted_kv.bucket);
+        let bucket_created = match self.js.get_stream(&stream_name).await {
+            Ok(mut existing) => {
+                let info = existing.info().await.map_err(js_err)?;
+                let c = &info.config;
+                let mut diffs = Vec::new();
+                diff(&mut diffs, "history", c.max_messages_per_subject, wanted_kv.history);
+                diff(&mut diffs, "max_value_size", c.max_message_size, wanted_kv.max_value_size);
+                diff(&mut diffs, "replicas", c.num_replicas, wanted_kv.num_replicas);
+                diff(&mut diffs, "allow_msg_ttl", c.allow_message_ttl, true);
+                if !diffs.is_empty() {
+                    return Err(BusError::ConfigDrift {
+                        resource: format!("key-value bucket {}", wanted_kv.bucket),
+                        name: stream_name,
+                        diffs,
+                    });
+                }
+                false
+            }
+            Err(e) if is_not_found(&e) => {
+                self.js.create_key_value(wanted_kv).await.map_err(js_err)?;
+                tracing::info!("working memory bucket created");
+                true
+            }
+            Err(e) => return Err(unavailable(e)),
+        };
+        Ok(ProvisionReport {
+            stream_created,
+            bucket_created,
+        })
+    }
+}
+
+pub(crate) fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
+    matches!(
+        e.kind(),
+        jetstream::context::GetStreamErrorKind::JetStream(ref inner)
+            if inner.error_code() == jetstream::ErrorCode::STREAM_NOT_FOUND
+    )
+}
+
+fn diff<T: PartialEq + fmt::Debug>(out: &mut Vec<ConfigDiff>, field: &'static str, existing: T, wanted: T) {
+    if existing != wanted {
+        out.push(ConfigDiff {
+            field,
+            existing: format!("{existing:?}"),
+            wanted: format!("{wanted:?}"),
+        });
+    }
+}
+
+/// Compares the fields Engram sets. Fields it leaves at server defaults are not compared, so
+/// an operator may tune them (for example compression) without tripping drift detection.
+fn stream_diffs(existing: &stream::Config, wanted: &stream::Config) -> Vec<ConfigDiff> {
+    let mut d = Vec::new();
+    diff(&mut d, "subjects", &existing.subjects, &wanted.subjects);
+    diff(&mut d, "storage", existing.storage, wanted.storage);
+    diff(&mut d, "replicas", existing.num_replicas, wanted.num_replicas);
+    diff(&mut d, "duplicate_window", existing.duplicate_window, wanted.duplicate_window);
+    diff(&mut d, "max_msg_size", existing.max_message_size, wanted.max_message_size);
+    diff(&mut d, "max_age", existing.max_age, wanted.max_age);
+    diff(&mut d, "max_bytes", existing.max_bytes, wanted.max_bytes);
+    diff(&mut d, "retention", existing.retention, wanted.retention);
+    diff(&mut d, "discard", existing.discard, wanted.discard);
+    d
+}
+
+pub(crate) fn js_err(e: impl fmt::Display) -> BusError {
+    BusError::JetStream(e.to_string())
+}
+
+pub(crate) fn unavailable(e: impl fmt::Display) -> BusError {
+    BusError::Unavailable(e.to_string())
+}

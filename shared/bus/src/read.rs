@@ -1,0 +1,239 @@
+//! Reading the stream: `replay` up to the live end, and `tail` from now on.
+//!
+//! Both use ordered consumers: ephemeral, flow-controlled, and recreated by the client on a
+//! gap, so they deliver each message once and in stream order without server-side state.
+
+use std::pin::Pin;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use chrono::{DateTime, Utc};
+use engram_schema::{Envelope, SubjectFilter};
+use engram_telemetry::metrics;
+use engram_telemetry::trace_context::{self, TraceContext};
+use futures::{Stream, StreamExt};
+
+use crate::provision::{is_not_found, js_err, unavailable};
+use crate::{Bus, BusError, ReadError};
+
+/// Where a replay starts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StartAt {
+    /// From the first event still in the stream.
+    Beginning,
+    /// From this stream sequence on (inclusive).
+    Seq(u64),
+    /// From the first event stored at or after this time.
+    Time(DateTime<Utc>),
+}
+
+/// An event as stored, with where and when the stream stored it.
+#[derive(Clone, Debug, PartialEq)]
+pub struct StoredEvent {
+    pub seq: u64,
+    pub subject: String,
+    /// Server time of storage.
+    pub stored_at: DateTime<Utc>,
+    /// Events matching the filter after this one, when it was delivered.
+    pub pending: u64,
+    pub trace: Option<TraceContext>,
+    pub event: Envelope,
+}
+
+/// Items of [`Bus::replay`] and [`Bus::tail`]. A `ReadError::Decode` item is one bad message;
+/// the stream goes on after it.
+pub type EventStream = Pin<Box<dyn Stream<Item = Result<StoredEvent, ReadError>> + Send>>;
+
+impl Bus {
+    /// Replays matching events from `start` until the reader has caught up with the stream's
+    /// end, then ends. Events appended during the replay are included until it catches up.
+    #[tracing::instrument(skip(self), fields(filter = %filter))]
+    pub async fn replay(&self, filter: &SubjectFilter, start: StartAt) -> Result<EventStream, BusError> {
+        let policy = match start {
+            StartAt::Beginning => DeliverPolicy::All,
+            StartAt::Seq(seq) => DeliverPolicy::ByStartSequence {
+                start_sequence: seq.max(1),
+            },
+            StartAt::Time(t) => DeliverPolicy::ByStartTime {
+                start_time: time::OffsetDateTime::from_unix_timestamp_nanos(
+                    t.timestamp_nanos_opt().unwrap_or_default().into(),
+                )
+                .map_err(|e| BusError::JetStream(format!("invalid start time: {e}")))?,
+            },
+        };
+        self.read(filter, policy, "replay", true).await
+    }
+
+    /// Delivers matching events appended from now on, until dropped.
+    #[tracing::instrument(skip(self), fields(filter = %filter))]
+    pub async fn tail(&self, filter: &SubjectFilter) -> Result<EventStream, BusError> {
+        self.read(filter, DeliverPolicy::New, "tail", false).await
+    }
+
+    async fn read(
+        &self,
+        filter: &SubjectFilter,
+        policy: DeliverPolicy,
+        mode: &'static str,
+        stop_when_caught_up: bool,
+    ) -> Result<EventStream, BusError> {
+        let stream = self.events_stream().await?;
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: filter.to_subject(),
+                deliver_policy: policy,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        if stop_when_caught_up && consumer.cached_info().num_pending == 0 {
+            return Ok(Box::pin(futures::stream::empty()));
+        }
+        let messages = consumer.messages().await.map_err(js_err)?;
+        let codec = self.codec.clone();
+        let decoded = messages.map(move |message| match message {
+            Ok(message) => decode_message(&codec, mode, &message),
+            // A consumer error ends a replay: report it as the last item.
+            Err(e) => (0, Err(ReadError::Consumer(e.to_string()))),
+        });
+        let stream: EventStream = if stop_when_caught_up {
+            // `pending` counts matching messages after this one; 0 means this is the last
+            // one that existed when it was delivered. Undecodable messages count too.
+            // Ends right after the last item instead of waiting for one more message, which
+            // might never come.
+            Box::pin(futures::stream::unfold(
+                (Box::pin(decoded), false),
+                |(mut inner, done)| async move {
+                    if done {
+                        return None;
+                    }
+                    let (pending, item) = inner.next().await?;
+                    Some((item, (inner, pending == 0)))
+                },
+            ))
+        } else {
+            Box::pin(decoded.map(|(_, item)| item))
+        };
+        Ok(stream)
+    }
+
+    pub(crate) async fn events_stream(
+        &self,
+    ) -> Result<async_nats::jetstream::stream::Stream, BusError> {
+        self.js
+            .get_stream(&self.config.stream.name)
+            .await
+            .map_err(|e| {
+                if is_not_found(&e) {
+                    BusError::StreamMissing(self.config.stream.name.clone())
+                } else {
+                    unavailable(e)
+                }
+            })
+    }
+
+    /// Stream state and its consumers, for `engram streams` and health checks.
+    pub async fn stream_summary(&self) -> Result<StreamSummary, BusError> {
+        let mut stream = self.events_stream().await?;
+        let info = stream.info().await.map_err(js_err)?.clone();
+        let mut consumers = Vec::new();
+        let mut list = stream.consumers();
+        while let Some(c) = list.next().await {
+            let c = c.map_err(js_err)?;
+            consumers.push(ConsumerSummary {
+                name: c.name,
+                filter: c.config.filter_subject,
+                num_pending: c.num_pending,
+                num_ack_pending: c.num_ack_pending as u64,
+                delivered_seq: c.delivered.stream_sequence,
+            });
+        }
+        Ok(StreamSummary {
+            name: info.config.name,
+            subjects: info.config.subjects,
+            replicas: info.config.num_replicas,
+            messages: info.state.messages,
+            bytes: info.state.bytes,
+            first_seq: info.state.first_sequence,
+            last_seq: info.state.last_sequence,
+            subjects_count: info.state.subjects_count,
+            duplicate_window_secs: info.config.duplicate_window.as_secs(),
+            max_msg_size: info.config.max_message_size,
+            consumers,
+        })
+    }
+}
+
+/// What `engram streams` shows.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StreamSummary {
+    pub name: String,
+    pub subjects: Vec<String>,
+    pub replicas: usize,
+    pub messages: u64,
+    pub bytes: u64,
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub subjects_count: u64,
+    pub duplicate_window_secs: u64,
+    pub max_msg_size: i32,
+    pub consumers: Vec<ConsumerSummary>,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct ConsumerSummary {
+    pub name: String,
+    pub filter: String,
+    pub num_pending: u64,
+    pub num_ack_pending: u64,
+    pub delivered_seq: u64,
+}
+
+/// Decodes one delivered message; returns the consumer's pending count with the result.
+fn decode_message(
+    codec: &engram_schema::Codec,
+    mode: &'static str,
+    message: &async_nats::jetstream::Message,
+) -> (u64, Result<StoredEvent, ReadError>) {
+    let info = match message.info() {
+        Ok(info) => info,
+        Err(e) => {
+            return (
+                0,
+                Err(ReadError::Consumer(format!("message without jetstream info: {e}"))),
+            );
+        }
+    };
+    let (seq, pending) = (info.stream_sequence, info.pending);
+    let stored_at = DateTime::<Utc>::from_timestamp_nanos(
+        i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or_default(),
+    );
+    let subject = message.subject.to_string();
+    let trace = message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(trace_context::HEADER))
+        .and_then(|v| TraceContext::parse(v.as_str()));
+    let result = match codec.decode(&message.payload) {
+        Ok(event) => {
+            metrics::EVENTS_READ.with_label_values(&[mode, "ok"]).inc();
+            Ok(StoredEvent {
+                seq,
+                subject,
+                stored_at,
+                pending,
+                trace,
+                event,
+            })
+        }
+        Err(source) => {
+            metrics::EVENTS_READ.with_label_values(&[mode, "undecodable"]).inc();
+            tracing::warn!(seq, subject = %subject, error = %source, "skipping undecodable event");
+            Err(ReadError::Decode {
+                seq,
+                subject,
+                source,
+            })
+        }
+    };
+    (pending, result)
+}

@@ -1,0 +1,98 @@
+//! Working memory: short-lived per-scope state in a KV bucket with per-key TTL.
+//!
+//! Keys are `<tenant>.<scope_kind>.<scope_id>.<key>`, every token a validated identifier, so one
+//! scope's keys can be listed or watched with a wildcard and never collide with another's.
+//! TTL uses the server's per-message TTL (2.11+): an expired key simply disappears.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, kv};
+use bytes::Bytes;
+use engram_schema::{Ident, Scope, SchemaError};
+
+use crate::provision::js_err;
+use crate::{Bus, BusError};
+
+/// Handle on the working-memory bucket.
+#[derive(Clone, Debug)]
+pub struct WorkingMemory {
+    bus: Bus,
+    store: kv::Store,
+}
+
+impl Bus {
+    /// Opens the working-memory bucket; run [`Bus::provision`] first.
+    pub async fn working_memory(&self) -> Result<WorkingMemory, BusError> {
+        let store = self
+            .js
+            .get_key_value(&self.config.working_memory.bucket)
+            .await
+            .map_err(js_err)?;
+        Ok(WorkingMemory {
+            bus: self.clone(),
+            store,
+        })
+    }
+}
+
+impl WorkingMemory {
+    fn key(tenant: &Ident, scope: &Scope, key: &str) -> Result<String, SchemaError> {
+        let key = Ident::parse("working memory key", key)?;
+        Ok(format!("{tenant}.{}.{}.{key}", scope.kind, scope.id))
+    }
+
+    /// Sets `key` in `scope`, expiring after `ttl` (or the configured default). Returns the
+    /// revision.
+    pub async fn put(
+        &self,
+        tenant: &Ident,
+        scope: &Scope,
+        key: &str,
+        value: Bytes,
+        ttl: Option<Duration>,
+    ) -> Result<u64, BusError> {
+        let key = Self::key(tenant, scope, key)?;
+        let max = self.bus.config.working_memory.max_value_size;
+        if value.len() > usize::try_from(max).unwrap_or(0) {
+            return Err(BusError::Schema(SchemaError::TooLarge {
+                size: value.len(),
+                max: max as usize,
+            }));
+        }
+        let ttl = ttl.unwrap_or(self.bus.config.working_memory.default_ttl);
+        if ttl < Duration::from_secs(1) {
+            return Err(BusError::Schema(SchemaError::InvalidField {
+                field: "ttl",
+                reason: "must be at least 1s".into(),
+            }));
+        }
+        // kv::Store has no put-with-TTL; publishing to the bucket's subject with a TTL header is
+        // exactly what such a put would do.
+        let subject = format!("$KV.{}.{key}", self.bus.config.working_memory.bucket);
+        let ack = self
+            .bus
+            .js
+            .send_publish(
+                subject,
+                jetstream::message::PublishMessage::build()
+                    .payload(value)
+                    .ttl(ttl),
+            )
+            .await
+            .map_err(js_err)?
+            .await
+            .map_err(js_err)?;
+        Ok(ack.sequence)
+    }
+
+    /// The live value of `key`, or `None` if unset, deleted or expired.
+    pub async fn get(&self, tenant: &Ident, scope: &Scope, key: &str) -> Result<Option<Bytes>, BusError> {
+        let key = Self::key(tenant, scope, key)?;
+        self.store.get(key).await.map_err(js_err)
+    }
+
+    pub async fn delete(&self, tenant: &Ident, scope: &Scope, key: &str) -> Result<(), BusError> {
+        let key = Self::key(tenant, scope, key)?;
+        self.store.delete(key).await.map_err(js_err)
+    }
+}

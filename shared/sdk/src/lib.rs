@@ -1,0 +1,293 @@
+//! The Rust SDK that agents use to write to and read from Engram.
+//!
+//! ```no_run
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! use engram_sdk::{Client, EventKind, Layer, Scope, ScopeKind};
+//! let client = Client::connect("nats://127.0.0.1:4222").await?;
+//! let agent = client.agent("acme", "planner", "i-1")?;
+//! let task = Scope::new(ScopeKind::Task, "fix-login-bug")?;
+//! let receipt = agent
+//!     .event(task, Layer::Episodic, EventKind::Observation, "login fails with a 500")
+//!     .tag("auth")
+//!     .importance(0.7)
+//!     .append()
+//!     .await?;
+//! println!("stored at seq {}", receipt.seq); // the read-your-writes token
+//! # Ok(()) }
+//! ```
+//!
+//! # Layout
+//! - [`Client`]: a connection; appends retry retryable failures with the *same* event id,
+//!   which the stream deduplicates, so a retry never stores twice.
+//! - [`Agent`]: a client bound to one tenant, agent and instance, which stamps events.
+//! - [`EventBuilder`]: fills in an envelope field by field.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+pub use engram_bus::{
+    AppendError, AppendOptions, AppendReceipt, Bus, BusConfig, BusError, EventStream, ReadError,
+    StartAt, StoredEvent, WorkingMemory,
+};
+pub use engram_schema::{
+    Content, Embedding, Envelope, EventId, EventKind, Ident, Layer, SchemaError, Scope, ScopeKind,
+    SubjectFilter,
+};
+
+/// How appends retry when the server does not acknowledge.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RetryPolicy {
+    /// Give up after this long and return the last error.
+    pub max_elapsed: Duration,
+    pub initial_backoff: Duration,
+    pub max_backoff: Duration,
+}
+
+impl Default for RetryPolicy {
+    fn default() -> Self {
+        Self {
+            max_elapsed: Duration::from_secs(30),
+            initial_backoff: Duration::from_millis(50),
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+}
+
+impl RetryPolicy {
+    /// No retries: the first failure is returned.
+    pub fn none() -> Self {
+        Self {
+            max_elapsed: Duration::ZERO,
+            ..Self::default()
+        }
+    }
+}
+
+/// A connection to Engram.
+#[derive(Clone, Debug)]
+pub struct Client {
+    bus: Bus,
+    retry: RetryPolicy,
+}
+
+impl Client {
+    /// Connects with default settings. The events stream must already exist (`engram up`
+    /// creates it); use [`Client::with_config`] with `provision = true` to create it.
+    pub async fn connect(url: &str) -> Result<Self, BusError> {
+        Self::with_config(
+            BusConfig {
+                url: url.to_owned(),
+                ..BusConfig::default()
+            },
+            RetryPolicy::default(),
+            false,
+        )
+        .await
+    }
+
+    /// Connects with explicit settings; `provision` creates the stream and bucket if missing.
+    pub async fn with_config(
+        config: BusConfig,
+        retry: RetryPolicy,
+        provision: bool,
+    ) -> Result<Self, BusError> {
+        let bus = Bus::connect(config).await?;
+        if provision {
+            bus.provision().await?;
+        }
+        Ok(Self { bus, retry })
+    }
+
+    /// Wraps an existing bus.
+    pub fn from_bus(bus: Bus, retry: RetryPolicy) -> Self {
+        Self { bus, retry }
+    }
+
+    pub fn bus(&self) -> &Bus {
+        &self.bus
+    }
+
+    /// A handle that stamps events with this tenant, agent and instance.
+    pub fn agent(&self, tenant: &str, agent_id: &str, instance_id: &str) -> Result<Agent, SchemaError> {
+        Ok(Agent {
+            client: self.clone(),
+            tenant: Ident::parse("tenant", tenant)?,
+            agent_id: Ident::parse("agent_id", agent_id)?,
+            instance_id: Ident::parse("instance_id", instance_id)?,
+        })
+    }
+
+    /// Appends one event, retrying retryable failures with the same event id.
+    pub async fn append(&self, event: &Envelope) -> Result<AppendReceipt, AppendError> {
+        self.append_with(event, AppendOptions::default()).await
+    }
+
+    /// Appends with options (optimistic concurrency, trace context), retrying as [`Client::append`].
+    pub async fn append_with(
+        &self,
+        event: &Envelope,
+        opts: AppendOptions,
+    ) -> Result<AppendReceipt, AppendError> {
+        let started = tokio::time::Instant::now();
+        let mut backoff = self.retry.initial_backoff;
+        let mut attempt = 1u32;
+        loop {
+            match self.bus.append(event, opts).await {
+                Err(e) if e.is_retryable() && started.elapsed() + backoff < self.retry.max_elapsed => {
+                    tracing::debug!(attempt, event_id = %event.event_id, error = %e, "append will be retried");
+                    tokio::time::sleep(jitter(backoff)).await;
+                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    /// Appends many events with pipelined acks, then retries the retryable failures (by the
+    /// same ids) until they succeed or the retry budget runs out. Results are in input order.
+    pub async fn append_batch(&self, events: &[Envelope]) -> Vec<Result<AppendReceipt, AppendError>> {
+        let inflight = self.bus.config().max_inflight;
+        let mut results = self.bus.append_batch(events, inflight).await;
+        let started = tokio::time::Instant::now();
+        let mut backoff = self.retry.initial_backoff;
+        loop {
+            let retry: Vec<usize> = results
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| matches!(r, Err(e) if e.is_retryable()))
+                .map(|(i, _)| i)
+                .collect();
+            if retry.is_empty() || started.elapsed() + backoff >= self.retry.max_elapsed {
+                return results;
+            }
+            tokio::time::sleep(jitter(backoff)).await;
+            backoff = (backoff * 2).min(self.retry.max_backoff);
+            let again: Vec<Envelope> = retry.iter().map(|&i| events[i].clone()).collect();
+            for (i, r) in retry.into_iter().zip(self.bus.append_batch(&again, inflight).await) {
+                results[i] = r;
+            }
+        }
+    }
+
+    /// Replays matching events from `start` until caught up.
+    pub async fn replay(&self, filter: &SubjectFilter, start: StartAt) -> Result<EventStream, BusError> {
+        self.bus.replay(filter, start).await
+    }
+
+    /// Streams matching events appended from now on.
+    pub async fn tail(&self, filter: &SubjectFilter) -> Result<EventStream, BusError> {
+        self.bus.tail(filter).await
+    }
+
+    pub async fn working_memory(&self) -> Result<WorkingMemory, BusError> {
+        self.bus.working_memory().await
+    }
+}
+
+/// Spreads retries of many clients so that they do not hit a recovering server in lockstep.
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(rand::random_range(0.5..1.0))
+}
+
+/// A client bound to one tenant, agent and instance.
+#[derive(Clone, Debug)]
+pub struct Agent {
+    client: Client,
+    tenant: Ident,
+    agent_id: Ident,
+    instance_id: Ident,
+}
+
+impl Agent {
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+
+    pub fn tenant(&self) -> &Ident {
+        &self.tenant
+    }
+
+    /// Starts an event in `scope` with text content.
+    pub fn event(&self, scope: Scope, layer: Layer, kind: EventKind, text: impl Into<String>) -> EventBuilder<'_> {
+        EventBuilder {
+            agent: self,
+            envelope: Envelope::new(
+                self.tenant.clone(),
+                scope,
+                self.agent_id.clone(),
+                self.instance_id.clone(),
+                layer,
+                kind,
+                Content::text(text),
+            ),
+        }
+    }
+}
+
+/// Builds one event; [`EventBuilder::append`] sends it.
+#[derive(Debug)]
+#[must_use = "an event is only stored once append() is awaited"]
+pub struct EventBuilder<'a> {
+    agent: &'a Agent,
+    envelope: Envelope,
+}
+
+impl EventBuilder<'_> {
+    pub fn importance(mut self, importance: f32) -> Self {
+        self.envelope.importance = importance;
+        self
+    }
+
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.envelope.tags.push(tag.into());
+        self
+    }
+
+    pub fn data(mut self, data: serde_json::Value) -> Self {
+        self.envelope.content.data = Some(data);
+        self
+    }
+
+    pub fn embedding(mut self, model: impl Into<String>, vector: Vec<f32>) -> Self {
+        self.envelope.embedding = Some(Embedding {
+            model: model.into(),
+            vector,
+        });
+        self
+    }
+
+    pub fn occurred_at(mut self, at: DateTime<Utc>) -> Self {
+        self.envelope.occurred_at = at;
+        self
+    }
+
+    pub fn caused_by(mut self, event_id: EventId) -> Self {
+        self.envelope.causation_id = Some(event_id);
+        self
+    }
+
+    pub fn correlation(mut self, id: impl Into<String>) -> Self {
+        self.envelope.correlation_id = Some(id.into());
+        self
+    }
+
+    /// Sets a specific event id (for example one persisted before a crash, to retry safely).
+    pub fn event_id(mut self, id: EventId) -> Self {
+        self.envelope.event_id = id;
+        self
+    }
+
+    /// The finished envelope, validated.
+    pub fn build(self) -> Result<Envelope, SchemaError> {
+        self.envelope.validate()?;
+        Ok(self.envelope)
+    }
+
+    /// Validates and appends, with retries.
+    pub async fn append(self) -> Result<AppendReceipt, AppendError> {
+        let agent = self.agent;
+        let event = self.build()?;
+        agent.client.append(&event).await
+    }
+}

@@ -1,0 +1,112 @@
+//! Every Prometheus metric Engram exports. Metrics are process-global and registered lazily
+//! in one registry, which `/metrics` renders with [`render`].
+//!
+//! Labels are low-cardinality on purpose (layer, outcome, error kind): tenants and scopes can
+//! number in the millions and would blow up the series count.
+
+use std::sync::LazyLock;
+
+use prometheus::{
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+};
+
+pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
+
+fn register<C: prometheus::core::Collector + Clone + 'static>(c: C) -> C {
+    // Registering the same name twice is a programming error caught by every test run.
+    REGISTRY
+        .register(Box::new(c.clone()))
+        .expect("metric registered twice");
+    c
+}
+
+/// Events acknowledged by the stream, by layer; duplicates are counted separately.
+pub static EVENTS_APPENDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("engram_events_appended_total", "events stored by the events stream"),
+            &["layer"],
+        )
+        .unwrap(),
+    )
+});
+
+/// Appends the stream recognised as retries of an already-stored event id.
+pub static EVENTS_DUPLICATE: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "engram_events_duplicate_total",
+                "appends acknowledged as duplicates of a stored event id",
+            ),
+            &["layer"],
+        )
+        .unwrap(),
+    )
+});
+
+/// Failed appends, by error kind (invalid, too_large, conflict, unavailable, rejected).
+pub static APPEND_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("engram_append_errors_total", "appends that failed, by error kind"),
+            &["kind"],
+        )
+        .unwrap(),
+    )
+});
+
+/// From publish to ack, per attempt.
+pub static APPEND_LATENCY: LazyLock<HistogramVec> = LazyLock::new(|| {
+    register(
+        HistogramVec::new(
+            HistogramOpts::new(
+                "engram_append_latency_seconds",
+                "time from publish to stream acknowledgement",
+            )
+            .buckets(vec![
+                0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
+                1.0, 2.5, 5.0, 10.0,
+            ]),
+            &["outcome"],
+        )
+        .unwrap(),
+    )
+});
+
+/// Events delivered by replay and tail, and those that failed to decode.
+pub static EVENTS_READ: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new("engram_events_read_total", "events delivered to replay and tail readers"),
+            &["mode", "outcome"],
+        )
+        .unwrap(),
+    )
+});
+
+/// 1 while the process holds a live NATS connection.
+pub static NATS_CONNECTED: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new("engram_nats_connected", "1 if the nats connection is up").unwrap(),
+    )
+});
+
+/// The Prometheus text exposition of every registered metric.
+pub fn render() -> String {
+    let mut out = Vec::new();
+    TextEncoder::new()
+        .encode(&REGISTRY.gather(), &mut out)
+        .expect("text encoding of gathered metrics cannot fail");
+    String::from_utf8(out).expect("prometheus text is utf-8")
+}
+
+/// Forces registration so that `/metrics` lists every series from the start, zeros included.
+pub fn touch_all() {
+    LazyLock::force(&EVENTS_APPENDED);
+    LazyLock::force(&EVENTS_DUPLICATE);
+    LazyLock::force(&APPEND_ERRORS);
+    LazyLock::force(&APPEND_LATENCY);
+    LazyLock::force(&EVENTS_READ);
+    LazyLock::force(&NATS_CONNECTED);
+}

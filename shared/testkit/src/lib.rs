@@ -1,0 +1,110 @@
+//! The harness every Engram test uses: one real nats-server per test, on a random port, with a
+//! temporary store that is deleted when the test ends. No mock bus exists.
+//!
+//! Helpers panic with a readable message instead of returning errors: they run only in tests.
+
+use std::future::Future;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use engram_bus::{Bus, BusConfig};
+use engram_natsd::{NatsServer, ServerOptions};
+use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+
+/// A private nats-server for one test.
+pub struct TestNats {
+    pub server: NatsServer,
+    /// Holds the store and run dirs; removed on drop, after the server is killed.
+    dir: tempfile::TempDir,
+}
+
+impl TestNats {
+    /// Starts a nats-server with JetStream on a random port.
+    pub async fn start() -> Self {
+        let _ = engram_telemetry::init_logging(engram_telemetry::LogFormat::Text, "warn");
+        let bin = tokio::task::spawn_blocking(engram_natsd::locate)
+            .await
+            .expect("locate task panicked")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::Builder::new()
+            .prefix("engram-test-")
+            .tempdir()
+            .expect("cannot create temp dir");
+        let opts = ServerOptions::new(bin, dir.path().join("store"), dir.path().join("run"));
+        let server = NatsServer::start(opts)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        Self { server, dir }
+    }
+
+    pub fn url(&self) -> String {
+        self.server.url()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    /// A bus config pointing at this server, with short timeouts suited to tests.
+    pub fn bus_config(&self) -> BusConfig {
+        BusConfig {
+            url: self.url(),
+            ack_timeout: Duration::from_secs(2),
+            ..BusConfig::default()
+        }
+    }
+
+    /// A connected bus with the stream and bucket provisioned.
+    pub async fn bus(&self) -> Bus {
+        self.bus_with(self.bus_config()).await
+    }
+
+    pub async fn bus_with(&self, config: BusConfig) -> Bus {
+        let bus = Bus::connect(config).await.unwrap_or_else(|e| panic!("{e}"));
+        bus.provision().await.unwrap_or_else(|e| panic!("{e}"));
+        bus
+    }
+
+    /// SIGKILL, as a crash would.
+    pub async fn kill(&mut self) {
+        self.server.kill().await;
+    }
+
+    /// Restarts on the same port and store.
+    pub async fn restart(&mut self) {
+        self.server
+            .restart()
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+}
+
+/// Polls `check` every 20 ms until it returns true; panics naming `what` after `timeout`.
+pub async fn wait_until<F, Fut>(what: &str, timeout: Duration, mut check: F)
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    while !check().await {
+        assert!(Instant::now() < deadline, "timed out after {timeout:?} waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub fn ident(s: &str) -> Ident {
+    Ident::parse("test identifier", s).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// A valid episodic observation in `tenant`/`task:<task>` with the given text.
+pub fn event(tenant: &str, task: &str, text: &str) -> Envelope {
+    Envelope::new(
+        ident(tenant),
+        Scope::new(ScopeKind::Task, task).unwrap_or_else(|e| panic!("{e}")),
+        ident("test-agent"),
+        ident("i-1"),
+        Layer::Episodic,
+        EventKind::Observation,
+        Content::text(text),
+    )
+}
