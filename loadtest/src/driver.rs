@@ -287,7 +287,13 @@ fn merge(name: &str, stats: &[AgentStats], clock: Clock, interrupted: bool) -> P
         }
     }
     let measured_secs = (last_completion - clock.measure_from).as_secs_f64();
-    let per_sec = |x: f64| if measured_secs > 0.0 { x / measured_secs } else { 0.0 };
+    let per_sec = |x: f64| {
+        if measured_secs > 0.0 {
+            x / measured_secs
+        } else {
+            0.0
+        }
+    };
     PhaseResult {
         name: name.to_owned(),
         events,
@@ -315,9 +321,11 @@ async fn report_progress(name: String, progress: Arc<Progress>, clock: Clock) {
         let now = tick.tick().await;
         let completed = progress.completed.load(Ordering::Relaxed);
         let errors = progress.errors.load(Ordering::Relaxed);
-        let state = if now < clock.measure_from {
+        // Labelled by where the second that just ended began.
+        let window_start = now - Duration::from_secs(1);
+        let state = if window_start < clock.measure_from {
             "warming up"
-        } else if now < clock.stop_at {
+        } else if window_start < clock.stop_at {
             "measuring"
         } else {
             "finishing"

@@ -56,7 +56,10 @@ pub(crate) struct RawPublisher {
 
 impl RawPublisher {
     pub(crate) fn new(js: jetstream::Context, trace: Trace, filler: Bytes) -> Self {
-        assert!(!trace.events.is_empty(), "a raw publisher needs sizes to replay");
+        assert!(
+            !trace.events.is_empty(),
+            "a raw publisher needs sizes to replay"
+        );
         Self {
             js,
             trace,

@@ -44,6 +44,9 @@ pub struct Machine {
     pub cpu_model: Option<String>,
     pub memory_gib: Option<f64>,
     pub os: String,
+    /// One-minute load average when the run began: other work on the machine skews the
+    /// figures, and this is the cheapest way to notice.
+    pub load_avg_1m: Option<f64>,
 }
 
 impl Machine {
@@ -62,6 +65,9 @@ impl Machine {
             .and_then(|kib| kib.parse::<f64>().ok())
             .map(|kib| kib / (1024.0 * 1024.0));
         let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+        let load_avg_1m = std::fs::read_to_string("/proc/loadavg")
+            .ok()
+            .and_then(|l| l.split_whitespace().next()?.parse().ok());
         Self {
             cpus: std::thread::available_parallelism().map_or(1, usize::from),
             cpu_model,
@@ -69,6 +75,7 @@ impl Machine {
             os: format!("{} {}", std::env::consts::OS, kernel.trim())
                 .trim()
                 .to_owned(),
+            load_avg_1m,
         }
     }
 }
@@ -141,12 +148,16 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "machine: {} cpus ({}), {}, {}",
+            "machine: {} cpus ({}), {}, {}, load average {} at start",
             m.cpus,
             m.cpu_model.as_deref().unwrap_or("unknown cpu"),
             m.memory_gib
-                .map_or("unknown memory".to_owned(), |g| format!("{g:.1} GiB memory")),
-            m.os
+                .map_or("unknown memory".to_owned(), |g| format!(
+                    "{g:.1} GiB memory"
+                )),
+            m.os,
+            m.load_avg_1m
+                .map_or("unknown".to_owned(), |l| format!("{l:.2}")),
         );
         let _ = writeln!(
             out,
@@ -161,14 +172,14 @@ impl Report {
         let s = &self.payload_sizes;
         let _ = writeln!(
             out,
-            "payload sizes (encoded envelopes, replayed by raw): {} recorded, min {} B, p50 {} B, p90 {} B, p99 {} B, max {} B, mean {:.0} B",
+            "payload sizes (encoded envelopes, replayed by raw): {} recorded, min {} B, p50 {} B, p90 {} B, p99 {} B, max {} B, mean {} B",
             group(s.count as u64),
-            s.min,
-            s.p50,
-            s.p90,
-            s.p99,
-            s.max,
-            s.mean
+            group(s.min.into()),
+            group(s.p50.into()),
+            group(s.p90.into()),
+            group(s.p99.into()),
+            group(s.max.into()),
+            group(s.mean.round() as u64)
         );
         let _ = writeln!(out);
         let _ = writeln!(
@@ -247,7 +258,7 @@ fn group(n: u64) -> String {
     let digits = n.to_string();
     let mut out = String::with_capacity(digits.len() + digits.len() / 3);
     for (i, c) in digits.chars().enumerate() {
-        if i > 0 && (digits.len() - i) % 3 == 0 {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);

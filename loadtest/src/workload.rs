@@ -8,7 +8,7 @@
 //!
 //! The generator never touches the network, so it can be tested (and costed) on its own.
 
-use chrono::{TimeDelta, Utc};
+use chrono::TimeDelta;
 use engram_schema::{Content, Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind};
 use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
@@ -34,7 +34,14 @@ pub struct AgentProfile {
     pub private_scope: Scope,
 }
 
-const ROLES: &[&str] = &["planner", "coder", "reviewer", "tester", "researcher", "operator"];
+const ROLES: &[&str] = &[
+    "planner",
+    "coder",
+    "reviewer",
+    "tester",
+    "researcher",
+    "operator",
+];
 
 impl AgentProfile {
     /// The `index`-th agent; agents `0..team_size` form team 0, and so on.
@@ -119,10 +126,7 @@ impl AgentWorkload {
         if self.rng.random_bool(0.04) {
             self.episode += 1;
         }
-        event.correlation_id = Some(format!(
-            "{}-ep-{:05}",
-            self.profile.agent_id, self.episode
-        ));
+        event.correlation_id = Some(format!("{}-ep-{:05}", self.profile.agent_id, self.episode));
         match kind {
             EventKind::Action => self.last_action = Some(event.event_id.clone()),
             EventKind::Outcome => event.causation_id = self.last_action.take(),
@@ -186,10 +190,22 @@ impl AgentWorkload {
             EventKind::Outcome => format!(
                 "The change to {} {}: {np} {vp} {qual}.",
                 pick(r, PATHS),
-                pick(r, &["worked", "did not help", "fixed the failure", "made it worse"])
+                pick(
+                    r,
+                    &[
+                        "worked",
+                        "did not help",
+                        "fixed the failure",
+                        "made it worse"
+                    ]
+                )
             ),
             EventKind::FactAsserted => {
-                format!("{} {vp} {qual}; confirmed by {}.", capitalise(np), pick(r, EVIDENCE))
+                format!(
+                    "{} {vp} {qual}; confirmed by {}.",
+                    capitalise(np),
+                    pick(r, EVIDENCE)
+                )
             }
             EventKind::Preference => format!(
                 "The user prefers {} over {}, and said so again today.",
@@ -213,7 +229,11 @@ impl AgentWorkload {
         let vp = pick(r, VERB_PHRASES);
         let qual = pick(r, QUALIFIERS);
         if r.random_bool(0.3) {
-            format!("{np} {vp} {qual}, which {} {}.", pick(r, LINKS), pick(r, NOUN_PHRASES))
+            format!(
+                "{np} {vp} {qual}, which {} {}.",
+                pick(r, LINKS),
+                pick(r, NOUN_PHRASES)
+            )
         } else {
             format!("{np} {vp} {qual}.")
         }
@@ -235,7 +255,7 @@ impl AgentWorkload {
                 "tool": "shell",
                 "command": pick(r, COMMANDS),
                 "cwd": pick(r, PATHS),
-                "exit_code": *pick(r, &[0, 0, 0, 1, 2]),
+                "exit_code": pick(r, &[0, 0, 0, 1, 2]),
                 "duration_ms": r.random_range(5..120_000),
             }),
             EventKind::Outcome => json!({
@@ -270,7 +290,7 @@ impl AgentWorkload {
         })
     }
 
-    fn importance(&mut self, kind: EventKind) -> f32 {
+    fn importance(&mut self, kind: EventKind) -> f64 {
         let (low, high) = match kind {
             EventKind::FactAsserted | EventKind::SkillRecorded => (0.6, 0.95),
             EventKind::Preference => (0.5, 0.9),
@@ -278,7 +298,7 @@ impl AgentWorkload {
             EventKind::Action => (0.2, 0.6),
             _ => (0.1, 0.7),
         };
-        round2(self.rng.random_range(low..high)) as f32
+        round2(self.rng.random_range(low..high))
     }
 
     fn tags(&mut self) -> Vec<String> {
@@ -321,8 +341,8 @@ fn fit_text(mut text: String, target: usize) -> String {
     text
 }
 
-fn pick<'a, T>(rng: &mut SmallRng, items: &'a [T]) -> &'a T {
-    items.choose(rng).expect("word lists are not empty")
+fn pick<T: Copy>(rng: &mut SmallRng, items: &[T]) -> T {
+    *items.choose(rng).expect("word lists are not empty")
 }
 
 fn capitalise(s: &str) -> String {
@@ -530,13 +550,28 @@ mod tests {
         sizes.sort_unstable();
         let quantile = |q: f64| sizes[((sizes.len() - 1) as f64 * q) as usize];
         assert!(sizes[0] >= 300, "smallest event {} B", sizes[0]);
-        assert!(*sizes.last().unwrap() <= 4_096, "largest event {} B", sizes.last().unwrap());
-        assert!(quantile(0.5) < 1_000, "median {} B: most events should be short", quantile(0.5));
-        assert!(quantile(0.95) > 1_200, "p95 {} B: some events should be long", quantile(0.95));
+        assert!(
+            *sizes.last().unwrap() <= 4_096,
+            "largest event {} B",
+            sizes.last().unwrap()
+        );
+        assert!(
+            quantile(0.5) < 1_000,
+            "median {} B: most events should be short",
+            quantile(0.5)
+        );
+        assert!(
+            quantile(0.95) > 1_200,
+            "p95 {} B: some events should be long",
+            quantile(0.95)
+        );
         assert_eq!(kinds.len(), 6, "all six kinds appear: {kinds:?}");
         // Two teams of ten share two task scopes; every agent also writes to its own.
         assert_eq!(scopes.len(), 2 + 20);
-        assert!((1_500..3_000).contains(&with_data), "{with_data} of 5000 events carry data");
+        assert!(
+            (1_500..3_000).contains(&with_data),
+            "{with_data} of 5000 events carry data"
+        );
     }
 
     #[test]

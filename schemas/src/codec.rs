@@ -11,7 +11,8 @@ use crate::envelope::Envelope;
 use crate::error::SchemaError;
 
 /// Size limits enforced before anything is published.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct Limits {
     /// Largest encoded envelope accepted, in bytes. Keep it below the stream's
     /// `max_msg_size` minus header room, so the server never has to be the one to refuse.
@@ -26,12 +27,12 @@ impl Default for Limits {
     }
 }
 
-/// Rewrites an event of version `from_version()` into version `from_version() + 1`.
+/// Rewrites an event of version `source_version()` into version `source_version() + 1`.
 ///
 /// Upcasters work on the dynamic MessagePack value so that the Rust type of an old version
 /// need not be kept around; they must set `schema_version` on what they return.
 pub trait Upcaster: Send + Sync {
-    fn from_version(&self) -> u16;
+    fn source_version(&self) -> u16;
     fn upcast(&self, event: rmpv::Value) -> Result<rmpv::Value, SchemaError>;
 }
 
@@ -163,7 +164,7 @@ impl Codec {
             let upcaster = self
                 .upcasters
                 .iter()
-                .find(|u| u.from_version() == version)
+                .find(|u| u.source_version() == version)
                 .ok_or(SchemaError::UnknownSchemaVersion {
                     found: version,
                     supported: SCHEMA_VERSION,
@@ -251,7 +252,7 @@ mod tests {
     /// moves it into `content` and the event then decodes as v1.
     struct TextToContent;
     impl Upcaster for TextToContent {
-        fn from_version(&self) -> u16 {
+        fn source_version(&self) -> u16 {
             0
         }
         fn upcast(&self, event: rmpv::Value) -> Result<rmpv::Value, SchemaError> {
@@ -267,7 +268,10 @@ mod tests {
                     _ => out.push((k, v)),
                 }
             }
-            out.push(("content".into(), rmpv::Value::Map(vec![("text".into(), text)])));
+            out.push((
+                "content".into(),
+                rmpv::Value::Map(vec![("text".into(), text)]),
+            ));
             Ok(rmpv::Value::Map(out))
         }
     }
@@ -309,15 +313,24 @@ mod tests {
         });
         let mut e = event();
         e.content.text = "x".repeat(2000);
-        assert!(matches!(codec.encode(&e), Err(SchemaError::TooLarge { .. })));
+        assert!(matches!(
+            codec.encode(&e),
+            Err(SchemaError::TooLarge { .. })
+        ));
         let bytes = Codec::default().encode(&e).unwrap();
-        assert!(matches!(codec.decode(&bytes), Err(SchemaError::TooLarge { .. })));
+        assert!(matches!(
+            codec.decode(&bytes),
+            Err(SchemaError::TooLarge { .. })
+        ));
     }
 
     #[test]
     fn rejects_garbage_bytes() {
         let codec = Codec::default();
-        assert!(matches!(codec.decode(b"\xc1\xff garbage"), Err(SchemaError::Malformed(_))));
+        assert!(matches!(
+            codec.decode(b"\xc1\xff garbage"),
+            Err(SchemaError::Malformed(_))
+        ));
         assert!(matches!(codec.decode(&[]), Err(SchemaError::Malformed(_))));
     }
 
@@ -342,7 +355,13 @@ mod tests {
             codec.decode_json(&ok.replace("{\"tenant\"", "{\"schema_version\":9,\"tenant\"")),
             Err(SchemaError::UnknownSchemaVersion { found: 9, .. })
         ));
-        assert!(matches!(codec.decode_json("{not json"), Err(SchemaError::Malformed(_))));
-        assert!(matches!(codec.decode_json("[1,2]"), Err(SchemaError::Malformed(_))));
+        assert!(matches!(
+            codec.decode_json("{not json"),
+            Err(SchemaError::Malformed(_))
+        ));
+        assert!(matches!(
+            codec.decode_json("[1,2]"),
+            Err(SchemaError::Malformed(_))
+        ));
     }
 }

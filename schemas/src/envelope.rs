@@ -32,7 +32,7 @@ pub struct Envelope {
     pub recorded_at: DateTime<Utc>,
     /// 0.0 (trivia) to 1.0 (must not forget); consolidation decays by it.
     #[serde(default = "default_importance")]
-    pub importance: f32,
+    pub importance: f64,
     #[serde(default)]
     pub tags: Vec<String>,
     pub content: Content,
@@ -47,7 +47,7 @@ pub struct Envelope {
     pub correlation_id: Option<String>,
 }
 
-fn default_importance() -> f32 {
+fn default_importance() -> f64 {
     0.5
 }
 
@@ -246,7 +246,9 @@ impl Envelope {
         {
             return Err(SchemaError::InvalidField {
                 field: "tags",
-                reason: format!("tag {tag:?} must be 1-{MAX_TAG_LEN} bytes without control characters"),
+                reason: format!(
+                    "tag {tag:?} must be 1-{MAX_TAG_LEN} bytes without control characters"
+                ),
             });
         }
         if self.content.text.trim().is_empty() && self.content.data.is_none() {

@@ -18,7 +18,9 @@ pub enum SchemaError {
         "unknown schema version {found}: this build reads versions 1..={supported}; upgrade engram to read newer events"
     )]
     UnknownSchemaVersion { found: u16, supported: u16 },
-    #[error("event is {size} bytes, over the limit of {max} bytes; shorten content or raise limits.max_event_bytes")]
+    #[error(
+        "event is {size} bytes, over the limit of {max} bytes; shorten content or raise limits.max_event_bytes"
+    )]
     TooLarge { size: usize, max: usize },
     #[error("invalid field {field}: {reason}")]
     InvalidField { field: &'static str, reason: String },

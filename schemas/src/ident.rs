@@ -15,7 +15,9 @@ use crate::error::SchemaError;
 pub const MAX_IDENT_LEN: usize = 64;
 
 /// A subject-safe identifier: 1..=64 characters from `[A-Za-z0-9_-]`.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 #[schemars(extend("pattern" = "^[A-Za-z0-9_-]{1,64}$", "minLength" = 1, "maxLength" = 64))]
 pub struct Ident(String);
@@ -91,7 +93,9 @@ impl AsRef<str> for Ident {
 ///
 /// It doubles as the JetStream `Nats-Msg-Id`, which is what makes a retried append idempotent,
 /// so it is kept in canonical form: a UUID lowercase and hyphenated, a ULID uppercase.
-#[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,
+)]
 #[serde(try_from = "String", into = "String")]
 #[schemars(extend(
     "description" = "UUID (v7 preferred) in hyphenated form, or a 26-character ULID"
@@ -182,7 +186,16 @@ mod tests {
             &"x".repeat(MAX_IDENT_LEN + 1),
         ] {
             let err = Ident::parse("tenant", bad).unwrap_err();
-            assert!(matches!(err, SchemaError::InvalidIdent { field: "tenant", .. }), "{bad:?}");
+            assert!(
+                matches!(
+                    err,
+                    SchemaError::InvalidIdent {
+                        field: "tenant",
+                        ..
+                    }
+                ),
+                "{bad:?}"
+            );
             assert!(err.to_string().contains("[A-Za-z0-9_-]"));
         }
     }
@@ -195,7 +208,12 @@ mod tests {
         assert_eq!(EventId::parse(&upper).unwrap(), v7);
         let ulid = "01ARZ3NDEKTSV4RRFFQ69G5FAV";
         assert_eq!(EventId::parse(&ulid.to_lowercase()).unwrap().as_str(), ulid);
-        for bad in ["", "abc", "01ARZ3NDEKTSV4RRFFQ69G5FA*", "not-a-uuid-at-all-xxxxxxxxxxxxxxxxxx"] {
+        for bad in [
+            "",
+            "abc",
+            "01ARZ3NDEKTSV4RRFFQ69G5FA*",
+            "not-a-uuid-at-all-xxxxxxxxxxxxxxxxxx",
+        ] {
             assert!(EventId::parse(bad).is_err(), "{bad}");
         }
     }

@@ -32,7 +32,9 @@ async fn fifty_clients_append_ten_thousand_events_replayed_exactly_once_in_order
         let config = nats.bus_config();
         tasks.push(tokio::spawn(async move {
             // Each client has its own connection, as separate agent instances would.
-            let client = Client::with_config(config, RetryPolicy::default(), false).await.unwrap();
+            let client = Client::with_config(config, RetryPolicy::default(), false)
+                .await
+                .unwrap();
             let task = format!("task-{}", c % 10);
             let events: Vec<_> = (0..PER_CLIENT)
                 .map(|i| {
@@ -44,7 +46,12 @@ async fn fifty_clients_append_ten_thousand_events_replayed_exactly_once_in_order
                 .collect();
             // Half the clients pipeline a batch, half append one at a time.
             let receipts: Vec<_> = if c % 2 == 0 {
-                client.append_batch(&events).await.into_iter().map(Result::unwrap).collect()
+                client
+                    .append_batch(&events)
+                    .await
+                    .into_iter()
+                    .map(Result::unwrap)
+                    .collect()
             } else {
                 let mut r = Vec::new();
                 for e in &events {
@@ -53,7 +60,10 @@ async fn fifty_clients_append_ten_thousand_events_replayed_exactly_once_in_order
                 r
             };
             assert!(receipts.iter().all(|r| !r.duplicate));
-            events.into_iter().map(|e| e.event_id.to_string()).collect::<Vec<_>>()
+            events
+                .into_iter()
+                .map(|e| e.event_id.to_string())
+                .collect::<Vec<_>>()
         }));
     }
     let mut acked = HashSet::new();
@@ -65,7 +75,10 @@ async fn fifty_clients_append_ten_thousand_events_replayed_exactly_once_in_order
     let bus = nats.bus().await;
     let replayed = replay_all(&bus, &SubjectFilter::all()).await;
     assert_eq!(replayed.len(), CLIENTS * PER_CLIENT, "replay count");
-    let ids: HashSet<_> = replayed.iter().map(|s| s.event.event_id.to_string()).collect();
+    let ids: HashSet<_> = replayed
+        .iter()
+        .map(|s| s.event.event_id.to_string())
+        .collect();
     assert_eq!(ids, acked, "replay returns each acked event exactly once");
     // Per-subject order: each client's own steps appear in the order it appended them, and
     // sequences increase strictly along the replay.
@@ -75,7 +88,9 @@ async fn fifty_clients_append_ten_thousand_events_replayed_exactly_once_in_order
         assert!(s.seq > last_seq);
         last_seq = s.seq;
         let step: i64 = s.event.tags[0].trim_start_matches("n=").parse().unwrap();
-        let prev = last_step.insert(s.event.instance_id.to_string(), step).unwrap_or(-1);
+        let prev = last_step
+            .insert(s.event.instance_id.to_string(), step)
+            .unwrap_or(-1);
         assert_eq!(step, prev + 1, "order within {}", s.subject);
     }
 }
@@ -91,7 +106,9 @@ async fn retried_append_is_stored_once_and_reported_as_duplicate() {
     assert!(second.duplicate);
     assert_eq!(first.seq, second.seq);
     // A batch containing the same id again is also deduplicated.
-    let batch = bus.append_batch(&[e.clone(), event("acme", "t1", "other")], 8).await;
+    let batch = bus
+        .append_batch(&[e.clone(), event("acme", "t1", "other")], 8)
+        .await;
     assert!(batch[0].as_ref().unwrap().duplicate);
     assert!(!batch[1].as_ref().unwrap().duplicate);
     let stored = replay_all(&bus, &SubjectFilter::all()).await;
@@ -108,11 +125,21 @@ async fn optimistic_concurrency_conflict_is_typed() {
         ..Default::default()
     };
     // 0 = the subject must be empty.
-    let a = bus.append(&event("acme", "t1", "first"), expect(0)).await.unwrap();
+    let a = bus
+        .append(&event("acme", "t1", "first"), expect(0))
+        .await
+        .unwrap();
     // Another subject moving on does not affect this one.
-    bus.append(&event("acme", "t2", "elsewhere"), AppendOptions::default()).await.unwrap();
-    let b = bus.append(&event("acme", "t1", "second"), expect(a.seq)).await.unwrap();
-    let stale = bus.append(&event("acme", "t1", "stale writer"), expect(a.seq)).await;
+    bus.append(&event("acme", "t2", "elsewhere"), AppendOptions::default())
+        .await
+        .unwrap();
+    let b = bus
+        .append(&event("acme", "t1", "second"), expect(a.seq))
+        .await
+        .unwrap();
+    let stale = bus
+        .append(&event("acme", "t1", "stale writer"), expect(a.seq))
+        .await;
     match stale {
         Err(AppendError::Conflict { subject, expected }) => {
             assert_eq!(subject, "engram.evt.acme.task.t1.episodic");
@@ -121,8 +148,14 @@ async fn optimistic_concurrency_conflict_is_typed() {
         other => panic!("expected a conflict, got {other:?}"),
     }
     assert!(!stale_is_retryable());
-    let filter = SubjectFilter::all().tenant(ident("acme")).scope(engram_schema::ScopeKind::Task, ident("t1"));
-    let stored: Vec<_> = replay_all(&bus, &filter).await.into_iter().map(|s| s.seq).collect();
+    let filter = SubjectFilter::all()
+        .tenant(ident("acme"))
+        .scope(engram_schema::ScopeKind::Task, ident("t1"));
+    let stored: Vec<_> = replay_all(&bus, &filter)
+        .await
+        .into_iter()
+        .map(|s| s.seq)
+        .collect();
     assert_eq!(stored, vec![a.seq, b.seq]);
 }
 
@@ -140,9 +173,20 @@ async fn replay_from_sequence_and_time_and_tail_sees_new_events() {
     let bus = nats.bus().await;
     let mut seqs = Vec::new();
     for i in 0..5 {
-        seqs.push(bus.append(&event("acme", "t1", &format!("e{i}")), AppendOptions::default()).await.unwrap().seq);
+        seqs.push(
+            bus.append(
+                &event("acme", "t1", &format!("e{i}")),
+                AppendOptions::default(),
+            )
+            .await
+            .unwrap()
+            .seq,
+        );
     }
-    let mut from3 = bus.replay(&SubjectFilter::all(), StartAt::Seq(seqs[3])).await.unwrap();
+    let mut from3 = bus
+        .replay(&SubjectFilter::all(), StartAt::Seq(seqs[3]))
+        .await
+        .unwrap();
     let mut got = Vec::new();
     while let Some(e) = from3.next().await {
         got.push(e.unwrap().seq);
@@ -150,17 +194,34 @@ async fn replay_from_sequence_and_time_and_tail_sees_new_events() {
     assert_eq!(got, seqs[3..].to_vec());
 
     let later = chrono::Utc::now() + chrono::Duration::seconds(3600);
-    let mut none = bus.replay(&SubjectFilter::all(), StartAt::Time(later)).await.unwrap();
+    let mut none = bus
+        .replay(&SubjectFilter::all(), StartAt::Time(later))
+        .await
+        .unwrap();
     assert!(none.next().await.is_none());
 
     // An empty filter match ends immediately rather than waiting forever.
     let other = SubjectFilter::all().tenant(ident("nobody"));
-    assert!(bus.replay(&other, StartAt::Beginning).await.unwrap().next().await.is_none());
+    assert!(
+        bus.replay(&other, StartAt::Beginning)
+            .await
+            .unwrap()
+            .next()
+            .await
+            .is_none()
+    );
 
-    let mut tail = bus.tail(&SubjectFilter::all().tenant(ident("acme"))).await.unwrap();
+    let mut tail = bus
+        .tail(&SubjectFilter::all().tenant(ident("acme")))
+        .await
+        .unwrap();
     let e = event("acme", "t9", "live");
     bus.append(&e, AppendOptions::default()).await.unwrap();
-    let seen = tokio::time::timeout(Duration::from_secs(5), tail.next()).await.unwrap().unwrap().unwrap();
+    let seen = tokio::time::timeout(Duration::from_secs(5), tail.next())
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
     assert_eq!(seen.event.event_id, e.event_id);
     assert!(seen.trace.is_some(), "traceparent travels in headers");
 }

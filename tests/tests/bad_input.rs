@@ -45,19 +45,46 @@ async fn invalid_events_are_refused_before_anything_is_written() {
     let codec = Codec::default();
 
     let cases: Vec<(&str, String)> = vec![
-        ("unknown schema version", VALID.replacen('{', r#"{"schema_version":2,"#, 1)),
+        (
+            "unknown schema version",
+            VALID.replacen('{', r#"{"schema_version":2,"#, 1),
+        ),
         ("wildcard tenant", VALID.replace(r#""acme""#, r#""acme.*""#)),
-        ("full wildcard scope id", VALID.replace(r#""t-1""#, r#"">""#)),
-        ("dot in agent id", VALID.replace(r#""agent_id":"a""#, r#""agent_id":"a.b""#)),
-        ("whitespace in instance", VALID.replace(r#""instance_id":"i""#, r#""instance_id":"i 1""#)),
+        (
+            "full wildcard scope id",
+            VALID.replace(r#""t-1""#, r#"">""#),
+        ),
+        (
+            "dot in agent id",
+            VALID.replace(r#""agent_id":"a""#, r#""agent_id":"a.b""#),
+        ),
+        (
+            "whitespace in instance",
+            VALID.replace(r#""instance_id":"i""#, r#""instance_id":"i 1""#),
+        ),
         ("empty scope id", VALID.replace(r#""t-1""#, r#""""#)),
         ("missing tenant", VALID.replace(r#""tenant":"acme","#, "")),
-        ("missing scope", VALID.replace(r#""scope":{"kind":"task","id":"t-1"},"#, "")),
-        ("unknown scope kind", VALID.replace(r#""kind":"task""#, r#""kind":"galaxy""#)),
+        (
+            "missing scope",
+            VALID.replace(r#""scope":{"kind":"task","id":"t-1"},"#, ""),
+        ),
+        (
+            "unknown scope kind",
+            VALID.replace(r#""kind":"task""#, r#""kind":"galaxy""#),
+        ),
         ("unknown layer", VALID.replace("episodic", "limbic")),
-        ("importance out of range", VALID.replacen('{', r#"{"importance":7.5,"#, 1)),
-        ("bad event id", VALID.replacen('{', r#"{"event_id":"not-an-id","#, 1)),
-        ("empty content", VALID.replace(r#""text":"hello""#, r#""text":"  ""#)),
+        (
+            "importance out of range",
+            VALID.replacen('{', r#"{"importance":7.5,"#, 1),
+        ),
+        (
+            "bad event id",
+            VALID.replacen('{', r#"{"event_id":"not-an-id","#, 1),
+        ),
+        (
+            "empty content",
+            VALID.replace(r#""text":"hello""#, r#""text":"  ""#),
+        ),
     ];
     for (what, json) in &cases {
         let err = codec.decode_json(json).expect_err(what);
@@ -69,10 +96,13 @@ async fn invalid_events_are_refused_before_anything_is_written() {
     e.schema_version = 99;
     assert!(matches!(
         bus.append(&e, AppendOptions::default()).await,
-        Err(AppendError::Invalid(SchemaError::UnknownSchemaVersion { found: 99, .. }))
+        Err(AppendError::Invalid(SchemaError::UnknownSchemaVersion {
+            found: 99,
+            ..
+        }))
     ));
     let mut e = event("acme", "t1", "x");
-    e.importance = f32::NAN;
+    e.importance = f64::NAN;
     assert!(matches!(
         bus.append(&e, AppendOptions::default()).await,
         Err(AppendError::Invalid(_))
@@ -118,7 +148,10 @@ async fn oversized_events_are_refused_by_client_and_server() {
         Err(AppendError::TooLarge { .. })
     ));
     // And a lax config is refused at provisioning, where it is cheap to fix.
-    assert!(matches!(lax_bus.provision().await, Err(BusError::InvalidConfig(_))));
+    assert!(matches!(
+        lax_bus.provision().await,
+        Err(BusError::InvalidConfig(_))
+    ));
     assert_eq!(stream_messages(&bus).await, 0, "nothing written");
 }
 
@@ -129,10 +162,16 @@ async fn identifiers_with_subject_characters_never_reach_a_subject() {
     let bus = nats.bus().await;
     let client = Client::from_bus(bus.clone(), RetryPolicy::none());
     for bad in ["a.b", "*", ">", "a b", "", "team\n", "ü"] {
-        assert!(matches!(
-            client.agent(bad, "agent", "i"),
-            Err(SchemaError::InvalidIdent { field: "tenant", .. })
-        ), "{bad:?}");
+        assert!(
+            matches!(
+                client.agent(bad, "agent", "i"),
+                Err(SchemaError::InvalidIdent {
+                    field: "tenant",
+                    ..
+                })
+            ),
+            "{bad:?}"
+        );
         assert!(client.agent("acme", bad, "i").is_err());
         assert!(engram_schema::Scope::new(engram_schema::ScopeKind::Team, bad).is_err());
     }

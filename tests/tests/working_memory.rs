@@ -15,17 +15,32 @@ async fn keys_expire_after_their_ttl_and_scopes_do_not_collide() {
     let team_a = Scope::new(ScopeKind::Team, "team-a").unwrap();
     let team_ab = Scope::new(ScopeKind::Team, "team-ab").unwrap();
 
-    wm.put(&acme, &team_a, "plan", Bytes::from("step 3 of 7"), Some(Duration::from_secs(1)))
-        .await
-        .unwrap();
-    wm.put(&acme, &team_ab, "plan", Bytes::from("other team"), Some(Duration::from_secs(60)))
-        .await
-        .unwrap();
+    wm.put(
+        &acme,
+        &team_a,
+        "plan",
+        Bytes::from("step 3 of 7"),
+        Some(Duration::from_secs(1)),
+    )
+    .await
+    .unwrap();
+    wm.put(
+        &acme,
+        &team_ab,
+        "plan",
+        Bytes::from("other team"),
+        Some(Duration::from_secs(60)),
+    )
+    .await
+    .unwrap();
     assert_eq!(
         wm.get(&acme, &team_a, "plan").await.unwrap().as_deref(),
         Some(&b"step 3 of 7"[..])
     );
-    assert_eq!(wm.get(&ident("other"), &team_a, "plan").await.unwrap(), None);
+    assert_eq!(
+        wm.get(&ident("other"), &team_a, "plan").await.unwrap(),
+        None
+    );
 
     wait_until("the 1s key to expire", Duration::from_secs(10), || {
         let wm = wm.clone();
@@ -39,10 +54,25 @@ async fn keys_expire_after_their_ttl_and_scopes_do_not_collide() {
         "the longer TTL in the neighbouring scope is untouched"
     );
 
-    assert!(wm.put(&acme, &team_a, "a.b", Bytes::new(), None).await.is_err());
-    assert!(wm.put(&acme, &team_a, "*", Bytes::new(), None).await.is_err());
-    assert!(wm
-        .put(&acme, &team_a, "k", Bytes::new(), Some(Duration::from_millis(10)))
+    assert!(
+        wm.put(&acme, &team_a, "a.b", Bytes::new(), None)
+            .await
+            .is_err()
+    );
+    assert!(
+        wm.put(&acme, &team_a, "*", Bytes::new(), None)
+            .await
+            .is_err()
+    );
+    assert!(
+        wm.put(
+            &acme,
+            &team_a,
+            "k",
+            Bytes::new(),
+            Some(Duration::from_millis(10))
+        )
         .await
-        .is_err());
+        .is_err()
+    );
 }

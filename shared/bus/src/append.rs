@@ -6,8 +6,8 @@
 use std::error::Error as _;
 use std::time::Instant;
 
-use async_nats::jetstream::{self, context::PublishErrorKind};
 use async_nats::jetstream::context::PublishAckFuture;
+use async_nats::jetstream::{self, context::PublishErrorKind};
 use bytes::Bytes;
 use engram_schema::{Envelope, subject_for};
 use engram_telemetry::metrics;
@@ -56,7 +56,9 @@ impl Bus {
     fn prepare(&self, event: &Envelope, opts: &AppendOptions) -> Result<Prepared, AppendError> {
         let payload = self.codec.encode(event)?;
         let payload_len = payload.len();
-        let trace = opts.trace.map_or_else(TraceContext::new_root, |t| t.child());
+        let trace = opts
+            .trace
+            .map_or_else(TraceContext::new_root, |t| t.child());
         let mut message = jetstream::message::PublishMessage::build()
             .payload(Bytes::from(payload))
             .message_id(event.event_id.as_str())
@@ -175,15 +177,21 @@ fn record(result: &Result<AppendReceipt, AppendError>, started: Instant, layer: 
     match result {
         Ok(r) if r.duplicate => {
             metrics::EVENTS_DUPLICATE.with_label_values(&[layer]).inc();
-            metrics::APPEND_LATENCY.with_label_values(&["duplicate"]).observe(elapsed);
+            metrics::APPEND_LATENCY
+                .with_label_values(&["duplicate"])
+                .observe(elapsed);
         }
         Ok(_) => {
             metrics::EVENTS_APPENDED.with_label_values(&[layer]).inc();
-            metrics::APPEND_LATENCY.with_label_values(&["ok"]).observe(elapsed);
+            metrics::APPEND_LATENCY
+                .with_label_values(&["ok"])
+                .observe(elapsed);
         }
         Err(e) => {
             metrics::APPEND_ERRORS.with_label_values(&[e.kind()]).inc();
-            metrics::APPEND_LATENCY.with_label_values(&["error"]).observe(elapsed);
+            metrics::APPEND_LATENCY
+                .with_label_values(&["error"])
+                .observe(elapsed);
             tracing::debug!(error = %e, "append failed");
         }
     }

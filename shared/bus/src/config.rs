@@ -7,7 +7,9 @@ use serde::{Deserialize, Serialize};
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct BusConfig {
-    /// NATS URL, for example `nats://127.0.0.1:4222`.
+    /// NATS URL, for example `nats://127.0.0.1:4222`. Not part of the `[bus]` config section:
+    /// it is resolved from `[nats]` (or the managed server) by whoever builds the bus.
+    #[serde(skip)]
     pub url: String,
     /// Shown in the server's connection list.
     pub client_name: String,
@@ -23,7 +25,6 @@ pub struct BusConfig {
     pub max_inflight: usize,
     pub stream: StreamSettings,
     pub working_memory: WorkingMemorySettings,
-    #[serde(skip)]
     pub limits: Limits,
 }
 
@@ -112,10 +113,16 @@ impl BusConfig {
             ));
         }
         if self.stream.replicas == 0 || self.stream.replicas > 5 {
-            return Err(format!("stream.replicas is {}, expected 1 to 5", self.stream.replicas));
+            return Err(format!(
+                "stream.replicas is {}, expected 1 to 5",
+                self.stream.replicas
+            ));
         }
         if self.stream.duplicate_window.is_zero() {
-            return Err("stream.duplicate_window must be positive, or retried appends are stored twice".into());
+            return Err(
+                "stream.duplicate_window must be positive, or retried appends are stored twice"
+                    .into(),
+            );
         }
         if !self.stream.max_age.is_zero() && self.stream.duplicate_window > self.stream.max_age {
             return Err("stream.duplicate_window cannot exceed stream.max_age".into());
@@ -124,9 +131,16 @@ impl BusConfig {
             return Err("max_inflight must be at least 1".into());
         }
         if self.working_memory.default_ttl < Duration::from_secs(1) {
-            return Err("working_memory.default_ttl must be at least 1s (the server's TTL granularity)".into());
+            return Err(
+                "working_memory.default_ttl must be at least 1s (the server's TTL granularity)"
+                    .into(),
+            );
         }
-        let valid_name = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-');
+        let valid_name = |s: &str| {
+            !s.is_empty()
+                && s.bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
+        };
         if !valid_name(&self.stream.name) || !valid_name(&self.working_memory.bucket) {
             return Err("stream.name and working_memory.bucket may use only [A-Za-z0-9_-]".into());
         }

@@ -6,7 +6,9 @@ use crate::provision::ConfigDiff;
 /// Failures of connecting, provisioning and inspecting.
 #[derive(Debug, Error)]
 pub enum BusError {
-    #[error("cannot connect to nats at {url}: {reason}; is nats-server running? start one with `engram up`, or pass --nats <url>")]
+    #[error(
+        "cannot connect to nats at {url}: {reason}; is nats-server running? start one with `engram up`, or pass --nats <url>"
+    )]
     Connect { url: String, reason: String },
     #[error(
         "{resource} exists with a different configuration; engram will not change it. differences (existing -> wanted): {}. either align engram's config with it, or remove it (`nats stream rm {name}`) if its data can go",
@@ -17,7 +19,9 @@ pub enum BusError {
         name: String,
         diffs: Vec<ConfigDiff>,
     },
-    #[error("stream {0} does not exist; run `engram up` (or any engram command with provisioning) first")]
+    #[error(
+        "stream {0} does not exist; run `engram up` (or any engram command with provisioning) first"
+    )]
     StreamMissing(String),
     #[error("nats is unavailable: {0}")]
     Unavailable(String),
@@ -46,7 +50,9 @@ pub enum AppendError {
     #[error("event of {size} bytes exceeds the limit of {max} bytes; shorten its content")]
     TooLarge { size: usize, max: usize },
     /// Optimistic concurrency: the subject moved on since the caller read it.
-    #[error("concurrency conflict on {subject}: expected last sequence {expected}; re-read the subject and retry with its current sequence")]
+    #[error(
+        "concurrency conflict on {subject}: expected last sequence {expected}; re-read the subject and retry with its current sequence"
+    )]
     Conflict { subject: String, expected: u64 },
     /// No ack in time, connection lost, or the stream not answering. The event may or may
     /// not be stored; retrying with the same event id is safe (it is deduplicated).

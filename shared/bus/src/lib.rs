@@ -47,23 +47,34 @@ impl Bus {
     /// Connects to `config.url`. Fails fast, with a hint, when no server answers.
     pub async fn connect(config: BusConfig) -> Result<Self, BusError> {
         let url = config.url.clone();
+        // Set once the first connection is made, so that later `Connected` events read as
+        // recoveries worth an info line.
+        let was_connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let connected_flag = was_connected.clone();
         let client = async_nats::ConnectOptions::new()
             .name(&config.client_name)
             .connection_timeout(config.connect_timeout)
             // Appends wait for their ack; the client keeps reconnecting forever in the
             // background so that a restarted server is picked up without user action.
             .max_reconnects(None)
-            .event_callback(|event| async move {
-                match event {
-                    async_nats::Event::Connected => {
-                        metrics::NATS_CONNECTED.set(1);
-                        tracing::info!("nats connection up");
+            .event_callback(move |event| {
+                let was_connected = was_connected.clone();
+                async move {
+                    match event {
+                        async_nats::Event::Connected => {
+                            metrics::NATS_CONNECTED.set(1);
+                            if was_connected.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                tracing::info!("nats connection restored");
+                            } else {
+                                tracing::debug!("nats connection up");
+                            }
+                        }
+                        async_nats::Event::Disconnected => {
+                            metrics::NATS_CONNECTED.set(0);
+                            tracing::warn!("nats connection lost, reconnecting");
+                        }
+                        other => tracing::debug!(event = %other, "nats client event"),
                     }
-                    async_nats::Event::Disconnected => {
-                        metrics::NATS_CONNECTED.set(0);
-                        tracing::warn!("nats connection lost, reconnecting");
-                    }
-                    other => tracing::debug!(event = %other, "nats client event"),
                 }
             })
             .connect(&url)
@@ -72,6 +83,7 @@ impl Bus {
                 url: url.clone(),
                 reason: source.to_string(),
             })?;
+        connected_flag.store(true, std::sync::atomic::Ordering::Relaxed);
         metrics::NATS_CONNECTED.set(1);
         Ok(Self::from_client(client, config))
     }

@@ -102,9 +102,24 @@ impl Bus {
                 let info = existing.info().await.map_err(js_err)?;
                 let c = &info.config;
                 let mut diffs = Vec::new();
-                diff(&mut diffs, "history", c.max_messages_per_subject, wanted_kv.history);
-                diff(&mut diffs, "max_value_size", c.max_message_size, wanted_kv.max_value_size);
-                diff(&mut diffs, "replicas", c.num_replicas, wanted_kv.num_replicas);
+                diff(
+                    &mut diffs,
+                    "history",
+                    c.max_messages_per_subject,
+                    wanted_kv.history,
+                );
+                diff(
+                    &mut diffs,
+                    "max_value_size",
+                    c.max_message_size,
+                    wanted_kv.max_value_size,
+                );
+                diff(
+                    &mut diffs,
+                    "replicas",
+                    c.num_replicas,
+                    wanted_kv.num_replicas,
+                );
                 diff(&mut diffs, "allow_msg_ttl", c.allow_message_ttl, true);
                 if !diffs.is_empty() {
                     return Err(BusError::ConfigDrift {
@@ -137,7 +152,12 @@ pub(crate) fn is_not_found(e: &jetstream::context::GetStreamError) -> bool {
     )
 }
 
-fn diff<T: PartialEq + fmt::Debug>(out: &mut Vec<ConfigDiff>, field: &'static str, existing: T, wanted: T) {
+fn diff<T: PartialEq + fmt::Debug>(
+    out: &mut Vec<ConfigDiff>,
+    field: &'static str,
+    existing: T,
+    wanted: T,
+) {
     if existing != wanted {
         out.push(ConfigDiff {
             field,
@@ -153,9 +173,24 @@ fn stream_diffs(existing: &stream::Config, wanted: &stream::Config) -> Vec<Confi
     let mut d = Vec::new();
     diff(&mut d, "subjects", &existing.subjects, &wanted.subjects);
     diff(&mut d, "storage", existing.storage, wanted.storage);
-    diff(&mut d, "replicas", existing.num_replicas, wanted.num_replicas);
-    diff(&mut d, "duplicate_window", existing.duplicate_window, wanted.duplicate_window);
-    diff(&mut d, "max_msg_size", existing.max_message_size, wanted.max_message_size);
+    diff(
+        &mut d,
+        "replicas",
+        existing.num_replicas,
+        wanted.num_replicas,
+    );
+    diff(
+        &mut d,
+        "duplicate_window",
+        existing.duplicate_window,
+        wanted.duplicate_window,
+    );
+    diff(
+        &mut d,
+        "max_msg_size",
+        existing.max_message_size,
+        wanted.max_message_size,
+    );
     diff(&mut d, "max_age", existing.max_age, wanted.max_age);
     diff(&mut d, "max_bytes", existing.max_bytes, wanted.max_bytes);
     diff(&mut d, "retention", existing.retention, wanted.retention);

@@ -47,7 +47,11 @@ impl Bus {
     /// Replays matching events from `start` until the reader has caught up with the stream's
     /// end, then ends. Events appended during the replay are included until it catches up.
     #[tracing::instrument(skip(self), fields(filter = %filter))]
-    pub async fn replay(&self, filter: &SubjectFilter, start: StartAt) -> Result<EventStream, BusError> {
+    pub async fn replay(
+        &self,
+        filter: &SubjectFilter,
+        start: StartAt,
+    ) -> Result<EventStream, BusError> {
         let policy = match start {
             StartAt::Beginning => DeliverPolicy::All,
             StartAt::Seq(seq) => DeliverPolicy::ByStartSequence {
@@ -199,7 +203,9 @@ fn decode_message(
         Err(e) => {
             return (
                 0,
-                Err(ReadError::Consumer(format!("message without jetstream info: {e}"))),
+                Err(ReadError::Consumer(format!(
+                    "message without jetstream info: {e}"
+                ))),
             );
         }
     };
@@ -226,7 +232,9 @@ fn decode_message(
             })
         }
         Err(source) => {
-            metrics::EVENTS_READ.with_label_values(&[mode, "undecodable"]).inc();
+            metrics::EVENTS_READ
+                .with_label_values(&[mode, "undecodable"])
+                .inc();
             tracing::warn!(seq, subject = %subject, error = %source, "skipping undecodable event");
             Err(ReadError::Decode {
                 seq,

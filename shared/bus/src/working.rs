@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_nats::jetstream::{self, kv};
 use bytes::Bytes;
-use engram_schema::{Ident, Scope, SchemaError};
+use engram_schema::{Ident, SchemaError, Scope};
 
 use crate::provision::js_err;
 use crate::{Bus, BusError};
@@ -86,7 +86,12 @@ impl WorkingMemory {
     }
 
     /// The live value of `key`, or `None` if unset, deleted or expired.
-    pub async fn get(&self, tenant: &Ident, scope: &Scope, key: &str) -> Result<Option<Bytes>, BusError> {
+    pub async fn get(
+        &self,
+        tenant: &Ident,
+        scope: &Scope,
+        key: &str,
+    ) -> Result<Option<Bytes>, BusError> {
         let key = Self::key(tenant, scope, key)?;
         self.store.get(key).await.map_err(js_err)
     }

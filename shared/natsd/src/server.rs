@@ -104,7 +104,10 @@ impl NatsServer {
             unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
         }
         if tokio::time::timeout(grace, child.wait()).await.is_err() {
-            tracing::warn!(grace_ms = grace.as_millis() as u64, "nats-server ignored sigterm, killing it");
+            tracing::warn!(
+                grace_ms = grace.as_millis() as u64,
+                "nats-server ignored sigterm, killing it"
+            );
             let _ = child.start_kill();
             let _ = child.wait().await;
         }
@@ -120,7 +123,8 @@ impl NatsServer {
     async fn spawn(&mut self) -> Result<(), NatsdError> {
         let opts = &self.opts;
         for dir in [&opts.store_dir, &opts.run_dir] {
-            std::fs::create_dir_all(dir).map_err(NatsdError::io(format!("creating {}", dir.display())))?;
+            std::fs::create_dir_all(dir)
+                .map_err(NatsdError::io(format!("creating {}", dir.display())))?;
         }
         let ports_dir = opts.run_dir.join("ports");
         let _ = std::fs::remove_dir_all(&ports_dir);
@@ -131,13 +135,19 @@ impl NatsServer {
             .append(true)
             .open(&log_path)
             .map_err(NatsdError::io(format!("opening {}", log_path.display())))?;
-        let log_err = log.try_clone().map_err(NatsdError::io("cloning log handle"))?;
+        let log_err = log
+            .try_clone()
+            .map_err(NatsdError::io("cloning log handle"))?;
 
         let mut cmd = Command::new(&opts.bin);
         if let Some(config) = &opts.config_file {
             cmd.arg("-c").arg(config);
         }
-        let port = if self.port == 0 { "-1".to_owned() } else { self.port.to_string() };
+        let port = if self.port == 0 {
+            "-1".to_owned()
+        } else {
+            self.port.to_string()
+        };
         cmd.arg("-js")
             .arg("-sd")
             .arg(&opts.store_dir)
@@ -166,7 +176,10 @@ impl NatsServer {
         let deadline = Instant::now() + opts.start_timeout;
         let ports_file = ports_dir.join(format!(
             "{}_{pid}.ports",
-            opts.bin.file_name().and_then(|n| n.to_str()).unwrap_or("nats-server")
+            opts.bin
+                .file_name()
+                .and_then(|n| n.to_str())
+                .unwrap_or("nats-server")
         ));
         loop {
             if let Ok(Some(status)) = child.try_wait() {
@@ -226,7 +239,10 @@ mod tests {
 
     #[tokio::test]
     async fn starts_on_a_random_port_and_restarts_on_the_same_one() {
-        let bin = tokio::task::spawn_blocking(crate::locate).await.unwrap().unwrap();
+        let bin = tokio::task::spawn_blocking(crate::locate)
+            .await
+            .unwrap()
+            .unwrap();
         let dir = tempfile::tempdir().unwrap();
         let mut server = NatsServer::start(ServerOptions::new(
             bin,

@@ -108,7 +108,12 @@ impl Client {
     }
 
     /// A handle that stamps events with this tenant, agent and instance.
-    pub fn agent(&self, tenant: &str, agent_id: &str, instance_id: &str) -> Result<Agent, SchemaError> {
+    pub fn agent(
+        &self,
+        tenant: &str,
+        agent_id: &str,
+        instance_id: &str,
+    ) -> Result<Agent, SchemaError> {
         Ok(Agent {
             client: self.clone(),
             tenant: Ident::parse("tenant", tenant)?,
@@ -133,7 +138,9 @@ impl Client {
         let mut attempt = 1u32;
         loop {
             match self.bus.append(event, opts).await {
-                Err(e) if e.is_retryable() && started.elapsed() + backoff < self.retry.max_elapsed => {
+                Err(e)
+                    if e.is_retryable() && started.elapsed() + backoff < self.retry.max_elapsed =>
+                {
                     tracing::debug!(attempt, event_id = %event.event_id, error = %e, "append will be retried");
                     tokio::time::sleep(jitter(backoff)).await;
                     backoff = (backoff * 2).min(self.retry.max_backoff);
@@ -146,7 +153,10 @@ impl Client {
 
     /// Appends many events with pipelined acks, then retries the retryable failures (by the
     /// same ids) until they succeed or the retry budget runs out. Results are in input order.
-    pub async fn append_batch(&self, events: &[Envelope]) -> Vec<Result<AppendReceipt, AppendError>> {
+    pub async fn append_batch(
+        &self,
+        events: &[Envelope],
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
         let inflight = self.bus.config().max_inflight;
         let mut results = self.bus.append_batch(events, inflight).await;
         let started = tokio::time::Instant::now();
@@ -164,14 +174,21 @@ impl Client {
             tokio::time::sleep(jitter(backoff)).await;
             backoff = (backoff * 2).min(self.retry.max_backoff);
             let again: Vec<Envelope> = retry.iter().map(|&i| events[i].clone()).collect();
-            for (i, r) in retry.into_iter().zip(self.bus.append_batch(&again, inflight).await) {
+            for (i, r) in retry
+                .into_iter()
+                .zip(self.bus.append_batch(&again, inflight).await)
+            {
                 results[i] = r;
             }
         }
     }
 
     /// Replays matching events from `start` until caught up.
-    pub async fn replay(&self, filter: &SubjectFilter, start: StartAt) -> Result<EventStream, BusError> {
+    pub async fn replay(
+        &self,
+        filter: &SubjectFilter,
+        start: StartAt,
+    ) -> Result<EventStream, BusError> {
         self.bus.replay(filter, start).await
     }
 
@@ -209,7 +226,13 @@ impl Agent {
     }
 
     /// Starts an event in `scope` with text content.
-    pub fn event(&self, scope: Scope, layer: Layer, kind: EventKind, text: impl Into<String>) -> EventBuilder<'_> {
+    pub fn event(
+        &self,
+        scope: Scope,
+        layer: Layer,
+        kind: EventKind,
+        text: impl Into<String>,
+    ) -> EventBuilder<'_> {
         EventBuilder {
             agent: self,
             envelope: Envelope::new(
@@ -234,7 +257,7 @@ pub struct EventBuilder<'a> {
 }
 
 impl EventBuilder<'_> {
-    pub fn importance(mut self, importance: f32) -> Self {
+    pub fn importance(mut self, importance: f64) -> Self {
         self.envelope.importance = importance;
         self
     }

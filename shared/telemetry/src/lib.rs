@@ -26,7 +26,9 @@ pub enum LogFormat {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TelemetryError {
-    #[error("invalid log filter {filter:?}: {reason}; use e.g. \"info\" or \"engram=debug,async_nats=warn\"")]
+    #[error(
+        "invalid log filter {filter:?}: {reason}; use e.g. \"info\" or \"engram=debug,async_nats=warn\""
+    )]
     BadFilter { filter: String, reason: String },
 }
 

@@ -24,7 +24,10 @@ fn register<C: prometheus::core::Collector + Clone + 'static>(c: C) -> C {
 pub static EVENTS_APPENDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
-            Opts::new("engram_events_appended_total", "events stored by the events stream"),
+            Opts::new(
+                "engram_events_appended_total",
+                "events stored by the events stream",
+            ),
             &["layer"],
         )
         .unwrap(),
@@ -49,7 +52,10 @@ pub static EVENTS_DUPLICATE: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub static APPEND_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
-            Opts::new("engram_append_errors_total", "appends that failed, by error kind"),
+            Opts::new(
+                "engram_append_errors_total",
+                "appends that failed, by error kind",
+            ),
             &["kind"],
         )
         .unwrap(),
@@ -78,7 +84,10 @@ pub static APPEND_LATENCY: LazyLock<HistogramVec> = LazyLock::new(|| {
 pub static EVENTS_READ: LazyLock<IntCounterVec> = LazyLock::new(|| {
     register(
         IntCounterVec::new(
-            Opts::new("engram_events_read_total", "events delivered to replay and tail readers"),
+            Opts::new(
+                "engram_events_read_total",
+                "events delivered to replay and tail readers",
+            ),
             &["mode", "outcome"],
         )
         .unwrap(),
@@ -87,9 +96,7 @@ pub static EVENTS_READ: LazyLock<IntCounterVec> = LazyLock::new(|| {
 
 /// 1 while the process holds a live NATS connection.
 pub static NATS_CONNECTED: LazyLock<IntGauge> = LazyLock::new(|| {
-    register(
-        IntGauge::new("engram_nats_connected", "1 if the nats connection is up").unwrap(),
-    )
+    register(IntGauge::new("engram_nats_connected", "1 if the nats connection is up").unwrap())
 });
 
 /// The Prometheus text exposition of every registered metric.
@@ -101,12 +108,55 @@ pub fn render() -> String {
     String::from_utf8(out).expect("prometheus text is utf-8")
 }
 
-/// Forces registration so that `/metrics` lists every series from the start, zeros included.
-pub fn touch_all() {
-    LazyLock::force(&EVENTS_APPENDED);
-    LazyLock::force(&EVENTS_DUPLICATE);
-    LazyLock::force(&APPEND_ERRORS);
-    LazyLock::force(&APPEND_LATENCY);
-    LazyLock::force(&EVENTS_READ);
+/// State of the events stream as the server reports it, refreshed on every scrape.
+pub static STREAM_MESSAGES: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "engram_stream_messages",
+            "events stored in the events stream",
+        )
+        .unwrap(),
+    )
+});
+pub static STREAM_BYTES: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(IntGauge::new("engram_stream_bytes", "bytes stored in the events stream").unwrap())
+});
+pub static STREAM_LAST_SEQ: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "engram_stream_last_seq",
+            "last sequence of the events stream",
+        )
+        .unwrap(),
+    )
+});
+
+/// Creates every series up front, zeros included, so that dashboards and alerts see them
+/// before the first event rather than a gap. `layers` are the envelope's layer names.
+pub fn touch_all(layers: &[&str]) {
+    for layer in layers {
+        EVENTS_APPENDED.with_label_values(&[layer]);
+        EVENTS_DUPLICATE.with_label_values(&[layer]);
+    }
+    for kind in [
+        "invalid",
+        "too_large",
+        "conflict",
+        "unavailable",
+        "rejected",
+    ] {
+        APPEND_ERRORS.with_label_values(&[kind]);
+    }
+    for outcome in ["ok", "duplicate", "error"] {
+        APPEND_LATENCY.with_label_values(&[outcome]);
+    }
+    for mode in ["replay", "tail"] {
+        for outcome in ["ok", "undecodable"] {
+            EVENTS_READ.with_label_values(&[mode, outcome]);
+        }
+    }
     LazyLock::force(&NATS_CONNECTED);
+    LazyLock::force(&STREAM_MESSAGES);
+    LazyLock::force(&STREAM_BYTES);
+    LazyLock::force(&STREAM_LAST_SEQ);
 }

@@ -82,8 +82,12 @@ mod tests {
         assert_eq!(TraceContext::parse(&child.to_string()), Some(child));
         let spec = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
         assert_eq!(TraceContext::parse(spec).unwrap().to_string(), spec);
-        for bad in ["", "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
-                    "00-00000000000000000000000000000000-00f067aa0ba902b7-01", "00-xyz-abc-01"] {
+        for bad in [
+            "",
+            "01-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01",
+            "00-00000000000000000000000000000000-00f067aa0ba902b7-01",
+            "00-xyz-abc-01",
+        ] {
             assert_eq!(TraceContext::parse(bad), None, "{bad}");
         }
     }

@@ -1,0 +1,14 @@
+//! One module per subcommand that talks to a running Engram.
+
+pub mod append;
+pub mod read;
+pub mod streams;
+
+use engram_config::Config;
+use engram_sdk::{Client, RetryPolicy};
+
+/// Connects to the configured NATS without provisioning: only `engram up` creates resources.
+pub async fn connect(config: &Config) -> anyhow::Result<Client> {
+    let bus = engram_bus::Bus::connect(config.bus_config(config.client_url())).await?;
+    Ok(Client::from_bus(bus, RetryPolicy::default()))
+}

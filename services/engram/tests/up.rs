@@ -1,0 +1,192 @@
+//! `engram up` as a user runs it: a real process with a managed nats-server, probed over HTTP,
+//! driven with the CLI, and stopped with SIGTERM.
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
+
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = TcpStream::connect(addr).expect("http connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// Kills the process if the test fails half-way, so no `engram up` outlives its test.
+struct KillOnDrop(std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+fn token<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|t| t.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+#[test]
+fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm() {
+    let home = tempfile::tempdir().unwrap();
+    let nats_port = free_port();
+    let mut child = KillOnDrop(
+        Command::new(ENGRAM)
+            .args([
+                "up",
+                "--nats-port",
+                &nats_port.to_string(),
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .env("ENGRAM_HOME", home.path())
+            .env_remove("ENGRAM_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
+    let mut ready = String::new();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !ready.contains("engram is up") {
+        ready.clear();
+        assert!(
+            stdout.read_line(&mut ready).unwrap() > 0,
+            "engram up exited before it was ready"
+        );
+        assert!(Instant::now() < deadline, "engram up not ready in time");
+    }
+    let http = token(&ready, "http=http://").to_owned();
+    let nats = token(&ready, "nats=").to_owned();
+    assert_eq!(nats, format!("nats://127.0.0.1:{nats_port}"));
+
+    let (status, body) = http_get(&http, "/healthz");
+    assert_eq!(status, 200, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["status"], "ok");
+    assert_eq!(health["stream"]["messages"], 0);
+
+    // The CLI appends through the managed server, and the stream and metrics show it.
+    let append = Command::new(ENGRAM)
+        .args([
+            "--nats", &nats, "--json", "append", "--tenant", "acme", "--scope", "task:t1",
+            "--text", "hello",
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        append.status.success(),
+        "{}",
+        String::from_utf8_lossy(&append.stderr)
+    );
+    let receipt: serde_json::Value = serde_json::from_slice(&append.stdout).unwrap();
+    assert_eq!(receipt["seq"], 1);
+    let bad = Command::new(ENGRAM)
+        .args([
+            "--nats", &nats, "append", "--tenant", "acme.*", "--scope", "task:t1", "--text", "x",
+        ])
+        .output()
+        .unwrap();
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid tenant"));
+    let replay = Command::new(ENGRAM)
+        .args(["--nats", &nats, "--json", "replay", "--tenant", "acme"])
+        .output()
+        .unwrap();
+    assert!(replay.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&replay.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap())
+        .collect();
+    assert_eq!(lines.len(), 1);
+    assert_eq!(lines[0]["event"]["content"]["text"], "hello");
+
+    let (status, body) = http_get(&http, "/healthz");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"messages\":1"), "{body}");
+    let (status, metrics) = http_get(&http, "/metrics");
+    assert_eq!(status, 200);
+    assert!(metrics.contains("engram_nats_connected 1"), "{metrics}");
+    assert!(
+        metrics.contains("engram_events_appended_total"),
+        "{metrics}"
+    );
+
+    // SIGTERM: orderly shutdown, exit 0, and the managed nats-server is gone with it.
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = child.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "engram up did not stop after SIGTERM"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(status.success(), "exit status {status:?}");
+    assert!(
+        TcpStream::connect(("127.0.0.1", nats_port)).is_err(),
+        "nats-server still listening"
+    );
+
+    // The store survives: a second `up` on the same home sees the event.
+    let mut again = KillOnDrop(
+        Command::new(ENGRAM)
+            .args([
+                "up",
+                "--nats-port",
+                &nats_port.to_string(),
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .env("ENGRAM_HOME", home.path())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = BufReader::new(again.0.stdout.take().unwrap());
+    let mut ready = String::new();
+    while !ready.contains("engram is up") {
+        ready.clear();
+        assert!(stdout.read_line(&mut ready).unwrap() > 0);
+    }
+    let (_, body) = http_get(token(&ready, "http=http://"), "/healthz");
+    assert!(body.contains("\"messages\":1"), "{body}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(again.0.id() as libc::pid_t, libc::SIGINT) };
+    assert!(again.0.wait().unwrap().success());
+}

@@ -1,0 +1,310 @@
+//! Engram's configuration, layered as operators expect:
+//! defaults, then a TOML file, then `ENGRAM_*` environment variables (`__` separates nested
+//! keys: `ENGRAM_BUS__STREAM__REPLICAS=3`), then command-line flags, then [`Config::validate`].
+//!
+//! The TOML file is `--config <path>`, else `$ENGRAM_CONFIG`, else `<home>/engram.toml` if it
+//! exists. `engram config dump` prints the merged result.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+
+use engram_bus::BusConfig;
+use engram_telemetry::LogFormat;
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use serde::{Deserialize, Serialize};
+
+/// Everything `engram` reads from its configuration.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Config {
+    /// Data dir: the managed nats-server's store and config live here.
+    pub home: PathBuf,
+    pub nats: NatsConfig,
+    pub bus: BusConfig,
+    pub http: HttpConfig,
+    pub log: LogConfig,
+}
+
+/// Which NATS to use.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct NatsConfig {
+    /// A running server's URL. When unset, `engram up` starts a managed local nats-server and
+    /// the other commands connect to `nats://127.0.0.1:<managed_port>`.
+    pub url: Option<String>,
+    /// Client port of the managed server. 0 picks a free one (then only `engram up` knows it).
+    pub managed_port: u16,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct HttpConfig {
+    /// Where `/healthz` and `/metrics` are served.
+    pub listen: SocketAddr,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LogConfig {
+    pub format: LogFormat,
+    /// Tracing filter, e.g. `info` or `engram=debug,async_nats=warn`. `RUST_LOG` wins.
+    pub filter: String,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            home: default_home(),
+            nats: NatsConfig::default(),
+            bus: BusConfig::default(),
+            http: HttpConfig::default(),
+            log: LogConfig::default(),
+        }
+    }
+}
+
+impl Default for NatsConfig {
+    fn default() -> Self {
+        Self {
+            url: None,
+            managed_port: 4222,
+        }
+    }
+}
+
+impl Default for HttpConfig {
+    fn default() -> Self {
+        Self {
+            listen: SocketAddr::from(([127, 0, 0, 1], 7077)),
+        }
+    }
+}
+
+impl Default for LogConfig {
+    fn default() -> Self {
+        Self {
+            format: LogFormat::Text,
+            filter: "info,async_nats=warn".into(),
+        }
+    }
+}
+
+/// `$XDG_DATA_HOME/engram`, else `~/.local/share/engram`. (`$ENGRAM_HOME` is the env layer.)
+fn default_home() -> PathBuf {
+    if let Some(dir) = std::env::var_os("XDG_DATA_HOME") {
+        return PathBuf::from(dir).join("engram");
+    }
+    let home = std::env::var_os("HOME").map_or_else(std::env::temp_dir, PathBuf::from);
+    home.join(".local").join("share").join("engram")
+}
+
+/// Values given as command-line flags; `None` leaves the lower layers in force.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct FlagOverrides {
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub home: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub nats_url: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub managed_port: Option<u16>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub http_listen: Option<SocketAddr>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub log_format: Option<LogFormat>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {} does not exist; create it or drop --config / ENGRAM_CONFIG", .0.display())]
+    MissingFile(PathBuf),
+    #[error("invalid configuration: {0}")]
+    Invalid(String),
+}
+
+/// Top-level keys the env layer may set. Other `ENGRAM_*` variables (ENGRAM_CONFIG,
+/// ENGRAM_NATS_SERVER, ENGRAM_CACHE_DIR, benchmark knobs) belong to other readers.
+const ENV_KEYS: &[&str] = &["home", "nats", "bus", "http", "log"];
+
+impl Config {
+    /// Merges every layer and validates the result.
+    pub fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Self, ConfigError> {
+        Self::figment(file, flags)?
+            .extract::<Config>()
+            .map_err(|e| ConfigError::Invalid(e.to_string()))
+            .and_then(|c| c.validate().map(|()| c))
+    }
+
+    fn figment(file: Option<&Path>, flags: &FlagOverrides) -> Result<Figment, ConfigError> {
+        let mut figment = Figment::from(Serialized::defaults(Config::default()));
+        let explicit = file
+            .map(Path::to_path_buf)
+            .or_else(|| std::env::var_os("ENGRAM_CONFIG").map(PathBuf::from));
+        let file = match explicit {
+            Some(path) if !path.is_file() => return Err(ConfigError::MissingFile(path)),
+            Some(path) => Some(path),
+            None => {
+                // The implicit file lives in home, which the env or flags may have moved.
+                let home = flags
+                    .home
+                    .clone()
+                    .or_else(|| std::env::var_os("ENGRAM_HOME").map(PathBuf::from))
+                    .unwrap_or_else(default_home);
+                Some(home.join("engram.toml")).filter(|p| p.is_file())
+            }
+        };
+        if let Some(path) = file {
+            figment = figment.merge(Toml::file_exact(path));
+        }
+        figment = figment.merge(Env::prefixed("ENGRAM_").split("__").filter(|key| {
+            let top = key.as_str().split('.').next().unwrap_or("");
+            ENV_KEYS.iter().any(|k| top.eq_ignore_ascii_case(k))
+        }));
+        let mut layer = figment::value::Dict::new();
+        let mut put = |path: &str, value: figment::value::Value| {
+            layer.insert(path.to_owned(), value);
+        };
+        if let Some(home) = &flags.home {
+            put("home", home.display().to_string().into());
+        }
+        if let Some(format) = flags.log_format {
+            put(
+                "log",
+                figment::util::map! { "format" => match format { LogFormat::Text => "text", LogFormat::Json => "json" } }.into(),
+            );
+        }
+        if let Some(listen) = flags.http_listen {
+            put(
+                "http",
+                figment::util::map! { "listen" => listen.to_string() }.into(),
+            );
+        }
+        let mut nats = figment::value::Dict::new();
+        if let Some(url) = &flags.nats_url {
+            nats.insert("url".into(), url.clone().into());
+        }
+        if let Some(port) = flags.managed_port {
+            nats.insert("managed_port".into(), port.into());
+        }
+        if !nats.is_empty() {
+            put("nats", nats.into());
+        }
+        Ok(figment.merge(Serialized::globals(layer)))
+    }
+
+    /// Checks the merged config as a whole.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.bus.validate().map_err(ConfigError::Invalid)?;
+        if let Some(url) = &self.nats.url
+            && !(url.starts_with("nats://") || url.starts_with("tls://") || url.contains(':'))
+        {
+            return Err(ConfigError::Invalid(format!(
+                "nats.url {url:?} is not a NATS URL; use e.g. nats://127.0.0.1:4222"
+            )));
+        }
+        if self.log.filter.trim().is_empty() {
+            return Err(ConfigError::Invalid(
+                "log.filter is empty; use e.g. \"info\"".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// The URL clients connect to: `nats.url`, else the managed server's address.
+    pub fn client_url(&self) -> String {
+        self.nats
+            .url
+            .clone()
+            .unwrap_or_else(|| format!("nats://127.0.0.1:{}", self.nats.managed_port))
+    }
+
+    /// The bus config with the URL resolved.
+    pub fn bus_config(&self, url: String) -> BusConfig {
+        BusConfig {
+            url,
+            ..self.bus.clone()
+        }
+    }
+
+    /// The merged config as TOML, for `engram config dump`.
+    pub fn to_toml(&self) -> String {
+        toml::to_string_pretty(self).expect("config always serialises to toml")
+    }
+}
+
+#[cfg(test)]
+#[allow(clippy::result_large_err)] // figment::Jail fixes the closure's error type
+mod tests {
+    use super::*;
+
+    #[test]
+    fn layers_apply_in_order_defaults_toml_env_flags() {
+        figment::Jail::expect_with(|jail| {
+            jail.create_file(
+                "engram.toml",
+                r#"
+                home = "/from/toml"
+                [nats]
+                managed_port = 5000
+                [bus]
+                ack_timeout = "9s"
+                [bus.stream]
+                replicas = 3
+                duplicate_window = "20m"
+                [http]
+                listen = "127.0.0.1:9000"
+                "#,
+            )?;
+            jail.clear_env();
+            jail.set_env("ENGRAM_BUS__STREAM__REPLICAS", "2");
+            jail.set_env("ENGRAM_NATS__MANAGED_PORT", "5001");
+            jail.set_env("ENGRAM_NATS_SERVER", "/ignored/by/config");
+            jail.set_env("ENGRAM_CACHE_DIR", "/ignored/too");
+            jail.set_env("ENGRAM_HTTP__LISTEN", "127.0.0.1:9001");
+            let flags = FlagOverrides {
+                http_listen: Some("127.0.0.1:9002".parse().unwrap()),
+                ..FlagOverrides::default()
+            };
+            let c = Config::load(Some(Path::new("engram.toml")), &flags).unwrap();
+            jail.set_env("ENGRAM_HOME", "/from/env");
+            let moved = Config::load(Some(Path::new("engram.toml")), &flags).unwrap();
+            assert_eq!(moved.home, PathBuf::from("/from/env"));
+            assert_eq!(c.home, PathBuf::from("/from/toml")); // toml over default
+            assert_eq!(c.bus.ack_timeout, std::time::Duration::from_secs(9));
+            assert_eq!(
+                c.bus.stream.duplicate_window,
+                std::time::Duration::from_secs(1200)
+            );
+            assert_eq!(c.bus.stream.replicas, 2); // env over toml
+            assert_eq!(c.nats.managed_port, 5001); // env over toml
+            assert_eq!(c.http.listen.port(), 9002); // flag over env over toml
+            assert_eq!(c.client_url(), "nats://127.0.0.1:5001");
+            // The dump parses back to the same config.
+            let again: Config = toml::from_str(&c.to_toml()).unwrap();
+            assert_eq!(again, c);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn typos_and_invalid_values_are_reported() {
+        figment::Jail::expect_with(|jail| {
+            jail.clear_env();
+            jail.create_file("typo.toml", "[bus.stream]\nreplica = 3\n")?;
+            let err = Config::load(Some(Path::new("typo.toml")), &FlagOverrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("replica"), "{err}");
+
+            jail.create_file("bad.toml", "[bus.stream]\nduplicate_window = \"0s\"\n")?;
+            let err = Config::load(Some(Path::new("bad.toml")), &FlagOverrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("duplicate_window"), "{err}");
+
+            let missing = Config::load(Some(Path::new("nope.toml")), &FlagOverrides::default());
+            assert!(matches!(missing, Err(ConfigError::MissingFile(_))));
+            Ok(())
+        });
+    }
+}
