@@ -49,7 +49,9 @@ pub(crate) struct EngramAgent {
     /// A clone of the client for this agent's connection from the pool.
     client: Client,
     workload: AgentWorkload,
-    pub(crate) trace: Trace,
+    /// Filled from receipts in `send`, which takes `&self`; only this agent's task touches it,
+    /// so the lock is never contended.
+    trace: std::sync::Mutex<Trace>,
 }
 
 impl EngramAgent {
@@ -57,46 +59,44 @@ impl EngramAgent {
         Self {
             client,
             workload,
-            trace: Trace::default(),
+            trace: std::sync::Mutex::new(Trace::default()),
         }
+    }
+
+    pub(crate) fn into_trace(self) -> Trace {
+        self.trace
+            .into_inner()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 }
 
-/// An event ready to append, or the reason it could not be encoded.
-pub(crate) type Prepared = Result<(Envelope, usize), Outcome>;
+/// An event ready to append, and whether its size belongs in the trace.
+pub(crate) type Prepared = (Envelope, bool);
 
 impl Sender for EngramAgent {
     type Item = Prepared;
 
     fn prepare(&mut self, measured: bool) -> Prepared {
-        let event = self.workload.next_event();
-        // Encoding once more only to learn the size the bus will send costs about a
-        // microsecond, outside the timed section; it makes the raw replay byte-exact.
-        let size = match self.client.bus().codec().encode(&event) {
-            Ok(bytes) => bytes.len(),
-            Err(e) => {
-                return Err(Outcome::Failed {
-                    kind: "invalid",
-                    message: format!("generated event does not encode: {e}"),
-                });
-            }
-        };
-        if measured {
-            self.trace.push(&subject_for(&event), size);
-        }
-        Ok((event, size))
+        (self.workload.next_event(), measured)
     }
 
-    async fn send(&self, item: Prepared) -> Outcome {
-        let (event, size) = match item {
-            Ok(prepared) => prepared,
-            Err(outcome) => return outcome,
-        };
+    async fn send(&self, (event, measured): Prepared) -> Outcome {
         match self.client.append(&event).await {
-            Ok(receipt) => Outcome::Stored {
-                bytes: size,
-                duplicate: receipt.duplicate,
-            },
+            Ok(receipt) => {
+                // The receipt carries the encoded size, so the raw replay is byte-exact
+                // without encoding the event a second time.
+                if measured {
+                    let mut trace = self
+                        .trace
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner);
+                    trace.push(&subject_for(&event), receipt.bytes);
+                }
+                Outcome::Stored {
+                    bytes: receipt.bytes,
+                    duplicate: receipt.duplicate,
+                }
+            }
             Err(e) => Outcome::Failed {
                 kind: e.kind(),
                 message: e.to_string(),

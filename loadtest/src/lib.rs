@@ -165,7 +165,7 @@ async fn run_phases(
     let clock = Clock::start(config.warmup, config.stop);
     let (agents, engram) = driver::run_phase("engram", agents, clock, stop.clone()).await;
     close_pool(pool).await;
-    let traces: Vec<Trace> = agents.into_iter().map(|a| a.trace).collect();
+    let traces: Vec<Trace> = agents.into_iter().map(EngramAgent::into_trace).collect();
     let sizes = SizeSummary::from_sizes(
         traces
             .iter()

@@ -32,6 +32,7 @@ pub struct Envelope {
     pub recorded_at: DateTime<Utc>,
     /// 0.0 (trivia) to 1.0 (must not forget); consolidation decays by it.
     #[serde(default = "default_importance")]
+    #[schemars(range(min = 0.0, max = 1.0))]
     pub importance: f64,
     #[serde(default)]
     pub tags: Vec<String>,

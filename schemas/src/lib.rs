@@ -24,3 +24,21 @@ pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
 
 /// The envelope version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u16 = 1;
+
+#[cfg(test)]
+mod tests {
+    /// The published JSON Schema is generated from these types; a stale copy would mislead
+    /// every client written in another language. Regenerate with `just schema`.
+    #[test]
+    fn committed_json_schema_is_current() {
+        let schema = schemars::schema_for!(crate::Envelope);
+        let mut generated = serde_json::to_string_pretty(&schema).unwrap();
+        generated.push('\n');
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/json/envelope.v1.json");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == generated,
+            "{path} is stale; run `cargo run -p engram-schema --bin engram-schema-gen -- {path}`"
+        );
+    }
+}

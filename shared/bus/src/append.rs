@@ -40,8 +40,11 @@ pub struct AppendReceipt {
     pub duplicate: bool,
     pub subject: String,
     pub event_id: String,
+    /// Encoded size of the event (the message payload), in bytes.
+    pub bytes: usize,
 }
 
+/// What is kept of an event while its ack is pending; the message itself is handed over.
 struct Prepared {
     subject: String,
     event_id: String,
@@ -49,11 +52,14 @@ struct Prepared {
     payload_len: usize,
     /// The stream's cap, reported when the server refuses the size.
     server_max: usize,
-    message: jetstream::message::PublishMessage,
 }
 
 impl Bus {
-    fn prepare(&self, event: &Envelope, opts: &AppendOptions) -> Result<Prepared, AppendError> {
+    fn prepare(
+        &self,
+        event: &Envelope,
+        opts: &AppendOptions,
+    ) -> Result<(Prepared, jetstream::message::PublishMessage), AppendError> {
         let payload = self.codec.encode(event)?;
         let payload_len = payload.len();
         let trace = opts
@@ -68,26 +74,32 @@ impl Bus {
         if let Some(seq) = opts.expected_last_subject_seq {
             message = message.expected_last_subject_sequence(seq);
         }
-        Ok(Prepared {
+        let prepared = Prepared {
             subject: subject_for(event),
             event_id: event.event_id.to_string(),
             layer: event.layer.as_str(),
             payload_len,
             server_max: usize::try_from(self.config.stream.max_msg_size).unwrap_or_default(),
-            message,
-        })
+        };
+        Ok((prepared, message))
     }
 
-    async fn send(&self, p: &Prepared) -> Result<PublishAckFuture, AppendError> {
+    async fn send(
+        &self,
+        p: &Prepared,
+        message: jetstream::message::PublishMessage,
+    ) -> Result<PublishAckFuture, AppendError> {
         self.js
-            .send_publish(p.subject.clone(), p.message.clone())
+            .send_publish(p.subject.clone(), message)
             .await
             .map_err(|e| publish_error(e, p, None))
     }
 
     /// Stores one event and waits for its ack.
+    // Debug level: at info, building this span for every event costs more than the encoding.
     #[tracing::instrument(
         name = "append",
+        level = "debug",
         skip_all,
         fields(tenant = %event.tenant, scope = %event.scope, event_id = %event.event_id, seq)
     )]
@@ -98,8 +110,8 @@ impl Bus {
     ) -> Result<AppendReceipt, AppendError> {
         let started = Instant::now();
         let result = async {
-            let prepared = self.prepare(event, &opts)?;
-            let ack = self.send(&prepared).await?;
+            let (prepared, message) = self.prepare(event, &opts)?;
+            let ack = self.send(&prepared, message).await?;
             finish(ack, &prepared, opts.expected_last_subject_seq).await
         }
         .await;
@@ -112,7 +124,7 @@ impl Bus {
 
     /// Stores many events, pipelining publishes with at most `max_inflight` acks pending.
     /// Results come back in input order; one failure does not stop the others.
-    #[tracing::instrument(name = "append_batch", skip_all, fields(events = events.len()))]
+    #[tracing::instrument(name = "append_batch", level = "debug", skip_all, fields(events = events.len()))]
     pub async fn append_batch(
         &self,
         events: &[Envelope],
@@ -124,7 +136,7 @@ impl Bus {
         let mut inflight = FuturesOrdered::new();
         for (index, event) in events.iter().enumerate() {
             let started = Instant::now();
-            let prepared = match self.prepare(event, &AppendOptions::default()) {
+            let (prepared, message) = match self.prepare(event, &AppendOptions::default()) {
                 Ok(p) => p,
                 Err(e) => {
                     let r = Err(e);
@@ -133,7 +145,7 @@ impl Bus {
                     continue;
                 }
             };
-            let ack = self.send(&prepared).await;
+            let ack = self.send(&prepared, message).await;
             inflight.push_back(async move {
                 let r = match ack {
                     Ok(ack) => finish(ack, &prepared, None).await,
@@ -169,6 +181,7 @@ async fn finish(
         duplicate: ack.duplicate,
         subject: p.subject.clone(),
         event_id: p.event_id.clone(),
+        bytes: p.payload_len,
     })
 }
 
