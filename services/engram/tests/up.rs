@@ -56,10 +56,8 @@ fn token<'a>(line: &'a str, key: &str) -> &'a str {
         .unwrap_or_else(|| panic!("no {key} in {line:?}"))
 }
 
-#[test]
-fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm() {
-    let home = tempfile::tempdir().unwrap();
-    let nats_port = free_port();
+/// Starts `engram up` with its data in `home` and returns it with its "engram is up" line.
+fn spawn_up(home: &std::path::Path, nats_port: u16) -> (KillOnDrop, String) {
     let mut child = KillOnDrop(
         Command::new(ENGRAM)
             .args([
@@ -69,7 +67,7 @@ fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm
                 "--http",
                 "127.0.0.1:0",
             ])
-            .env("ENGRAM_HOME", home.path())
+            .env("ENGRAM_HOME", home)
             .env_remove("ENGRAM_CONFIG")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -87,6 +85,14 @@ fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm
         );
         assert!(Instant::now() < deadline, "engram up not ready in time");
     }
+    (child, ready)
+}
+
+#[test]
+fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm() {
+    let home = tempfile::tempdir().unwrap();
+    let nats_port = free_port();
+    let (mut child, ready) = spawn_up(home.path(), nats_port);
     let http = token(&ready, "http=http://").to_owned();
     let nats = token(&ready, "nats=").to_owned();
     assert_eq!(nats, format!("nats://127.0.0.1:{nats_port}"));
@@ -164,26 +170,7 @@ fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm
     );
 
     // The store survives: a second `up` on the same home sees the event.
-    let mut again = KillOnDrop(
-        Command::new(ENGRAM)
-            .args([
-                "up",
-                "--nats-port",
-                &nats_port.to_string(),
-                "--http",
-                "127.0.0.1:0",
-            ])
-            .env("ENGRAM_HOME", home.path())
-            .stdout(Stdio::piped())
-            .spawn()
-            .unwrap(),
-    );
-    let mut stdout = BufReader::new(again.0.stdout.take().unwrap());
-    let mut ready = String::new();
-    while !ready.contains("engram is up") {
-        ready.clear();
-        assert!(stdout.read_line(&mut ready).unwrap() > 0);
-    }
+    let (mut again, ready) = spawn_up(home.path(), nats_port);
     let (_, body) = http_get(token(&ready, "http=http://"), "/healthz");
     assert!(body.contains("\"messages\":1"), "{body}");
     // SAFETY: kill(2) on our own child.

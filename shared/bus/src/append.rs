@@ -52,6 +52,9 @@ struct Prepared {
     payload_len: usize,
     /// The stream's cap, reported when the server refuses the size.
     server_max: usize,
+    /// How long to wait for the ack. async-nats bounds a publish ack by the context's
+    /// *request* timeout, not its `ack_timeout`, so the bus enforces its own.
+    ack_timeout: std::time::Duration,
 }
 
 impl Bus {
@@ -80,6 +83,7 @@ impl Bus {
             layer: event.layer.as_str(),
             payload_len,
             server_max: usize::try_from(self.config.stream.max_msg_size).unwrap_or_default(),
+            ack_timeout: self.config.ack_timeout,
         };
         Ok((prepared, message))
     }
@@ -175,7 +179,10 @@ async fn finish(
     p: &Prepared,
     expected: Option<u64>,
 ) -> Result<AppendReceipt, AppendError> {
-    let ack = ack.await.map_err(|e| publish_error(e, p, expected))?;
+    let ack = tokio::time::timeout(p.ack_timeout, ack)
+        .await
+        .map_err(|_| AppendError::Unavailable(format!("no ack within {:?}", p.ack_timeout)))?
+        .map_err(|e| publish_error(e, p, expected))?;
     Ok(AppendReceipt {
         seq: ack.sequence,
         duplicate: ack.duplicate,
