@@ -193,6 +193,15 @@ async fn replay_from_sequence_and_time_and_tail_sees_new_events() {
     }
     assert_eq!(got, seqs[3..].to_vec());
 
+    let (expected, _) = bus
+        .replay_counted(&SubjectFilter::all(), StartAt::Seq(seqs[3]))
+        .await
+        .unwrap();
+    assert_eq!(
+        expected, 2,
+        "matching events known up front, for progress bars"
+    );
+
     let later = chrono::Utc::now() + chrono::Duration::seconds(3600);
     let mut none = bus
         .replay(&SubjectFilter::all(), StartAt::Time(later))

@@ -46,12 +46,22 @@ pub type EventStream = Pin<Box<dyn Stream<Item = Result<StoredEvent, ReadError>>
 impl Bus {
     /// Replays matching events from `start` until the reader has caught up with the stream's
     /// end, then ends. Events appended during the replay are included until it catches up.
-    #[tracing::instrument(skip(self), fields(filter = %filter))]
     pub async fn replay(
         &self,
         filter: &SubjectFilter,
         start: StartAt,
     ) -> Result<EventStream, BusError> {
+        Ok(self.replay_counted(filter, start).await?.1)
+    }
+
+    /// [`Bus::replay`], plus how many matching events existed when it started (the replay
+    /// may deliver more, if more are appended before it catches up). For progress bars.
+    #[tracing::instrument(skip(self), fields(filter = %filter))]
+    pub async fn replay_counted(
+        &self,
+        filter: &SubjectFilter,
+        start: StartAt,
+    ) -> Result<(u64, EventStream), BusError> {
         let policy = match start {
             StartAt::Beginning => DeliverPolicy::All,
             StartAt::Seq(seq) => DeliverPolicy::ByStartSequence {
@@ -70,7 +80,10 @@ impl Bus {
     /// Delivers matching events appended from now on, until dropped.
     #[tracing::instrument(skip(self), fields(filter = %filter))]
     pub async fn tail(&self, filter: &SubjectFilter) -> Result<EventStream, BusError> {
-        self.read(filter, DeliverPolicy::New, "tail", false).await
+        Ok(self
+            .read(filter, DeliverPolicy::New, "tail", false)
+            .await?
+            .1)
     }
 
     async fn read(
@@ -79,7 +92,7 @@ impl Bus {
         policy: DeliverPolicy,
         mode: &'static str,
         stop_when_caught_up: bool,
-    ) -> Result<EventStream, BusError> {
+    ) -> Result<(u64, EventStream), BusError> {
         let stream = self.events_stream().await?;
         let consumer = stream
             .create_consumer(pull::OrderedConfig {
@@ -89,8 +102,9 @@ impl Bus {
             })
             .await
             .map_err(js_err)?;
-        if stop_when_caught_up && consumer.cached_info().num_pending == 0 {
-            return Ok(Box::pin(futures::stream::empty()));
+        let pending = consumer.cached_info().num_pending;
+        if stop_when_caught_up && pending == 0 {
+            return Ok((0, Box::pin(futures::stream::empty())));
         }
         let messages = consumer.messages().await.map_err(js_err)?;
         let codec = self.codec.clone();
@@ -117,7 +131,7 @@ impl Bus {
         } else {
             Box::pin(decoded.map(|(_, item)| item))
         };
-        Ok(stream)
+        Ok((pending, stream))
     }
 
     pub(crate) async fn events_stream(

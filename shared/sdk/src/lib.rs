@@ -192,6 +192,15 @@ impl Client {
         self.bus.replay(filter, start).await
     }
 
+    /// [`Client::replay`], plus the number of matching events when it started.
+    pub async fn replay_counted(
+        &self,
+        filter: &SubjectFilter,
+        start: StartAt,
+    ) -> Result<(u64, EventStream), BusError> {
+        self.bus.replay_counted(filter, start).await
+    }
+
     /// Streams matching events appended from now on.
     pub async fn tail(&self, filter: &SubjectFilter) -> Result<EventStream, BusError> {
         self.bus.tail(filter).await

@@ -23,10 +23,7 @@ pub async fn replay(config: &Config, args: &ReplayArgs, json: bool) -> anyhow::R
         StartAt::Beginning
     };
     let client = super::connect(config).await?;
-    // The stream's size bounds the bar; the filter may match fewer, which the bar shows as
-    // finishing early rather than guessing.
-    let total = client.bus().stream_summary().await?.messages;
-    let mut events = client.replay(&filter, start).await?;
+    let (total, mut events) = client.replay_counted(&filter, start).await?;
     let bar = progress_bar(total);
     let started = Instant::now();
     let (mut count, mut undecodable) = (0u64, 0u64);
