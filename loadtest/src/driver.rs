@@ -165,6 +165,10 @@ pub struct PhaseResult {
     pub latency_ms: LatencySummary,
     /// True if the run was interrupted or hit its time limit before the stop rule was met.
     pub cut_short: bool,
+    /// CPU microseconds this process (the agents) spent per acknowledged event.
+    pub client_cpu_us_per_event: Option<f64>,
+    /// CPU microseconds the local nats-server spent per acknowledged event, when its pid is known.
+    pub server_cpu_us_per_event: Option<f64>,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -198,8 +202,15 @@ pub(crate) async fn run_phase<S: Sender>(
     senders: Vec<S>,
     clock: Clock,
     stop: watch::Receiver<bool>,
+    server_pid: Option<u32>,
 ) -> (Vec<S>, PhaseResult) {
     let progress = Arc::new(Progress::default());
+    // CPU is sampled when measuring starts and when the last agent is done, the same window
+    // the events are counted in (give or take the final in-flight acks).
+    let cpu_start = tokio::spawn(async move {
+        tokio::time::sleep_until(clock.measure_from).await;
+        (crate::cpu::own(), server_pid.and_then(crate::cpu::of_pid))
+    });
     let reporter = tokio::spawn(report_progress(name.to_owned(), progress.clone(), clock));
     let tasks: Vec<_> = senders
         .into_iter()
@@ -220,7 +231,17 @@ pub(crate) async fn run_phase<S: Sender>(
     }
     reporter.abort();
     let interrupted = *stop.borrow();
-    (senders, merge(name, &stats, clock, interrupted))
+    let mut result = merge(name, &stats, clock, interrupted);
+    if let Ok((client_start, server_start)) = cpu_start.await {
+        let per_event = |cpu: Duration| {
+            (result.events > 0).then(|| cpu.as_secs_f64() * 1e6 / result.events as f64)
+        };
+        result.client_cpu_us_per_event = per_event(crate::cpu::own().saturating_sub(client_start));
+        result.server_cpu_us_per_event = server_start
+            .zip(server_pid.and_then(crate::cpu::of_pid))
+            .and_then(|(start, end)| per_event(end.saturating_sub(start)));
+    }
+    (senders, result)
 }
 
 async fn drive<S: Sender>(
@@ -307,6 +328,8 @@ fn merge(name: &str, stats: &[AgentStats], clock: Clock, interrupted: bool) -> P
         mb_per_sec: per_sec(bytes as f64 / 1e6),
         latency_ms: LatencySummary::from_histogram(&latency),
         cut_short,
+        client_cpu_us_per_event: None,
+        server_cpu_us_per_event: None,
     }
 }
 

@@ -48,6 +48,10 @@ impl EmbeddedNats {
         self.server.url()
     }
 
+    pub fn pid(&self) -> Option<u32> {
+        self.server.pid()
+    }
+
     pub fn version(&self) -> &str {
         &self.version
     }

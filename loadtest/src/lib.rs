@@ -21,6 +21,7 @@
 //! events stream (through the bus's own provisioning) and the reference stream, which it
 //! deletes afterwards.
 
+mod cpu;
 mod driver;
 pub mod embedded;
 mod engram;
@@ -65,6 +66,8 @@ pub struct BenchConfig {
     pub seed: u64,
     /// Recorded in the report: the server runs on this machine, sharing its cpus.
     pub embedded_server: bool,
+    /// The local nats-server's pid, when known, so its CPU per event can be reported.
+    pub server_pid: Option<u32>,
 }
 
 /// Why a run could not be carried out.
@@ -163,7 +166,8 @@ async fn run_phases(
         })
         .collect();
     let clock = Clock::start(config.warmup, config.stop);
-    let (agents, engram) = driver::run_phase("engram", agents, clock, stop.clone()).await;
+    let (agents, engram) =
+        driver::run_phase("engram", agents, clock, stop.clone(), config.server_pid).await;
     close_pool(pool).await;
     let traces: Vec<Trace> = agents.into_iter().map(EngramAgent::into_trace).collect();
     let sizes = SizeSummary::from_sizes(
@@ -191,7 +195,7 @@ async fn run_phases(
         })
         .collect();
     let clock = Clock::start(config.warmup, config.stop);
-    let (_, raw) = driver::run_phase("raw", publishers, clock, stop).await;
+    let (_, raw) = driver::run_phase("raw", publishers, clock, stop, config.server_pid).await;
     if let Err(e) = raw::delete_stream(&pool[0]).await {
         tracing::warn!(error = %e, "reference stream left behind");
     }

@@ -229,6 +229,17 @@ impl Report {
                 format!("{:.2}x", r.latency_p99),
             );
         }
+        let _ = writeln!(out);
+        for phase in std::iter::once(&self.engram).chain(&self.raw) {
+            let us = |v: Option<f64>| v.map_or_else(|| "n/a".to_owned(), |v| format!("{v:.1}"));
+            let _ = writeln!(
+                out,
+                "cpu per event ({}): agents {} us, nats-server {} us",
+                phase.name,
+                us(phase.client_cpu_us_per_event),
+                us(phase.server_cpu_us_per_event)
+            );
+        }
         for phase in std::iter::once(&self.engram).chain(&self.raw) {
             if phase.errors == 0 {
                 continue;

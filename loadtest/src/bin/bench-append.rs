@@ -109,6 +109,7 @@ async fn main() -> anyhow::Result<()> {
         team_size: cli.team_size,
         seed: cli.seed.unwrap_or_else(rand::random),
         embedded_server: embedded.is_some(),
+        server_pid: embedded.as_ref().and_then(EmbeddedNats::pid),
     };
 
     let result = engram_loadtest::run(config, interrupted()).await;
