@@ -18,8 +18,6 @@ use crate::{AppendError, Bus};
 
 /// Header naming the event kind, so consumers can filter without decoding the payload.
 pub const KIND_HEADER: &str = "Engram-Kind";
-/// Header naming the envelope version.
-pub const SCHEMA_HEADER: &str = "Engram-Schema";
 
 /// Per-append options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -72,7 +70,6 @@ impl Bus {
             .payload(Bytes::from(payload))
             .message_id(event.event_id.as_str())
             .header(KIND_HEADER, event.kind.as_str())
-            .header(SCHEMA_HEADER, event.schema_version.to_string().as_str())
             .header(trace_context::HEADER, trace.to_string().as_str());
         if let Some(seq) = opts.expected_last_subject_seq {
             message = message.expected_last_subject_sequence(seq);
