@@ -96,12 +96,17 @@ pub struct AppendArgs {
     /// Scope as kind:id (e.g. task:fix-login) for --text, or the default for JSON events.
     #[arg(long)]
     pub scope: Option<String>,
+    /// Layer for --text, or the default for JSON events.
     #[arg(long, default_value = "episodic")]
     pub layer: String,
+    /// Event kind for --text, or the default for JSON events (observation, action, outcome,
+    /// fact_asserted, fact_retracted, skill_recorded, preference, feedback, checkpoint).
     #[arg(long, default_value = "observation")]
     pub kind: String,
+    /// Agent id for --text, or the default for JSON events.
     #[arg(long, default_value = "cli")]
     pub agent: String,
+    /// Instance id for --text, or the default for JSON events.
     #[arg(long, default_value = "cli")]
     pub instance: String,
     /// Optimistic concurrency: fail unless the subject's last sequence is this (0 = empty).
@@ -111,11 +116,13 @@ pub struct AppendArgs {
 
 #[derive(Debug, Args, Clone)]
 pub struct FilterArgs {
+    /// Only this tenant's events.
     #[arg(long)]
     pub tenant: Option<String>,
-    /// kind:id, e.g. team:platform.
+    /// Only this scope, as kind:id (e.g. team:platform); matched exactly.
     #[arg(long)]
     pub scope: Option<String>,
+    /// Only this layer: working, episodic, semantic or procedural.
     #[arg(long)]
     pub layer: Option<String>,
 }

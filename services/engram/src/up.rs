@@ -180,7 +180,12 @@ pub async fn run(
                 if let Err(e) = result {
                     eprintln!("demo failed: {e:#}");
                 }
-                println!("\nthe demo is done; engram keeps running. try, in another terminal:\n  engram replay --scope task:fix-login-bug\n  curl http://{}/metrics | grep engram_\n  ctrl-c here to stop", running.http_addr);
+                let exe = std::env::current_exe()
+                    .map_or_else(|_| "engram".to_owned(), |p| p.display().to_string());
+                println!(
+                    "\nthe demo is done; engram keeps running. try, in another terminal:\n  {exe} replay --tenant acme --scope task:fix-login-bug\n  {exe} tail --tenant acme\n  curl -s http://{}/metrics | grep ^engram_\nctrl-c here stops engram",
+                    running.http_addr
+                );
             }
             () = &mut shutdown => {
                 running.shutdown().await;

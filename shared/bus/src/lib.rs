@@ -47,10 +47,9 @@ impl Bus {
     /// Connects to `config.url`. Fails fast, with a hint, when no server answers.
     pub async fn connect(config: BusConfig) -> Result<Self, BusError> {
         let url = config.url.clone();
-        // Set once the first connection is made, so that later `Connected` events read as
+        // The client reports the first connection as `Connected` too; only later ones are
         // recoveries worth an info line.
         let was_connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let connected_flag = was_connected.clone();
         let client = async_nats::ConnectOptions::new()
             .name(&config.client_name)
             .connection_timeout(config.connect_timeout)
@@ -83,7 +82,6 @@ impl Bus {
                 url: url.clone(),
                 reason: source.to_string(),
             })?;
-        connected_flag.store(true, std::sync::atomic::Ordering::Relaxed);
         metrics::NATS_CONNECTED.set(1);
         Ok(Self::from_client(client, config))
     }
