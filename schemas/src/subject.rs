@@ -113,3 +113,68 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod properties {
+    use proptest::prelude::*;
+
+    use super::*;
+    use crate::envelope::{Content, EventKind, Scope};
+
+    proptest! {
+        /// Whatever string a client sends, it is either refused or becomes exactly one
+        /// subject token: no escape, no extra token, no wildcard.
+        #[test]
+        fn any_accepted_identifier_is_exactly_one_safe_token(raw in "\\PC{0,80}", tenant in "[A-Za-z0-9_-]{1,64}") {
+            let Ok(id) = Ident::parse("scope.id", raw.as_str()) else {
+                prop_assert!(
+                    raw.is_empty()
+                        || raw.len() > crate::ident::MAX_IDENT_LEN
+                        || raw.bytes().any(|b| !(b.is_ascii_alphanumeric() || b == b'_' || b == b'-'))
+                );
+                return Ok(());
+            };
+            prop_assert_eq!(id.as_str(), raw.as_str());
+            let e = Envelope::new(
+                Ident::parse("tenant", tenant.as_str()).unwrap(),
+                Scope { kind: ScopeKind::Team, id: id.clone() },
+                Ident::parse("agent", "a").unwrap(),
+                Ident::parse("instance", "i").unwrap(),
+                Layer::Episodic,
+                EventKind::Observation,
+                Content::text("x"),
+            );
+            let subject = subject_for(&e);
+            let tokens: Vec<&str> = subject.split('.').collect();
+            prop_assert_eq!(tokens.len(), 6);
+            prop_assert_eq!(tokens[4], raw.as_str());
+            prop_assert!(!tokens.iter().any(|t| t.is_empty() || *t == "*" || *t == ">"));
+        }
+
+        /// Filters never match a sibling whose id merely starts with the same characters.
+        #[test]
+        fn scope_filters_match_exact_tokens(a in "[a-z]{1,8}", suffix in "[a-z0-9-]{1,8}") {
+            let id = |s: &str| Ident::parse("id", s).unwrap();
+            let filter = SubjectFilter::all().tenant(id("t")).scope(ScopeKind::Team, id(&a)).to_subject();
+            let sibling = format!("engram.evt.t.team.{a}{suffix}.episodic");
+            prop_assert!(!nats_subject_matches(&filter, &sibling));
+            let own = format!("engram.evt.t.team.{a}.episodic");
+            prop_assert!(nats_subject_matches(&filter, &own));
+        }
+    }
+
+    /// NATS matching rules: `*` matches one token, `>` the rest; otherwise tokens are equal.
+    fn nats_subject_matches(filter: &str, subject: &str) -> bool {
+        let (f, s): (Vec<&str>, Vec<&str>) =
+            (filter.split('.').collect(), subject.split('.').collect());
+        for (i, ft) in f.iter().enumerate() {
+            match *ft {
+                ">" => return s.len() > i,
+                "*" if i < s.len() => {}
+                t if s.get(i) == Some(&t) => {}
+                _ => return false,
+            }
+        }
+        f.len() == s.len()
+    }
+}
