@@ -25,7 +25,6 @@ async fn no_acked_event_is_lost_when_the_server_is_killed_mid_append() {
         attempted: usize,
     }
     let ledger = Arc::new(Mutex::new(Ledger::default()));
-    let stop = Arc::new(tokio::sync::Notify::new());
     let stopping = Arc::new(std::sync::atomic::AtomicBool::new(false));
 
     let mut writers = Vec::new();
@@ -83,7 +82,6 @@ async fn no_acked_event_is_lost_when_the_server_is_killed_mid_append() {
     })
     .await;
     stopping.store(true, std::sync::atomic::Ordering::Relaxed);
-    stop.notify_waiters();
     for w in writers {
         w.await.unwrap();
     }

@@ -77,6 +77,10 @@ fn event_from_flags(args: &AppendArgs, text: &str) -> anyhow::Result<Envelope> {
 /// errors are reported together with their line numbers, so a bad batch writes nothing.
 fn parse_events(codec: &Codec, args: &AppendArgs) -> anyhow::Result<Vec<Envelope>> {
     let lines: Vec<String> = if args.events.is_empty() {
+        use std::io::IsTerminal;
+        if std::io::stdin().is_terminal() {
+            eprintln!("reading events from stdin, one JSON object per line; ctrl-d to finish");
+        }
         std::io::stdin()
             .lock()
             .lines()
