@@ -50,6 +50,7 @@ impl Bus {
         // The client reports the first connection as `Connected` too; only later ones are
         // recoveries worth an info line.
         let was_connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let server = url.clone();
         let client = async_nats::ConnectOptions::new()
             .name(&config.client_name)
             .connection_timeout(config.connect_timeout)
@@ -58,19 +59,20 @@ impl Bus {
             .max_reconnects(None)
             .event_callback(move |event| {
                 let was_connected = was_connected.clone();
+                let server = server.clone();
                 async move {
                     match event {
                         async_nats::Event::Connected => {
                             metrics::NATS_CONNECTED.set(1);
                             if was_connected.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                                tracing::info!("nats connection restored");
+                                tracing::info!(url = %server, "nats connection restored");
                             } else {
                                 tracing::debug!("nats connection up");
                             }
                         }
                         async_nats::Event::Disconnected => {
                             metrics::NATS_CONNECTED.set(0);
-                            tracing::warn!("nats connection lost, reconnecting");
+                            tracing::warn!(url = %server, "nats connection lost, reconnecting");
                         }
                         other => tracing::debug!(event = %other, "nats client event"),
                     }
