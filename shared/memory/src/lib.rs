@@ -1,0 +1,126 @@
+//! Vocabulary shared by the read models (vector, keyword, facts, skills) and the query service.
+//!
+//! Read models are keyed by sequence number: the stream sequence of the event a memory came
+//! from is unique, totally ordered, and what read-your-writes tokens speak of.
+
+use std::fmt;
+
+use chrono::{DateTime, Utc};
+use engram_schema::{Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind};
+use serde::{Deserialize, Serialize};
+
+/// A stream sequence number: the identity of a memory inside every read model.
+pub type Seq = u64;
+
+/// One tenant's scope. Two keys are the same scope only if every part is equal: there is no
+/// prefix or case-insensitive matching anywhere (a peer store leaked memory that way).
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+pub struct ScopeKey {
+    pub tenant: Ident,
+    pub kind: ScopeKind,
+    pub id: Ident,
+}
+
+impl ScopeKey {
+    pub fn new(tenant: Ident, scope: Scope) -> Self {
+        Self {
+            tenant,
+            kind: scope.kind,
+            id: scope.id,
+        }
+    }
+
+    pub fn of(event: &Envelope) -> Self {
+        Self::new(event.tenant.clone(), event.scope.clone())
+    }
+
+    pub fn scope(&self) -> Scope {
+        Scope {
+            kind: self.kind,
+            id: self.id.clone(),
+        }
+    }
+
+    /// One opaque token, `tenant/kind/id`, for indexes that match whole terms (tantivy's
+    /// `STRING` fields). `/` cannot occur in an identifier, so distinct keys give distinct tokens.
+    pub fn token(&self) -> String {
+        format!("{}/{}/{}", self.tenant, self.kind, self.id)
+    }
+}
+
+impl fmt::Display for ScopeKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}/{}:{}", self.tenant, self.kind, self.id)
+    }
+}
+
+/// What the read models keep about a text memory besides its text and vector: enough to
+/// filter, rank by time and importance, and point back at the event.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct MemoryMeta {
+    pub seq: Seq,
+    pub event_id: EventId,
+    pub scope: ScopeKey,
+    pub agent_id: Ident,
+    pub layer: Layer,
+    pub kind: EventKind,
+    pub occurred_at: DateTime<Utc>,
+    pub importance: f64,
+    pub tags: Vec<String>,
+}
+
+impl MemoryMeta {
+    pub fn of(seq: Seq, event: &Envelope) -> Self {
+        Self {
+            seq,
+            event_id: event.event_id.clone(),
+            scope: ScopeKey::of(event),
+            agent_id: event.agent_id.clone(),
+            layer: event.layer,
+            kind: event.kind,
+            occurred_at: event.occurred_at,
+            importance: event.importance,
+            tags: event.tags.clone(),
+        }
+    }
+}
+
+/// Whether an event is a text memory for the vector and keyword indexes: episodic and
+/// semantic events with text. Working memory lives in the KV bucket, procedural memory in
+/// the skill registry.
+pub fn is_text_memory(event: &Envelope) -> bool {
+    matches!(event.layer, Layer::Episodic | Layer::Semantic)
+        && !event.content.text.trim().is_empty()
+}
+
+/// Restrictions on which memories a query may return, beyond its scopes. Empty lists mean
+/// "any"; `tags` matches a memory carrying at least one of them.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct MemoryFilter {
+    pub layers: Vec<Layer>,
+    pub kinds: Vec<EventKind>,
+    pub tags: Vec<String>,
+    pub since: Option<DateTime<Utc>>,
+    pub until: Option<DateTime<Utc>>,
+    pub min_importance: Option<f64>,
+}
+
+impl MemoryFilter {
+    pub fn matches(&self, meta: &MemoryMeta) -> bool {
+        (self.layers.is_empty() || self.layers.contains(&meta.layer))
+            && (self.kinds.is_empty() || self.kinds.contains(&meta.kind))
+            && (self.tags.is_empty() || meta.tags.iter().any(|t| self.tags.contains(t)))
+            && self.since.is_none_or(|t| meta.occurred_at >= t)
+            && self.until.is_none_or(|t| meta.occurred_at < t)
+            && self.min_importance.is_none_or(|m| meta.importance >= m)
+    }
+}
+
+/// A scored memory from one retriever. Higher is better; scores of different retrievers are
+/// not comparable, which is why fusion works on ranks and normalised scores.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Hit {
+    pub seq: Seq,
+    pub score: f32,
+}
