@@ -7,6 +7,8 @@
 //! - [`append`]: `append` and `append_batch`. `Nats-Msg-Id` is the event id, so a retried
 //!   append is stored once; the returned stream sequence is the consistency token.
 //! - [`read`]: `replay` (ordered consumer, ends when caught up) and `tail` (live).
+//! - [`durable`]: durable consumers positioned from a projector's checkpoint, and the
+//!   dead-letter stream for messages a projector cannot apply.
 //! - [`working`]: working memory, a KV bucket with per-key TTL.
 //! - [`error`]: typed errors, each marked retryable or not.
 //!
@@ -14,6 +16,7 @@
 
 pub mod append;
 pub mod config;
+pub mod durable;
 pub mod error;
 pub mod provision;
 pub mod read;
@@ -26,6 +29,7 @@ use engram_schema::Codec;
 use engram_telemetry::metrics;
 
 pub use append::{AppendOptions, AppendReceipt};
+pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use config::{BusConfig, StreamSettings, WorkingMemorySettings};
 pub use error::{AppendError, BusError, ReadError};
 pub use provision::{ConfigDiff, ProvisionReport};

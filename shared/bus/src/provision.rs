@@ -66,6 +66,29 @@ impl Bus {
         }
     }
 
+    /// The dead-letter stream: poison messages, kept 30 days for an operator to inspect.
+    async fn provision_dead_letters(&self) -> Result<(), BusError> {
+        let config = stream::Config {
+            name: crate::DLQ_STREAM.into(),
+            description: Some("engram events that a projector could not apply".into()),
+            subjects: vec![format!("{}.>", crate::DLQ_SUBJECT_PREFIX)],
+            storage: stream::StorageType::File,
+            num_replicas: self.config.stream.replicas,
+            max_age: Duration::from_secs(30 * 24 * 3600),
+            duplicate_window: Duration::from_secs(10 * 60),
+            ..Default::default()
+        };
+        match self.js.get_stream(crate::DLQ_STREAM).await {
+            Ok(_) => Ok(()),
+            Err(e) if is_not_found(&e) => {
+                self.js.create_stream(config).await.map_err(js_err)?;
+                tracing::info!("dead-letter stream created");
+                Ok(())
+            }
+            Err(e) => Err(unavailable(e)),
+        }
+    }
+
     /// Creates the events stream and working-memory bucket if missing; verifies them if not.
     #[tracing::instrument(skip(self), fields(stream = %self.config.stream.name))]
     pub async fn provision(&self) -> Result<ProvisionReport, BusError> {
@@ -137,6 +160,7 @@ impl Bus {
             }
             Err(e) => return Err(unavailable(e)),
         };
+        self.provision_dead_letters().await?;
         Ok(ProvisionReport {
             stream_created,
             bucket_created,

@@ -207,7 +207,7 @@ pub struct ConsumerSummary {
 }
 
 /// Decodes one delivered message; returns the consumer's pending count with the result.
-fn decode_message(
+pub(crate) fn decode_message(
     codec: &engram_schema::Codec,
     mode: &'static str,
     message: &async_nats::jetstream::Message,

@@ -3,6 +3,8 @@
 //! Read models are keyed by sequence number: the stream sequence of the event a memory came
 //! from is unique, totally ordered, and what read-your-writes tokens speak of.
 
+pub mod proto;
+
 use std::fmt;
 
 use chrono::{DateTime, Utc};

@@ -7,7 +7,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, Opts, Registry, TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
+    TextEncoder,
 };
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
@@ -130,6 +131,110 @@ pub static STREAM_LAST_SEQ: LazyLock<IntGauge> = LazyLock::new(|| {
         .unwrap(),
     )
 });
+
+fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
+    register(IntCounterVec::new(Opts::new(name, help), labels).unwrap())
+}
+
+fn gauge(name: &str, help: &str, labels: &[&str]) -> IntGaugeVec {
+    register(IntGaugeVec::new(Opts::new(name, help), labels).unwrap())
+}
+
+fn histogram(name: &str, help: &str, labels: &[&str], buckets: Vec<f64>) -> HistogramVec {
+    register(HistogramVec::new(HistogramOpts::new(name, help).buckets(buckets), labels).unwrap())
+}
+
+/// Events a projector applied to its read model (poison messages excluded).
+pub static PROJECTOR_APPLIED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_projector_applied_total",
+        "events applied to a read model",
+        &["projector"],
+    )
+});
+/// Poison messages: recorded in the dead-letter stream, acked and skipped.
+pub static PROJECTOR_DEAD_LETTERED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_projector_dead_lettered_total",
+        "events a projector could not apply and dead-lettered",
+        &["projector"],
+    )
+});
+/// Transient projector failures (bus, embedder, disk), by kind; the batch is retried.
+pub static PROJECTOR_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_projector_errors_total",
+        "projector failures that were retried",
+        &["projector", "kind"],
+    )
+});
+/// Events in the stream that the projector has not applied yet.
+pub static PROJECTOR_LAG: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge(
+        "engram_projector_lag_events",
+        "stream events not yet applied by the projector",
+        &["projector"],
+    )
+});
+/// The last sequence whose effects queries can see.
+pub static PROJECTOR_VISIBLE_SEQ: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge(
+        "engram_projector_visible_seq",
+        "last stream sequence visible to queries",
+        &["projector"],
+    )
+});
+pub static PROJECTOR_BATCH_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram(
+        "engram_projector_batch_seconds",
+        "time to apply and publish one batch",
+        &["projector"],
+        prometheus::exponential_buckets(0.0005, 2.0, 16).unwrap(),
+    )
+});
+pub static PROJECTOR_CHECKPOINT_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram(
+        "engram_projector_checkpoint_seconds",
+        "time to persist a read model with its sequence",
+        &["projector"],
+        prometheus::exponential_buckets(0.001, 2.0, 16).unwrap(),
+    )
+});
+/// Query service requests, by operation and outcome (ok, timeout, invalid, error).
+pub static QUERIES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_queries_total",
+        "query service requests",
+        &["op", "outcome"],
+    )
+});
+pub static QUERY_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram(
+        "engram_query_seconds",
+        "query service latency, including read-your-writes waits",
+        &["op"],
+        prometheus::exponential_buckets(0.0001, 2.0, 18).unwrap(),
+    )
+});
+/// Embedding requests by source: cache hits, model calls, client-supplied vectors.
+pub static EMBEDDINGS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_embeddings_total",
+        "texts embedded, by where the vector came from",
+        &["source"],
+    )
+});
+
+/// Creates a projector's series up front (see [`touch_all`]).
+pub fn touch_projector(projector: &str) {
+    PROJECTOR_APPLIED.with_label_values(&[projector]);
+    PROJECTOR_DEAD_LETTERED.with_label_values(&[projector]);
+    PROJECTOR_LAG.with_label_values(&[projector]);
+    PROJECTOR_VISIBLE_SEQ.with_label_values(&[projector]);
+    for kind in ["bus", "apply", "checkpoint"] {
+        PROJECTOR_ERRORS.with_label_values(&[projector, kind]);
+    }
+}
 
 /// Creates every series up front, zeros included, so that dashboards and alerts see them
 /// before the first event rather than a gap. `layers` are the envelope's layer names.

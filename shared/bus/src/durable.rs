@@ -1,0 +1,246 @@
+//! Durable pull consumers for projectors, and the dead-letter stream.
+//!
+//! A projector owns its checkpoint (read-model state plus the last applied sequence, saved
+//! together). The durable consumer only carries delivery: it is positioned from the
+//! checkpoint, never the other way round. Acks use `AckPolicy::All` and are sent only after a
+//! checkpoint, so the consumer's ack floor never passes what the projector has saved.
+//!
+//! Messages delivered but not acked before a crash would come back only after `ack_wait`,
+//! behind newer ones, which would apply events out of order. So on open, a consumer that has
+//! delivered past the checkpoint is deleted and recreated at `checkpoint + 1`: a restarted
+//! projector always resumes in order, with no gap and nothing applied twice.
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
+use async_nats::HeaderMap;
+use futures::StreamExt;
+
+use crate::provision::{js_err, unavailable};
+use crate::read::{StoredEvent, decode_message};
+use crate::{Bus, BusError, ReadError};
+
+/// Subjects of dead letters: `engram.dlq.<projector>`.
+pub const DLQ_SUBJECT_PREFIX: &str = "engram.dlq";
+/// The stream that keeps dead letters for inspection (`engram dlq` / `nats stream view`).
+pub const DLQ_STREAM: &str = "ENGRAM_DLQ";
+
+/// How long the server waits for an ack before redelivering. Acks follow checkpoints, so this
+/// must be far longer than the checkpoint interval; redeliveries are skipped by sequence anyway.
+const ACK_WAIT: Duration = Duration::from_secs(10 * 60);
+/// Events a projector may hold between checkpoints.
+pub const MAX_ACK_PENDING: i64 = 1_000_000;
+
+/// One delivered message of a durable consumer.
+#[derive(Debug)]
+pub struct Delivery {
+    pub seq: u64,
+    /// Messages after this one that the consumer has still to deliver.
+    pub pending: u64,
+    /// The decoded event, or why it does not decode (a poison message).
+    pub event: Result<StoredEvent, ReadError>,
+    message: jetstream::Message,
+}
+
+impl Delivery {
+    pub fn subject(&self) -> &str {
+        self.message.subject.as_str()
+    }
+
+    pub fn payload(&self) -> &[u8] {
+        &self.message.payload
+    }
+
+    /// Acks this message and, under `AckPolicy::All`, every one before it.
+    pub async fn ack_through(&self) -> Result<(), BusError> {
+        self.message
+            .ack()
+            .await
+            .map_err(|e| BusError::Unavailable(format!("ack failed: {e}")))
+    }
+}
+
+/// A durable consumer over every event, delivering in stream order.
+pub struct DurableReader {
+    name: String,
+    messages: pull::Stream,
+    codec: std::sync::Arc<engram_schema::Codec>,
+}
+
+impl std::fmt::Debug for DurableReader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DurableReader")
+            .field("name", &self.name)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Bus {
+    /// Opens the durable consumer `name` so that its first delivery is the first event after
+    /// `checkpoint` (0 means from the beginning). See the module docs for why an existing
+    /// consumer that is ahead of the checkpoint is recreated.
+    #[tracing::instrument(skip(self))]
+    pub async fn durable_reader(
+        &self,
+        name: &str,
+        checkpoint: u64,
+        batch: usize,
+    ) -> Result<DurableReader, BusError> {
+        let stream = self.events_stream().await?;
+        let wanted = pull::Config {
+            durable_name: Some(name.to_owned()),
+            description: Some(format!("engram projector {name}")),
+            filter_subject: engram_schema::STREAM_SUBJECTS.to_owned(),
+            deliver_policy: if checkpoint == 0 {
+                DeliverPolicy::All
+            } else {
+                DeliverPolicy::ByStartSequence {
+                    start_sequence: checkpoint + 1,
+                }
+            },
+            ack_policy: AckPolicy::All,
+            ack_wait: ACK_WAIT,
+            max_ack_pending: MAX_ACK_PENDING,
+            ..Default::default()
+        };
+        match stream.get_consumer::<pull::Config>(name).await {
+            Ok(mut existing) => {
+                let info = existing.info().await.map_err(js_err)?;
+                let delivered = info.delivered.stream_sequence;
+                let acked = info.ack_floor.stream_sequence;
+                // Ahead of the checkpoint: unacked deliveries would come back out of order.
+                // Behind it is fine: the projector skips what it has already applied.
+                if delivered > checkpoint || acked > checkpoint {
+                    tracing::info!(
+                        consumer = name,
+                        checkpoint,
+                        delivered,
+                        acked,
+                        "repositioning projector consumer at its checkpoint"
+                    );
+                    stream.delete_consumer(name).await.map_err(js_err)?;
+                    stream
+                        .create_consumer(wanted)
+                        .await
+                        .map_err(js_err)?;
+                }
+            }
+            Err(_) => {
+                stream
+                    .create_consumer(wanted)
+                    .await
+                    .map_err(js_err)?;
+            }
+        }
+        let consumer: jetstream::consumer::Consumer<pull::Config> = stream.get_consumer(name).await.map_err(js_err)?;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(batch)
+            .heartbeat(Duration::from_secs(5))
+            .expires(Duration::from_secs(30))
+            .messages()
+            .await
+            .map_err(js_err)?;
+        Ok(DurableReader {
+            name: name.to_owned(),
+            messages,
+            codec: self.codec.clone(),
+        })
+    }
+
+    /// Removes a projector's durable consumer (rebuild, or a projector taken out of service).
+    pub async fn delete_durable(&self, name: &str) -> Result<bool, BusError> {
+        let stream = self.events_stream().await?;
+        match stream.delete_consumer(name).await {
+            Ok(_) => Ok(true),
+            Err(e) if e.to_string().contains("not found") => Ok(false),
+            Err(e) => Err(js_err(e)),
+        }
+    }
+
+    /// Records a message a projector cannot apply, so that it can skip it without losing it.
+    /// The original bytes are kept; headers say where it came from and why it failed. The
+    /// message id makes a repeated dead-lettering of the same sequence a no-op.
+    pub async fn dead_letter(
+        &self,
+        projector: &str,
+        seq: u64,
+        subject: &str,
+        payload: &[u8],
+        reason: &str,
+    ) -> Result<(), BusError> {
+        let mut headers = HeaderMap::new();
+        headers.insert("Nats-Msg-Id", format!("{projector}-{seq}").as_str());
+        headers.insert("Engram-Dlq-Seq", seq.to_string().as_str());
+        headers.insert("Engram-Dlq-Subject", subject);
+        // Header values are single-line.
+        let reason: String = reason.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        headers.insert("Engram-Dlq-Reason", reason.as_str());
+        self.js
+            .publish_with_headers(
+                format!("{DLQ_SUBJECT_PREFIX}.{projector}"),
+                headers,
+                payload.to_vec().into(),
+            )
+            .await
+            .map_err(unavailable)?
+            .await
+            .map_err(unavailable)?;
+        Ok(())
+    }
+
+    /// Messages in the dead-letter stream for `projector`.
+    pub async fn dead_letter_count(&self, projector: &str) -> Result<u64, BusError> {
+        let stream = self.js.get_stream(DLQ_STREAM).await.map_err(js_err)?;
+        let info = stream
+            .info_with_subjects(format!("{DLQ_SUBJECT_PREFIX}.{projector}"))
+            .await
+            .map_err(js_err)?;
+        let mut total = 0;
+        let mut subjects = info;
+        while let Some(entry) = subjects.next().await {
+            total += entry.map_err(js_err)?.1 as u64;
+        }
+        Ok(total)
+    }
+}
+
+impl DurableReader {
+    /// Waits for the next message, then returns it with every message already buffered
+    /// behind it (up to `max`): batches are large under load and single at the tail, so
+    /// batching never adds latency. `None` means the consumer ended.
+    pub async fn next_batch(&mut self, max: usize) -> Option<Result<Vec<Delivery>, BusError>> {
+        let first = match self.messages.next().await? {
+            Ok(m) => m,
+            Err(e) => return Some(Err(unavailable(e))),
+        };
+        let mut batch = Vec::with_capacity(max.min(1024));
+        batch.push(self.delivery(first));
+        while batch.len() < max {
+            match futures::FutureExt::now_or_never(self.messages.next()) {
+                Some(Some(Ok(m))) => batch.push(self.delivery(m)),
+                Some(Some(Err(e))) => {
+                    tracing::warn!(consumer = %self.name, error = %e, "consumer hiccup inside a batch");
+                    break;
+                }
+                Some(None) | None => break,
+            }
+        }
+        Some(Ok(batch))
+    }
+
+    fn delivery(&self, message: jetstream::Message) -> Delivery {
+        let (pending, event) = decode_message(&self.codec, "project", &message);
+        let seq = match &event {
+            Ok(e) => e.seq,
+            Err(ReadError::Decode { seq, .. }) => *seq,
+            Err(ReadError::Consumer(_)) => message.info().map(|i| i.stream_sequence).unwrap_or(0),
+        };
+        Delivery {
+            seq,
+            pending,
+            event,
+            message,
+        }
+    }
+}

@@ -1,0 +1,495 @@
+//! The projector framework: turns the event stream into a read model, in order, exactly once
+//! per model state, across crashes.
+//!
+//! # Layout
+//! - [`Projection`]: what a read model implements (apply a batch, publish, checkpoint, restore).
+//! - [`Projector`]: the loop. A durable pull consumer delivers events in stream order; each
+//!   batch is applied, made visible, and every so often checkpointed (state and sequence
+//!   together), after which the consumer is acked. Poison messages go to the dead-letter
+//!   stream and are skipped; transient failures are retried with backoff, never skipped.
+//! - [`Visibility`]: the sequence queries can see, and a bounded wait for a read-your-writes
+//!   token.
+//! - [`snapshot`]: atomic, checksummed files holding a model together with its sequence.
+//! - [`rebuild`]: replays the whole stream into an emptied model.
+//!
+//! Exactly-once comes from sequence numbers, not from the consumer: a model records the
+//! sequence its state includes, skips anything at or below it, and a restart resumes from
+//! the sequence saved with the state. Acks only tidy the server's bookkeeping.
+
+pub mod model;
+pub mod snapshot;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use engram_bus::{Bus, BusError, Delivery, StoredEvent};
+use engram_memory::Seq;
+use engram_telemetry::metrics;
+use thiserror::Error;
+use tokio::sync::watch;
+
+/// An event a projection failed to apply because of the event itself (it would fail again on
+/// every retry). The model must be unchanged by it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Rejected {
+    /// Index into the batch passed to [`Projection::apply`].
+    pub index: usize,
+    pub reason: String,
+}
+
+/// Failures of a projection that are not the event's fault.
+#[derive(Debug, Error)]
+pub enum ProjectionError {
+    /// Retry later: an embedding service down, a full disk, a bus hiccup.
+    #[error("{0}")]
+    Transient(String),
+    /// The model cannot go on (corrupt state on disk, bad configuration).
+    #[error("{0}")]
+    Fatal(String),
+}
+
+/// A read model fed by the projector.
+///
+/// Implementations keep their state behind interior mutability: queries read it while the
+/// projector applies batches.
+#[async_trait]
+pub trait Projection: Send + Sync + 'static {
+    /// Names the durable consumer, metrics, state directory and dead-letter subject.
+    fn name(&self) -> &'static str;
+
+    /// Loads the last checkpoint and returns the sequence it includes (0: empty).
+    async fn restore(&self) -> Result<Seq, ProjectionError>;
+
+    /// Applies `events` (stream order, all above the model's sequence). Events the model
+    /// rejects are returned and left out; an `Err` means nothing of the batch may be assumed
+    /// applied, and the batch is retried. Implementations must make a retried batch idempotent
+    /// (skip sequences they already hold).
+    async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError>;
+
+    /// Makes everything applied so far visible to queries. Models that apply in place need
+    /// nothing; an index with commits (tantivy) commits here.
+    async fn publish(&self, _applied: Seq) -> Result<(), ProjectionError> {
+        Ok(())
+    }
+
+    /// Persists the state together with `applied`, atomically.
+    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError>;
+
+    /// Empties the model and its checkpoint (before a rebuild).
+    async fn reset(&self) -> Result<(), ProjectionError>;
+
+    /// A digest of the logical state, equal for equal content however it was built.
+    async fn state_hash(&self) -> [u8; 32];
+}
+
+/// Failures that stop a projector.
+#[derive(Debug, Error)]
+pub enum ProjectorError {
+    #[error("projector {projector}: {source}")]
+    Projection {
+        projector: &'static str,
+        #[source]
+        source: ProjectionError,
+    },
+    #[error("projector {projector}: {source}")]
+    Bus {
+        projector: &'static str,
+        #[source]
+        source: BusError,
+    },
+}
+
+/// How a projector batches and checkpoints.
+#[derive(Clone, Debug)]
+pub struct ProjectorSettings {
+    /// Most events applied in one batch.
+    pub batch: usize,
+    /// Checkpoint at least this often while events flow...
+    pub checkpoint_interval: Duration,
+    /// ...and after this many events, whichever comes first.
+    pub checkpoint_every: u64,
+    /// Longest pause between retries of a failing batch.
+    pub max_backoff: Duration,
+}
+
+impl Default for ProjectorSettings {
+    fn default() -> Self {
+        Self {
+            batch: 512,
+            checkpoint_interval: Duration::from_secs(5),
+            checkpoint_every: 50_000,
+            max_backoff: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The sequence up to which a projector's effects are visible to queries.
+#[derive(Clone, Debug)]
+pub struct Visibility {
+    projector: &'static str,
+    rx: watch::Receiver<Seq>,
+}
+
+/// Why a read-your-writes wait gave up. Never answered with stale data instead.
+#[derive(Clone, Debug, Error, PartialEq, Eq)]
+#[error(
+    "projector {projector} has applied up to seq {visible}, not yet {wanted}, after waiting {waited:?}; retry, or raise the wait (a growing gap means the projector is behind: see engram_projector_lag_events)"
+)]
+pub struct NotYetVisible {
+    pub projector: &'static str,
+    pub wanted: Seq,
+    pub visible: Seq,
+    pub waited: Duration,
+}
+
+impl Visibility {
+    pub fn projector(&self) -> &'static str {
+        self.projector
+    }
+
+    pub fn current(&self) -> Seq {
+        *self.rx.borrow()
+    }
+
+    /// Waits until `min_seq` is visible, at most `timeout`.
+    pub async fn wait_for(&self, min_seq: Seq, timeout: Duration) -> Result<(), NotYetVisible> {
+        if self.current() >= min_seq {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut rx = self.rx.clone();
+        match tokio::time::timeout(timeout, rx.wait_for(|seq| *seq >= min_seq)).await {
+            Ok(Ok(_)) => Ok(()),
+            // Timed out, or the projector stopped (the sender dropped).
+            _ => Err(NotYetVisible {
+                projector: self.projector,
+                wanted: min_seq,
+                visible: self.current(),
+                waited: start.elapsed(),
+            }),
+        }
+    }
+}
+
+/// Runs one projection against the stream.
+pub struct Projector<P: Projection> {
+    projection: Arc<P>,
+    bus: Bus,
+    settings: ProjectorSettings,
+    visible: watch::Sender<Seq>,
+}
+
+impl<P: Projection> Projector<P> {
+    /// `bus` should be a connection of its own: a consumer sharing a connection with a
+    /// saturating publisher can stall (nats.rs#1285).
+    pub fn new(projection: Arc<P>, bus: Bus, settings: ProjectorSettings) -> Self {
+        let (visible, _) = watch::channel(0);
+        metrics::touch_projector(projection.name());
+        Self {
+            projection,
+            bus,
+            settings,
+            visible,
+        }
+    }
+
+    pub fn visibility(&self) -> Visibility {
+        Visibility {
+            projector: self.projection.name(),
+            rx: self.visible.subscribe(),
+        }
+    }
+
+    pub fn projection(&self) -> &Arc<P> {
+        &self.projection
+    }
+
+    /// Restores the checkpoint and applies the stream until `shutdown` resolves, then
+    /// checkpoints and returns. Bus outages are waited out; only a fatal projection error
+    /// ends the loop early.
+    pub async fn run(
+        self,
+        shutdown: impl std::future::Future<Output = ()>,
+    ) -> Result<(), ProjectorError> {
+        let name = self.projection.name();
+        let restored = self
+            .projection
+            .restore()
+            .await
+            .map_err(|source| ProjectorError::Projection {
+                projector: name,
+                source,
+            })?;
+        tracing::info!(projector = name, seq = restored, "projector restored checkpoint");
+        let mut state = LoopState::new(restored);
+        self.publish_visible(restored);
+        tokio::pin!(shutdown);
+        let mut backoff = Backoff::new(self.settings.max_backoff);
+        'connect: loop {
+            // Messages of a previous consumer cannot be acked on the new one.
+            state.ack_point = None;
+            let mut reader = tokio::select! {
+                _ = &mut shutdown => break 'connect,
+                reader = self.bus.durable_reader(name, state.applied, self.settings.batch) => match reader {
+                    Ok(reader) => reader,
+                    Err(e) => {
+                        metrics::PROJECTOR_ERRORS.with_label_values(&[name, "bus"]).inc();
+                        tracing::warn!(projector = name, error = %e, "cannot open consumer, retrying");
+                        tokio::select! {
+                            _ = &mut shutdown => break 'connect,
+                            _ = backoff.wait() => continue 'connect,
+                        }
+                    }
+                },
+            };
+            loop {
+                let next = tokio::select! {
+                    _ = &mut shutdown => break 'connect,
+                    _ = tokio::time::sleep(self.settings.checkpoint_interval), if state.unsaved() > 0 => {
+                        // Idle with unsaved work: checkpoint now rather than on the next event.
+                        self.checkpoint(&mut state).await?;
+                        continue;
+                    }
+                    next = reader.next_batch(self.settings.batch) => next,
+                };
+                let mut batch = match next {
+                    Some(Ok(batch)) => batch,
+                    Some(Err(e)) => {
+                        metrics::PROJECTOR_ERRORS.with_label_values(&[name, "bus"]).inc();
+                        tracing::warn!(projector = name, error = %e, "consumer failed, reopening");
+                        continue 'connect;
+                    }
+                    None => continue 'connect,
+                };
+                loop {
+                    match self.apply_batch(&mut state, &batch).await {
+                        Ok(()) => {
+                            backoff.reset();
+                            state.ack_point = batch.pop();
+                            break;
+                        }
+                        Err(ProjectionError::Fatal(reason)) => {
+                            return Err(ProjectorError::Projection {
+                                projector: name,
+                                source: ProjectionError::Fatal(reason),
+                            });
+                        }
+                        Err(ProjectionError::Transient(reason)) => {
+                            metrics::PROJECTOR_ERRORS.with_label_values(&[name, "apply"]).inc();
+                            tracing::warn!(projector = name, error = %reason, "batch failed, retrying");
+                            tokio::select! {
+                                _ = &mut shutdown => break 'connect,
+                                _ = backoff.wait() => {}
+                            }
+                        }
+                    }
+                }
+                if state.unsaved() >= self.settings.checkpoint_every
+                    || state.last_checkpoint.elapsed() >= self.settings.checkpoint_interval
+                {
+                    self.checkpoint(&mut state).await?;
+                }
+            }
+        }
+        if state.unsaved() > 0 {
+            self.checkpoint(&mut state).await?;
+        }
+        tracing::info!(projector = name, seq = state.applied, "projector stopped");
+        Ok(())
+    }
+
+    /// Empties the model and replays the whole stream into it, calling `progress(applied,
+    /// target)` after each batch, until it has caught up; then checkpoints. The projector
+    /// must not be running elsewhere: its durable consumer is replaced.
+    pub async fn rebuild(
+        &self,
+        mut progress: impl FnMut(Seq, Seq),
+    ) -> Result<Seq, ProjectorError> {
+        let name = self.projection.name();
+        let bus_err = |source| ProjectorError::Bus {
+            projector: name,
+            source,
+        };
+        let projection_err = |source| ProjectorError::Projection {
+            projector: name,
+            source,
+        };
+        self.projection.reset().await.map_err(projection_err)?;
+        self.bus.delete_durable(name).await.map_err(bus_err)?;
+        let target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
+        let mut state = LoopState::new(0);
+        self.publish_visible(0);
+        if target > 0 {
+            let mut reader = self
+                .bus
+                .durable_reader(name, 0, self.settings.batch)
+                .await
+                .map_err(bus_err)?;
+            loop {
+                let mut batch = match reader.next_batch(self.settings.batch).await {
+                    Some(Ok(batch)) => batch,
+                    Some(Err(source)) => return Err(bus_err(source)),
+                    None => {
+                        return Err(bus_err(BusError::Unavailable(
+                            "consumer ended during rebuild".into(),
+                        )));
+                    }
+                };
+                self.apply_batch(&mut state, &batch)
+                    .await
+                    .map_err(projection_err)?;
+                let caught_up = batch.last().is_some_and(|d| d.pending == 0);
+                state.ack_point = batch.pop();
+                progress(state.applied, target.max(state.applied));
+                if state.unsaved() >= self.settings.checkpoint_every {
+                    self.checkpoint(&mut state).await?;
+                }
+                if caught_up {
+                    break;
+                }
+            }
+        }
+        self.checkpoint(&mut state).await?;
+        Ok(state.applied)
+    }
+
+    /// Applies one delivered batch: skips what the model already has, dead-letters poison,
+    /// applies the rest, publishes. On `Err` nothing about `state` has changed.
+    async fn apply_batch(
+        &self,
+        state: &mut LoopState,
+        batch: &[Delivery],
+    ) -> Result<(), ProjectionError> {
+        let name = self.projection.name();
+        let started = Instant::now();
+        let fresh: Vec<&Delivery> = batch.iter().filter(|d| d.seq > state.applied).collect();
+        let Some(last) = fresh.last() else {
+            return Ok(());
+        };
+        let (last_seq, pending) = (last.seq, last.pending);
+
+        let mut events = Vec::with_capacity(fresh.len());
+        let mut poison: Vec<(&Delivery, String)> = Vec::new();
+        for delivery in &fresh {
+            match &delivery.event {
+                Ok(event) => events.push(event.clone()),
+                Err(e) => poison.push((delivery, e.to_string())),
+            }
+        }
+        let rejected = self.projection.apply(&events).await?;
+        for r in &rejected {
+            if let Some(event) = events.get(r.index) {
+                let delivery = fresh
+                    .iter()
+                    .find(|d| d.seq == event.seq)
+                    .expect("every applied event came from the batch");
+                poison.push((delivery, r.reason.clone()));
+            }
+        }
+        for (delivery, reason) in &poison {
+            self.bus
+                .dead_letter(name, delivery.seq, delivery.subject(), delivery.payload(), reason)
+                .await
+                .map_err(|e| ProjectionError::Transient(format!("dead-lettering failed: {e}")))?;
+            metrics::PROJECTOR_DEAD_LETTERED.with_label_values(&[name]).inc();
+            tracing::warn!(projector = name, seq = delivery.seq, reason = %reason, "event dead-lettered and skipped");
+        }
+        self.projection.publish(last_seq).await?;
+
+        let applied_count = (events.len() - rejected.len()) as u64;
+        metrics::PROJECTOR_APPLIED.with_label_values(&[name]).inc_by(applied_count);
+        metrics::PROJECTOR_LAG.with_label_values(&[name]).set(pending as i64);
+        metrics::PROJECTOR_BATCH_SECONDS
+            .with_label_values(&[name])
+            .observe(started.elapsed().as_secs_f64());
+        state.applied = last_seq;
+        state.events_since_checkpoint += fresh.len() as u64;
+        self.publish_visible(last_seq);
+        Ok(())
+    }
+
+    async fn checkpoint(&self, state: &mut LoopState) -> Result<(), ProjectorError> {
+        let name = self.projection.name();
+        let started = Instant::now();
+        self.projection
+            .checkpoint(state.applied)
+            .await
+            .map_err(|source| {
+                metrics::PROJECTOR_ERRORS.with_label_values(&[name, "checkpoint"]).inc();
+                ProjectorError::Projection {
+                    projector: name,
+                    source,
+                }
+            })?;
+        metrics::PROJECTOR_CHECKPOINT_SECONDS
+            .with_label_values(&[name])
+            .observe(started.elapsed().as_secs_f64());
+        tracing::debug!(projector = name, seq = state.applied, "checkpoint saved");
+        // Only now may the server forget these messages. A failed ack is harmless: a restart
+        // repositions the consumer from the checkpoint anyway.
+        if let Some(point) = state.ack_point.take() {
+            if let Err(e) = point.ack_through().await {
+                tracing::debug!(projector = name, error = %e, "ack after checkpoint failed");
+            }
+        }
+        state.events_since_checkpoint = 0;
+        state.last_checkpoint = Instant::now();
+        Ok(())
+    }
+
+    fn publish_visible(&self, seq: Seq) {
+        metrics::PROJECTOR_VISIBLE_SEQ
+            .with_label_values(&[self.projection.name()])
+            .set(seq as i64);
+        self.visible.send_replace(seq);
+    }
+}
+
+struct LoopState {
+    /// The sequence the model's state includes.
+    applied: Seq,
+    events_since_checkpoint: u64,
+    last_checkpoint: Instant,
+    /// The last message delivered; acked (with everything before it) after a checkpoint.
+    ack_point: Option<Delivery>,
+}
+
+impl LoopState {
+    fn new(applied: Seq) -> Self {
+        Self {
+            applied,
+            events_since_checkpoint: 0,
+            last_checkpoint: Instant::now(),
+            ack_point: None,
+        }
+    }
+
+    fn unsaved(&self) -> u64 {
+        self.events_since_checkpoint
+    }
+}
+
+/// Exponential backoff with a cap, for retrying a failing batch or reconnecting.
+struct Backoff {
+    next: Duration,
+    max: Duration,
+}
+
+impl Backoff {
+    fn new(max: Duration) -> Self {
+        Self {
+            next: Duration::from_millis(50),
+            max,
+        }
+    }
+
+    async fn wait(&mut self) {
+        tokio::time::sleep(self.next).await;
+        self.next = (self.next * 2).min(self.max);
+    }
+
+    fn reset(&mut self) {
+        self.next = Duration::from_millis(50);
+    }
+}

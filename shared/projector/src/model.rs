@@ -1,0 +1,107 @@
+//! Projections of small in-memory models (fact table, skill registry), checkpointed as one
+//! snapshot file.
+
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock, RwLockReadGuard};
+
+use async_trait::async_trait;
+use engram_bus::StoredEvent;
+use engram_memory::Seq;
+use engram_schema::Envelope;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::{Projection, ProjectionError, Rejected, snapshot};
+
+/// A read model that lives in memory and is saved whole.
+pub trait SnapshotModel: Default + Serialize + DeserializeOwned + Send + Sync + 'static {
+    /// Applies one event. `Err` means the event is malformed for this model (it will be
+    /// dead-lettered); the model must then be unchanged.
+    fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String>;
+
+    fn hash(&self) -> [u8; 32];
+}
+
+/// A [`Projection`] of a [`SnapshotModel`], saved to `<dir>/<name>.snap`.
+pub struct SnapshotProjection<M> {
+    name: &'static str,
+    path: PathBuf,
+    model: Arc<RwLock<M>>,
+    /// The sequence the model includes; events at or below it are skipped.
+    applied: AtomicU64,
+}
+
+impl<M: SnapshotModel> SnapshotProjection<M> {
+    pub fn new(name: &'static str, dir: impl Into<PathBuf>) -> Self {
+        Self {
+            name,
+            path: dir.into().join(format!("{name}.snap")),
+            model: Arc::new(RwLock::new(M::default())),
+            applied: AtomicU64::new(0),
+        }
+    }
+
+    /// Read access for queries. Hold it briefly: the projector waits for it to apply.
+    pub fn read(&self) -> RwLockReadGuard<'_, M> {
+        self.model.read().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[async_trait]
+impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+
+    async fn restore(&self) -> Result<Seq, ProjectionError> {
+        let path = self.path.clone();
+        let loaded = tokio::task::spawn_blocking(move || snapshot::load::<M>(&path))
+            .await
+            .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        let seq = match loaded {
+            Some((seq, model)) => {
+                *self.model.write().unwrap_or_else(|p| p.into_inner()) = model;
+                seq
+            }
+            None => 0,
+        };
+        self.applied.store(seq, Ordering::SeqCst);
+        Ok(seq)
+    }
+
+    async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
+        let mut model = self.model.write().unwrap_or_else(|p| p.into_inner());
+        let mut rejected = Vec::new();
+        for (index, stored) in events.iter().enumerate() {
+            if stored.seq <= self.applied.load(Ordering::SeqCst) {
+                continue;
+            }
+            if let Err(reason) = model.apply_event(stored.seq, &stored.event) {
+                rejected.push(Rejected { index, reason });
+            }
+            self.applied.store(stored.seq, Ordering::SeqCst);
+        }
+        Ok(rejected)
+    }
+
+    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError> {
+        let (path, model) = (self.path.clone(), self.model.clone());
+        tokio::task::spawn_blocking(move || {
+            let model = model.read().unwrap_or_else(|p| p.into_inner());
+            snapshot::save(&path, applied, &*model)
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))?
+    }
+
+    async fn reset(&self) -> Result<(), ProjectionError> {
+        *self.model.write().unwrap_or_else(|p| p.into_inner()) = M::default();
+        self.applied.store(0, Ordering::SeqCst);
+        snapshot::remove(&self.path)
+    }
+
+    async fn state_hash(&self) -> [u8; 32] {
+        self.read().hash()
+    }
+}
