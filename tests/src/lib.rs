@@ -1,1 +1,81 @@
-//! Integration tests live in `tests/`; this crate has no library code.
+//! Integration tests live in `tests/`. This library is their harness: Engram's projectors and
+//! query service started in-process against a test's own nats-server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engram_bus::Bus;
+use engram_embed::{EmbedderConfig, HashEmbedder};
+use engram_projectors::{ProjectorsConfig, RunningProjectors};
+use engram_query::{Query, QueryConfig};
+use engram_sdk::{Client, RetryPolicy};
+use engram_testkit::TestNats;
+use tokio::sync::watch;
+
+/// Vectors in tests are client-supplied from this model: the real MiniLM is exercised by the
+/// embed crate's tests and the LoCoMo benchmark.
+pub const DIM: usize = 64;
+
+pub fn embedder() -> HashEmbedder {
+    HashEmbedder::new(DIM)
+}
+
+pub fn projectors_config() -> ProjectorsConfig {
+    ProjectorsConfig {
+        embedder: EmbedderConfig::ClientSupplied {
+            model: embedder_model(),
+            dim: DIM,
+        },
+        checkpoint_interval: Duration::from_millis(300),
+        embed_cache_memory_mb: 4,
+        embed_cache_disk_mb: 8,
+        ..ProjectorsConfig::default()
+    }
+}
+
+pub fn embedder_model() -> String {
+    format!("hash-{DIM}")
+}
+
+/// Projectors and the query service of one test.
+pub struct Engram {
+    pub client: Client,
+    pub dir: tempfile::TempDir,
+    stop: watch::Sender<bool>,
+    projectors: Option<RunningProjectors>,
+    _service: async_nats::service::Service,
+}
+
+impl Engram {
+    pub async fn start(nats: &TestNats) -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let bus = nats.bus().await;
+        let (stop, rx) = watch::channel(false);
+        let config = nats.bus_config();
+        let projectors = engram_projectors::start(
+            &projectors_config(),
+            dir.path(),
+            move |_| Bus::connect(config.clone()),
+            rx,
+        )
+        .await
+        .unwrap();
+        let query: Arc<Query> = Query::new(bus.clone(), QueryConfig::default()).await.unwrap();
+        let service = query.serve().await.unwrap();
+        Self {
+            client: Client::from_bus(bus, RetryPolicy::default()),
+            dir,
+            stop,
+            projectors: Some(projectors),
+            _service: service,
+        }
+    }
+
+    /// Stops the projectors (each checkpoints).
+    pub async fn stop(mut self) {
+        let _ = self.stop.send(true);
+        if let Some(p) = self.projectors.take() {
+            p.join().await.unwrap();
+        }
+    }
+}

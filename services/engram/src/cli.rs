@@ -65,9 +65,91 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Show the events stream and its consumers.
     Streams,
+    /// Retrieve memories (hybrid dense + BM25) through the query service.
+    Retrieve(RetrieveArgs),
+    /// Assemble the context an agent gets at the start of a step, within a token budget.
+    Context(ContextArgs),
+    /// Run projectors as a process of their own (a deployment's projector service), until
+    /// SIGINT/SIGTERM. Default: those in `projectors.run`.
+    Projector {
+        /// vector, keyword, facts or skills.
+        names: Vec<engram_projectors::ProjectorName>,
+    },
+    /// Rebuild a projector's read model from sequence 1. Stop the projector first (`engram
+    /// up` or `engram projector`): its state is locked while it runs.
+    Rebuild {
+        /// vector, keyword, facts or skills.
+        projector: engram_projectors::ProjectorName,
+    },
+    /// Benchmarks.
+    #[command(subcommand)]
+    Bench(BenchCommand),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum BenchCommand {
+    /// Retrieval quality on LoCoMo: ingest through the bus, then ask every category 1-4
+    /// question in hybrid, dense-only and BM25-only modes. Without --nats it starts its own
+    /// nats-server and services in a temporary directory.
+    Locomo(crate::bench::locomo::LocomoArgs),
+}
+
+/// Who asks and which scopes they may read.
+#[derive(Debug, Args)]
+pub struct ScopeArgs {
+    #[arg(long)]
+    pub tenant: String,
+    /// The own scope, as kind:id.
+    #[arg(long)]
+    pub scope: String,
+    /// An ancestor scope to read as well (wider kind: org > team > user > agent > task);
+    /// repeatable.
+    #[arg(long)]
+    pub grant: Vec<String>,
+    /// Read-your-writes: wait until this stream sequence is applied.
+    #[arg(long, value_name = "SEQ")]
+    pub min_seq: Option<u64>,
+    /// Longest read-your-writes wait, in milliseconds (default 5000).
+    #[arg(long, value_name = "MS")]
+    pub wait_ms: Option<u64>,
+}
+
+#[derive(Debug, Args)]
+pub struct RetrieveArgs {
+    pub query: String,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    #[arg(long, default_value_t = 10)]
+    pub top_k: usize,
+    /// hybrid, dense or keyword.
+    #[arg(long, default_value = "hybrid")]
+    pub mode: String,
+    /// Only these layers (repeatable).
+    #[arg(long)]
+    pub layer: Vec<String>,
+    /// Only memories with one of these tags (repeatable).
+    #[arg(long)]
+    pub tag: Vec<String>,
+    #[arg(long)]
+    pub min_importance: Option<f64>,
+}
+
+#[derive(Debug, Args)]
+pub struct ContextArgs {
+    pub query: String,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    #[arg(long, default_value = "cli")]
+    pub agent: String,
+    /// The task id (its working memory is included when the task scope is readable).
+    #[arg(long)]
+    pub task: String,
+    /// Token budget, counted with the embedding model's tokenizer.
+    #[arg(long, default_value_t = 1024)]
+    pub budget: usize,
 }
 
 #[derive(Debug, Args)]
@@ -204,6 +286,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tail(args) => commands::read::tail(&config, &args, json).await,
         Command::Replay(args) => commands::read::replay(&config, &args, json).await,
         Command::Streams => commands::streams::run(&config, json).await,
+        Command::Retrieve(args) => commands::query::retrieve(&config, args, json).await,
+        Command::Context(args) => commands::query::context(&config, args, json).await,
+        Command::Projector { names } => commands::projector::run(&config, names).await,
+        Command::Rebuild { projector } => commands::projector::rebuild(&config, projector, json).await,
+        Command::Bench(BenchCommand::Locomo(args)) => crate::bench::locomo::run(&config, args, json).await,
         Command::Config(ConfigCommand::Dump) => {
             if json {
                 println!(

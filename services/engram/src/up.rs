@@ -1,9 +1,9 @@
 //! `engram up`: everything on one machine.
 //!
 //! Start-up order: nats-server (managed unless a URL is configured), connection, provisioning,
-//! HTTP. Shutdown runs in reverse: stop serving HTTP, drain the NATS connection (flushes
-//! pending publishes), stop the child server with SIGTERM, and return. Later issues add their
-//! services between provisioning and HTTP.
+//! projectors (each with its own connection), query service, HTTP. Shutdown runs in reverse:
+//! stop serving HTTP, stop the projectors (each checkpoints), drain the NATS connection
+//! (flushes pending publishes), stop the child server with SIGTERM, and return.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -27,6 +27,10 @@ pub enum UpError {
         "port {port} is already in use (another `engram up` or nats-server?); connect to it with --nats nats://127.0.0.1:{port}, or pick another port with --nats-port"
     )]
     PortInUse { port: u16 },
+    #[error(transparent)]
+    Projectors(#[from] engram_projectors::StartError),
+    #[error("cannot start the query service: {0}")]
+    Query(String),
     #[error("cannot serve http on {addr}: {source}; pick another address with --http")]
     Http {
         addr: SocketAddr,
@@ -48,6 +52,9 @@ pub struct Running {
     pub bus: Bus,
     /// The managed server; `None` when `--nats` pointed at an external one.
     server: Option<NatsServer>,
+    pub projectors: engram_projectors::RunningProjectors,
+    projectors_stop: tokio::sync::watch::Sender<bool>,
+    _query_service: async_nats::service::Service,
     http_stop: oneshot::Sender<()>,
     http_task: tokio::task::JoinHandle<()>,
 }
@@ -74,6 +81,28 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         created = report.stream_created,
         "events stream ready"
     );
+    let (projectors_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let state_dir = engram_projectors::state_dir(&config.home);
+    let bus_config = config.bus_config(nats_url.clone());
+    let projectors = engram_projectors::start(
+        &config.projectors,
+        &state_dir,
+        |name| {
+            let mut c = bus_config.clone();
+            c.client_name = format!("engram-projector-{name}");
+            Bus::connect(c)
+        },
+        stop_rx,
+    )
+    .await?;
+    let query = engram_query::Query::new(bus.clone(), config.query.clone())
+        .await
+        .map_err(|e| UpError::Query(e.to_string()))?;
+    let query_service = query
+        .serve()
+        .await
+        .map_err(|e| UpError::Query(e.to_string()))?;
+    tracing::info!(projectors = ?config.projectors.run, "projectors and query service ready");
     let listener = tokio::net::TcpListener::bind(config.http.listen)
         .await
         .map_err(|source| UpError::Http {
@@ -99,6 +128,9 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         http_addr,
         bus,
         server,
+        projectors,
+        projectors_stop,
+        _query_service: query_service,
         http_stop,
         http_task,
     })
@@ -138,21 +170,32 @@ async fn start_managed_server(config: &Config) -> Result<NatsServer, UpError> {
 
 impl Running {
     /// Orderly shutdown: http, then the connection (drained), then the managed server.
-    pub async fn shutdown(mut self) {
+    pub async fn shutdown(self) {
+        let Running {
+            server,
+            projectors,
+            projectors_stop,
+            http_stop,
+            mut http_task,
+            bus,
+            ..
+        } = self;
         tracing::info!("shutting down");
-        let _ = self.http_stop.send(());
-        if tokio::time::timeout(Duration::from_secs(5), &mut self.http_task)
+        let _ = http_stop.send(());
+        if tokio::time::timeout(Duration::from_secs(5), &mut http_task)
             .await
             .is_err()
         {
-            self.http_task.abort();
+            http_task.abort();
         }
-        if let Err(e) =
-            tokio::time::timeout(Duration::from_secs(5), self.bus.client().drain()).await
-        {
+        let _ = projectors_stop.send(true);
+        if let Err(e) = projectors.join().await {
+            tracing::warn!(error = %e, "a projector stopped with an error");
+        }
+        if let Err(e) = tokio::time::timeout(Duration::from_secs(5), bus.client().drain()).await {
             tracing::warn!(error = %e, "nats connection did not drain in time");
         }
-        if let Some(mut server) = self.server.take() {
+        if let Some(mut server) = server {
             server.shutdown(Duration::from_secs(10)).await;
             tracing::info!("managed nats-server stopped");
         }
@@ -216,7 +259,7 @@ pub async fn run_until_signalled(config: Config, demo: bool) -> Result<(), UpErr
     .await
 }
 
-async fn wait_for_signal() {
+pub(crate) async fn wait_for_signal() {
     use tokio::signal::unix::{SignalKind, signal};
     let mut term = signal(SignalKind::terminate()).expect("cannot install sigterm handler");
     let mut int = signal(SignalKind::interrupt()).expect("cannot install sigint handler");

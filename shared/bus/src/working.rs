@@ -96,6 +96,42 @@ impl WorkingMemory {
         self.store.get(key).await.map_err(js_err)
     }
 
+    /// Every live entry of one scope, as (key, value), keys sorted. One stream-info request
+    /// finds the scope's keys (exact token match on tenant, kind and id), then each is read.
+    pub async fn entries(
+        &self,
+        tenant: &Ident,
+        scope: &Scope,
+    ) -> Result<Vec<(String, Bytes)>, BusError> {
+        let scope_prefix = format!("{tenant}.{}.{}.", scope.kind, scope.id);
+        let filter = format!("{}{scope_prefix}>", self.store.prefix);
+        let mut subjects = self
+            .store
+            .stream
+            .info_with_subjects(&filter)
+            .await
+            .map_err(js_err)?;
+        let mut keys = Vec::new();
+        while let Some(entry) = futures::StreamExt::next(&mut subjects).await {
+            let (subject, _) = entry.map_err(js_err)?;
+            if let Some(key) = subject.strip_prefix(&self.store.prefix) {
+                keys.push(key.to_owned());
+            }
+        }
+        keys.sort();
+        let mut entries = Vec::with_capacity(keys.len());
+        for full_key in keys {
+            if let Some(value) = self.store.get(full_key.as_str()).await.map_err(js_err)? {
+                let short = full_key
+                    .strip_prefix(&scope_prefix)
+                    .unwrap_or(&full_key)
+                    .to_owned();
+                entries.push((short, value));
+            }
+        }
+        Ok(entries)
+    }
+
     pub async fn delete(&self, tenant: &Ident, scope: &Scope, key: &str) -> Result<(), BusError> {
         let key = Self::key(tenant, scope, key)?;
         self.store.delete(key).await.map_err(js_err)

@@ -9,6 +9,8 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 
 use engram_bus::BusConfig;
+pub use engram_projectors::ProjectorsConfig;
+pub use engram_query::QueryConfig;
 use engram_telemetry::LogFormat;
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
@@ -24,6 +26,10 @@ pub struct Config {
     pub bus: BusConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
+    /// The read models `engram up` (or `engram projector`) runs, and how.
+    pub projectors: ProjectorsConfig,
+    /// Ranking defaults and limits of the query service.
+    pub query: QueryConfig,
 }
 
 /// Which NATS to use.
@@ -60,6 +66,8 @@ impl Default for Config {
             bus: BusConfig::default(),
             http: HttpConfig::default(),
             log: LogConfig::default(),
+            projectors: ProjectorsConfig::default(),
+            query: QueryConfig::default(),
         }
     }
 }
@@ -124,7 +132,7 @@ pub enum ConfigError {
 
 /// Top-level keys the env layer may set. Other `ENGRAM_*` variables (ENGRAM_CONFIG,
 /// ENGRAM_NATS_SERVER, ENGRAM_CACHE_DIR, benchmark knobs) belong to other readers.
-const ENV_KEYS: &[&str] = &["home", "nats", "bus", "http", "log"];
+const ENV_KEYS: &[&str] = &["home", "nats", "bus", "http", "log", "projectors", "query"];
 
 impl Config {
     /// Merges every layer and validates the result.
@@ -202,6 +210,9 @@ impl Config {
                 "nats.url {url:?} is not a NATS URL; use e.g. nats://127.0.0.1:4222"
             )));
         }
+        self.projectors
+            .validate()
+            .map_err(ConfigError::Invalid)?;
         if self.log.filter.trim().is_empty() {
             return Err(ConfigError::Invalid(
                 "log.filter is empty; use e.g. \"info\"".into(),

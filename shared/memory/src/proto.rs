@@ -96,6 +96,8 @@ fn default_top_k() -> usize {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Ranking {
+    /// How the dense and keyword lists are combined.
+    pub fusion: Fusion,
     /// Weight of the keyword (BM25) side in the fused score; the dense side gets 1 minus it.
     pub keyword_weight: f32,
     /// Reciprocal-rank-fusion constant.
@@ -113,6 +115,7 @@ pub struct Ranking {
 impl Default for Ranking {
     fn default() -> Self {
         Self {
+            fusion: Fusion::default(),
             keyword_weight: 0.5,
             rrf_k: 60.0,
             candidates_factor: 5,
@@ -121,6 +124,19 @@ impl Default for Ranking {
             importance_weight: 0.1,
         }
     }
+}
+
+/// Ways to fuse the dense and keyword lists.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Fusion {
+    /// Weighted reciprocal-rank fusion: `w / (rrf_k + rank)` summed over the lists.
+    Rrf,
+    /// Both retrievers score every candidate of either list; each side's scores are
+    /// normalised over the candidates and mixed by `keyword_weight`. Unlike RRF it keeps how
+    /// much better the first hit is than the tenth, which matters when one side is weak.
+    #[default]
+    Score,
 }
 
 /// How one result's score was made.

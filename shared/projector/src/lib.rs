@@ -315,6 +315,12 @@ impl<P: Projection> Projector<P> {
             projector: name,
             source,
         };
+        // Restore first: it opens what the model keeps on disk, which reset then empties.
+        // A checkpoint that cannot be restored (say, made with another embedding model) is
+        // exactly what a rebuild replaces, so its failure is not fatal here.
+        if let Err(e) = self.projection.restore().await {
+            tracing::info!(projector = name, error = %e, "discarding unusable checkpoint");
+        }
         self.projection.reset().await.map_err(projection_err)?;
         self.bus.delete_durable(name).await.map_err(bus_err)?;
         let target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;

@@ -29,6 +29,13 @@ pub use engram_bus::{
     AppendError, AppendOptions, AppendReceipt, Bus, BusConfig, BusError, EventStream, ReadError,
     StartAt, StoredEvent, WorkingMemory,
 };
+pub use engram_memory::proto::{
+    self, Consistency, Context, ContextItem, ContextRequest, ErrorCode, FactsRequest,
+    FactsResponse, MemoryResult, Ranking, RetrievalMode, RetrieveRequest, RetrieveResponse,
+    ScopeRequest, SkillsRequest, SkillsResponse,
+};
+pub use engram_memory::MemoryFilter;
+pub use engram_rpc::RpcError;
 pub use engram_schema::{
     Content, Embedding, Envelope, EventId, EventKind, Ident, Layer, SchemaError, Scope, ScopeKind,
     SubjectFilter,
@@ -204,6 +211,43 @@ impl Client {
     /// Streams matching events appended from now on.
     pub async fn tail(&self, filter: &SubjectFilter) -> Result<EventStream, BusError> {
         self.bus.tail(filter).await
+    }
+
+    /// Hybrid retrieval through the query service. Set `request.consistency.min_seq` to an
+    /// append's sequence to read your own write; a timeout is
+    /// `RpcError::Service { code: ErrorCode::NotYetVisible, .. }`, never stale results.
+    pub async fn retrieve(&self, request: &RetrieveRequest) -> Result<RetrieveResponse, RpcError> {
+        self.query(proto::RETRIEVE, request, request.consistency.wait_ms)
+            .await
+    }
+
+    /// The memory for one agent step, within `request.token_budget` tokens.
+    pub async fn build_context(&self, request: &ContextRequest) -> Result<Context, RpcError> {
+        self.query(proto::CONTEXT, request, request.consistency.wait_ms)
+            .await
+    }
+
+    /// Facts as they are now, or as they stood (bi-temporal).
+    pub async fn facts(&self, request: &FactsRequest) -> Result<FactsResponse, RpcError> {
+        self.query(proto::FACTS, request, request.consistency.wait_ms)
+            .await
+    }
+
+    /// Skills by name or by task description.
+    pub async fn skills(&self, request: &SkillsRequest) -> Result<SkillsResponse, RpcError> {
+        self.query(proto::SKILLS, request, request.consistency.wait_ms)
+            .await
+    }
+
+    async fn query<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        subject: &str,
+        request: &Req,
+        wait_ms: Option<u64>,
+    ) -> Result<Resp, RpcError> {
+        // The service's own bound on read-your-writes waits, plus room for the work.
+        let timeout = Duration::from_millis(wait_ms.unwrap_or(5_000)) + Duration::from_secs(15);
+        engram_rpc::call(self.bus.client(), subject, request, timeout).await
     }
 
     pub async fn working_memory(&self) -> Result<WorkingMemory, BusError> {

@@ -1,6 +1,8 @@
 //! One module per subcommand that talks to a running Engram.
 
 pub mod append;
+pub mod projector;
+pub mod query;
 pub mod read;
 pub mod streams;
 

@@ -1,0 +1,236 @@
+//! `engram bench locomo`: retrieval recall on LoCoMo, through the real bus, projectors and
+//! query service.
+//!
+//! Each conversation becomes one scope (`task:<sample_id>`) of a fresh tenant; each turn one
+//! episodic event dated by its session. After ingest, every category 1-4 question is asked in
+//! its conversation's scope with the ingest's last sequence as read-your-writes token, once
+//! per mode: hybrid (the service's default ranking), hybrid with plain RRF, dense only and
+//! BM25 only. Nothing is tuned per question; the same code runs on held-out data.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use anyhow::Context as _;
+use chrono::Duration as ChronoDuration;
+use engram_config::Config;
+use engram_locomo::{Dataset, DiaId, Evaluator};
+use engram_memory::proto::{
+    Consistency, Fusion, Ranking, RetrievalMode, RetrieveRequest, ScopeRequest,
+};
+use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_sdk::{Client, RetryPolicy};
+use indicatif::{ProgressBar, ProgressStyle};
+
+#[derive(Debug, clap::Args)]
+pub struct LocomoArgs {
+    /// The LoCoMo JSON file (e.g. ../shared/bench/locomo-dev.json).
+    #[arg(long, value_name = "FILE")]
+    pub data: PathBuf,
+    /// Results per question (the largest k reported).
+    #[arg(long, default_value_t = 20)]
+    pub top_k: usize,
+    /// Only the first N conversations (quick runs).
+    #[arg(long)]
+    pub conversations: Option<usize>,
+}
+
+/// The modes compared, with the ranking each uses (`None`: the service's configured default).
+fn modes(default: &Ranking) -> Vec<(&'static str, RetrievalMode, Option<Ranking>)> {
+    vec![
+        ("hybrid", RetrievalMode::Hybrid, Some(default.clone())),
+        (
+            "hybrid-rrf",
+            RetrievalMode::Hybrid,
+            Some(Ranking {
+                fusion: Fusion::Rrf,
+                keyword_weight: 0.5,
+                ..default.clone()
+            }),
+        ),
+        ("dense", RetrievalMode::Dense, None),
+        ("bm25", RetrievalMode::Keyword, None),
+    ]
+}
+
+pub async fn run(config: &Config, args: LocomoArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let dataset = Dataset::load(&args.data)?;
+    let counts = dataset.counts();
+    eprintln!(
+        "locomo: {} conversations, {} turns, {} questions to ask ({} skipped without evidence, {} unmatched evidence ids)",
+        counts.conversations,
+        counts.turns,
+        counts.questions_asked,
+        counts.questions_skipped_no_evidence,
+        counts.unmatched_evidence
+    );
+
+    // Self-contained unless --nats was given: a managed server and every service, in a
+    // temporary home that is removed afterwards.
+    let mut temp_home = None;
+    let mut running = None;
+    let client = if config.nats.url.is_some() {
+        Client::from_bus(
+            engram_bus::Bus::connect(config.bus_config(config.client_url())).await?,
+            RetryPolicy::default(),
+        )
+    } else {
+        let home = tempfile::tempdir().context("creating a temporary home")?;
+        let mut local = config.clone();
+        local.home = home.path().to_owned();
+        local.nats.managed_port = 0;
+        local.http.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        eprintln!("starting an embedded engram in {}", home.path().display());
+        let up = crate::up::start(&local).await?;
+        let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
+        temp_home = Some(home);
+        running = Some(up);
+        client
+    };
+    let ranking = config.query.ranking.clone();
+    let result = bench(&client, &dataset, &args, &ranking).await;
+    if let Some(up) = running {
+        up.shutdown().await;
+    }
+    drop(temp_home);
+    let evaluator = result?.with_dataset(counts);
+    let report = evaluator.report();
+    if json {
+        println!("{}", serde_json::to_string_pretty(&report)?);
+    } else {
+        println!("{report}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn bench(
+    client: &Client,
+    dataset: &Dataset,
+    args: &LocomoArgs,
+    ranking: &Ranking,
+) -> anyhow::Result<Evaluator> {
+    // A fresh tenant per run: repeated runs against one server never see each other's data.
+    let tenant = Ident::parse("tenant", format!("locomo-{}", &uuid_hex()[..12]))?;
+    let agent = Ident::parse("agent", "locomo")?;
+    let conversations: Vec<_> = dataset
+        .conversations()
+        .iter()
+        .take(args.conversations.unwrap_or(usize::MAX))
+        .collect();
+
+    let turns: usize = conversations.iter().map(|c| c.turn_count()).sum();
+    let bar = progress(turns as u64, "ingesting turns");
+    let mut dia_of_seq: HashMap<u64, DiaId> = HashMap::new();
+    let mut last_seq = 0;
+    let ingest_started = Instant::now();
+    for conv in &conversations {
+        let scope = Scope::new(ScopeKind::Task, &conv.sample_id)?;
+        let mut events = Vec::new();
+        let mut dias = Vec::new();
+        for (session, turn) in conv.turns() {
+            let mut event = Envelope::new(
+                tenant.clone(),
+                scope.clone(),
+                agent.clone(),
+                agent.clone(),
+                Layer::Episodic,
+                EventKind::Observation,
+                Content::text(turn.memory_text()),
+            );
+            // Turns of one session keep their order within the session's date.
+            event.occurred_at = session.date + ChronoDuration::seconds(turn.dia_id.turn.into());
+            events.push(event);
+            dias.push(turn.dia_id);
+        }
+        for (chunk, dia_chunk) in events.chunks(256).zip(dias.chunks(256)) {
+            let receipts = client.append_batch(chunk).await;
+            for (receipt, dia) in receipts.into_iter().zip(dia_chunk) {
+                let receipt = receipt?;
+                last_seq = last_seq.max(receipt.seq);
+                dia_of_seq.insert(receipt.seq, *dia);
+            }
+            bar.inc(chunk.len() as u64);
+        }
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "ingested {turns} turns in {:.1}s; waiting for projection",
+        ingest_started.elapsed().as_secs_f64()
+    );
+
+    let modes = modes(ranking);
+    let asked: usize = conversations
+        .iter()
+        .map(|c| c.questions.iter().filter(|q| q.is_asked()).count())
+        .sum();
+    let bar = progress((asked * modes.len()) as u64, "asking questions");
+    let mut evaluator = Evaluator::default();
+    let mut first = true;
+    for conv in &conversations {
+        let scopes = ScopeRequest {
+            tenant: tenant.clone(),
+            scope: Scope::new(ScopeKind::Task, &conv.sample_id)?,
+            grants: Vec::new(),
+        };
+        for question in conv.questions.iter().filter(|q| q.is_asked()) {
+            for (mode_name, mode, mode_ranking) in &modes {
+                let request = RetrieveRequest {
+                    scopes: scopes.clone(),
+                    query: question.question.clone(),
+                    vector: None,
+                    top_k: args.top_k,
+                    filter: Default::default(),
+                    consistency: Consistency {
+                        min_seq: Some(last_seq),
+                        // The first query may wait for the whole ingest to be embedded.
+                        wait_ms: Some(if first { 600_000 } else { 5_000 }),
+                    },
+                    mode: *mode,
+                    ranking: mode_ranking.clone(),
+                };
+                let started = Instant::now();
+                let response = client
+                    .retrieve(&request)
+                    .await
+                    .with_context(|| format!("retrieving for {:?}", question.question))?;
+                let latency = if first {
+                    // The first query includes the wait for projection; not a query latency.
+                    first = false;
+                    Duration::ZERO
+                } else {
+                    started.elapsed()
+                };
+                let ranked: Vec<DiaId> = response
+                    .results
+                    .iter()
+                    .filter_map(|r| dia_of_seq.get(&r.seq).copied())
+                    .collect();
+                evaluator.record(mode_name, question, &ranked, latency);
+                bar.inc(1);
+            }
+        }
+    }
+    bar.finish_and_clear();
+    Ok(evaluator)
+}
+
+fn progress(len: u64, message: &'static str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(message);
+    bar
+}
+
+fn uuid_hex() -> String {
+    engram_schema::EventId::new()
+        .to_string()
+        .chars()
+        .rev()
+        .filter(char::is_ascii_alphanumeric)
+        .collect()
+}

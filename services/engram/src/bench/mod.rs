@@ -1,0 +1,3 @@
+//! `engram bench`: quality benchmarks that run through the real system.
+
+pub mod locomo;

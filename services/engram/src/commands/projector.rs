@@ -1,0 +1,80 @@
+//! `engram projector` (run projectors as their own process) and `engram rebuild`.
+
+use std::process::ExitCode;
+
+use engram_bus::Bus;
+use engram_config::Config;
+use engram_projectors::ProjectorName;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// Runs the named projectors (default: the configured ones) against `--nats` until
+/// SIGINT/SIGTERM; each checkpoints before it exits.
+pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<ExitCode> {
+    let mut projectors = config.projectors.clone();
+    if !names.is_empty() {
+        projectors.run = names;
+    }
+    let url = config.client_url();
+    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let bus_config = config.bus_config(url.clone());
+    let running = engram_projectors::start(
+        &projectors,
+        &engram_projectors::state_dir(&config.home),
+        |name| {
+            let mut c = bus_config.clone();
+            c.client_name = format!("engram-projector-{name}");
+            Bus::connect(c)
+        },
+        stop_rx,
+    )
+    .await?;
+    tracing::info!(projectors = ?projectors.run, nats = %url, "projectors running");
+    crate::up::wait_for_signal().await;
+    let _ = stop.send(true);
+    running.join().await?;
+    Ok(ExitCode::SUCCESS)
+}
+
+/// Rebuilds one projector from sequence 1, with a progress bar.
+pub async fn rebuild(config: &Config, name: ProjectorName, json: bool) -> anyhow::Result<ExitCode> {
+    let bus = Bus::connect(config.bus_config(config.client_url())).await?;
+    let bar = if json {
+        ProgressBar::hidden()
+    } else {
+        ProgressBar::new(0)
+    };
+    bar.set_style(
+        ProgressStyle::with_template(
+            "{msg} [{bar:40}] {pos}/{len} seq ({per_sec}, eta {eta})",
+        )
+        .expect("static template")
+        .progress_chars("=> "),
+    );
+    bar.set_message(format!("rebuilding {name}"));
+    let started = std::time::Instant::now();
+    let (applied, hash) = engram_projectors::rebuild(
+        name,
+        &config.projectors,
+        &engram_projectors::state_dir(&config.home),
+        bus,
+        |applied, target| {
+            bar.set_length(target);
+            bar.set_position(applied);
+        },
+    )
+    .await?;
+    bar.finish_and_clear();
+    let hash: String = hash.iter().map(|b| format!("{b:02x}")).collect();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"projector": name, "applied_seq": applied, "state_hash": hash, "seconds": started.elapsed().as_secs_f64()})
+        );
+    } else {
+        println!(
+            "rebuilt {name} up to seq {applied} in {:.1}s; state hash {hash}",
+            started.elapsed().as_secs_f64()
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}

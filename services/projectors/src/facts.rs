@@ -1,0 +1,78 @@
+//! The fact projector: the bi-temporal fact table behind `engram.p.facts.query`.
+
+use engram_facts::FactTable;
+use engram_memory::Seq;
+use engram_memory::proto::{FactsRequest, FactsResponse};
+use engram_projector::model::{SnapshotModel, SnapshotProjection};
+use engram_rpc::Failure;
+use engram_schema::Envelope;
+
+pub const NAME: &str = "facts";
+
+pub type FactsProjection = SnapshotProjection<Facts>;
+
+/// The model as a projection sees it (a local type, so that it can implement
+/// [`SnapshotModel`]).
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Facts(pub FactTable);
+
+impl std::ops::Deref for Facts {
+    type Target = FactTable;
+    fn deref(&self) -> &FactTable {
+        &self.0
+    }
+}
+
+impl SnapshotModel for Facts {
+    fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
+        self.0.apply(seq, event).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    fn hash(&self) -> [u8; 32] {
+        self.0.state_hash()
+    }
+}
+
+/// Answers a facts query over already-resolved scopes.
+pub fn query(
+    projection: &FactsProjection,
+    request: &FactsRequest,
+    visible_seq: Seq,
+) -> Result<FactsResponse, Failure> {
+    let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
+    let table = projection.read();
+    let mut facts = Vec::new();
+    for scope in &scopes {
+        if request.history {
+            let (Some(subject), Some(predicate)) = (&request.subject, &request.predicate) else {
+                return Err(Failure::invalid(
+                    "history needs both subject and predicate",
+                ));
+            };
+            facts.extend(table.history(scope, subject, predicate));
+        } else if let Some(text) = &request.text {
+            facts.extend(
+                table
+                    .search(std::slice::from_ref(scope), text, request.limit)
+                    .into_iter()
+                    .map(|(f, _)| f),
+            );
+        } else {
+            let valid_at = request.valid_at.unwrap_or_else(chrono::Utc::now);
+            facts.extend(table.as_of(
+                scope,
+                valid_at,
+                request.known_at,
+                request.subject.as_deref(),
+                request.predicate.as_deref(),
+            ));
+        }
+    }
+    facts.truncate(request.limit);
+    let facts = facts
+        .into_iter()
+        .map(|f| serde_json::to_value(f).map_err(|e| Failure::new(engram_memory::proto::ErrorCode::Internal, e.to_string())))
+        .collect::<Result<_, _>>()?;
+    Ok(FactsResponse { facts, visible_seq })
+}

@@ -1,0 +1,271 @@
+//! The keyword projector: BM25 over episodic and semantic text memories, in tantivy.
+//!
+//! tantivy is the checkpoint: each publish is a durable commit whose payload is the applied
+//! sequence, so index and sequence can never disagree after a crash. Commits happen once per
+//! batch (batches are large under load and single events at the tail), which is also what
+//! makes new memories searchable.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, RwLock};
+
+use async_trait::async_trait;
+use engram_bus::StoredEvent;
+use engram_keyword::{KeywordIndex, KeywordReader};
+use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
+use engram_memory::{MemoryMeta, Seq, is_text_memory};
+use engram_projector::{Projection, ProjectionError, Rejected};
+use engram_rpc::Failure;
+use engram_schema::EventId;
+
+use crate::vector::Memory;
+
+pub const NAME: &str = "keyword";
+
+#[derive(Default)]
+struct Table {
+    applied: Seq,
+    memories: BTreeMap<Seq, Memory>,
+    event_ids: HashSet<EventId>,
+}
+
+pub struct KeywordProjection {
+    dir: PathBuf,
+    writer: Mutex<Option<KeywordIndex>>,
+    reader: RwLock<Option<KeywordReader>>,
+    /// Visible memories (what the last commit holds), for hits' text and provenance.
+    table: Arc<RwLock<Table>>,
+    /// Applied but not yet committed.
+    staged: Mutex<Vec<Memory>>,
+}
+
+fn fatal(e: impl std::fmt::Display) -> ProjectionError {
+    ProjectionError::Fatal(format!("keyword index: {e}"))
+}
+
+impl KeywordProjection {
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into().join("keyword"),
+            writer: Mutex::new(None),
+            reader: RwLock::new(None),
+            table: Arc::default(),
+            staged: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn len(&self) -> usize {
+        self.table.read().unwrap_or_else(|p| p.into_inner()).memories.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    pub async fn search(&self, request: &SearchRequest) -> Result<SearchResponse, Failure> {
+        let reader = self
+            .reader
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+            .ok_or_else(|| {
+                Failure::new(
+                    engram_memory::proto::ErrorCode::Unavailable,
+                    "keyword index is not open yet",
+                )
+            })?;
+        let request = request.clone();
+        let table = self.table.clone();
+        tokio::task::spawn_blocking(move || {
+            let mut hits = reader
+                .search(&request.query, &request.scopes, &request.filter, request.k)
+                .map_err(|e| Failure::invalid(e.to_string()))?;
+            let table = table.read().unwrap_or_else(|p| p.into_inner());
+            let also = if request.score_also.is_empty() {
+                Vec::new()
+            } else {
+                // BM25 of specific memories: search deeper and keep the asked-for ones.
+                // Memories beyond this depth score as absent, which is what they are to BM25.
+                let deep = reader
+                    .search(
+                        &request.query,
+                        &request.scopes,
+                        &request.filter,
+                        (request.k * 4).max(200),
+                    )
+                    .map_err(|e| Failure::invalid(e.to_string()))?;
+                let wanted: HashSet<Seq> = request.score_also.iter().copied().collect();
+                deep.into_iter().filter(|h| wanted.contains(&h.seq)).collect()
+            };
+            hits.retain(|h| table.memories.contains_key(&h.seq));
+            Ok(SearchResponse {
+                hits: hits
+                    .into_iter()
+                    .map(|hit| {
+                        let m = &table.memories[&hit.seq];
+                        MemoryHit {
+                            hit,
+                            meta: m.meta.clone(),
+                            text: m.text.clone(),
+                        }
+                    })
+                    .collect(),
+                also,
+                visible_seq: table.applied,
+            })
+        })
+        .await
+        .map_err(|e| Failure::new(engram_memory::proto::ErrorCode::Internal, e.to_string()))?
+    }
+
+    fn with_writer<T>(
+        &self,
+        f: impl FnOnce(&mut KeywordIndex) -> Result<T, engram_keyword::KeywordError>,
+    ) -> Result<T, ProjectionError> {
+        let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let index = guard
+            .as_mut()
+            .ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
+        f(index).map_err(|e| ProjectionError::Transient(format!("keyword index: {e}")))
+    }
+}
+
+#[async_trait]
+impl Projection for KeywordProjection {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn restore(&self) -> Result<Seq, ProjectionError> {
+        let dir = self.dir.clone();
+        let (index, memories) = tokio::task::spawn_blocking(move || {
+            let index = KeywordIndex::open(&dir).map_err(fatal)?;
+            let memories = index.reader().stored_all().map_err(fatal)?;
+            Ok::<_, ProjectionError>((index, memories))
+        })
+        .await
+        .map_err(fatal)??;
+        let seq = index.committed_seq();
+        let mut table = Table {
+            applied: seq,
+            ..Table::default()
+        };
+        for (meta, text) in memories {
+            table.event_ids.insert(meta.event_id.clone());
+            table.memories.insert(meta.seq, Memory { meta, text });
+        }
+        *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
+        self.staged.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        Ok(seq)
+    }
+
+    async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
+        let (applied, known): (Seq, HashSet<EventId>) = {
+            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            let ids = events
+                .iter()
+                .filter(|e| {
+                    table.event_ids.contains(&e.event.event_id)
+                        || staged.iter().any(|m| m.meta.event_id == e.event.event_id)
+                })
+                .map(|e| e.event.event_id.clone())
+                .collect();
+            let staged_max = staged.last().map_or(0, |m| m.meta.seq);
+            (table.applied.max(staged_max), ids)
+        };
+        let mut fresh = Vec::new();
+        let mut seen = HashSet::new();
+        for stored in events {
+            let event = &stored.event;
+            if stored.seq <= applied
+                || !is_text_memory(event)
+                || known.contains(&event.event_id)
+                || !seen.insert(event.event_id.clone())
+            {
+                continue;
+            }
+            fresh.push(Memory {
+                meta: MemoryMeta::of(stored.seq, event),
+                text: event.content.text.clone(),
+            });
+        }
+        if fresh.is_empty() {
+            return Ok(Vec::new());
+        }
+        let to_add = fresh.clone();
+        self.with_writer(move |index| {
+            for m in &to_add {
+                index.add(&m.meta, &m.text)?;
+            }
+            Ok(())
+        })?;
+        self.staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .extend(fresh);
+        Ok(Vec::new())
+    }
+
+    async fn publish(&self, applied: Seq) -> Result<(), ProjectionError> {
+        if self.staged.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+            // Nothing new to search: skip the fsync. The commit's sequence lags, so a restart
+            // re-reads a few events that are not text memories, which changes nothing.
+            self.table.write().unwrap_or_else(|p| p.into_inner()).applied = applied;
+            return Ok(());
+        }
+        // A commit fsyncs: off the async threads.
+        let writer = {
+            let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            guard.take()
+        };
+        let mut index =
+            writer.ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
+        let (index, result) = tokio::task::spawn_blocking(move || {
+            let result = index.commit(applied);
+            (index, result)
+        })
+        .await
+        .map_err(fatal)?;
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
+        result.map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))?;
+        let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
+        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+        for m in staged {
+            table.event_ids.insert(m.meta.event_id.clone());
+            table.memories.insert(m.meta.seq, m);
+        }
+        table.applied = applied;
+        Ok(())
+    }
+
+    async fn checkpoint(&self, _applied: Seq) -> Result<(), ProjectionError> {
+        // Every publish is already a durable commit carrying its sequence.
+        Ok(())
+    }
+
+    async fn reset(&self) -> Result<(), ProjectionError> {
+        {
+            let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            if guard.is_none() {
+                let index = KeywordIndex::open(&self.dir).map_err(fatal)?;
+                *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
+                *guard = Some(index);
+            }
+        }
+        self.with_writer(|index| index.clear())?;
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = Table::default();
+        self.staged.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        Ok(())
+    }
+
+    async fn state_hash(&self) -> [u8; 32] {
+        let index = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        index
+            .as_ref()
+            .and_then(|i| i.state_hash().ok())
+            .unwrap_or_default()
+    }
+}

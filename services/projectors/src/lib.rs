@@ -1,0 +1,486 @@
+//! Engram's projector services. Each turns the event stream into one read model and answers
+//! queries on it over NATS; `engram up` runs them all in-process, a deployment can run each
+//! as its own process (`engram projector <name>`).
+//!
+//! # Layout
+//! - [`vector`]: text memories embedded into per-scope HNSW indexes.
+//! - [`keyword`]: text memories in a tantivy BM25 index.
+//! - [`facts`]: the bi-temporal fact table.
+//! - [`skills`]: the skill registry (procedural memory).
+//! - this module: configuration, start-up (one connection, projector loop and NATS service
+//!   per projector) and rebuild.
+//!
+//! A projector service answers only the scopes it is handed; deciding which scopes a caller
+//! may read is the query service's job.
+
+pub mod facts;
+pub mod keyword;
+pub mod skills;
+pub mod vector;
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::str::FromStr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use engram_bus::Bus;
+use engram_embed::{CacheConfig, CachedEmbedder, Embedder, EmbedderConfig};
+use engram_memory::Seq;
+use engram_memory::proto::{
+    self, Consistency, ErrorCode, FactsRequest, SearchRequest, SkillsRequest,
+};
+use engram_projector::{
+    NotYetVisible, Projection, Projector, ProjectorError, ProjectorSettings, Visibility,
+};
+use engram_rpc::Failure;
+use engram_vector::HnswParams;
+use serde::{Deserialize, Serialize};
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+
+/// The projectors there are.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ProjectorName {
+    Vector,
+    Keyword,
+    Facts,
+    Skills,
+}
+
+impl ProjectorName {
+    pub const ALL: [ProjectorName; 4] = [Self::Vector, Self::Keyword, Self::Facts, Self::Skills];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Vector => vector::NAME,
+            Self::Keyword => keyword::NAME,
+            Self::Facts => facts::NAME,
+            Self::Skills => skills::NAME,
+        }
+    }
+}
+
+impl std::fmt::Display for ProjectorName {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for ProjectorName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Self::ALL
+            .into_iter()
+            .find(|p| p.as_str() == s)
+            .ok_or_else(|| format!("unknown projector {s:?}; expected one of: vector, keyword, facts, skills"))
+    }
+}
+
+/// `[projectors]` in engram.toml.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ProjectorsConfig {
+    /// The projectors this process runs.
+    pub run: Vec<ProjectorName>,
+    /// Most events applied per batch.
+    pub batch: usize,
+    #[serde(with = "humantime_serde")]
+    pub checkpoint_interval: Duration,
+    pub checkpoint_every: u64,
+    /// Where vectors come from.
+    pub embedder: EmbedderConfig,
+    pub embed_cache_memory_mb: usize,
+    pub embed_cache_disk_mb: usize,
+    pub hnsw: HnswParams,
+}
+
+impl Default for ProjectorsConfig {
+    fn default() -> Self {
+        let settings = ProjectorSettings::default();
+        Self {
+            run: ProjectorName::ALL.to_vec(),
+            batch: settings.batch,
+            checkpoint_interval: settings.checkpoint_interval,
+            checkpoint_every: settings.checkpoint_every,
+            embedder: EmbedderConfig::default(),
+            embed_cache_memory_mb: 64,
+            embed_cache_disk_mb: 1024,
+            hnsw: HnswParams::default(),
+        }
+    }
+}
+
+impl ProjectorsConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.batch == 0 {
+            return Err("projectors.batch must be at least 1".into());
+        }
+        if self.embed_cache_disk_mb < 4 {
+            return Err("projectors.embed_cache_disk_mb must be at least 4".into());
+        }
+        self.hnsw.validate().map_err(|e| format!("projectors.hnsw: {e}"))
+    }
+
+    fn settings(&self) -> ProjectorSettings {
+        ProjectorSettings {
+            batch: self.batch,
+            checkpoint_interval: self.checkpoint_interval,
+            checkpoint_every: self.checkpoint_every,
+            ..ProjectorSettings::default()
+        }
+    }
+}
+
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("cannot set up the embedder: {0}")]
+    Embedder(#[from] engram_embed::EmbedError),
+    #[error("cannot start the {projector} query endpoint: {source}")]
+    Service {
+        projector: &'static str,
+        #[source]
+        source: engram_rpc::RpcError,
+    },
+    #[error(transparent)]
+    Projector(#[from] ProjectorError),
+    #[error(
+        "the {projector} projector's state in {dir} is in use by another process (is `engram up` or `engram projector` running?); stop it first"
+    )]
+    Locked { projector: &'static str, dir: PathBuf },
+    #[error("cannot use state dir {dir}: {source}")]
+    StateDir {
+        dir: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("cannot connect the {projector} projector: {source}")]
+    Bus {
+        projector: &'static str,
+        #[source]
+        source: engram_bus::BusError,
+    },
+}
+
+/// The embedder the vector projector uses, behind the embedding cache in `dir`.
+pub async fn embedder(
+    config: &ProjectorsConfig,
+    dir: &Path,
+) -> Result<Arc<dyn Embedder>, StartError> {
+    let inner = engram_embed::build(&config.embedder).await?;
+    let cache = CacheConfig {
+        dir: dir.join("embed-cache"),
+        memory_bytes: config.embed_cache_memory_mb * 1024 * 1024,
+        disk_bytes: config.embed_cache_disk_mb * 1024 * 1024,
+    };
+    Ok(Arc::new(CachedEmbedder::open(inner, &cache).await?))
+}
+
+/// Holds `<dir>/<projector>.lock` for as long as it lives: one process per projector state.
+pub struct StateLock(#[allow(dead_code)] std::fs::File);
+
+/// Locks a projector's state directory, or says who holds it.
+pub fn lock_state(dir: &Path, projector: &'static str) -> Result<StateLock, StartError> {
+    let state_err = |source| StartError::StateDir {
+        dir: dir.to_owned(),
+        source,
+    };
+    std::fs::create_dir_all(dir).map_err(state_err)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(format!("{projector}.lock")))
+        .map_err(state_err)?;
+    match file.try_lock() {
+        Ok(()) => Ok(StateLock(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StartError::Locked {
+            projector,
+            dir: dir.to_owned(),
+        }),
+        Err(std::fs::TryLockError::Error(e)) => Err(state_err(e)),
+    }
+}
+
+/// Projectors running in this process.
+pub struct RunningProjectors {
+    pub visibility: BTreeMap<ProjectorName, Visibility>,
+    _locks: Vec<StateLock>,
+    tasks: Vec<(ProjectorName, JoinHandle<Result<(), ProjectorError>>)>,
+    _services: Vec<async_nats::service::Service>,
+}
+
+impl RunningProjectors {
+    /// Waits for every projector to stop (after the shutdown signal); returns the first error.
+    pub async fn join(self) -> Result<(), ProjectorError> {
+        let mut first = Ok(());
+        for (name, task) in self.tasks {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => {
+                    tracing::error!(projector = %name, error = %e, "projector failed");
+                    if first.is_ok() {
+                        first = Err(e);
+                    }
+                }
+                Err(e) => tracing::error!(projector = %name, error = %e, "projector task panicked"),
+            }
+        }
+        first
+    }
+}
+
+/// Starts the configured projectors: each gets its own NATS connection (a consumer sharing a
+/// connection with a busy publisher can stall), its projector loop and its query endpoint.
+/// State lives under `dir`. They stop when `shutdown` turns true.
+pub async fn start<F, Fut>(
+    config: &ProjectorsConfig,
+    dir: &Path,
+    connect: F,
+    shutdown: watch::Receiver<bool>,
+) -> Result<RunningProjectors, StartError>
+where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = Result<Bus, engram_bus::BusError>>,
+{
+    let mut running = RunningProjectors {
+        visibility: BTreeMap::new(),
+        _locks: Vec::new(),
+        tasks: Vec::new(),
+        _services: Vec::new(),
+    };
+    let settings = config.settings();
+    for name in config.run.iter().copied() {
+        let projector = name.as_str();
+        running._locks.push(lock_state(dir, projector)?);
+        let bus = connect(projector)
+            .await
+            .map_err(|source| StartError::Bus { projector, source })?;
+        let service = engram_rpc::start_service(
+            bus.client(),
+            &format!("engram-{projector}"),
+            &format!("engram {projector} projector"),
+        )
+        .await
+        .map_err(|source| StartError::Service { projector, source })?;
+        let service_err = |source| StartError::Service { projector, source };
+        let stop = wait_true(shutdown.clone());
+        let (visibility, task, status): (_, _, Arc<dyn Projection>) = match name {
+            ProjectorName::Vector => {
+                let embedder = embedder(config, dir).await?;
+                let projection = Arc::new(vector::VectorProjection::new(
+                    dir,
+                    embedder,
+                    config.hnsw.clone(),
+                ));
+                let status = projection.clone();
+                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
+                let visibility = p.visibility();
+                let v = visibility.clone();
+                engram_rpc::serve(
+                    &service,
+                    &proto::projector_subject(projector, "search"),
+                    "vector_search",
+                    move |req: SearchRequest| {
+                        let (projection, v) = (projection.clone(), v.clone());
+                        async move {
+                            wait_visible(&v, &req.consistency).await?;
+                            projection.search(&req).await
+                        }
+                    },
+                )
+                .await
+                .map_err(service_err)?;
+                (visibility, tokio::spawn(p.run(stop)), status)
+            }
+            ProjectorName::Keyword => {
+                let projection = Arc::new(keyword::KeywordProjection::new(dir));
+                let status = projection.clone();
+                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
+                let visibility = p.visibility();
+                let v = visibility.clone();
+                engram_rpc::serve(
+                    &service,
+                    &proto::projector_subject(projector, "search"),
+                    "keyword_search",
+                    move |req: SearchRequest| {
+                        let (projection, v) = (projection.clone(), v.clone());
+                        async move {
+                            wait_visible(&v, &req.consistency).await?;
+                            projection.search(&req).await
+                        }
+                    },
+                )
+                .await
+                .map_err(service_err)?;
+                (visibility, tokio::spawn(p.run(stop)), status)
+            }
+            ProjectorName::Facts => {
+                let projection = Arc::new(facts::FactsProjection::new(facts::NAME, dir));
+                let status = projection.clone();
+                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
+                let visibility = p.visibility();
+                let v = visibility.clone();
+                engram_rpc::serve(
+                    &service,
+                    &proto::projector_subject(projector, "query"),
+                    "facts",
+                    move |req: FactsRequest| {
+                        let (projection, v) = (projection.clone(), v.clone());
+                        async move {
+                            wait_visible(&v, &req.consistency).await?;
+                            facts::query(&projection, &req, v.current())
+                        }
+                    },
+                )
+                .await
+                .map_err(service_err)?;
+                (visibility, tokio::spawn(p.run(stop)), status)
+            }
+            ProjectorName::Skills => {
+                let projection = Arc::new(skills::SkillsProjection::new(skills::NAME, dir));
+                let status = projection.clone();
+                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
+                let visibility = p.visibility();
+                let v = visibility.clone();
+                engram_rpc::serve(
+                    &service,
+                    &proto::projector_subject(projector, "search"),
+                    "skills",
+                    move |req: SkillsRequest| {
+                        let (projection, v) = (projection.clone(), v.clone());
+                        async move {
+                            wait_visible(&v, &req.consistency).await?;
+                            skills::query(&projection, &req, v.current())
+                        }
+                    },
+                )
+                .await
+                .map_err(service_err)?;
+                (visibility, tokio::spawn(p.run(stop)), status)
+            }
+        };
+        let v = visibility.clone();
+        engram_rpc::serve(
+            &service,
+            &proto::projector_subject(projector, "status"),
+            "status",
+            move |req: Consistency| {
+                let (status, v) = (status.clone(), v.clone());
+                async move {
+                    wait_visible(&v, &req).await?;
+                    let hash: String = status
+                        .state_hash()
+                        .await
+                        .iter()
+                        .map(|b| format!("{b:02x}"))
+                        .collect();
+                    Ok(ProjectorStatus {
+                        projector: status.name().to_owned(),
+                        visible_seq: v.current(),
+                        state_hash: hash,
+                    })
+                }
+            },
+        )
+        .await
+        .map_err(service_err)?;
+        running.visibility.insert(name, visibility);
+        running.tasks.push((name, task));
+        running._services.push(service);
+    }
+    Ok(running)
+}
+
+/// Rebuilds one projector's read model from sequence 1. The projector must not be running.
+pub async fn rebuild(
+    name: ProjectorName,
+    config: &ProjectorsConfig,
+    dir: &Path,
+    bus: Bus,
+    progress: impl FnMut(Seq, Seq),
+) -> Result<(Seq, [u8; 32]), StartError> {
+    let _lock = lock_state(dir, name.as_str())?;
+    let settings = config.settings();
+    async fn go<P: Projection>(
+        projection: Arc<P>,
+        bus: Bus,
+        settings: ProjectorSettings,
+        progress: impl FnMut(Seq, Seq),
+    ) -> Result<(Seq, [u8; 32]), StartError> {
+        let projector = Projector::new(projection.clone(), bus, settings);
+        let applied = projector.rebuild(progress).await?;
+        Ok((applied, projection.state_hash().await))
+    }
+    match name {
+        ProjectorName::Vector => {
+            let embedder = embedder(config, dir).await?;
+            let projection = Arc::new(vector::VectorProjection::new(
+                dir,
+                embedder,
+                config.hnsw.clone(),
+            ));
+            go(projection, bus, settings, progress).await
+        }
+        ProjectorName::Keyword => {
+            go(Arc::new(keyword::KeywordProjection::new(dir)), bus, settings, progress).await
+        }
+        ProjectorName::Facts => {
+            go(
+                Arc::new(facts::FactsProjection::new(facts::NAME, dir)),
+                bus,
+                settings,
+                progress,
+            )
+            .await
+        }
+        ProjectorName::Skills => {
+            go(
+                Arc::new(skills::SkillsProjection::new(skills::NAME, dir)),
+                bus,
+                settings,
+                progress,
+            )
+            .await
+        }
+    }
+}
+
+/// What `engram.p.<projector>.status` answers.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProjectorStatus {
+    pub projector: String,
+    pub visible_seq: Seq,
+    /// Hex digest of the read model's logical state; equal states give equal hashes.
+    pub state_hash: String,
+}
+
+/// The default wait for a read-your-writes token.
+pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
+
+async fn wait_visible(visibility: &Visibility, consistency: &Consistency) -> Result<(), Failure> {
+    let Some(min_seq) = consistency.min_seq else {
+        return Ok(());
+    };
+    let wait = consistency
+        .wait_ms
+        .map_or(DEFAULT_WAIT, Duration::from_millis);
+    visibility
+        .wait_for(min_seq, wait)
+        .await
+        .map_err(|e: NotYetVisible| Failure::new(ErrorCode::NotYetVisible, e.to_string()))
+}
+
+fn wait_true(mut rx: watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
+    async move {
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+}
+
+/// Where a projector keeps its state under an engram home.
+pub fn state_dir(home: &Path) -> PathBuf {
+    home.join("projectors")
+}

@@ -1,0 +1,72 @@
+//! The skill projector: the skill registry behind `engram.p.skills.search`.
+
+use engram_memory::Seq;
+use engram_memory::proto::{ErrorCode, SkillsRequest, SkillsResponse};
+use engram_projector::model::{SnapshotModel, SnapshotProjection};
+use engram_rpc::Failure;
+use engram_schema::Envelope;
+use engram_skills::SkillRegistry;
+
+pub const NAME: &str = "skills";
+
+pub type SkillsProjection = SnapshotProjection<Skills>;
+
+/// The model as a projection sees it (a local type, so that it can implement
+/// [`SnapshotModel`]).
+#[derive(Default, serde::Serialize, serde::Deserialize)]
+#[serde(transparent)]
+pub struct Skills(pub SkillRegistry);
+
+impl std::ops::Deref for Skills {
+    type Target = SkillRegistry;
+    fn deref(&self) -> &SkillRegistry {
+        &self.0
+    }
+}
+
+impl SnapshotModel for Skills {
+    fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
+        self.0.apply(seq, event).map(|_| ()).map_err(|e| e.to_string())
+    }
+
+    fn hash(&self) -> [u8; 32] {
+        self.0.state_hash()
+    }
+}
+
+/// Answers a skills query: one skill by name, or the best matches for a task description.
+pub fn query(
+    projection: &SkillsProjection,
+    request: &SkillsRequest,
+    visible_seq: Seq,
+) -> Result<SkillsResponse, Failure> {
+    let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
+    let registry = projection.read();
+    let to_json = |skill: &engram_skills::Skill, score: f32| {
+        let mut value = serde_json::to_value(skill)
+            .map_err(|e| Failure::new(ErrorCode::Internal, e.to_string()))?;
+        value["score"] = serde_json::json!(score);
+        Ok::<_, Failure>(value)
+    };
+    let mut skills = Vec::new();
+    match (&request.name, &request.task) {
+        (Some(name), _) => {
+            for scope in &scopes {
+                if let Some(skill) = registry.get(scope, name) {
+                    skills.push(to_json(skill, 1.0)?);
+                }
+            }
+        }
+        (None, Some(task)) => {
+            for (skill, score) in registry.search(&scopes, task, request.limit) {
+                skills.push(to_json(skill, score)?);
+            }
+        }
+        (None, None) => return Err(Failure::invalid("give a skill name or a task description")),
+    }
+    skills.truncate(request.limit);
+    Ok(SkillsResponse {
+        skills,
+        visible_seq,
+    })
+}

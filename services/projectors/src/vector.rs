@@ -1,0 +1,389 @@
+//! The vector projector: episodic and semantic text memories, embedded and indexed per scope.
+//!
+//! Vectors come from the event when the client supplied one from the configured model;
+//! otherwise the configured embedder makes them (through the embedding cache, so a rebuild
+//! does not embed again). One `VectorIndex` per scope keeps scopes apart by construction: a
+//! search only ever touches the indexes of the scopes it was given.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::PathBuf;
+use std::sync::{Arc, RwLock};
+
+use async_trait::async_trait;
+use engram_bus::StoredEvent;
+use engram_embed::Embedder;
+use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
+use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
+use engram_projector::{Projection, ProjectionError, Rejected, snapshot};
+use engram_rpc::Failure;
+use engram_schema::EventId;
+use engram_telemetry::metrics;
+use engram_vector::{HnswParams, VectorIndex};
+use serde::{Deserialize, Serialize};
+
+pub const NAME: &str = "vector";
+
+/// A text memory as the text projectors keep it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Memory {
+    pub meta: MemoryMeta,
+    pub text: String,
+}
+
+#[derive(Default)]
+struct State {
+    applied: Seq,
+    memories: BTreeMap<Seq, Memory>,
+    /// Event ids already indexed: a retry stored again after the stream's duplicate window
+    /// must still count once.
+    event_ids: HashSet<EventId>,
+    scopes: HashMap<ScopeKey, VectorIndex>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct Snapshot {
+    model: String,
+    dim: usize,
+    memories: Vec<(Memory, Vec<f32>)>,
+}
+
+pub struct VectorProjection {
+    path: PathBuf,
+    embedder: Arc<dyn Embedder>,
+    params: HnswParams,
+    state: Arc<RwLock<State>>,
+}
+
+impl VectorProjection {
+    pub fn new(dir: impl Into<PathBuf>, embedder: Arc<dyn Embedder>, params: HnswParams) -> Self {
+        Self {
+            path: dir.into().join("vector.snap"),
+            embedder,
+            params,
+            state: Arc::default(),
+        }
+    }
+
+    pub fn embedder(&self) -> &Arc<dyn Embedder> {
+        &self.embedder
+    }
+
+    /// Memories held, for status and benchmarks.
+    pub fn len(&self) -> usize {
+        self.read().memories.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Approximate bytes held by the indexes and memory table.
+    pub fn memory_bytes(&self) -> usize {
+        let state = self.read();
+        let indexes: usize = state.scopes.values().map(VectorIndex::memory_bytes).sum();
+        let table: usize = state
+            .memories
+            .values()
+            .map(|m| m.text.len() + std::mem::size_of::<Memory>() + 64)
+            .sum();
+        indexes + table
+    }
+
+    fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
+        self.state.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn new_index(&self) -> VectorIndex {
+        VectorIndex::new(self.embedder.dim(), self.params.clone())
+            .expect("hnsw params are validated at start-up")
+    }
+
+    /// Answers a search over `request.scopes` (already checked by the caller).
+    pub async fn search(&self, request: &SearchRequest) -> Result<SearchResponse, Failure> {
+        let query = match &request.vector {
+            Some(v) => {
+                if v.len() != self.embedder.dim() {
+                    return Err(Failure::invalid(format!(
+                        "query vector has {} dimensions; the index holds {}-dimensional vectors of model {}",
+                        v.len(),
+                        self.embedder.dim(),
+                        self.embedder.model_id()
+                    )));
+                }
+                v.clone()
+            }
+            None => {
+                let mut vectors = self
+                    .embedder
+                    .embed(std::slice::from_ref(&request.query))
+                    .await
+                    .map_err(|e| {
+                        let code = if e.is_retryable() {
+                            engram_memory::proto::ErrorCode::Unavailable
+                        } else {
+                            engram_memory::proto::ErrorCode::Invalid
+                        };
+                        Failure::new(code, format!("cannot embed the query: {e}"))
+                    })?;
+                vectors.pop().unwrap_or_default()
+            }
+        };
+        let state = self.read();
+        let allowed = |seq: Seq| {
+            state
+                .memories
+                .get(&seq)
+                .is_some_and(|m| request.filter.matches(&m.meta))
+        };
+        let mut hits: Vec<Hit> = Vec::new();
+        for scope in &request.scopes {
+            if let Some(index) = state.scopes.get(scope) {
+                let found = index
+                    .search(&query, request.k, &allowed)
+                    .map_err(|e| Failure::invalid(e.to_string()))?;
+                hits.extend(found);
+            }
+        }
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seq.cmp(&b.seq)));
+        hits.truncate(request.k);
+        let mut also = Vec::new();
+        for seq in &request.score_also {
+            let Some(memory) = state.memories.get(seq) else {
+                continue;
+            };
+            if !request.scopes.contains(&memory.meta.scope) || !request.filter.matches(&memory.meta)
+            {
+                continue;
+            }
+            if let Some(vector) = state
+                .scopes
+                .get(&memory.meta.scope)
+                .and_then(|index| index.vector(*seq))
+            {
+                also.push(Hit {
+                    seq: *seq,
+                    score: engram_embed::dot(&query, vector),
+                });
+            }
+        }
+        Ok(SearchResponse {
+            hits: hits
+                .into_iter()
+                .filter_map(|hit| {
+                    state.memories.get(&hit.seq).map(|m| MemoryHit {
+                        hit,
+                        meta: m.meta.clone(),
+                        text: m.text.clone(),
+                    })
+                })
+                .collect(),
+            also,
+            visible_seq: state.applied,
+        })
+    }
+}
+
+#[async_trait]
+impl Projection for VectorProjection {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    async fn restore(&self) -> Result<Seq, ProjectionError> {
+        let path = self.path.clone();
+        let loaded = tokio::task::spawn_blocking(move || snapshot::load::<Snapshot>(&path))
+            .await
+            .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        let Some((seq, snap)) = loaded else {
+            return Ok(0);
+        };
+        if snap.model != self.embedder.model_id() || snap.dim != self.embedder.dim() {
+            return Err(ProjectionError::Fatal(format!(
+                "the vector checkpoint holds {}-dimensional vectors of model {}, but the embedder is {} ({} dimensions); run `engram rebuild vector` to re-embed",
+                snap.dim,
+                snap.model,
+                self.embedder.model_id(),
+                self.embedder.dim()
+            )));
+        }
+        let (dim, params) = (snap.dim, self.params.clone());
+        let state = tokio::task::spawn_blocking(move || -> Result<State, ProjectionError> {
+            let mut grouped: HashMap<ScopeKey, Vec<(Seq, Vec<f32>)>> = HashMap::new();
+            let mut state = State {
+                applied: seq,
+                ..State::default()
+            };
+            for (memory, vector) in snap.memories {
+                let s = memory.meta.seq;
+                grouped
+                    .entry(memory.meta.scope.clone())
+                    .or_default()
+                    .push((s, vector));
+                state.event_ids.insert(memory.meta.event_id.clone());
+                state.memories.insert(s, memory);
+            }
+            for (scope, vectors) in grouped {
+                let index = VectorIndex::from_vectors(dim, params.clone(), vectors)
+                    .map_err(|e| ProjectionError::Fatal(format!("vector checkpoint: {e}")))?;
+                state.scopes.insert(scope, index);
+            }
+            Ok(state)
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        Ok(seq)
+    }
+
+    async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
+        let (model, dim) = (self.embedder.model_id().to_owned(), self.embedder.dim());
+        let mut rejected = Vec::new();
+        // What to index, with the vector if the client supplied a usable one.
+        let mut wanted: Vec<(usize, Option<Vec<f32>>)> = Vec::new();
+        {
+            let state = self.read();
+            for (index, stored) in events.iter().enumerate() {
+                let event = &stored.event;
+                if stored.seq <= state.applied
+                    || !is_text_memory(event)
+                    || state.event_ids.contains(&event.event_id)
+                {
+                    continue;
+                }
+                let supplied = event
+                    .embedding
+                    .as_ref()
+                    .filter(|e| e.model == model && e.vector.len() == dim)
+                    .map(|e| e.vector.clone());
+                wanted.push((index, supplied));
+            }
+        }
+        let to_embed: Vec<String> = wanted
+            .iter()
+            .filter(|(_, v)| v.is_none())
+            .map(|(i, _)| events[*i].event.content.text.clone())
+            .collect();
+        let mut embedded = if to_embed.is_empty() {
+            Vec::new()
+        } else {
+            match self.embedder.embed(&to_embed).await {
+                Ok(vectors) => vectors,
+                Err(e) if e.is_retryable() => {
+                    return Err(ProjectionError::Transient(format!("embedding failed: {e}")));
+                }
+                Err(e) => {
+                    // The embedder refuses these texts for good (say, vectors are required
+                    // from clients): dead-letter them, index the rest.
+                    let reason = e.to_string();
+                    wanted.retain(|(i, v)| {
+                        if v.is_none() {
+                            rejected.push(Rejected {
+                                index: *i,
+                                reason: reason.clone(),
+                            });
+                            false
+                        } else {
+                            true
+                        }
+                    });
+                    Vec::new()
+                }
+            }
+        }
+        .into_iter();
+        metrics::EMBEDDINGS
+            .with_label_values(&["client"])
+            .inc_by(wanted.iter().filter(|(_, v)| v.is_some()).count() as u64);
+
+        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        for (index, supplied) in wanted {
+            let stored = &events[index];
+            let vector = match supplied {
+                Some(v) => v,
+                None => embedded.next().ok_or_else(|| {
+                    ProjectionError::Transient("embedder returned too few vectors".into())
+                })?,
+            };
+            let meta = MemoryMeta::of(stored.seq, &stored.event);
+            let scope = meta.scope.clone();
+            if !state.scopes.contains_key(&scope) {
+                let fresh = self.new_index();
+                state.scopes.insert(scope.clone(), fresh);
+            }
+            let index_of_scope = state.scopes.get_mut(&scope).expect("inserted above");
+            if let Err(e) = index_of_scope.insert(stored.seq, &vector) {
+                rejected.push(Rejected {
+                    index,
+                    reason: format!("unusable vector: {e}"),
+                });
+                continue;
+            }
+            state.event_ids.insert(stored.event.event_id.clone());
+            state.memories.insert(
+                stored.seq,
+                Memory {
+                    meta,
+                    text: stored.event.content.text.clone(),
+                },
+            );
+        }
+        if let Some(last) = events.last() {
+            state.applied = state.applied.max(last.seq);
+        }
+        Ok(rejected)
+    }
+
+    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError> {
+        let (path, state, model, dim) = (
+            self.path.clone(),
+            self.state.clone(),
+            self.embedder.model_id().to_owned(),
+            self.embedder.dim(),
+        );
+        tokio::task::spawn_blocking(move || {
+            let state = state.read().unwrap_or_else(|p| p.into_inner());
+            let memories = state
+                .memories
+                .values()
+                .filter_map(|m| {
+                    let vector = state.scopes.get(&m.meta.scope)?.vector(m.meta.seq)?;
+                    Some((m.clone(), vector.to_vec()))
+                })
+                .collect();
+            snapshot::save(
+                &path,
+                applied,
+                &Snapshot {
+                    model,
+                    dim,
+                    memories,
+                },
+            )
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))?
+    }
+
+    async fn reset(&self) -> Result<(), ProjectionError> {
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = State::default();
+        snapshot::remove(&self.path)
+    }
+
+    async fn state_hash(&self) -> [u8; 32] {
+        let state = self.read();
+        let mut hasher = blake3::Hasher::new();
+        for memory in state.memories.values() {
+            hasher.update(&rmp_serde::to_vec(memory).unwrap_or_default());
+            if let Some(v) = state
+                .scopes
+                .get(&memory.meta.scope)
+                .and_then(|i| i.vector(memory.meta.seq))
+            {
+                for x in v {
+                    hasher.update(&x.to_le_bytes());
+                }
+            }
+        }
+        *hasher.finalize().as_bytes()
+    }
+}

@@ -1,0 +1,257 @@
+//! `build_context`: the memory an agent sees at the start of a step.
+//!
+//! Four sources, fetched in parallel: working memory of the task (and of the own scope),
+//! skills matching the task, current facts matching the query, and hybrid retrieval of
+//! episodic and semantic memories. Items are deduplicated by normalised text and packed
+//! greedily by section priority (working, procedural, facts, memories), each section capped
+//! at a share of the budget so that one source cannot crowd out the rest; what the caps leave
+//! unused goes to whatever did not fit. The rendered text is counted with the model's
+//! tokenizer and never exceeds the budget.
+
+use std::collections::HashSet;
+
+use engram_memory::proto::{
+    Context, ContextItem, ContextRequest, FactsRequest, RetrievalMode, RetrieveRequest,
+    SkillsRequest,
+};
+use engram_rpc::Failure;
+use engram_schema::{Layer, Scope, ScopeKind};
+
+use crate::{Query, unavailable};
+
+/// Share of the budget each section may take in the first pass.
+const CAPS: [(Section, f32); 4] = [
+    (Section::Working, 0.25),
+    (Section::Skills, 0.2),
+    (Section::Facts, 0.2),
+    (Section::Memories, 1.0),
+];
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Section {
+    Working,
+    Skills,
+    Facts,
+    Memories,
+}
+
+impl Section {
+    fn title(self) -> &'static str {
+        match self {
+            Self::Working => "working memory",
+            Self::Skills => "skills",
+            Self::Facts => "facts",
+            Self::Memories => "memories",
+        }
+    }
+}
+
+struct Candidate {
+    section: Section,
+    item: ContextItem,
+}
+
+pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context, Failure> {
+    let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
+    if request.token_budget == 0 {
+        return Err(Failure::invalid("token_budget must be at least 1"));
+    }
+    let task_scope = Scope::new(ScopeKind::Task, &request.task)
+        .map_err(|e| Failure::invalid(format!("task: {e}")))?;
+    // The task's working memory is readable only if the task scope is the own scope or granted.
+    let readable: Vec<Scope> = scopes.iter().map(|k| k.scope()).collect();
+    let consistency = request.consistency;
+
+    let working = async {
+        let wm = q.bus().working_memory().await.map_err(unavailable)?;
+        let mut entries = Vec::new();
+        let mut wanted = vec![request.scopes.scope.clone()];
+        if task_scope != request.scopes.scope && readable.contains(&task_scope) {
+            wanted.push(task_scope.clone());
+        }
+        for scope in wanted {
+            for (key, value) in wm
+                .entries(&request.scopes.tenant, &scope)
+                .await
+                .map_err(unavailable)?
+            {
+                entries.push((format!("{scope}/{key}"), String::from_utf8_lossy(&value).into_owned()));
+            }
+        }
+        Ok::<_, Failure>(entries)
+    };
+    let skills = q.skills(SkillsRequest {
+        scopes: request.scopes.clone(),
+        task: Some(format!("{} {}", request.task, request.query)),
+        name: None,
+        limit: 3,
+        consistency,
+    });
+    let facts = q.facts(FactsRequest {
+        scopes: request.scopes.clone(),
+        subject: None,
+        predicate: None,
+        text: Some(request.query.clone()),
+        valid_at: None,
+        known_at: None,
+        history: false,
+        limit: 10,
+        consistency,
+    });
+    let memories = q.retrieve(RetrieveRequest {
+        scopes: request.scopes.clone(),
+        query: request.query.clone(),
+        vector: request.vector.clone(),
+        top_k: 20,
+        filter: Default::default(),
+        consistency,
+        mode: RetrievalMode::Hybrid,
+        ranking: None,
+    });
+    let (working, skills, facts, memories) = tokio::join!(working, skills, facts, memories);
+
+    let tokens = q.tokens();
+    let mut candidates = Vec::new();
+    let mut push = |section: Section, layer: Layer, text: String, source: String, score: f32| {
+        let tokens = tokens.count(&text);
+        candidates.push(Candidate {
+            section,
+            item: ContextItem {
+                layer,
+                text,
+                tokens,
+                source,
+                score,
+            },
+        });
+    };
+    for (key, value) in working? {
+        push(Section::Working, Layer::Working, format!("{key}: {value}"), key, 1.0);
+    }
+    for skill in skills?.skills {
+        let name = skill["name"].as_str().unwrap_or_default().to_owned();
+        let description = skill["description"].as_str().unwrap_or_default();
+        let steps: Vec<&str> = skill["steps"]
+            .as_array()
+            .map(|s| s.iter().filter_map(|x| x.as_str()).collect())
+            .unwrap_or_default();
+        let mut text = format!("{name}: {description}");
+        if !steps.is_empty() {
+            text.push_str(&format!(" steps: {}", steps.join("; ")));
+        }
+        let score = skill["score"].as_f64().unwrap_or(0.0) as f32;
+        push(Section::Skills, Layer::Procedural, text, format!("skill {name}"), score);
+    }
+    for fact in facts?.facts {
+        let text = format!(
+            "{} {} {}",
+            fact["subject"].as_str().unwrap_or_default(),
+            fact["predicate"].as_str().unwrap_or_default(),
+            match &fact["object"] {
+                serde_json::Value::String(s) => s.clone(),
+                other => other.to_string(),
+            }
+        );
+        let source = fact["sources"][0]["provenance"]["event_id"]
+            .as_str()
+            .map_or_else(|| "fact".to_owned(), |id| format!("fact from {id}"));
+        push(Section::Facts, Layer::Semantic, text, source, 1.0);
+    }
+    for memory in memories?.results {
+        push(
+            Section::Memories,
+            memory.layer,
+            memory.text,
+            memory.event_id.to_string(),
+            memory.score,
+        );
+    }
+    Ok(pack(tokens, candidates, request.token_budget))
+}
+
+fn normalise(text: &str) -> String {
+    text.split_whitespace()
+        .map(str::to_lowercase)
+        .collect::<Vec<_>>()
+        .join(" ")
+}
+
+fn pack(
+    tokens: &engram_embed::TokenCounter,
+    candidates: Vec<Candidate>,
+    budget: usize,
+) -> Context {
+    let total = candidates.len();
+    let mut seen = HashSet::new();
+    let mut unique: Vec<Candidate> = candidates
+        .into_iter()
+        .filter(|c| seen.insert(normalise(&c.item.text)))
+        .collect();
+    // Headers and bullets cost tokens too: reserve them up front (about 6 per section and
+    // 2 per item), then verify on the rendered text.
+    let overhead = |items: usize| 6 * 4 + 2 * items;
+    let mut chosen: Vec<Candidate> = Vec::new();
+    let mut used = 0usize;
+    for pass in 0..2 {
+        for (section, cap) in CAPS {
+            let cap = if pass == 0 {
+                (budget as f32 * cap) as usize
+            } else {
+                budget
+            };
+            let mut section_used: usize = chosen
+                .iter()
+                .filter(|c| c.section == section)
+                .map(|c| c.item.tokens)
+                .sum();
+            let mut i = 0;
+            while i < unique.len() {
+                let c = &unique[i];
+                let fits = used + c.item.tokens + overhead(chosen.len() + 1) <= budget
+                    && section_used + c.item.tokens <= cap;
+                if c.section == section && fits {
+                    used += c.item.tokens;
+                    section_used += c.item.tokens;
+                    chosen.push(unique.remove(i));
+                } else {
+                    i += 1;
+                }
+            }
+        }
+    }
+    // Verify with the tokenizer on the final text; drop the lowest-priority items until it fits.
+    chosen.sort_by_key(|c| CAPS.iter().position(|(s, _)| *s == c.section));
+    let mut rendered = render(&chosen);
+    let mut count = tokens.count(&rendered);
+    while count > budget && !chosen.is_empty() {
+        chosen.pop();
+        rendered = render(&chosen);
+        count = tokens.count(&rendered);
+    }
+    let items: Vec<ContextItem> = chosen.into_iter().map(|c| c.item).collect();
+    Context {
+        dropped: total - items.len(),
+        items,
+        tokens: count,
+        token_budget: budget,
+        rendered,
+    }
+}
+
+fn render(chosen: &[Candidate]) -> String {
+    let mut out = String::new();
+    let mut current: Option<Section> = None;
+    for c in chosen {
+        if current != Some(c.section) {
+            if current.is_some() {
+                out.push('\n');
+            }
+            out.push_str(&format!("## {}\n", c.section.title()));
+            current = Some(c.section);
+        }
+        out.push_str("- ");
+        out.push_str(&c.item.text);
+        out.push('\n');
+    }
+    out
+}

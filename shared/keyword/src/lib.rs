@@ -1,0 +1,389 @@
+//! Engram's keyword read model: a BM25 index (tantivy) over the text of episodic and semantic
+//! memories, keyed by the stream sequence of the event each came from.
+//!
+//! The projector owns a [`KeywordIndex`]: it stages [`add`](KeywordIndex::add)s and
+//! [`delete`](KeywordIndex::delete)s, then [`commit`](KeywordIndex::commit)s them together
+//! with the last sequence applied. That sequence travels in the tantivy commit itself, so the
+//! index and its checkpoint can never disagree: after a crash, [`KeywordIndex::open`] finds the
+//! state of the last commit and [`committed_seq`](KeywordIndex::committed_seq) says where to
+//! resume; anything staged after it is gone and is replayed from the stream.
+//!
+//! The query service holds [`KeywordReader`]s (cheap clones). A commit reloads the readers
+//! before it publishes its sequence, so a reader that sees `committed_seq() >= n` also finds
+//! every memory up to `n`: this is what read-your-writes tokens wait on.
+//!
+//! Scopes are matched as whole opaque terms ([`ScopeKey::token`]), never by prefix or case
+//! folding, and a search with no scopes finds nothing. User query text is analysed into terms
+//! and never parsed, so it cannot fail or change the query's shape.
+//!
+//! BM25 statistics (document frequencies, average length) are index-wide, across tenants and
+//! scopes: another scope's memories shift scores but never which memories are returned.
+//!
+//! # Layout
+//! - [`schema`]: fields, the English analyser, and memory-to-document mapping.
+//! - `query`: user text, scopes and [`MemoryFilter`] to a tantivy query.
+//! - [`KeywordIndex`] (here): writer, checkpoint and lifecycle; [`KeywordReader`]: searches.
+
+mod error;
+mod query;
+pub mod schema;
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use engram_memory::{Hit, MemoryFilter, MemoryMeta, ScopeKey, Seq};
+use tantivy::collector::TopDocs;
+use tantivy::columnar::Column;
+use tantivy::directory::MmapDirectory;
+use tantivy::indexer::IndexWriterOptions;
+use tantivy::tokenizer::TextAnalyzer;
+use tantivy::{Index, IndexBuilder, IndexReader, IndexWriter, ReloadPolicy, TantivyError};
+
+pub use crate::error::KeywordError;
+use crate::schema::{DIGEST_HI, DIGEST_LO, Fields, SEQ, seq_term};
+
+/// Indexing memory budget. tantivy flushes a segment when a thread fills its share, so this
+/// bounds writer memory whatever the batch size between commits.
+pub const WRITER_MEMORY_BYTES: usize = 50 * 1024 * 1024;
+
+/// One indexing thread and one merge thread: the service shares two cores with NATS and the
+/// embedder, and the projector feeds documents one at a time anyway.
+const WRITER_THREADS: usize = 1;
+const MERGE_THREADS: usize = 1;
+
+/// How the checkpoint is written into a commit's payload.
+const PAYLOAD_PREFIX: &str = "engram-keyword applied_seq=";
+
+/// The writable keyword index, owned by the projector.
+pub struct KeywordIndex {
+    /// Stages adds and deletes; only `commit` makes them durable and visible.
+    writer: IndexWriter,
+    /// Searches the last commit; shared with every reader handed out.
+    reader: KeywordReader,
+    /// Highest sequence that may be in the index, committed or staged. An add at or below it
+    /// first deletes that sequence, so replaying events after a crash cannot duplicate them;
+    /// adds above it (the projector's normal case) skip that delete.
+    high_water: Seq,
+    /// Where the index lives, for error messages; `None` in RAM.
+    dir: Option<PathBuf>,
+}
+
+/// A read-only handle on the last commit of a [`KeywordIndex`]; clone it freely.
+#[derive(Clone)]
+pub struct KeywordReader {
+    reader: IndexReader,
+    fields: Fields,
+    analyzer: TextAnalyzer,
+    /// The sequence of the commit readers can see; raised only after the reload that makes
+    /// that commit visible.
+    committed: Arc<AtomicU64>,
+}
+
+impl KeywordIndex {
+    /// Opens the index in `dir`, creating the directory and an empty index if missing.
+    ///
+    /// Fails if another writer holds the directory or if it holds an index of another schema.
+    pub fn open(dir: &Path) -> Result<Self, KeywordError> {
+        let open_error = |source: TantivyError| KeywordError::Open {
+            dir: dir.to_path_buf(),
+            source,
+        };
+        std::fs::create_dir_all(dir).map_err(|err| open_error(err.into()))?;
+        let directory = MmapDirectory::open(dir).map_err(|err| open_error(err.into()))?;
+        let (schema, fields) = Fields::schema();
+        let index = IndexBuilder::new()
+            .schema(schema)
+            .tokenizers(schema::tokenizers())
+            .open_or_create(directory)
+            .map_err(|err| match err {
+                TantivyError::SchemaError(_) => KeywordError::SchemaMismatch {
+                    dir: dir.to_path_buf(),
+                },
+                other => open_error(other),
+            })?;
+        Self::from_index(index, fields, Some(dir.to_path_buf()))
+    }
+
+    /// A new, empty index in memory, for tests. Its "durable" commits last as long as it does.
+    pub fn in_ram() -> Result<Self, KeywordError> {
+        let (schema, fields) = Fields::schema();
+        let index = IndexBuilder::new()
+            .schema(schema)
+            .tokenizers(schema::tokenizers())
+            .create_in_ram()?;
+        Self::from_index(index, fields, None)
+    }
+
+    fn from_index(
+        index: Index,
+        fields: Fields,
+        dir: Option<PathBuf>,
+    ) -> Result<Self, KeywordError> {
+        let options = IndexWriterOptions::builder()
+            .memory_budget_per_thread(WRITER_MEMORY_BYTES / WRITER_THREADS)
+            .num_worker_threads(WRITER_THREADS)
+            .num_merge_threads(MERGE_THREADS)
+            .build();
+        let writer = index
+            .writer_with_options(options)
+            .map_err(|err| match err {
+                TantivyError::LockFailure(..) => KeywordError::Locked {
+                    dir: dir.clone().unwrap_or_default(),
+                },
+                other => KeywordError::Index(other),
+            })?;
+        let committed = parse_payload(index.load_metas()?.payload)?;
+        let reader = index
+            .reader_builder()
+            // Reloads happen in `commit`, before the new sequence is published.
+            .reload_policy(ReloadPolicy::Manual)
+            .try_into()?;
+        let reader = KeywordReader {
+            reader,
+            fields,
+            analyzer: index.tokenizer_for_field(fields.text)?,
+            committed: Arc::new(AtomicU64::new(committed)),
+        };
+        let high_water = reader.max_seq()?;
+        Ok(Self {
+            writer,
+            reader,
+            high_water,
+            dir,
+        })
+    }
+
+    /// Stages `text` as the memory `meta.seq`, replacing any memory with that sequence.
+    /// Invisible to searches, and lost on a crash, until the next [`commit`](Self::commit).
+    pub fn add(&mut self, meta: &MemoryMeta, text: &str) -> Result<(), KeywordError> {
+        if meta.seq <= self.high_water {
+            self.writer
+                .delete_term(seq_term(&self.reader.fields, meta.seq));
+        }
+        self.writer
+            .add_document(self.reader.fields.document(meta, text))?;
+        self.high_water = self.high_water.max(meta.seq);
+        Ok(())
+    }
+
+    /// Stages the removal of memory `seq`; removing an absent memory is not an error.
+    pub fn delete(&mut self, seq: Seq) -> Result<(), KeywordError> {
+        self.writer.delete_term(seq_term(&self.reader.fields, seq));
+        Ok(())
+    }
+
+    /// Makes everything staged durable, together with `applied_seq`, the last stream sequence
+    /// the projector has applied; then makes it visible to every reader.
+    ///
+    /// The checkpoint may stay the same but never move back (that needs [`clear`](Self::clear)).
+    /// After an error the index on disk is still the last good commit: drop this value and
+    /// [`open`](Self::open) again, then resume from [`committed_seq`](Self::committed_seq).
+    pub fn commit(&mut self, applied_seq: Seq) -> Result<(), KeywordError> {
+        let committed = self.committed_seq();
+        if applied_seq < committed {
+            return Err(KeywordError::CheckpointBackwards {
+                committed,
+                requested: applied_seq,
+            });
+        }
+        self.durable_commit(applied_seq)
+    }
+
+    fn durable_commit(&mut self, applied_seq: Seq) -> Result<(), KeywordError> {
+        let mut prepared = self.writer.prepare_commit()?;
+        prepared.set_payload(&format!("{PAYLOAD_PREFIX}{applied_seq}"));
+        prepared.commit()?;
+        self.reader.reader.reload()?;
+        self.reader.committed.store(applied_seq, Ordering::Release);
+        Ok(())
+    }
+
+    /// Empties the index, discarding anything staged, and commits checkpoint 0, for a rebuild
+    /// from sequence 1.
+    pub fn clear(&mut self) -> Result<(), KeywordError> {
+        // Without the rollback, documents still buffered in the indexing thread could outlive
+        // `delete_all_documents` and reappear at the commit.
+        self.writer.rollback()?;
+        self.writer.delete_all_documents()?;
+        self.durable_commit(0)?;
+        self.high_water = 0;
+        Ok(())
+    }
+
+    /// The sequence carried by the last commit: 0 for a new index.
+    pub fn committed_seq(&self) -> Seq {
+        self.reader.committed_seq()
+    }
+
+    /// A handle for searching, which sees each commit as soon as [`commit`](Self::commit)
+    /// returns.
+    pub fn reader(&self) -> KeywordReader {
+        self.reader.clone()
+    }
+
+    /// See [`KeywordReader::search`].
+    pub fn search(
+        &self,
+        query: &str,
+        scopes: &[ScopeKey],
+        filter: &MemoryFilter,
+        k: usize,
+    ) -> Result<Vec<Hit>, KeywordError> {
+        self.reader.search(query, scopes, filter, k)
+    }
+
+    /// See [`KeywordReader::doc_count`].
+    pub fn doc_count(&self) -> u64 {
+        self.reader.doc_count()
+    }
+
+    /// See [`KeywordReader::state_hash`].
+    pub fn state_hash(&self) -> Result<[u8; 32], KeywordError> {
+        self.reader.state_hash()
+    }
+
+    /// The directory the index lives in; `None` for [`in_ram`](Self::in_ram).
+    pub fn dir(&self) -> Option<&Path> {
+        self.dir.as_deref()
+    }
+}
+
+impl KeywordReader {
+    /// The sequence of the commit this reader sees.
+    pub fn committed_seq(&self) -> Seq {
+        self.committed.load(Ordering::Acquire)
+    }
+
+    /// The `k` memories of `scopes` that best match `query` by BM25 (k1 = 1.2, b = 0.75) and
+    /// pass `filter`, best first; ties go to the lower sequence.
+    ///
+    /// `query` is analysed like memory text and its terms are OR-ed, so any text is valid;
+    /// text with no words (empty, only punctuation or emoji) matches nothing. So do an empty
+    /// `scopes` and `k == 0`.
+    pub fn search(
+        &self,
+        query: &str,
+        scopes: &[ScopeKey],
+        filter: &MemoryFilter,
+        k: usize,
+    ) -> Result<Vec<Hit>, KeywordError> {
+        if k == 0 || scopes.is_empty() {
+            return Ok(Vec::new());
+        }
+        let terms = query::text_terms(&self.analyzer, self.fields.text, query);
+        let Some(query) = query::build(&self.fields, terms, scopes, filter) else {
+            return Ok(Vec::new());
+        };
+        let searcher = self.reader.searcher();
+        // TopDocs preallocates for its limit, so a huge `k` must not reach it.
+        let limit = k.min(usize::try_from(searcher.num_docs()).unwrap_or(usize::MAX));
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let top = searcher.search(&*query, &TopDocs::with_limit(limit).order_by_score())?;
+
+        let mut seq_columns: HashMap<u32, Column<u64>> = HashMap::new();
+        let mut hits = Vec::with_capacity(top.len());
+        for (score, address) in top {
+            let column = match seq_columns.get(&address.segment_ord) {
+                Some(column) => column,
+                None => {
+                    let column = searcher
+                        .segment_reader(address.segment_ord)
+                        .fast_fields()
+                        .u64(SEQ)?;
+                    seq_columns.entry(address.segment_ord).or_insert(column)
+                }
+            };
+            if let Some(seq) = column.first(address.doc_id) {
+                hits.push(Hit { seq, score });
+            }
+        }
+        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seq.cmp(&b.seq)));
+        Ok(hits)
+    }
+
+    /// Memories in the last commit.
+    pub fn doc_count(&self) -> u64 {
+        self.reader.searcher().num_docs()
+    }
+
+    /// Every committed memory with its metadata and text, in sequence order.
+    pub fn stored_all(&self) -> Result<Vec<(MemoryMeta, String)>, KeywordError> {
+        use tantivy::schema::Value;
+        let searcher = self.reader.searcher();
+        let mut out = Vec::new();
+        for (ordinal, segment) in searcher.segment_readers().iter().enumerate() {
+            for doc in segment.doc_ids_alive() {
+                let document: tantivy::TantivyDocument =
+                    searcher.doc(tantivy::DocAddress::new(ordinal as u32, doc))?;
+                let Some(bytes) = document
+                    .get_first(self.fields.memory)
+                    .and_then(|v| v.as_bytes())
+                else {
+                    continue;
+                };
+                let memory: (MemoryMeta, String) = rmp_serde::from_slice(bytes)
+                    .map_err(|e| KeywordError::Corrupt(e.to_string()))?;
+                out.push(memory);
+            }
+        }
+        out.sort_by_key(|(meta, _)| meta.seq);
+        Ok(out)
+    }
+
+    /// A blake3 hash of the committed content: every memory's sequence, scope token, layer,
+    /// kind, tags, occurred_at, importance and text, in sequence order. Equal for equal
+    /// content however it was batched, committed, merged or deleted on the way; a rebuilt index
+    /// must hash like the one it replaces.
+    pub fn state_hash(&self) -> Result<[u8; 32], KeywordError> {
+        let searcher = self.reader.searcher();
+        let mut docs: Vec<(Seq, u64, u64)> =
+            Vec::with_capacity(usize::try_from(searcher.num_docs()).unwrap_or(0));
+        for segment in searcher.segment_readers() {
+            let fast = segment.fast_fields();
+            let (seq, hi, lo) = (fast.u64(SEQ)?, fast.u64(DIGEST_HI)?, fast.u64(DIGEST_LO)?);
+            for doc in segment.doc_ids_alive() {
+                if let (Some(seq), Some(hi), Some(lo)) =
+                    (seq.first(doc), hi.first(doc), lo.first(doc))
+                {
+                    docs.push((seq, hi, lo));
+                }
+            }
+        }
+        docs.sort_unstable();
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"engram-keyword/state/v1");
+        for (seq, hi, lo) in docs {
+            hasher.update(&seq.to_le_bytes());
+            hasher.update(&hi.to_le_bytes());
+            hasher.update(&lo.to_le_bytes());
+        }
+        Ok(*hasher.finalize().as_bytes())
+    }
+
+    /// The highest sequence in any committed segment, deleted documents included (an
+    /// overestimate only costs a needless delete).
+    fn max_seq(&self) -> Result<Seq, KeywordError> {
+        let searcher = self.reader.searcher();
+        let mut max = 0;
+        for segment in searcher.segment_readers() {
+            if segment.max_doc() > 0 {
+                max = max.max(segment.fast_fields().u64(SEQ)?.max_value());
+            }
+        }
+        Ok(max)
+    }
+}
+
+fn parse_payload(payload: Option<String>) -> Result<Seq, KeywordError> {
+    let Some(payload) = payload else {
+        return Ok(0);
+    };
+    match payload.strip_prefix(PAYLOAD_PREFIX).map(str::parse) {
+        Some(Ok(seq)) => Ok(seq),
+        _ => Err(KeywordError::ForeignPayload { payload }),
+    }
+}

@@ -1,0 +1,368 @@
+//! The skill registry: applying events and answering queries.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use engram_memory::{ScopeKey, Seq};
+use engram_schema::{Envelope, EventKind};
+use serde::{Deserialize, Serialize};
+
+use crate::canon::Canon;
+use crate::error::SkillError;
+use crate::payload::{self, Outcome, Recording};
+use crate::skill::{PendingOutcomes, Provenance, Skill, Usage};
+use crate::text;
+
+/// What [`SkillRegistry::apply`] did with an event.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Applied {
+    /// A `skill_recorded` event added `version`; `latest` says whether it is now the one
+    /// [`SkillRegistry::get`] returns.
+    Recorded { version: u32, latest: bool },
+    /// An `outcome` event was counted for this recorded version.
+    OutcomeCounted { version: u32 },
+    /// An `outcome` event named a skill or version not recorded yet; it waits in
+    /// [`SkillRegistry::pending`].
+    OutcomePending { version: Option<u32> },
+    /// Neither a skill event nor an outcome naming a skill; only the applied seq moved.
+    Ignored,
+    /// The seq is at or below the last applied one: nothing changed.
+    AlreadyApplied,
+}
+
+/// Everything known under one skill name in one scope.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+struct Entry {
+    /// Ordered by (version, seq). The first record of a version number is that version's
+    /// holder; later records with the same number are history only.
+    versions: Vec<Skill>,
+    pending: PendingOutcomes,
+}
+
+impl Entry {
+    /// The holder of `version`, if recorded.
+    fn holder(&self, version: u32) -> Option<usize> {
+        let first = self.versions.partition_point(|s| s.version < version);
+        (self.versions.get(first)?.version == version).then_some(first)
+    }
+
+    fn latest(&self) -> Option<usize> {
+        self.holder(self.versions.last()?.version)
+    }
+}
+
+/// The skill registry of every scope. See the crate docs for the semantics.
+///
+/// Everything is kept in ordered maps, so the snapshot encoding and
+/// [`SkillRegistry::state_hash`] do not depend on hash-map iteration order.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct SkillRegistry {
+    /// The highest seq applied (or ignored) so far; events at or below it are skipped.
+    applied_seq: Option<Seq>,
+    #[serde(with = "crate::pairs")]
+    scopes: BTreeMap<ScopeKey, BTreeMap<String, Entry>>,
+    /// Skills (scope and name) with at least one recorded version.
+    len: usize,
+}
+
+/// How much reliability can move a score: the factor runs from `1 - SPREAD` (always
+/// failed) to `1 + SPREAD` (always succeeded), and is 1 for an untried skill.
+const RELIABILITY_SPREAD: f64 = 0.2;
+
+impl SkillRegistry {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The highest seq applied so far, `None` for a new registry. Snapshots store it so that
+    /// replay resumes after it.
+    pub fn applied_seq(&self) -> Option<Seq> {
+        self.applied_seq
+    }
+
+    /// Applies the event at stream sequence `seq`.
+    ///
+    /// Idempotent by seq: when `seq` is at or below [`SkillRegistry::applied_seq`] nothing
+    /// changes and the answer is [`Applied::AlreadyApplied`]. Events other than
+    /// `skill_recorded` and `outcome`, and outcomes naming no skill, are
+    /// [`Applied::Ignored`]. A malformed payload is an error and leaves the registry
+    /// unchanged, the applied seq included. The result depends only on `seq` and `event`,
+    /// never on the clock.
+    pub fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<Applied, SkillError> {
+        if self.applied_seq.is_some_and(|applied| seq <= applied) {
+            return Ok(Applied::AlreadyApplied);
+        }
+        // Parse and resolve everything before touching the registry, so that a failure
+        // changes nothing.
+        let applied = match event.kind {
+            EventKind::SkillRecorded => {
+                let recording = payload::recording(seq, event)?;
+                let version = self.resolve_version(seq, event, &recording)?;
+                self.record(seq, event, recording, version)
+            }
+            EventKind::Outcome => match payload::outcome(seq, event)? {
+                Some(outcome) => self.count(event, outcome),
+                None => Applied::Ignored,
+            },
+            _ => Applied::Ignored,
+        };
+        self.applied_seq = Some(seq);
+        Ok(applied)
+    }
+
+    /// The explicit version, or one above the highest recorded (1 for a new skill).
+    fn resolve_version(
+        &self,
+        seq: Seq,
+        event: &Envelope,
+        recording: &Recording,
+    ) -> Result<u32, SkillError> {
+        if let Some(version) = recording.version {
+            return Ok(version);
+        }
+        let highest = self
+            .entry(&ScopeKey::of(event), &recording.name)
+            .and_then(|entry| entry.versions.last())
+            .map_or(0, |skill| skill.version);
+        highest
+            .checked_add(1)
+            .ok_or_else(|| SkillError::InvalidField {
+                seq,
+                event_id: event.event_id.clone(),
+                kind: event.kind,
+                field: "version",
+                reason: format!(
+                    "the highest recorded version is {highest}, so the next one would overflow; record it under a new name"
+                ),
+            })
+    }
+
+    fn record(
+        &mut self,
+        seq: Seq,
+        event: &Envelope,
+        recording: Recording,
+        version: u32,
+    ) -> Applied {
+        let scope = ScopeKey::of(event);
+        let entry = self
+            .scopes
+            .entry(scope.clone())
+            .or_default()
+            .entry(recording.name.clone())
+            .or_default();
+        let first_version = entry.versions.is_empty();
+        let new_version = entry.holder(version).is_none();
+        let latest = entry.versions.last().is_none_or(|s| version > s.version);
+        let mut skill = Skill {
+            scope,
+            name: recording.name,
+            version,
+            description: recording.description,
+            steps: recording.steps,
+            script: recording.script,
+            preconditions: recording.preconditions,
+            successes: 0,
+            failures: 0,
+            last_used: None,
+            recorded_at: event.recorded_at,
+            source: Provenance::of(seq, event),
+        };
+        if new_version && let Some(usage) = entry.pending.by_version.remove(&version) {
+            skill.count(&usage);
+        }
+        if first_version {
+            skill.count(&std::mem::take(&mut entry.pending.unversioned));
+        }
+        // Seqs only grow, so this lands after every earlier record of the same version.
+        let at = entry.versions.partition_point(|s| s.version <= version);
+        entry.versions.insert(at, skill);
+        if first_version {
+            self.len += 1;
+        }
+        Applied::Recorded { version, latest }
+    }
+
+    fn count(&mut self, event: &Envelope, outcome: Outcome) -> Applied {
+        let entry = self
+            .scopes
+            .entry(ScopeKey::of(event))
+            .or_default()
+            .entry(outcome.skill)
+            .or_default();
+        let holder = match outcome.version {
+            Some(version) => entry.holder(version),
+            None => entry.latest(),
+        };
+        if let Some(index) = holder {
+            let skill = &mut entry.versions[index];
+            let mut usage = Usage::default();
+            usage.count(outcome.success, event.occurred_at);
+            skill.count(&usage);
+            return Applied::OutcomeCounted {
+                version: skill.version,
+            };
+        }
+        let usage = match outcome.version {
+            Some(version) => entry.pending.by_version.entry(version).or_default(),
+            None => &mut entry.pending.unversioned,
+        };
+        usage.count(outcome.success, event.occurred_at);
+        Applied::OutcomePending {
+            version: outcome.version,
+        }
+    }
+
+    fn entry(&self, scope: &ScopeKey, name: &str) -> Option<&Entry> {
+        self.scopes.get(scope)?.get(name.trim())
+    }
+
+    /// The latest version of a skill: the highest version number, and of equal numbers the
+    /// first recorded. `name` is trimmed and matched exactly (case matters).
+    pub fn get(&self, scope: &ScopeKey, name: &str) -> Option<&Skill> {
+        let entry = self.entry(scope, name)?;
+        entry.latest().map(|index| &entry.versions[index])
+    }
+
+    /// Every recorded version of a skill, ordered by version, then by seq.
+    pub fn versions(&self, scope: &ScopeKey, name: &str) -> Vec<&Skill> {
+        self.entry(scope, name)
+            .map(|entry| entry.versions.iter().collect())
+            .unwrap_or_default()
+    }
+
+    /// Outcomes waiting for a version of this skill to be recorded, if any.
+    pub fn pending(&self, scope: &ScopeKey, name: &str) -> Option<&PendingOutcomes> {
+        self.entry(scope, name)
+            .map(|entry| &entry.pending)
+            .filter(|pending| !pending.is_empty())
+    }
+
+    /// The latest versions in `scopes` most relevant to a task, best first, at most `k`,
+    /// all with some relevance.
+    ///
+    /// Relevance is the IDF-weighted share of the task's terms found in a skill's name,
+    /// description, preconditions and steps (lowercase words without stop words; IDF over
+    /// the skills searched, so other scopes never influence it). It is multiplied by a mild
+    /// reliability factor, `0.8 + 0.4 * success_rate`, from 0.8 to 1.2 and 1.0 untried:
+    /// reliability orders skills of similar relevance but does not lift an irrelevant one
+    /// over a relevant one. Ties keep scope, then name order.
+    pub fn search(
+        &self,
+        scopes: &[ScopeKey],
+        task_description: &str,
+        k: usize,
+    ) -> Vec<(&Skill, f32)> {
+        let query: BTreeSet<String> = text::terms(task_description).collect();
+        if query.is_empty() || k == 0 {
+            return Vec::new();
+        }
+        let unique: BTreeSet<&ScopeKey> = scopes.iter().collect();
+        let candidates: Vec<(&Skill, BTreeSet<String>)> = unique
+            .into_iter()
+            .filter_map(|scope| self.scopes.get(scope))
+            .flat_map(|names| names.values())
+            .filter_map(|entry| entry.latest().map(|index| &entry.versions[index]))
+            .map(|skill| (skill, skill_terms(skill)))
+            .collect();
+        let n = candidates.len() as f64;
+        let idf: BTreeMap<&str, f64> = query
+            .iter()
+            .map(|term| {
+                let df = candidates
+                    .iter()
+                    .filter(|(_, terms)| terms.contains(term))
+                    .count() as f64;
+                (term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln())
+            })
+            .collect();
+        let total: f64 = idf.values().sum();
+        let mut scored: Vec<(&Skill, f32)> = candidates
+            .iter()
+            .filter_map(|(skill, terms)| {
+                let matched: f64 = idf
+                    .iter()
+                    .filter(|(term, _)| terms.contains(**term))
+                    .map(|(_, weight)| weight)
+                    .sum();
+                (matched > 0.0).then(|| {
+                    let reliability = 1.0 + RELIABILITY_SPREAD * (2.0 * skill.success_rate() - 1.0);
+                    (*skill, (matched / total * reliability) as f32)
+                })
+            })
+            .collect();
+        // Stable, so equal scores keep scope, then name order.
+        scored.sort_by(|a, b| b.1.total_cmp(&a.1));
+        scored.truncate(k);
+        scored
+    }
+
+    /// Skills (scope and name) with at least one recorded version.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// A blake3 digest of the whole state, applied seq and pending outcomes included, over a
+    /// canonical encoding: equal registries give equal hashes however they were built or
+    /// restored.
+    pub fn state_hash(&self) -> [u8; 32] {
+        let mut canon = Canon::new("engram-skills/v1");
+        canon.opt_u64(self.applied_seq);
+        canon.len(self.scopes.len());
+        for (scope, names) in &self.scopes {
+            canon.scope(scope);
+            canon.len(names.len());
+            for (name, entry) in names {
+                canon.str(name);
+                canon.len(entry.versions.len());
+                for skill in &entry.versions {
+                    hash_skill(&mut canon, skill);
+                }
+                hash_usage(&mut canon, &entry.pending.unversioned);
+                canon.len(entry.pending.by_version.len());
+                for (version, usage) in &entry.pending.by_version {
+                    canon.u64(u64::from(*version));
+                    hash_usage(&mut canon, usage);
+                }
+            }
+        }
+        canon.finish()
+    }
+}
+
+fn skill_terms(skill: &Skill) -> BTreeSet<String> {
+    text::term_set(
+        [skill.name.as_str(), skill.description.as_str()]
+            .into_iter()
+            .chain(skill.preconditions.iter().map(String::as_str))
+            .chain(skill.steps.iter().map(String::as_str)),
+    )
+}
+
+fn hash_skill(canon: &mut Canon, skill: &Skill) {
+    canon.scope(&skill.scope);
+    canon.str(&skill.name);
+    canon.u64(u64::from(skill.version));
+    canon.str(&skill.description);
+    canon.strs(&skill.steps);
+    canon.opt_str(skill.script.as_deref());
+    canon.strs(&skill.preconditions);
+    canon.u64(skill.successes);
+    canon.u64(skill.failures);
+    canon.opt_time(skill.last_used);
+    canon.time(skill.recorded_at);
+    canon.str(skill.source.event_id.as_str());
+    canon.u64(skill.source.seq);
+    canon.str(skill.source.agent_id.as_str());
+    canon.time(skill.source.occurred_at);
+    canon.time(skill.source.recorded_at);
+}
+
+fn hash_usage(canon: &mut Canon, usage: &Usage) {
+    canon.u64(usage.successes);
+    canon.u64(usage.failures);
+    canon.opt_time(usage.last_used);
+}

@@ -1,0 +1,257 @@
+//! Projectors and the query service end to end, against a real nats-server: read-your-writes
+//! under concurrent writers, scope isolation (a property test), facts, skills and contexts.
+
+use engram_memory::proto::{
+    Consistency, ContextRequest, ErrorCode, FactsRequest, RetrievalMode, RetrieveRequest,
+    ScopeRequest, SkillsRequest,
+};
+use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_sdk::RpcError;
+use engram_tests::{Engram, embedder, embedder_model};
+use engram_testkit::TestNats;
+use proptest::prelude::*;
+
+fn ident(s: &str) -> Ident {
+    Ident::parse("test", s).unwrap()
+}
+
+fn memory(tenant: &str, scope: Scope, text: &str) -> Envelope {
+    let mut e = Envelope::new(
+        ident(tenant),
+        scope,
+        ident("agent-1"),
+        ident("i-1"),
+        Layer::Episodic,
+        EventKind::Observation,
+        Content::text(text),
+    );
+    e.embedding = Some(engram_schema::Embedding {
+        model: embedder_model(),
+        vector: embedder().embed_one(text),
+    });
+    e
+}
+
+fn retrieve(scopes: ScopeRequest, query: &str, mode: RetrievalMode, min_seq: u64) -> RetrieveRequest {
+    RetrieveRequest {
+        scopes,
+        query: query.to_owned(),
+        vector: Some(embedder().embed_one(query)),
+        top_k: 50,
+        filter: Default::default(),
+        consistency: Consistency {
+            min_seq: Some(min_seq),
+            wait_ms: Some(10_000),
+        },
+        mode,
+        ranking: None,
+    }
+}
+
+fn own(tenant: &str, scope: &Scope) -> ScopeRequest {
+    ScopeRequest {
+        tenant: ident(tenant),
+        scope: scope.clone(),
+        grants: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_write_is_visible_to_its_writer_under_concurrent_writers() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let scope = Scope::new(ScopeKind::Task, "ryw").unwrap();
+    let mut writers = Vec::new();
+    for w in 0..8 {
+        let client = engram.client.clone();
+        let scope = scope.clone();
+        writers.push(tokio::spawn(async move {
+            let mut misses = Vec::new();
+            for i in 0..15 {
+                let marker = format!("marker{w}x{i} zebra");
+                let event = memory("acme", scope.clone(), &marker);
+                let seq = client.append(&event).await.unwrap().seq;
+                for mode in [RetrievalMode::Keyword, RetrievalMode::Dense, RetrievalMode::Hybrid] {
+                    let found = client
+                        .retrieve(&retrieve(own("acme", &scope), &marker, mode, seq))
+                        .await
+                        .unwrap();
+                    assert!(found.visible.iter().all(|(_, v)| *v >= seq), "{found:?}");
+                    if !found.results.iter().any(|r| r.event_id == event.event_id) {
+                        misses.push((marker.clone(), mode));
+                    }
+                }
+            }
+            misses
+        }));
+    }
+    for w in writers {
+        let misses = w.await.unwrap();
+        assert!(misses.is_empty(), "writes not visible to their writer: {misses:?}");
+    }
+    engram.stop().await;
+}
+
+#[tokio::test]
+async fn a_token_beyond_the_stream_times_out_with_a_typed_error() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let scope = Scope::new(ScopeKind::Task, "t").unwrap();
+    let seq = engram
+        .client
+        .append(&memory("acme", scope.clone(), "hello"))
+        .await
+        .unwrap()
+        .seq;
+    let mut request = retrieve(own("acme", &scope), "hello", RetrievalMode::Hybrid, seq + 100);
+    request.consistency.wait_ms = Some(200);
+    let err = engram.client.retrieve(&request).await.unwrap_err();
+    assert!(
+        matches!(&err, RpcError::Service { code: ErrorCode::NotYetVisible, .. }),
+        "{err:?}"
+    );
+    // Sibling grants are refused, not silently read.
+    let mut request = retrieve(own("acme", &scope), "hello", RetrievalMode::Hybrid, seq);
+    request.scopes.grants = vec![Scope::new(ScopeKind::Task, "other").unwrap()];
+    let err = engram.client.retrieve(&request).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Invalid, "{err:?}");
+    engram.stop().await;
+}
+
+/// Scope ids built to collide: prefixes, case variants, separators.
+fn colliding_ids() -> impl Strategy<Value = Vec<String>> {
+    "[a-c]{1,2}".prop_map(|base| {
+        vec![
+            base.clone(),
+            format!("{base}b"),
+            base.to_uppercase(),
+            format!("{base}-x"),
+            format!("{base}_x"),
+        ]
+    })
+}
+
+#[test]
+fn no_query_reads_another_tenant_or_a_sibling_scope() {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let (nats, engram) = runtime.block_on(async {
+        let nats = TestNats::start().await;
+        let engram = Engram::start(&nats).await;
+        (nats, engram)
+    });
+    let case = std::sync::atomic::AtomicU32::new(0);
+    proptest!(ProptestConfig::with_cases(6), |(ids in colliding_ids(), kind in 0usize..3)| {
+        let case = case.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let kind = [ScopeKind::Team, ScopeKind::Task, ScopeKind::Session][kind];
+        // Tenants collide too: a prefix and a case variant.
+        let tenants = [format!("t{case}"), format!("t{case}b"), format!("T{case}")];
+        let org = Scope::new(ScopeKind::Org, "shared").unwrap();
+        runtime.block_on(async {
+            let mut last = 0;
+            for tenant in &tenants {
+                last = last.max(engram.client.append(&memory(tenant, org.clone(), "secret plan org")).await.unwrap().seq);
+                for id in &ids {
+                    let scope = Scope::new(kind, id).unwrap();
+                    let text = format!("secret plan of {tenant} {id}");
+                    last = last.max(engram.client.append(&memory(tenant, scope, &text)).await.unwrap().seq);
+                }
+            }
+            for tenant in &tenants {
+                for id in &ids {
+                    let scope = Scope::new(kind, id).unwrap();
+                    for (grants, allowed_org) in [(vec![], false), (vec![org.clone()], true)] {
+                        let scopes = ScopeRequest { tenant: ident(tenant), scope: scope.clone(), grants };
+                        for mode in [RetrievalMode::Keyword, RetrievalMode::Dense, RetrievalMode::Hybrid] {
+                            let found = engram.client
+                                .retrieve(&retrieve(scopes.clone(), "secret plan", mode, last))
+                                .await
+                                .unwrap();
+                            let expected = 1 + usize::from(allowed_org);
+                            assert_eq!(found.results.len(), expected, "{tenant}/{scope} {mode:?}: {found:?}");
+                            for r in &found.results {
+                                assert_eq!(r.tenant.as_str(), tenant.as_str(), "other tenant leaked");
+                                assert!(r.scope == scope || (allowed_org && r.scope == org), "scope {} leaked into {scope}", r.scope);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    });
+    runtime.block_on(async move {
+        engram.stop().await;
+        drop(nats);
+    });
+}
+
+#[tokio::test]
+async fn facts_skills_and_contexts_end_to_end() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let tenant = ident("acme");
+    let task = Scope::new(ScopeKind::Task, "deploy").unwrap();
+    let event = |layer, kind, text: &str, data: serde_json::Value| {
+        let mut e = memory("acme", task.clone(), text);
+        e.layer = layer;
+        e.kind = kind;
+        e.content.data = Some(data);
+        e
+    };
+    let t0 = chrono::Utc::now() - chrono::Duration::hours(2);
+    let mut old = event(Layer::Semantic, EventKind::FactAsserted, "", serde_json::json!({"subject": "service", "predicate": "region", "object": "eu-west-1"}));
+    old.occurred_at = t0;
+    let mut new = event(Layer::Semantic, EventKind::FactAsserted, "", serde_json::json!({"subject": "service", "predicate": "region", "object": "us-east-2"}));
+    new.occurred_at = t0 + chrono::Duration::hours(1);
+    let skill = event(Layer::Procedural, EventKind::SkillRecorded, "", serde_json::json!({"name": "rollback", "description": "roll back a failed deploy to the previous release", "steps": ["find previous release", "redeploy it"]}));
+    let outcome = event(Layer::Procedural, EventKind::Outcome, "", serde_json::json!({"skill": "rollback", "success": true}));
+    let note = memory("acme", task.clone(), "the deploy failed because the database migration timed out");
+    let mut last = 0;
+    for e in [&new, &old, &skill, &outcome, &note] {
+        last = engram.client.append(e).await.unwrap().seq;
+    }
+    let wm = engram.client.working_memory().await.unwrap();
+    wm.put(&tenant, &task, "current-step", "verify the rollback".into(), None).await.unwrap();
+
+    let scopes = ScopeRequest { tenant: tenant.clone(), scope: task.clone(), grants: vec![] };
+    let consistency = Consistency { min_seq: Some(last), wait_ms: Some(10_000) };
+    let facts = engram.client.facts(&FactsRequest {
+        scopes: scopes.clone(), subject: Some("service".into()), predicate: Some("region".into()),
+        text: None, valid_at: None, known_at: None, history: false, limit: 10, consistency,
+    }).await.unwrap();
+    assert_eq!(facts.facts.len(), 1, "{facts:?}");
+    assert_eq!(facts.facts[0]["object"], "us-east-2", "the later occurred_at wins, though it arrived first");
+    let then = engram.client.facts(&FactsRequest {
+        scopes: scopes.clone(), subject: Some("service".into()), predicate: Some("region".into()),
+        text: None, valid_at: Some(t0 + chrono::Duration::minutes(30)), known_at: None, history: false, limit: 10, consistency,
+    }).await.unwrap();
+    assert_eq!(then.facts[0]["object"], "eu-west-1", "as it stood then");
+
+    let skills = engram.client.skills(&SkillsRequest {
+        scopes: scopes.clone(), task: Some("deploy failed, need to roll back".into()), name: None, limit: 3, consistency,
+    }).await.unwrap();
+    assert_eq!(skills.skills[0]["name"], "rollback", "{skills:?}");
+
+    for budget in [400, 60, 20] {
+        let context = engram.client.build_context(&ContextRequest {
+            scopes: scopes.clone(), agent_id: ident("agent-1"), task: "deploy".into(),
+            query: "why did the service deploy fail in its region".into(), vector: Some(embedder().embed_one("why did the service deploy fail in its region")),
+            token_budget: budget, consistency,
+        }).await.unwrap();
+        assert!(context.tokens <= budget, "{} tokens over a budget of {budget}", context.tokens);
+        if budget == 400 {
+            let layers: Vec<Layer> = context.items.iter().map(|i| i.layer).collect();
+            for layer in [Layer::Working, Layer::Procedural, Layer::Semantic, Layer::Episodic] {
+                assert!(layers.contains(&layer), "{layer} missing from {}", context.rendered);
+            }
+            assert!(context.rendered.contains("verify the rollback"));
+            assert!(context.rendered.contains("migration timed out"));
+            assert!(context.rendered.contains("us-east-2"));
+            assert!(!context.rendered.contains("eu-west-1"), "superseded fact in context");
+        }
+    }
+    engram.stop().await;
+}
