@@ -60,7 +60,9 @@ impl Engram {
         )
         .await
         .unwrap();
-        let query: Arc<Query> = Query::new(bus.clone(), QueryConfig::default()).await.unwrap();
+        let query: Arc<Query> = Query::new(bus.clone(), QueryConfig::default())
+            .await
+            .unwrap();
         let service = query.serve().await.unwrap();
         Self {
             client: Client::from_bus(bus, RetryPolicy::default()),

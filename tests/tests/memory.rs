@@ -7,8 +7,8 @@ use engram_memory::proto::{
 };
 use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_sdk::RpcError;
-use engram_tests::{Engram, embedder, embedder_model};
 use engram_testkit::TestNats;
+use engram_tests::{Engram, embedder, embedder_model};
 use proptest::prelude::*;
 
 fn ident(s: &str) -> Ident {
@@ -32,7 +32,12 @@ fn memory(tenant: &str, scope: Scope, text: &str) -> Envelope {
     e
 }
 
-fn retrieve(scopes: ScopeRequest, query: &str, mode: RetrievalMode, min_seq: u64) -> RetrieveRequest {
+fn retrieve(
+    scopes: ScopeRequest,
+    query: &str,
+    mode: RetrievalMode,
+    min_seq: u64,
+) -> RetrieveRequest {
     RetrieveRequest {
         scopes,
         query: query.to_owned(),
@@ -71,7 +76,11 @@ async fn a_write_is_visible_to_its_writer_under_concurrent_writers() {
                 let marker = format!("marker{w}x{i} zebra");
                 let event = memory("acme", scope.clone(), &marker);
                 let seq = client.append(&event).await.unwrap().seq;
-                for mode in [RetrievalMode::Keyword, RetrievalMode::Dense, RetrievalMode::Hybrid] {
+                for mode in [
+                    RetrievalMode::Keyword,
+                    RetrievalMode::Dense,
+                    RetrievalMode::Hybrid,
+                ] {
                     let found = client
                         .retrieve(&retrieve(own("acme", &scope), &marker, mode, seq))
                         .await
@@ -87,7 +96,10 @@ async fn a_write_is_visible_to_its_writer_under_concurrent_writers() {
     }
     for w in writers {
         let misses = w.await.unwrap();
-        assert!(misses.is_empty(), "writes not visible to their writer: {misses:?}");
+        assert!(
+            misses.is_empty(),
+            "writes not visible to their writer: {misses:?}"
+        );
     }
     engram.stop().await;
 }
@@ -103,11 +115,22 @@ async fn a_token_beyond_the_stream_times_out_with_a_typed_error() {
         .await
         .unwrap()
         .seq;
-    let mut request = retrieve(own("acme", &scope), "hello", RetrievalMode::Hybrid, seq + 100);
+    let mut request = retrieve(
+        own("acme", &scope),
+        "hello",
+        RetrievalMode::Hybrid,
+        seq + 100,
+    );
     request.consistency.wait_ms = Some(200);
     let err = engram.client.retrieve(&request).await.unwrap_err();
     assert!(
-        matches!(&err, RpcError::Service { code: ErrorCode::NotYetVisible, .. }),
+        matches!(
+            &err,
+            RpcError::Service {
+                code: ErrorCode::NotYetVisible,
+                ..
+            }
+        ),
         "{err:?}"
     );
     // Sibling grants are refused, not silently read.
@@ -202,55 +225,151 @@ async fn facts_skills_and_contexts_end_to_end() {
         e
     };
     let t0 = chrono::Utc::now() - chrono::Duration::hours(2);
-    let mut old = event(Layer::Semantic, EventKind::FactAsserted, "", serde_json::json!({"subject": "service", "predicate": "region", "object": "eu-west-1"}));
+    let mut old = event(
+        Layer::Semantic,
+        EventKind::FactAsserted,
+        "",
+        serde_json::json!({"subject": "service", "predicate": "region", "object": "eu-west-1"}),
+    );
     old.occurred_at = t0;
-    let mut new = event(Layer::Semantic, EventKind::FactAsserted, "", serde_json::json!({"subject": "service", "predicate": "region", "object": "us-east-2"}));
+    let mut new = event(
+        Layer::Semantic,
+        EventKind::FactAsserted,
+        "",
+        serde_json::json!({"subject": "service", "predicate": "region", "object": "us-east-2"}),
+    );
     new.occurred_at = t0 + chrono::Duration::hours(1);
-    let skill = event(Layer::Procedural, EventKind::SkillRecorded, "", serde_json::json!({"name": "rollback", "description": "roll back a failed deploy to the previous release", "steps": ["find previous release", "redeploy it"]}));
-    let outcome = event(Layer::Procedural, EventKind::Outcome, "", serde_json::json!({"skill": "rollback", "success": true}));
-    let note = memory("acme", task.clone(), "the deploy failed because the database migration timed out");
+    let skill = event(
+        Layer::Procedural,
+        EventKind::SkillRecorded,
+        "",
+        serde_json::json!({"name": "rollback", "description": "roll back a failed deploy to the previous release", "steps": ["find previous release", "redeploy it"]}),
+    );
+    let outcome = event(
+        Layer::Procedural,
+        EventKind::Outcome,
+        "",
+        serde_json::json!({"skill": "rollback", "success": true}),
+    );
+    let note = memory(
+        "acme",
+        task.clone(),
+        "the deploy failed because the database migration timed out",
+    );
     let mut last = 0;
     for e in [&new, &old, &skill, &outcome, &note] {
         last = engram.client.append(e).await.unwrap().seq;
     }
     let wm = engram.client.working_memory().await.unwrap();
-    wm.put(&tenant, &task, "current-step", "verify the rollback".into(), None).await.unwrap();
+    wm.put(
+        &tenant,
+        &task,
+        "current-step",
+        "verify the rollback".into(),
+        None,
+    )
+    .await
+    .unwrap();
 
-    let scopes = ScopeRequest { tenant: tenant.clone(), scope: task.clone(), grants: vec![] };
-    let consistency = Consistency { min_seq: Some(last), wait_ms: Some(10_000) };
-    let facts = engram.client.facts(&FactsRequest {
-        scopes: scopes.clone(), subject: Some("service".into()), predicate: Some("region".into()),
-        text: None, valid_at: None, known_at: None, history: false, limit: 10, consistency,
-    }).await.unwrap();
+    let scopes = ScopeRequest {
+        tenant: tenant.clone(),
+        scope: task.clone(),
+        grants: vec![],
+    };
+    let consistency = Consistency {
+        min_seq: Some(last),
+        wait_ms: Some(10_000),
+    };
+    let facts = engram
+        .client
+        .facts(&FactsRequest {
+            scopes: scopes.clone(),
+            subject: Some("service".into()),
+            predicate: Some("region".into()),
+            text: None,
+            valid_at: None,
+            known_at: None,
+            history: false,
+            limit: 10,
+            consistency,
+        })
+        .await
+        .unwrap();
     assert_eq!(facts.facts.len(), 1, "{facts:?}");
-    assert_eq!(facts.facts[0]["object"], "us-east-2", "the later occurred_at wins, though it arrived first");
-    let then = engram.client.facts(&FactsRequest {
-        scopes: scopes.clone(), subject: Some("service".into()), predicate: Some("region".into()),
-        text: None, valid_at: Some(t0 + chrono::Duration::minutes(30)), known_at: None, history: false, limit: 10, consistency,
-    }).await.unwrap();
+    assert_eq!(
+        facts.facts[0]["object"], "us-east-2",
+        "the later occurred_at wins, though it arrived first"
+    );
+    let then = engram
+        .client
+        .facts(&FactsRequest {
+            scopes: scopes.clone(),
+            subject: Some("service".into()),
+            predicate: Some("region".into()),
+            text: None,
+            valid_at: Some(t0 + chrono::Duration::minutes(30)),
+            known_at: None,
+            history: false,
+            limit: 10,
+            consistency,
+        })
+        .await
+        .unwrap();
     assert_eq!(then.facts[0]["object"], "eu-west-1", "as it stood then");
 
-    let skills = engram.client.skills(&SkillsRequest {
-        scopes: scopes.clone(), task: Some("deploy failed, need to roll back".into()), name: None, limit: 3, consistency,
-    }).await.unwrap();
+    let skills = engram
+        .client
+        .skills(&SkillsRequest {
+            scopes: scopes.clone(),
+            task: Some("deploy failed, need to roll back".into()),
+            name: None,
+            limit: 3,
+            consistency,
+        })
+        .await
+        .unwrap();
     assert_eq!(skills.skills[0]["name"], "rollback", "{skills:?}");
 
     for budget in [400, 60, 20] {
-        let context = engram.client.build_context(&ContextRequest {
-            scopes: scopes.clone(), agent_id: ident("agent-1"), task: "deploy".into(),
-            query: "why did the service deploy fail in its region".into(), vector: Some(embedder().embed_one("why did the service deploy fail in its region")),
-            token_budget: budget, consistency,
-        }).await.unwrap();
-        assert!(context.tokens <= budget, "{} tokens over a budget of {budget}", context.tokens);
+        let context = engram
+            .client
+            .build_context(&ContextRequest {
+                scopes: scopes.clone(),
+                agent_id: ident("agent-1"),
+                task: "deploy".into(),
+                query: "why did the service deploy fail in its region".into(),
+                vector: Some(embedder().embed_one("why did the service deploy fail in its region")),
+                token_budget: budget,
+                consistency,
+            })
+            .await
+            .unwrap();
+        assert!(
+            context.tokens <= budget,
+            "{} tokens over a budget of {budget}",
+            context.tokens
+        );
         if budget == 400 {
             let layers: Vec<Layer> = context.items.iter().map(|i| i.layer).collect();
-            for layer in [Layer::Working, Layer::Procedural, Layer::Semantic, Layer::Episodic] {
-                assert!(layers.contains(&layer), "{layer} missing from {}", context.rendered);
+            for layer in [
+                Layer::Working,
+                Layer::Procedural,
+                Layer::Semantic,
+                Layer::Episodic,
+            ] {
+                assert!(
+                    layers.contains(&layer),
+                    "{layer} missing from {}",
+                    context.rendered
+                );
             }
             assert!(context.rendered.contains("verify the rollback"));
             assert!(context.rendered.contains("migration timed out"));
             assert!(context.rendered.contains("us-east-2"));
-            assert!(!context.rendered.contains("eu-west-1"), "superseded fact in context");
+            assert!(
+                !context.rendered.contains("eu-west-1"),
+                "superseded fact in context"
+            );
         }
     }
     engram.stop().await;

@@ -289,8 +289,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Retrieve(args) => commands::query::retrieve(&config, args, json).await,
         Command::Context(args) => commands::query::context(&config, args, json).await,
         Command::Projector { names } => commands::projector::run(&config, names).await,
-        Command::Rebuild { projector } => commands::projector::rebuild(&config, projector, json).await,
-        Command::Bench(BenchCommand::Locomo(args)) => crate::bench::locomo::run(&config, args, json).await,
+        Command::Rebuild { projector } => {
+            commands::projector::rebuild(&config, projector, json).await
+        }
+        Command::Bench(BenchCommand::Locomo(args)) => {
+            crate::bench::locomo::run(&config, args, json).await
+        }
         Command::Config(ConfigCommand::Dump) => {
             if json {
                 println!(

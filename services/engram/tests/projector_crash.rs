@@ -41,7 +41,13 @@ fn spawn(home: &std::path::Path, url: &str) -> KillOnDrop {
         .arg(home.join("engram.toml"))
         .args(["--nats", url, "projector"])
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(
+            std::fs::OpenOptions::new()
+                .create(true)
+                .append(true)
+                .open(home.join("projector.log"))
+                .unwrap(),
+        )
         .spawn()
         .expect("spawn engram projector");
     KillOnDrop(child)
@@ -84,7 +90,29 @@ fn events(n: usize, from: usize) -> Vec<Envelope> {
         .collect()
 }
 
-async fn status(bus: &Bus, name: ProjectorName, min_seq: u64) -> ProjectorStatus {
+async fn status(
+    bus: &Bus,
+    name: ProjectorName,
+    min_seq: u64,
+    log: &std::path::Path,
+) -> ProjectorStatus {
+    // The restarted process may still be starting.
+    for _ in 0..100 {
+        match engram_rpc::call::<_, ProjectorStatus>(
+            bus.client(),
+            &projector_subject(name.as_str(), "status"),
+            &Consistency::default(),
+            Duration::from_secs(5),
+        )
+        .await
+        {
+            Err(engram_rpc::RpcError::NoResponders { .. }) => {
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+            _ => break,
+        }
+    }
+    let log = std::fs::read_to_string(log).unwrap_or_default();
     engram_rpc::call(
         bus.client(),
         &projector_subject(name.as_str(), "status"),
@@ -95,7 +123,7 @@ async fn status(bus: &Bus, name: ProjectorName, min_seq: u64) -> ProjectorStatus
         Duration::from_secs(90),
     )
     .await
-    .unwrap_or_else(|e| panic!("status of {name}: {e}"))
+    .unwrap_or_else(|e| panic!("status of {name}: {e}\nprojector log:\n{log}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -132,23 +160,25 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
     };
     let mut after_crash = Vec::new();
     for name in ProjectorName::ALL {
-        let status = status(&bus, name, last).await;
+        let status = status(&bus, name, last, &home.path().join("projector.log")).await;
         assert!(status.visible_seq >= last);
         after_crash.push((name, status));
     }
+    let log = std::fs::read_to_string(home.path().join("projector.log")).unwrap_or_default();
+    // Proof that the kill caught applied-but-unsaved work: the restart had to reposition.
+    let repositioned = log.matches("repositioning projector consumer").count();
+    assert!(
+        repositioned >= 1,
+        "the kill hit no projector mid-stream:\n{log}"
+    );
     // Stopped before the rebuilds: a rebuild takes over the projector's durable consumer.
     drop(process);
     for (name, status) in after_crash {
         let fresh = tempfile::tempdir().unwrap();
-        let (applied, hash) = engram_projectors::rebuild(
-            name,
-            &config,
-            fresh.path(),
-            nats.bus().await,
-            |_, _| {},
-        )
-        .await
-        .unwrap();
+        let (applied, hash) =
+            engram_projectors::rebuild(name, &config, fresh.path(), nats.bus().await, |_, _| {})
+                .await
+                .unwrap();
         assert_eq!(applied, last);
         let hash: String = hash.iter().map(|b| format!("{b:02x}")).collect();
         assert_eq!(

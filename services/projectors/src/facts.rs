@@ -26,7 +26,10 @@ impl std::ops::Deref for Facts {
 
 impl SnapshotModel for Facts {
     fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
-        self.0.apply(seq, event).map(|_| ()).map_err(|e| e.to_string())
+        self.0
+            .apply(seq, event)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn hash(&self) -> [u8; 32] {
@@ -46,9 +49,7 @@ pub fn query(
     for scope in &scopes {
         if request.history {
             let (Some(subject), Some(predicate)) = (&request.subject, &request.predicate) else {
-                return Err(Failure::invalid(
-                    "history needs both subject and predicate",
-                ));
+                return Err(Failure::invalid("history needs both subject and predicate"));
             };
             facts.extend(table.history(scope, subject, predicate));
         } else if let Some(text) = &request.text {
@@ -72,7 +73,10 @@ pub fn query(
     facts.truncate(request.limit);
     let facts = facts
         .into_iter()
-        .map(|f| serde_json::to_value(f).map_err(|e| Failure::new(engram_memory::proto::ErrorCode::Internal, e.to_string())))
+        .map(|f| {
+            serde_json::to_value(f)
+                .map_err(|e| Failure::new(engram_memory::proto::ErrorCode::Internal, e.to_string()))
+        })
         .collect::<Result<_, _>>()?;
     Ok(FactsResponse { facts, visible_seq })
 }

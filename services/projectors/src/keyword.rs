@@ -55,7 +55,11 @@ impl KeywordProjection {
     }
 
     pub fn len(&self) -> usize {
-        self.table.read().unwrap_or_else(|p| p.into_inner()).memories.len()
+        self.table
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .memories
+            .len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -95,7 +99,9 @@ impl KeywordProjection {
                     )
                     .map_err(|e| Failure::invalid(e.to_string()))?;
                 let wanted: HashSet<Seq> = request.score_also.iter().copied().collect();
-                deep.into_iter().filter(|h| wanted.contains(&h.seq)).collect()
+                deep.into_iter()
+                    .filter(|h| wanted.contains(&h.seq))
+                    .collect()
             };
             hits.retain(|h| table.memories.contains_key(&h.seq));
             Ok(SearchResponse {
@@ -157,7 +163,10 @@ impl Projection for KeywordProjection {
         *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
-        self.staged.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         Ok(seq)
     }
 
@@ -210,10 +219,18 @@ impl Projection for KeywordProjection {
     }
 
     async fn publish(&self, applied: Seq) -> Result<(), ProjectionError> {
-        if self.staged.lock().unwrap_or_else(|p| p.into_inner()).is_empty() {
+        if self
+            .staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .is_empty()
+        {
             // Nothing new to search: skip the fsync. The commit's sequence lags, so a restart
             // re-reads a few events that are not text memories, which changes nothing.
-            self.table.write().unwrap_or_else(|p| p.into_inner()).applied = applied;
+            self.table
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .applied = applied;
             return Ok(());
         }
         // A commit fsyncs: off the async threads.
@@ -221,8 +238,8 @@ impl Projection for KeywordProjection {
             let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             guard.take()
         };
-        let mut index =
-            writer.ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
+        let mut index = writer
+            .ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
         let (index, result) = tokio::task::spawn_blocking(move || {
             let result = index.commit(applied);
             (index, result)
@@ -257,7 +274,10 @@ impl Projection for KeywordProjection {
         }
         self.with_writer(|index| index.clear())?;
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Table::default();
-        self.staged.lock().unwrap_or_else(|p| p.into_inner()).clear();
+        self.staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clear();
         Ok(())
     }
 

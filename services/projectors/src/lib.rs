@@ -76,7 +76,9 @@ impl FromStr for ProjectorName {
         Self::ALL
             .into_iter()
             .find(|p| p.as_str() == s)
-            .ok_or_else(|| format!("unknown projector {s:?}; expected one of: vector, keyword, facts, skills"))
+            .ok_or_else(|| {
+                format!("unknown projector {s:?}; expected one of: vector, keyword, facts, skills")
+            })
     }
 }
 
@@ -122,7 +124,9 @@ impl ProjectorsConfig {
         if self.embed_cache_disk_mb < 4 {
             return Err("projectors.embed_cache_disk_mb must be at least 4".into());
         }
-        self.hnsw.validate().map_err(|e| format!("projectors.hnsw: {e}"))
+        self.hnsw
+            .validate()
+            .map_err(|e| format!("projectors.hnsw: {e}"))
     }
 
     fn settings(&self) -> ProjectorSettings {
@@ -150,7 +154,10 @@ pub enum StartError {
     #[error(
         "the {projector} projector's state in {dir} is in use by another process (is `engram up` or `engram projector` running?); stop it first"
     )]
-    Locked { projector: &'static str, dir: PathBuf },
+    Locked {
+        projector: &'static str,
+        dir: PathBuf,
+    },
     #[error("cannot use state dir {dir}: {source}")]
     StateDir {
         dir: PathBuf,
@@ -426,7 +433,13 @@ pub async fn rebuild(
             go(projection, bus, settings, progress).await
         }
         ProjectorName::Keyword => {
-            go(Arc::new(keyword::KeywordProjection::new(dir)), bus, settings, progress).await
+            go(
+                Arc::new(keyword::KeywordProjection::new(dir)),
+                bus,
+                settings,
+                progress,
+            )
+            .await
         }
         ProjectorName::Facts => {
             go(
@@ -474,10 +487,8 @@ async fn wait_visible(visibility: &Visibility, consistency: &Consistency) -> Res
         .map_err(|e: NotYetVisible| Failure::new(ErrorCode::NotYetVisible, e.to_string()))
 }
 
-fn wait_true(mut rx: watch::Receiver<bool>) -> impl Future<Output = ()> + Send + 'static {
-    async move {
-        let _ = rx.wait_for(|stop| *stop).await;
-    }
+async fn wait_true(mut rx: watch::Receiver<bool>) {
+    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 /// Where a projector keeps its state under an engram home.

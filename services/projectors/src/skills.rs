@@ -26,7 +26,10 @@ impl std::ops::Deref for Skills {
 
 impl SnapshotModel for Skills {
     fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
-        self.0.apply(seq, event).map(|_| ()).map_err(|e| e.to_string())
+        self.0
+            .apply(seq, event)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
     }
 
     fn hash(&self) -> [u8; 32] {

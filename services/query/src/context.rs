@@ -75,7 +75,10 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
                 .await
                 .map_err(unavailable)?
             {
-                entries.push((format!("{scope}/{key}"), String::from_utf8_lossy(&value).into_owned()));
+                entries.push((
+                    format!("{scope}/{key}"),
+                    String::from_utf8_lossy(&value).into_owned(),
+                ));
             }
         }
         Ok::<_, Failure>(entries)
@@ -126,7 +129,13 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
         });
     };
     for (key, value) in working? {
-        push(Section::Working, Layer::Working, format!("{key}: {value}"), key, 1.0);
+        push(
+            Section::Working,
+            Layer::Working,
+            format!("{key}: {value}"),
+            key,
+            1.0,
+        );
     }
     for skill in skills?.skills {
         let name = skill["name"].as_str().unwrap_or_default().to_owned();
@@ -140,7 +149,13 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
             text.push_str(&format!(" steps: {}", steps.join("; ")));
         }
         let score = skill["score"].as_f64().unwrap_or(0.0) as f32;
-        push(Section::Skills, Layer::Procedural, text, format!("skill {name}"), score);
+        push(
+            Section::Skills,
+            Layer::Procedural,
+            text,
+            format!("skill {name}"),
+            score,
+        );
     }
     for fact in facts?.facts {
         let text = format!(
@@ -176,11 +191,7 @@ fn normalise(text: &str) -> String {
         .join(" ")
 }
 
-fn pack(
-    tokens: &engram_embed::TokenCounter,
-    candidates: Vec<Candidate>,
-    budget: usize,
-) -> Context {
+fn pack(tokens: &engram_embed::TokenCounter, candidates: Vec<Candidate>, budget: usize) -> Context {
     let total = candidates.len();
     let mut seen = HashSet::new();
     let mut unique: Vec<Candidate> = candidates

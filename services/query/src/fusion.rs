@@ -64,7 +64,9 @@ pub fn fuse(
     let (d_min, d_max) = candidates
         .values()
         .filter_map(|c| c.dense)
-        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), d| (lo.min(d), hi.max(d)));
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), d| {
+            (lo.min(d), hi.max(d))
+        });
     let k_max = candidates
         .values()
         .filter_map(|c| c.keyword)
@@ -96,13 +98,11 @@ pub fn fuse(
             };
             let recency_boost = if ranking.recency_half_life_hours > 0.0 {
                 let age_h = (now - hit.meta.occurred_at).num_seconds().max(0) as f64 / 3600.0;
-                ranking.recency_weight
-                    * 0.5f64.powf(age_h / ranking.recency_half_life_hours) as f32
+                ranking.recency_weight * 0.5f64.powf(age_h / ranking.recency_half_life_hours) as f32
             } else {
                 0.0
             };
-            let importance_boost =
-                ranking.importance_weight * (hit.meta.importance as f32 - 0.5);
+            let importance_boost = ranking.importance_weight * (hit.meta.importance as f32 - 0.5);
             let score = fused * (1.0 + recency_boost) * (1.0 + importance_boost);
             Some(MemoryResult {
                 seq: hit.meta.seq,

@@ -20,9 +20,9 @@ use std::time::Duration;
 use engram_bus::Bus;
 use engram_embed::TokenCounter;
 use engram_memory::proto::{
-    self, Context, ContextRequest, ErrorCode, FactsRequest, FactsResponse, Ranking,
-    RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest,
-    SearchResponse, SkillsRequest, SkillsResponse,
+    self, Context, ContextRequest, ErrorCode, FactsRequest, FactsResponse, Ranking, RetrievalMode,
+    RetrieveRequest, RetrieveResponse, SearchRequest, SearchResponse, SkillsRequest,
+    SkillsResponse,
 };
 use engram_rpc::Failure;
 use serde::{Deserialize, Serialize};
@@ -74,7 +74,9 @@ impl Query {
     }
 
     /// Registers the service's endpoints; they run until the connection closes.
-    pub async fn serve(self: &Arc<Self>) -> Result<async_nats::service::Service, engram_rpc::RpcError> {
+    pub async fn serve(
+        self: &Arc<Self>,
+    ) -> Result<async_nats::service::Service, engram_rpc::RpcError> {
         let service = engram_rpc::start_service(
             &self.client,
             proto::QUERY_SERVICE,
@@ -82,16 +84,26 @@ impl Query {
         )
         .await?;
         let q = self.clone();
-        engram_rpc::serve(&service, proto::RETRIEVE, "retrieve", move |r: RetrieveRequest| {
-            let q = q.clone();
-            async move { q.retrieve(r).await }
-        })
+        engram_rpc::serve(
+            &service,
+            proto::RETRIEVE,
+            "retrieve",
+            move |r: RetrieveRequest| {
+                let q = q.clone();
+                async move { q.retrieve(r).await }
+            },
+        )
         .await?;
         let q = self.clone();
-        engram_rpc::serve(&service, proto::CONTEXT, "context", move |r: ContextRequest| {
-            let q = q.clone();
-            async move { q.build_context(r).await }
-        })
+        engram_rpc::serve(
+            &service,
+            proto::CONTEXT,
+            "context",
+            move |r: ContextRequest| {
+                let q = q.clone();
+                async move { q.build_context(r).await }
+            },
+        )
         .await?;
         let q = self.clone();
         engram_rpc::serve(&service, proto::FACTS, "facts", move |r: FactsRequest| {
@@ -100,19 +112,29 @@ impl Query {
         })
         .await?;
         let q = self.clone();
-        engram_rpc::serve(&service, proto::SKILLS, "skills", move |r: SkillsRequest| {
-            let q = q.clone();
-            async move { q.skills(r).await }
-        })
+        engram_rpc::serve(
+            &service,
+            proto::SKILLS,
+            "skills",
+            move |r: SkillsRequest| {
+                let q = q.clone();
+                async move { q.skills(r).await }
+            },
+        )
         .await?;
         Ok(service)
     }
 
     fn timeout(&self, wait_ms: Option<u64>) -> Duration {
-        self.config.projector_timeout + wait_ms.map_or(Duration::from_secs(5), Duration::from_millis)
+        self.config.projector_timeout
+            + wait_ms.map_or(Duration::from_secs(5), Duration::from_millis)
     }
 
-    async fn search(&self, projector: &str, request: &SearchRequest) -> Result<SearchResponse, Failure> {
+    async fn search(
+        &self,
+        projector: &str,
+        request: &SearchRequest,
+    ) -> Result<SearchResponse, Failure> {
         engram_rpc::call(
             &self.client,
             &proto::projector_subject(projector, "search"),
@@ -135,7 +157,10 @@ impl Query {
         if request.query.trim().is_empty() && request.vector.is_none() {
             return Err(Failure::invalid("give a query text or a query vector"));
         }
-        let ranking = request.ranking.clone().unwrap_or_else(|| self.config.ranking.clone());
+        let ranking = request
+            .ranking
+            .clone()
+            .unwrap_or_else(|| self.config.ranking.clone());
         let depth = (request.top_k * ranking.candidates_factor.max(1)).max(50);
         let search = SearchRequest {
             scopes,
@@ -160,7 +185,10 @@ impl Query {
                 keyword.hits = r.hits;
             }
             RetrievalMode::Hybrid => {
-                let (d, k) = tokio::join!(self.search("vector", &search), self.search("keyword", &search));
+                let (d, k) = tokio::join!(
+                    self.search("vector", &search),
+                    self.search("keyword", &search)
+                );
                 let (d, k) = (d?, k?);
                 visible.push(("vector".to_owned(), d.visible_seq));
                 visible.push(("keyword".to_owned(), k.visible_seq));
@@ -197,7 +225,13 @@ impl Query {
                 }
             }
         }
-        let results = fusion::fuse(&dense, &keyword, &ranking, chrono::Utc::now(), request.top_k);
+        let results = fusion::fuse(
+            &dense,
+            &keyword,
+            &ranking,
+            chrono::Utc::now(),
+            request.top_k,
+        );
         Ok(RetrieveResponse { results, visible })
     }
 

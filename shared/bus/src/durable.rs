@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::{self, consumer::pull, consumer::AckPolicy, consumer::DeliverPolicy};
 use async_nats::HeaderMap;
+use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::pull};
 use futures::StreamExt;
 
 use crate::provision::{js_err, unavailable};
@@ -119,20 +119,15 @@ impl Bus {
                         "repositioning projector consumer at its checkpoint"
                     );
                     stream.delete_consumer(name).await.map_err(js_err)?;
-                    stream
-                        .create_consumer(wanted)
-                        .await
-                        .map_err(js_err)?;
+                    stream.create_consumer(wanted).await.map_err(js_err)?;
                 }
             }
             Err(_) => {
-                stream
-                    .create_consumer(wanted)
-                    .await
-                    .map_err(js_err)?;
+                stream.create_consumer(wanted).await.map_err(js_err)?;
             }
         }
-        let consumer: jetstream::consumer::Consumer<pull::Config> = stream.get_consumer(name).await.map_err(js_err)?;
+        let consumer: jetstream::consumer::Consumer<pull::Config> =
+            stream.get_consumer(name).await.map_err(js_err)?;
         let messages = consumer
             .stream()
             .max_messages_per_batch(batch)
@@ -174,7 +169,10 @@ impl Bus {
         headers.insert("Engram-Dlq-Seq", seq.to_string().as_str());
         headers.insert("Engram-Dlq-Subject", subject);
         // Header values are single-line.
-        let reason: String = reason.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+        let reason: String = reason
+            .chars()
+            .map(|c| if c.is_control() { ' ' } else { c })
+            .collect();
         headers.insert("Engram-Dlq-Reason", reason.as_str());
         self.js
             .publish_with_headers(

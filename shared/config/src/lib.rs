@@ -210,9 +210,7 @@ impl Config {
                 "nats.url {url:?} is not a NATS URL; use e.g. nats://127.0.0.1:4222"
             )));
         }
-        self.projectors
-            .validate()
-            .map_err(ConfigError::Invalid)?;
+        self.projectors.validate().map_err(ConfigError::Invalid)?;
         if self.log.filter.trim().is_empty() {
             return Err(ConfigError::Invalid(
                 "log.filter is empty; use e.g. \"info\"".into(),

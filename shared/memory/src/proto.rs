@@ -395,8 +395,17 @@ mod tests {
         let keys = request("task:t1", &["team:a", "org:o"]).resolve().unwrap();
         assert_eq!(keys.len(), 3);
         assert_eq!(keys[1].kind, ScopeKind::Team);
-        assert!(request("task:t1", &["task:t2"]).resolve().is_err(), "sibling");
-        assert!(request("team:a", &["task:t1"]).resolve().is_err(), "narrower");
-        assert!(request("task:t1", &["team:a", "team:b"]).resolve().is_err(), "two teams");
+        assert!(
+            request("task:t1", &["task:t2"]).resolve().is_err(),
+            "sibling"
+        );
+        assert!(
+            request("team:a", &["task:t1"]).resolve().is_err(),
+            "narrower"
+        );
+        assert!(
+            request("task:t1", &["team:a", "team:b"]).resolve().is_err(),
+            "two teams"
+        );
     }
 }

@@ -213,15 +213,19 @@ impl<P: Projection> Projector<P> {
         shutdown: impl std::future::Future<Output = ()>,
     ) -> Result<(), ProjectorError> {
         let name = self.projection.name();
-        let restored = self
-            .projection
-            .restore()
-            .await
-            .map_err(|source| ProjectorError::Projection {
-                projector: name,
-                source,
-            })?;
-        tracing::info!(projector = name, seq = restored, "projector restored checkpoint");
+        let restored =
+            self.projection
+                .restore()
+                .await
+                .map_err(|source| ProjectorError::Projection {
+                    projector: name,
+                    source,
+                })?;
+        tracing::info!(
+            projector = name,
+            seq = restored,
+            "projector restored checkpoint"
+        );
         let mut state = LoopState::new(restored);
         self.publish_visible(restored);
         tokio::pin!(shutdown);
@@ -256,7 +260,9 @@ impl<P: Projection> Projector<P> {
                 let mut batch = match next {
                     Some(Ok(batch)) => batch,
                     Some(Err(e)) => {
-                        metrics::PROJECTOR_ERRORS.with_label_values(&[name, "bus"]).inc();
+                        metrics::PROJECTOR_ERRORS
+                            .with_label_values(&[name, "bus"])
+                            .inc();
                         tracing::warn!(projector = name, error = %e, "consumer failed, reopening");
                         continue 'connect;
                     }
@@ -276,7 +282,9 @@ impl<P: Projection> Projector<P> {
                             });
                         }
                         Err(ProjectionError::Transient(reason)) => {
-                            metrics::PROJECTOR_ERRORS.with_label_values(&[name, "apply"]).inc();
+                            metrics::PROJECTOR_ERRORS
+                                .with_label_values(&[name, "apply"])
+                                .inc();
                             tracing::warn!(projector = name, error = %reason, "batch failed, retrying");
                             tokio::select! {
                                 _ = &mut shutdown => break 'connect,
@@ -302,10 +310,7 @@ impl<P: Projection> Projector<P> {
     /// Empties the model and replays the whole stream into it, calling `progress(applied,
     /// target)` after each batch, until it has caught up; then checkpoints. The projector
     /// must not be running elsewhere: its durable consumer is replaced.
-    pub async fn rebuild(
-        &self,
-        mut progress: impl FnMut(Seq, Seq),
-    ) -> Result<Seq, ProjectorError> {
+    pub async fn rebuild(&self, mut progress: impl FnMut(Seq, Seq)) -> Result<Seq, ProjectorError> {
         let name = self.projection.name();
         let bus_err = |source| ProjectorError::Bus {
             projector: name,
@@ -395,17 +400,29 @@ impl<P: Projection> Projector<P> {
         }
         for (delivery, reason) in &poison {
             self.bus
-                .dead_letter(name, delivery.seq, delivery.subject(), delivery.payload(), reason)
+                .dead_letter(
+                    name,
+                    delivery.seq,
+                    delivery.subject(),
+                    delivery.payload(),
+                    reason,
+                )
                 .await
                 .map_err(|e| ProjectionError::Transient(format!("dead-lettering failed: {e}")))?;
-            metrics::PROJECTOR_DEAD_LETTERED.with_label_values(&[name]).inc();
+            metrics::PROJECTOR_DEAD_LETTERED
+                .with_label_values(&[name])
+                .inc();
             tracing::warn!(projector = name, seq = delivery.seq, reason = %reason, "event dead-lettered and skipped");
         }
         self.projection.publish(last_seq).await?;
 
         let applied_count = (events.len() - rejected.len()) as u64;
-        metrics::PROJECTOR_APPLIED.with_label_values(&[name]).inc_by(applied_count);
-        metrics::PROJECTOR_LAG.with_label_values(&[name]).set(pending as i64);
+        metrics::PROJECTOR_APPLIED
+            .with_label_values(&[name])
+            .inc_by(applied_count);
+        metrics::PROJECTOR_LAG
+            .with_label_values(&[name])
+            .set(pending as i64);
         metrics::PROJECTOR_BATCH_SECONDS
             .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
@@ -422,7 +439,9 @@ impl<P: Projection> Projector<P> {
             .checkpoint(state.applied)
             .await
             .map_err(|source| {
-                metrics::PROJECTOR_ERRORS.with_label_values(&[name, "checkpoint"]).inc();
+                metrics::PROJECTOR_ERRORS
+                    .with_label_values(&[name, "checkpoint"])
+                    .inc();
                 ProjectorError::Projection {
                     projector: name,
                     source,
@@ -434,10 +453,10 @@ impl<P: Projection> Projector<P> {
         tracing::debug!(projector = name, seq = state.applied, "checkpoint saved");
         // Only now may the server forget these messages. A failed ack is harmless: a restart
         // repositions the consumer from the checkpoint anyway.
-        if let Some(point) = state.ack_point.take() {
-            if let Err(e) = point.ack_through().await {
-                tracing::debug!(projector = name, error = %e, "ack after checkpoint failed");
-            }
+        if let Some(point) = state.ack_point.take()
+            && let Err(e) = point.ack_through().await
+        {
+            tracing::debug!(projector = name, error = %e, "ack after checkpoint failed");
         }
         state.events_since_checkpoint = 0;
         state.last_checkpoint = Instant::now();

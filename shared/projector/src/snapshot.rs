@@ -30,7 +30,8 @@ pub fn save<T: Serialize>(path: &Path, seq: Seq, model: &T) -> Result<(), Projec
     std::fs::create_dir_all(dir).map_err(|e| transient("create", dir, e))?;
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp).map_err(|e| transient("create", &tmp, e))?;
-    file.write_all(&bytes).map_err(|e| transient("write", &tmp, e))?;
+    file.write_all(&bytes)
+        .map_err(|e| transient("write", &tmp, e))?;
     file.sync_all().map_err(|e| transient("sync", &tmp, e))?;
     drop(file);
     std::fs::rename(&tmp, path).map_err(|e| transient("rename", path, e))?;

@@ -74,11 +74,7 @@ async fn append_n(bus: &Bus, n: usize, prefix: &str) -> Seq {
         .map(|i| event("acme", "t1", &format!("{prefix} {i}")))
         .collect();
     let receipts = bus.append_batch(&events, 64).await;
-    receipts
-        .into_iter()
-        .map(|r| r.unwrap().seq)
-        .max()
-        .unwrap()
+    receipts.into_iter().map(|r| r.unwrap().seq).max().unwrap()
 }
 
 #[tokio::test]
@@ -119,7 +115,10 @@ async fn applies_in_order_resumes_from_checkpoint_and_waits_for_tokens() {
         .unwrap();
     let ledger = running.projection.read();
     assert_eq!(ledger.applied.len(), 350);
-    assert!(ledger.times.values().all(|&n| n == 1), "an event applied twice");
+    assert!(
+        ledger.times.values().all(|&n| n == 1),
+        "an event applied twice"
+    );
 }
 
 #[tokio::test]
@@ -178,10 +177,7 @@ async fn rebuild_gives_the_same_state_as_incremental_application() {
     let projection = Arc::new(SnapshotProjection::<Ledger>::new("ledger", dir.path()));
     let projector = Projector::new(projection.clone(), bus.clone(), settings());
     let mut calls = 0;
-    let applied = projector
-        .rebuild(|_, _| calls += 1)
-        .await
-        .unwrap();
+    let applied = projector.rebuild(|_, _| calls += 1).await.unwrap();
     assert_eq!(applied, last);
     assert!(calls > 0, "progress was reported");
     assert_eq!(projection.state_hash().await, incremental);

@@ -48,7 +48,10 @@ impl RpcError {
 
     /// True when the same request may succeed later.
     pub fn is_retryable(&self) -> bool {
-        matches!(self.code(), ErrorCode::Unavailable | ErrorCode::NotYetVisible)
+        matches!(
+            self.code(),
+            ErrorCode::Unavailable | ErrorCode::NotYetVisible
+        )
     }
 }
 

@@ -29,12 +29,12 @@ pub use engram_bus::{
     AppendError, AppendOptions, AppendReceipt, Bus, BusConfig, BusError, EventStream, ReadError,
     StartAt, StoredEvent, WorkingMemory,
 };
+pub use engram_memory::MemoryFilter;
 pub use engram_memory::proto::{
     self, Consistency, Context, ContextItem, ContextRequest, ErrorCode, FactsRequest,
     FactsResponse, MemoryResult, Ranking, RetrievalMode, RetrieveRequest, RetrieveResponse,
     ScopeRequest, SkillsRequest, SkillsResponse,
 };
-pub use engram_memory::MemoryFilter;
 pub use engram_rpc::RpcError;
 pub use engram_schema::{
     Content, Embedding, Envelope, EventId, EventKind, Ident, Layer, SchemaError, Scope, ScopeKind,

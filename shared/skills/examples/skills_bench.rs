@@ -3,7 +3,7 @@
 
 use std::time::Instant;
 
-use chrono::{DateTime, Duration, Utc};
+use chrono::{DateTime, Utc};
 use engram_memory::ScopeKey;
 use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_skills::SkillRegistry;

@@ -31,11 +31,35 @@ pub enum Applied {
 
 /// Everything known under one skill name in one scope.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(from = "EntrySnapshot")]
 struct Entry {
     /// Ordered by (version, seq). The first record of a version number is that version's
     /// holder; later records with the same number are history only.
     versions: Vec<Skill>,
     pending: PendingOutcomes,
+    /// The search terms of the latest version, sorted and unique. Derived, so snapshots
+    /// leave it out; it changes whenever the latest version does.
+    #[serde(skip)]
+    terms: Vec<String>,
+}
+
+/// What a snapshot holds of an [`Entry`].
+#[derive(Deserialize)]
+struct EntrySnapshot {
+    versions: Vec<Skill>,
+    pending: PendingOutcomes,
+}
+
+impl From<EntrySnapshot> for Entry {
+    fn from(snapshot: EntrySnapshot) -> Self {
+        let mut entry = Self {
+            versions: snapshot.versions,
+            pending: snapshot.pending,
+            terms: Vec::new(),
+        };
+        entry.index_terms();
+        entry
+    }
 }
 
 impl Entry {
@@ -47,6 +71,19 @@ impl Entry {
 
     fn latest(&self) -> Option<usize> {
         self.holder(self.versions.last()?.version)
+    }
+
+    fn index_terms(&mut self) {
+        self.terms = match self.latest() {
+            Some(index) => skill_terms(&self.versions[index]).into_iter().collect(),
+            None => Vec::new(),
+        };
+    }
+
+    fn has_term(&self, term: &str) -> bool {
+        self.terms
+            .binary_search_by(|probe| probe.as_str().cmp(term))
+            .is_ok()
     }
 }
 
@@ -176,6 +213,9 @@ impl SkillRegistry {
         // Seqs only grow, so this lands after every earlier record of the same version.
         let at = entry.versions.partition_point(|s| s.version <= version);
         entry.versions.insert(at, skill);
+        if latest {
+            entry.index_terms();
+        }
         if first_version {
             self.len += 1;
         }
@@ -257,31 +297,30 @@ impl SkillRegistry {
             return Vec::new();
         }
         let unique: BTreeSet<&ScopeKey> = scopes.iter().collect();
-        let candidates: Vec<(&Skill, BTreeSet<String>)> = unique
+        let candidates: Vec<(&Skill, &Entry)> = unique
             .into_iter()
             .filter_map(|scope| self.scopes.get(scope))
             .flat_map(|names| names.values())
-            .filter_map(|entry| entry.latest().map(|index| &entry.versions[index]))
-            .map(|skill| (skill, skill_terms(skill)))
+            .filter_map(|entry| entry.latest().map(|index| (&entry.versions[index], entry)))
             .collect();
         let n = candidates.len() as f64;
-        let idf: BTreeMap<&str, f64> = query
+        let idf: Vec<(&str, f64)> = query
             .iter()
             .map(|term| {
                 let df = candidates
                     .iter()
-                    .filter(|(_, terms)| terms.contains(term))
+                    .filter(|(_, entry)| entry.has_term(term))
                     .count() as f64;
                 (term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln())
             })
             .collect();
-        let total: f64 = idf.values().sum();
+        let total: f64 = idf.iter().map(|(_, weight)| weight).sum();
         let mut scored: Vec<(&Skill, f32)> = candidates
             .iter()
-            .filter_map(|(skill, terms)| {
+            .filter_map(|(skill, entry)| {
                 let matched: f64 = idf
                     .iter()
-                    .filter(|(term, _)| terms.contains(**term))
+                    .filter(|(term, _)| entry.has_term(term))
                     .map(|(_, weight)| weight)
                     .sum();
                 (matched > 0.0).then(|| {

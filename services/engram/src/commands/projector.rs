@@ -44,11 +44,9 @@ pub async fn rebuild(config: &Config, name: ProjectorName, json: bool) -> anyhow
         ProgressBar::new(0)
     };
     bar.set_style(
-        ProgressStyle::with_template(
-            "{msg} [{bar:40}] {pos}/{len} seq ({per_sec}, eta {eta})",
-        )
-        .expect("static template")
-        .progress_chars("=> "),
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} seq ({per_sec}, eta {eta})")
+            .expect("static template")
+            .progress_chars("=> "),
     );
     bar.set_message(format!("rebuilding {name}"));
     let started = std::time::Instant::now();

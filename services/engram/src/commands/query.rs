@@ -4,7 +4,9 @@ use std::process::ExitCode;
 
 use engram_config::Config;
 use engram_memory::MemoryFilter;
-use engram_memory::proto::{Consistency, ContextRequest, RetrievalMode, RetrieveRequest, ScopeRequest};
+use engram_memory::proto::{
+    Consistency, ContextRequest, RetrievalMode, RetrieveRequest, ScopeRequest,
+};
 use engram_schema::{Ident, Layer, Scope};
 
 use crate::cli::{ContextArgs, RetrieveArgs, ScopeArgs};
