@@ -28,5 +28,17 @@ schema:
 bench-append *ARGS:
     cargo run --release -p engram-loadtest --bin bench-append -- {{ARGS}}
 
+# Retrieval quality on LoCoMo: hybrid vs plain RRF vs dense vs BM25, through the real system.
+bench-locomo *ARGS:
+    cargo run --release -p engram -- bench locomo --data ../shared/bench/locomo-dev.json {{ARGS}}
+
+# HNSW against exact search at 100k and 1M vectors (client-supplied, one scope).
+bench-ann *ARGS:
+    cargo run --release -p engram-vector --bin bench-ann -- {{ARGS}}
+
+# The embedder through its cache against a bare MiniLM forward pass; warm-cache speed.
+bench-embed *ARGS:
+    cargo run --release -p engram-embed --bin bench-embed -- {{ARGS}}
+
 # All benchmarks.
-bench: bench-append
+bench: bench-append bench-locomo bench-ann bench-embed

@@ -11,8 +11,9 @@
 use chrono::{DateTime, Utc};
 use engram_memory::Seq;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
+use serde_json::Value;
 
-use crate::fact::{Cardinality, Fact, FactId, Source};
+use crate::fact::{Cardinality, Fact, FactId, Provenance, Source};
 
 /// One group's facts in order of creation, with derived indexes that snapshots leave out.
 #[derive(Clone, Debug, Default, PartialEq)]
@@ -43,7 +44,7 @@ impl Group {
         group
     }
 
-    fn class_of(&self, object: &serde_json::Value) -> usize {
+    fn class_of(&self, object: &Value) -> usize {
         self.facts
             .iter()
             .position(|fact| fact.object == *object)
@@ -53,7 +54,7 @@ impl Group {
             )
     }
 
-    /// The index of the newest believed fact that `accepts` the source, if any.
+    /// The index of the newest fact that `accepts`, if any.
     pub(crate) fn find(&self, accepts: impl Fn(&Fact) -> bool) -> Option<usize> {
         self.facts.iter().rposition(accepts)
     }
@@ -80,9 +81,26 @@ impl Group {
         self.order.insert(at, (position, f, s));
     }
 
-    /// Marks facts retracted; the caller refreshes afterwards.
-    pub(crate) fn facts_mut(&mut self) -> &mut [Fact] {
-        &mut self.facts
+    /// Ends the belief in every believed fact with `object` (any object when `None`), then
+    /// recomputes the rest without them. Returns the facts retracted.
+    pub(crate) fn retract(
+        &mut self,
+        object: Option<&Value>,
+        at: DateTime<Utc>,
+        by: &Provenance,
+    ) -> Vec<FactId> {
+        let mut retracted = Vec::new();
+        for fact in &mut self.facts {
+            if fact.retracted_at.is_none() && object.is_none_or(|object| *object == fact.object) {
+                fact.retracted_at = Some(at);
+                fact.retracted_by = Some(by.clone());
+                retracted.push(fact.id);
+            }
+        }
+        if !retracted.is_empty() {
+            self.refresh();
+        }
+        retracted
     }
 
     /// Recomputes the stored validity and supersession of the believed facts. Retracted
@@ -286,8 +304,6 @@ mod tests {
         use engram_memory::ScopeKey;
         use engram_schema::{EventId, Ident, Scope, ScopeKind};
         use serde_json::json;
-
-        use crate::fact::Provenance;
 
         let at = |day: u32| Utc.with_ymd_and_hms(2024, 1, day, 0, 0, 0).unwrap();
         let source = |seq: Seq, day: u32| Source {

@@ -143,22 +143,11 @@ impl FactTable {
         else {
             return Applied::Retracted(Vec::new());
         };
-        let provenance = Provenance::of(seq, event);
-        let mut retracted = Vec::new();
-        for fact in group.facts_mut() {
-            let matches = retraction
-                .object
-                .as_ref()
-                .is_none_or(|object| *object == fact.object);
-            if fact.retracted_at.is_none() && matches {
-                fact.retracted_at = Some(event.recorded_at);
-                fact.retracted_by = Some(provenance.clone());
-                retracted.push(fact.id);
-            }
-        }
-        if !retracted.is_empty() {
-            group.refresh();
-        }
+        let retracted = group.retract(
+            retraction.object.as_ref(),
+            event.recorded_at,
+            &Provenance::of(seq, event),
+        );
         Applied::Retracted(retracted)
     }
 

@@ -298,9 +298,15 @@ impl VectorIndex {
         );
     }
 
-    /// The stored unit vector of a live `seq`.
+    /// The stored unit vector of a live `seq`, for scoring a known memory against a query
+    /// without a search.
     pub fn vector(&self, seq: Seq) -> Option<&[f32]> {
         self.rows.get(&seq).map(|&row| self.row(row))
+    }
+
+    /// Whether `seq` is live.
+    pub fn contains(&self, seq: Seq) -> bool {
+        self.rows.contains_key(&seq)
     }
 
     /// Live `(seq, unit vector)` pairs in ascending sequence order: what a snapshot stores

@@ -233,6 +233,7 @@ fn given_a_live_seq_when_inserted_again_then_the_insert_is_ignored() {
     index.insert(7, &[0.0, 1.0]).unwrap();
 
     assert_eq!((index.len(), index.live_len()), (1, 1));
+    assert_eq!(index.vector(7), Some(&[1.0, 0.0][..]));
     let stored: Vec<(Seq, Vec<f32>)> = index.iter().map(|(s, v)| (s, v.to_vec())).collect();
     assert_eq!(stored, vec![(7, vec![1.0, 0.0])]);
     assert_eq!(
@@ -246,10 +247,12 @@ fn given_a_live_seq_when_inserted_again_then_the_insert_is_ignored() {
 
     // Once removed, the seq may come back (a replay re-applies the insert, then the delete).
     index.remove(7);
+    assert!(!index.contains(7) && index.vector(7).is_none());
     index.insert(7, &[0.0, 3.0]).unwrap();
     let hits = index.search(&[0.0, 1.0], 5, &any).unwrap();
     assert_eq!(seqs(&hits), vec![7]);
     assert!((hits[0].score - 1.0).abs() < 1e-6);
+    assert_eq!(index.vector(7), Some(&[0.0, 1.0][..]), "stored normalised");
 }
 
 #[test]
