@@ -93,25 +93,33 @@ pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
         subject: subject.to_owned(),
         reason: format!("cannot encode request: {e}"),
     })?;
-    let reply = tokio::time::timeout(timeout, client.request(subject.to_owned(), body.into()))
-        .await
-        .map_err(|_| RpcError::Timeout {
+    // The connection's default request timeout (10 s) would cut long read-your-writes waits
+    // short: every call sets its own.
+    let request = async_nats::Request::new()
+        .payload(body.into())
+        .timeout(Some(timeout));
+    let reply = tokio::time::timeout(
+        timeout + Duration::from_millis(100),
+        client.send_request(subject.to_owned(), request),
+    )
+    .await
+    .map_err(|_| RpcError::Timeout {
+        subject: subject.to_owned(),
+        timeout,
+    })?
+    .map_err(|e| match e.kind() {
+        async_nats::RequestErrorKind::NoResponders => RpcError::NoResponders {
+            subject: subject.to_owned(),
+        },
+        async_nats::RequestErrorKind::TimedOut => RpcError::Timeout {
             subject: subject.to_owned(),
             timeout,
-        })?
-        .map_err(|e| match e.kind() {
-            async_nats::RequestErrorKind::NoResponders => RpcError::NoResponders {
-                subject: subject.to_owned(),
-            },
-            async_nats::RequestErrorKind::TimedOut => RpcError::Timeout {
-                subject: subject.to_owned(),
-                timeout,
-            },
-            _ => RpcError::Transport {
-                subject: subject.to_owned(),
-                reason: e.to_string(),
-            },
-        })?;
+        },
+        _ => RpcError::Transport {
+            subject: subject.to_owned(),
+            reason: e.to_string(),
+        },
+    })?;
     if let Some(headers) = &reply.headers
         && let Some(code) = headers.get(service::NATS_SERVICE_ERROR_CODE)
     {
