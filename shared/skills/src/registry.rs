@@ -37,10 +37,11 @@ struct Entry {
     /// holder; later records with the same number are history only.
     versions: Vec<Skill>,
     pending: PendingOutcomes,
-    /// The search terms of the latest version, sorted and unique. Derived, so snapshots
+    /// The search terms of the latest version as [`text::term_id`]s, sorted and unique:
+    /// one contiguous array per skill keeps search cache-friendly. Derived, so snapshots
     /// leave it out; it changes whenever the latest version does.
     #[serde(skip)]
-    terms: Vec<String>,
+    terms: Vec<u64>,
 }
 
 /// What a snapshot holds of an [`Entry`].
@@ -75,15 +76,21 @@ impl Entry {
 
     fn index_terms(&mut self) {
         self.terms = match self.latest() {
-            Some(index) => skill_terms(&self.versions[index]).into_iter().collect(),
+            Some(index) => {
+                let mut ids: Vec<u64> = skill_terms(&self.versions[index])
+                    .iter()
+                    .map(|term| text::term_id(term))
+                    .collect();
+                ids.sort_unstable();
+                ids.dedup();
+                ids
+            }
             None => Vec::new(),
         };
     }
 
-    fn has_term(&self, term: &str) -> bool {
-        self.terms
-            .binary_search_by(|probe| probe.as_str().cmp(term))
-            .is_ok()
+    fn has_term(&self, term: u64) -> bool {
+        self.terms.binary_search(&term).is_ok()
     }
 }
 
@@ -292,7 +299,11 @@ impl SkillRegistry {
         task_description: &str,
         k: usize,
     ) -> Vec<(&Skill, f32)> {
-        let query: BTreeSet<String> = text::terms(task_description).collect();
+        let mut query: Vec<u64> = text::terms(task_description)
+            .map(|term| text::term_id(&term))
+            .collect();
+        query.sort_unstable();
+        query.dedup();
         if query.is_empty() || k == 0 {
             return Vec::new();
         }
@@ -303,25 +314,33 @@ impl SkillRegistry {
             .flat_map(|names| names.values())
             .filter_map(|entry| entry.latest().map(|index| (&entry.versions[index], entry)))
             .collect();
-        let n = candidates.len() as f64;
-        let idf: Vec<(&str, f64)> = query
+        // hits[c * terms + t]: whether candidate c has query term t.
+        let hits: Vec<bool> = candidates
             .iter()
-            .map(|term| {
-                let df = candidates
+            .flat_map(|(_, entry)| query.iter().map(|&term| entry.has_term(term)))
+            .collect();
+        let n = candidates.len() as f64;
+        let idf: Vec<f64> = (0..query.len())
+            .map(|t| {
+                let df = hits
                     .iter()
-                    .filter(|(_, entry)| entry.has_term(term))
+                    .skip(t)
+                    .step_by(query.len())
+                    .filter(|&&hit| hit)
                     .count() as f64;
-                (term.as_str(), (1.0 + (n - df + 0.5) / (df + 0.5)).ln())
+                (1.0 + (n - df + 0.5) / (df + 0.5)).ln()
             })
             .collect();
-        let total: f64 = idf.iter().map(|(_, weight)| weight).sum();
+        let total: f64 = idf.iter().sum();
         let mut scored: Vec<(&Skill, f32)> = candidates
             .iter()
-            .filter_map(|(skill, entry)| {
+            .zip(hits.chunks(query.len()))
+            .filter_map(|((skill, _), hits)| {
                 let matched: f64 = idf
                     .iter()
-                    .filter(|(term, _)| entry.has_term(term))
-                    .map(|(_, weight)| weight)
+                    .zip(hits)
+                    .filter(|(_, hit)| **hit)
+                    .map(|(weight, _)| weight)
                     .sum();
                 (matched > 0.0).then(|| {
                     let reliability = 1.0 + RELIABILITY_SPREAD * (2.0 * skill.success_rate() - 1.0);

@@ -20,3 +20,12 @@ pub(crate) fn terms(text: &str) -> impl Iterator<Item = String> + '_ {
 pub(crate) fn term_set<'a>(texts: impl IntoIterator<Item = &'a str>) -> BTreeSet<String> {
     texts.into_iter().flat_map(terms).collect()
 }
+
+/// A stable 64-bit id of a term (FNV-1a): the same in every build and process, so derived
+/// indexes rebuilt from a snapshot match the ones built incrementally. Two distinct terms
+/// sharing an id (odds about 2^-64 per pair) would only make search count one as the other.
+pub(crate) fn term_id(term: &str) -> u64 {
+    term.bytes().fold(0xcbf2_9ce4_8422_2325, |hash, byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
+}
