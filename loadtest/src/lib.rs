@@ -25,6 +25,7 @@ mod cpu;
 mod driver;
 pub mod embedded;
 mod engram;
+pub mod project;
 pub mod raw;
 pub mod report;
 pub mod workload;
