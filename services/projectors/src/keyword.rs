@@ -1,9 +1,9 @@
 //! The keyword projector: BM25 over episodic and semantic text memories, in tantivy.
 //!
 //! tantivy is the checkpoint: each publish is a durable commit whose payload is the applied
-//! sequence, so index and sequence can never disagree after a crash. Commits happen once per
-//! batch (batches are large under load and single events at the tail), which is also what
-//! makes new memories searchable.
+//! sequence, so index and sequence can never disagree after a crash. A commit is also what
+//! makes new memories searchable. It costs an fsync, so while the projector works through a
+//! backlog it commits every `keyword_commit_interval`, and at the tail after every batch.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::PathBuf;
@@ -36,7 +36,14 @@ pub struct KeywordProjection {
     /// Visible memories (what the last commit holds), for hits' text and provenance.
     table: Arc<RwLock<Table>>,
     /// Applied but not yet committed.
-    staged: Mutex<Vec<Memory>>,
+    staged: Mutex<Staged>,
+}
+
+#[derive(Default)]
+struct Staged {
+    memories: Vec<Memory>,
+    /// Their event ids: a backlog stages many thousands between commits.
+    event_ids: HashSet<EventId>,
 }
 
 fn fatal(e: impl std::fmt::Display) -> ProjectionError {
@@ -50,7 +57,7 @@ impl KeywordProjection {
             writer: Mutex::new(None),
             reader: RwLock::new(None),
             table: Arc::default(),
-            staged: Mutex::new(Vec::new()),
+            staged: Mutex::default(),
         }
     }
 
@@ -163,10 +170,7 @@ impl Projection for KeywordProjection {
         *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
-        self.staged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
         Ok(seq)
     }
 
@@ -178,11 +182,11 @@ impl Projection for KeywordProjection {
                 .iter()
                 .filter(|e| {
                     table.event_ids.contains(&e.event.event_id)
-                        || staged.iter().any(|m| m.meta.event_id == e.event.event_id)
+                        || staged.event_ids.contains(&e.event.event_id)
                 })
                 .map(|e| e.event.event_id.clone())
                 .collect();
-            let staged_max = staged.last().map_or(0, |m| m.meta.seq);
+            let staged_max = staged.memories.last().map_or(0, |m| m.meta.seq);
             (table.applied.max(staged_max), ids)
         };
         let mut fresh = Vec::new();
@@ -211,10 +215,11 @@ impl Projection for KeywordProjection {
             }
             Ok(())
         })?;
-        self.staged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .extend(fresh);
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        staged
+            .event_ids
+            .extend(fresh.iter().map(|m| m.meta.event_id.clone()));
+        staged.memories.extend(fresh);
         Ok(Vec::new())
     }
 
@@ -223,6 +228,7 @@ impl Projection for KeywordProjection {
             .staged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
+            .memories
             .is_empty()
         {
             // Nothing new to search: skip the fsync. The commit's sequence lags, so a restart
@@ -250,7 +256,7 @@ impl Projection for KeywordProjection {
         result.map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))?;
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-        for m in staged {
+        for m in staged.memories {
             table.event_ids.insert(m.meta.event_id.clone());
             table.memories.insert(m.meta.seq, m);
         }
@@ -274,10 +280,7 @@ impl Projection for KeywordProjection {
         }
         self.with_writer(|index| index.clear())?;
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Table::default();
-        self.staged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .clear();
+        *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
         Ok(())
     }
 

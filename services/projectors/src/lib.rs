@@ -93,6 +93,10 @@ pub struct ProjectorsConfig {
     #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
     pub checkpoint_every: u64,
+    /// While the keyword projector is behind, how often it commits (each commit is an fsync
+    /// and what makes new memories searchable). At the tail it commits every batch.
+    #[serde(with = "humantime_serde")]
+    pub keyword_commit_interval: Duration,
     /// Where vectors come from.
     pub embedder: EmbedderConfig,
     pub embed_cache_memory_mb: usize,
@@ -108,6 +112,7 @@ impl Default for ProjectorsConfig {
             batch: settings.batch,
             checkpoint_interval: settings.checkpoint_interval,
             checkpoint_every: settings.checkpoint_every,
+            keyword_commit_interval: Duration::from_millis(250),
             embedder: EmbedderConfig::default(),
             embed_cache_memory_mb: 64,
             embed_cache_disk_mb: 1024,
@@ -129,11 +134,17 @@ impl ProjectorsConfig {
             .map_err(|e| format!("projectors.hnsw: {e}"))
     }
 
-    fn settings(&self) -> ProjectorSettings {
+    /// The loop settings of one projector.
+    fn settings(&self, name: ProjectorName) -> ProjectorSettings {
         ProjectorSettings {
             batch: self.batch,
             checkpoint_interval: self.checkpoint_interval,
             checkpoint_every: self.checkpoint_every,
+            // The other models apply in place, so publishing them is free.
+            publish_interval: match name {
+                ProjectorName::Keyword => self.keyword_commit_interval,
+                _ => Duration::ZERO,
+            },
             ..ProjectorSettings::default()
         }
     }
@@ -259,9 +270,9 @@ where
         tasks: Vec::new(),
         _services: Vec::new(),
     };
-    let settings = config.settings();
     for name in config.run.iter().copied() {
         let projector = name.as_str();
+        let settings = config.settings(name);
         running._locks.push(lock_state(dir, projector)?);
         let bus = connect(projector)
             .await
@@ -411,7 +422,7 @@ pub async fn rebuild(
     progress: impl FnMut(Seq, Seq),
 ) -> Result<(Seq, [u8; 32]), StartError> {
     let _lock = lock_state(dir, name.as_str())?;
-    let settings = config.settings();
+    let settings = config.settings(name);
     async fn go<P: Projection>(
         projection: Arc<P>,
         bus: Bus,

@@ -23,6 +23,10 @@ use serde::{Deserialize, Serialize};
 
 pub const NAME: &str = "vector";
 
+/// Vectors inserted per hold of the state's write lock: about 30 ms of graph work on two
+/// cores, the longest a search waits behind a batch.
+const INSERT_CHUNK: usize = 64;
+
 /// A text memory as the text projectors keep it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 pub struct Memory {
@@ -91,11 +95,6 @@ impl VectorProjection {
 
     fn read(&self) -> std::sync::RwLockReadGuard<'_, State> {
         self.state.read().unwrap_or_else(|p| p.into_inner())
-    }
-
-    fn new_index(&self) -> VectorIndex {
-        VectorIndex::new(self.embedder.dim(), self.params.clone())
-            .expect("hnsw params are validated at start-up")
     }
 
     /// Answers a search over `request.scopes` (already checked by the caller).
@@ -242,11 +241,13 @@ impl Projection for VectorProjection {
         let mut wanted: Vec<(usize, Option<Vec<f32>>)> = Vec::new();
         {
             let state = self.read();
+            let mut seen = HashSet::new();
             for (index, stored) in events.iter().enumerate() {
                 let event = &stored.event;
                 if stored.seq <= state.applied
                     || !is_text_memory(event)
                     || state.event_ids.contains(&event.event_id)
+                    || !seen.insert(&event.event_id)
                 {
                     continue;
                 }
@@ -295,7 +296,7 @@ impl Projection for VectorProjection {
             .with_label_values(&["client"])
             .inc_by(wanted.iter().filter(|(_, v)| v.is_some()).count() as u64);
 
-        let mut state = self.state.write().unwrap_or_else(|p| p.into_inner());
+        let mut prepared = Vec::with_capacity(wanted.len());
         for (index, supplied) in wanted {
             let stored = &events[index];
             let vector = match supplied {
@@ -304,32 +305,59 @@ impl Projection for VectorProjection {
                     ProjectionError::Transient("embedder returned too few vectors".into())
                 })?,
             };
-            let meta = MemoryMeta::of(stored.seq, &stored.event);
-            let scope = meta.scope.clone();
-            if !state.scopes.contains_key(&scope) {
-                let fresh = self.new_index();
-                state.scopes.insert(scope.clone(), fresh);
-            }
-            let index_of_scope = state.scopes.get_mut(&scope).expect("inserted above");
-            if let Err(e) = index_of_scope.insert(stored.seq, &vector) {
-                rejected.push(Rejected {
-                    index,
-                    reason: format!("unusable vector: {e}"),
-                });
-                continue;
-            }
-            state.event_ids.insert(stored.event.event_id.clone());
-            state.memories.insert(
-                stored.seq,
-                Memory {
-                    meta,
-                    text: stored.event.content.text.clone(),
-                },
-            );
+            let memory = Memory {
+                meta: MemoryMeta::of(stored.seq, &stored.event),
+                text: stored.event.content.text.clone(),
+            };
+            prepared.push((index, memory, vector));
         }
-        if let Some(last) = events.last() {
-            state.applied = state.applied.max(last.seq);
-        }
+        let last = events.last().map(|e| e.seq);
+        let (state, dim, params) = (self.state.clone(), dim, self.params.clone());
+        // Graph inserts are milliseconds each: off the async threads, linked in parallel, and
+        // in chunks so that searches get the lock between them.
+        let refused = tokio::task::spawn_blocking(move || {
+            let mut refused = Vec::new();
+            for chunk in prepared.chunks(INSERT_CHUNK) {
+                let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+                let mut by_scope: HashMap<&ScopeKey, Vec<usize>> = HashMap::new();
+                for (i, (_, memory, _)) in chunk.iter().enumerate() {
+                    by_scope.entry(&memory.meta.scope).or_default().push(i);
+                }
+                for (scope, members) in by_scope {
+                    let index = state.scopes.entry(scope.clone()).or_insert_with(|| {
+                        VectorIndex::new(dim, params.clone())
+                            .expect("hnsw params are validated at start-up")
+                    });
+                    let items: Vec<(Seq, &[f32])> = members
+                        .iter()
+                        .map(|&i| (chunk[i].1.meta.seq, chunk[i].2.as_slice()))
+                        .collect();
+                    let results = index.insert_many(&items);
+                    for (&i, result) in members.iter().zip(results) {
+                        let (event_index, memory, _) = &chunk[i];
+                        match result {
+                            Ok(()) => {
+                                state.event_ids.insert(memory.meta.event_id.clone());
+                                state.memories.insert(memory.meta.seq, memory.clone());
+                            }
+                            Err(e) => refused.push(Rejected {
+                                index: *event_index,
+                                reason: format!("unusable vector: {e}"),
+                            }),
+                        }
+                    }
+                }
+            }
+            if let Some(last) = last {
+                let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+                state.applied = state.applied.max(last);
+            }
+            refused
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(format!("vector insert task: {e}")))?;
+        rejected.extend(refused);
+        rejected.sort_by_key(|r| r.index);
         Ok(rejected)
     }
 

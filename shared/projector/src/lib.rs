@@ -68,7 +68,9 @@ pub trait Projection: Send + Sync + 'static {
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError>;
 
     /// Makes everything applied so far visible to queries. Models that apply in place need
-    /// nothing; an index with commits (tantivy) commits here.
+    /// nothing; an index with commits (tantivy) commits here. How often this is called is
+    /// [`ProjectorSettings::publish_interval`]; it is always called before a checkpoint and
+    /// whenever the projector has caught up with the stream.
     async fn publish(&self, _applied: Seq) -> Result<(), ProjectionError> {
         Ok(())
     }
@@ -111,6 +113,12 @@ pub struct ProjectorSettings {
     pub checkpoint_every: u64,
     /// Longest pause between retries of a failing batch.
     pub max_backoff: Duration,
+    /// While the projector is behind, publish (make visible) at most this often; once it has
+    /// caught up, every batch is published at once. Zero publishes every batch: right for
+    /// models that apply in place, where publishing is free. An index whose publish is a
+    /// durable commit sets it higher, so a backlog costs a few commits instead of one per
+    /// batch; read-your-writes waits then see up to this much extra delay under load.
+    pub publish_interval: Duration,
 }
 
 impl Default for ProjectorSettings {
@@ -120,6 +128,7 @@ impl Default for ProjectorSettings {
             checkpoint_interval: Duration::from_secs(5),
             checkpoint_every: 50_000,
             max_backoff: Duration::from_secs(10),
+            publish_interval: Duration::ZERO,
         }
     }
 }
@@ -250,6 +259,15 @@ impl<P: Projection> Projector<P> {
             loop {
                 let next = tokio::select! {
                     _ = &mut shutdown => break 'connect,
+                    _ = tokio::time::sleep_until(state.publish_due(self.settings.publish_interval)), if state.unpublished() => {
+                        // A backlog stopped short of the tail (say, messages expired): publish
+                        // what is applied instead of waiting for the next event.
+                        if let Err(e) = self.publish(&mut state).await {
+                            metrics::PROJECTOR_ERRORS.with_label_values(&[name, "publish"]).inc();
+                            tracing::warn!(projector = name, error = %e, "publish failed, retrying");
+                        }
+                        continue;
+                    }
                     _ = tokio::time::sleep(self.settings.checkpoint_interval), if state.unsaved() > 0 => {
                         // Idle with unsaved work: checkpoint now rather than on the next event.
                         self.checkpoint(&mut state).await?;
@@ -365,9 +383,37 @@ impl<P: Projection> Projector<P> {
         Ok(state.applied)
     }
 
-    /// Applies one delivered batch: skips what the model already has, dead-letters poison,
-    /// applies the rest, publishes. On `Err` nothing about `state` has changed.
+    /// Applies one delivered batch (skipping what the model already has, dead-lettering
+    /// poison), then publishes if the batch reached the tail of the stream or the publish
+    /// interval has passed. On `Err` the batch is retried with the same `state`: what was
+    /// applied is skipped and only the publish is tried again.
     async fn apply_batch(
+        &self,
+        state: &mut LoopState,
+        batch: &[Delivery],
+    ) -> Result<(), ProjectionError> {
+        self.apply_fresh(state, batch).await?;
+        let caught_up = batch.last().is_some_and(|d| d.pending == 0);
+        if state.unpublished()
+            && (caught_up || state.last_publish.elapsed() >= self.settings.publish_interval)
+        {
+            self.publish(state).await?;
+        }
+        Ok(())
+    }
+
+    /// Makes everything applied visible to queries.
+    async fn publish(&self, state: &mut LoopState) -> Result<(), ProjectionError> {
+        self.projection.publish(state.applied).await?;
+        state.published = state.applied;
+        state.last_publish = Instant::now();
+        self.publish_visible(state.applied);
+        Ok(())
+    }
+
+    /// The apply half of [`apply_batch`](Self::apply_batch); leaves `state` unchanged on
+    /// `Err`.
+    async fn apply_fresh(
         &self,
         state: &mut LoopState,
         batch: &[Delivery],
@@ -414,8 +460,6 @@ impl<P: Projection> Projector<P> {
                 .inc();
             tracing::warn!(projector = name, seq = delivery.seq, reason = %reason, "event dead-lettered and skipped");
         }
-        self.projection.publish(last_seq).await?;
-
         let applied_count = (events.len() - rejected.len()) as u64;
         metrics::PROJECTOR_APPLIED
             .with_label_values(&[name])
@@ -428,13 +472,23 @@ impl<P: Projection> Projector<P> {
             .observe(started.elapsed().as_secs_f64());
         state.applied = last_seq;
         state.events_since_checkpoint += fresh.len() as u64;
-        self.publish_visible(last_seq);
         Ok(())
     }
 
     async fn checkpoint(&self, state: &mut LoopState) -> Result<(), ProjectorError> {
         let name = self.projection.name();
         let started = Instant::now();
+        if state.unpublished() {
+            // A checkpoint never holds more than queries can see, so a restart cannot make
+            // visible what was never published (and for tantivy the publish is the
+            // checkpoint).
+            self.publish(state)
+                .await
+                .map_err(|source| ProjectorError::Projection {
+                    projector: name,
+                    source,
+                })?;
+        }
         self.projection
             .checkpoint(state.applied)
             .await
@@ -478,6 +532,9 @@ struct LoopState {
     last_checkpoint: Instant,
     /// The last message delivered; acked (with everything before it) after a checkpoint.
     ack_point: Option<Delivery>,
+    /// The sequence queries can see.
+    published: Seq,
+    last_publish: Instant,
 }
 
 impl LoopState {
@@ -487,11 +544,21 @@ impl LoopState {
             events_since_checkpoint: 0,
             last_checkpoint: Instant::now(),
             ack_point: None,
+            published: applied,
+            last_publish: Instant::now(),
         }
     }
 
     fn unsaved(&self) -> u64 {
         self.events_since_checkpoint
+    }
+
+    fn unpublished(&self) -> bool {
+        self.published < self.applied
+    }
+
+    fn publish_due(&self, interval: Duration) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.last_publish + interval)
     }
 }
 

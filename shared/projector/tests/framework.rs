@@ -3,12 +3,14 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use engram_bus::Bus;
+use engram_bus::StoredEvent;
 use engram_memory::Seq;
 use engram_projector::model::{SnapshotModel, SnapshotProjection};
-use engram_projector::{Projection, Projector, ProjectorSettings};
+use engram_projector::{Projection, ProjectionError, Projector, ProjectorSettings, Rejected};
 use engram_schema::Envelope;
 use engram_testkit::{TestNats, event, wait_until};
 use serde::{Deserialize, Serialize};
@@ -43,6 +45,7 @@ fn settings() -> ProjectorSettings {
         checkpoint_interval: Duration::from_millis(200),
         checkpoint_every: 100,
         max_backoff: Duration::from_millis(200),
+        publish_interval: Duration::ZERO,
     }
 }
 
@@ -182,4 +185,104 @@ async fn rebuild_gives_the_same_state_as_incremental_application() {
     assert!(calls > 0, "progress was reported");
     assert_eq!(projection.state_hash().await, incremental);
     assert_eq!(projection.read().applied.len(), 200);
+}
+
+/// A ledger that counts publishes and checks that a checkpoint never holds more than was
+/// published.
+struct Counting {
+    inner: SnapshotProjection<Ledger>,
+    publishes: AtomicU64,
+    published: AtomicU64,
+    checkpointed_beyond_published: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Projection for Counting {
+    fn name(&self) -> &'static str {
+        "counting"
+    }
+    async fn restore(&self) -> Result<Seq, ProjectionError> {
+        self.inner.restore().await
+    }
+    async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
+        self.inner.apply(events).await
+    }
+    async fn publish(&self, applied: Seq) -> Result<(), ProjectionError> {
+        self.publishes.fetch_add(1, Ordering::SeqCst);
+        self.published.store(applied, Ordering::SeqCst);
+        Ok(())
+    }
+    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError> {
+        if applied > self.published.load(Ordering::SeqCst) {
+            self.checkpointed_beyond_published
+                .fetch_add(1, Ordering::SeqCst);
+        }
+        self.inner.checkpoint(applied).await
+    }
+    async fn reset(&self) -> Result<(), ProjectionError> {
+        self.inner.reset().await
+    }
+    async fn state_hash(&self) -> [u8; 32] {
+        self.inner.state_hash().await
+    }
+}
+
+#[tokio::test]
+async fn a_backlog_is_published_at_the_interval_and_at_the_tail_not_every_batch() {
+    // Given 3,000 events already in the stream (47 batches of 64)
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let last = append_n(&bus, 3_000, "backlog").await;
+
+    // When a projector with a long publish interval works through them
+    let projection = Arc::new(Counting {
+        inner: SnapshotProjection::<Ledger>::new("counting", dir.path()),
+        publishes: AtomicU64::new(0),
+        published: AtomicU64::new(0),
+        checkpointed_beyond_published: AtomicU64::new(0),
+    });
+    let projector = Projector::new(
+        projection.clone(),
+        bus.clone(),
+        ProjectorSettings {
+            publish_interval: Duration::from_secs(3_600),
+            checkpoint_interval: Duration::from_secs(3_600),
+            checkpoint_every: 1_000_000,
+            ..settings()
+        },
+    );
+    let visibility = projector.visibility();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(projector.run(async {
+        let _ = stopped.await;
+    }));
+
+    // Then the tail becomes visible, and the backlog cost no publish of its own
+    visibility
+        .wait_for(last, Duration::from_secs(20))
+        .await
+        .expect("the tail is published once reached");
+    let publishes = projection.publishes.load(Ordering::SeqCst);
+    let batches = 3_000 / 64;
+    assert!(
+        publishes <= 2,
+        "{publishes} publishes for {batches} batches"
+    );
+
+    // And a new event at the tail is published at once, without waiting for the interval
+    let more = append_n(&bus, 1, "tail").await;
+    visibility
+        .wait_for(more, Duration::from_secs(5))
+        .await
+        .expect("an event at the tail is visible without waiting an hour");
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    // The final checkpoint held nothing unpublished.
+    assert_eq!(
+        projection
+            .checkpointed_beyond_published
+            .load(Ordering::SeqCst),
+        0
+    );
 }

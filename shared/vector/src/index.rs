@@ -21,6 +21,9 @@ const GRAPH_LAYERS: usize = 16;
 /// not worth paying (hnsw_rs suggests about 1000 per thread).
 const PARALLEL_BUILD_MIN: usize = 4_096;
 
+/// Fewer new vectors than this are linked into the graph one by one, more in parallel.
+const PARALLEL_INSERT_MIN: usize = 8;
+
 /// How many live vectors a selective filter is tried on to estimate how many it allows.
 const FILTER_SAMPLE: usize = 1_024;
 
@@ -35,8 +38,8 @@ const FILTER_SAMPLE: usize = 1_024;
 /// the store and the graph but is never returned. [`maybe_rebuild`](Self::maybe_rebuild)
 /// compacts both once tombstones pass [`HnswParams::rebuild_tombstone_ratio`].
 ///
-/// Searching takes `&self` and the index is `Send + Sync`, so readers can share it behind an
-/// `RwLock` or `Arc` while one writer inserts.
+/// The index is `Send + Sync` and searching takes `&self`, so any number of threads can
+/// search one index at once (behind an `Arc<RwLock<_>>`, say); changes take `&mut self`.
 pub struct VectorIndex {
     /// Length of every stored and query vector; fixed at creation.
     dim: usize,
@@ -142,6 +145,42 @@ impl VectorIndex {
             None => {}
         }
         Ok(())
+    }
+
+    /// [`insert`](Self::insert) for many vectors at once, with one result per item in order:
+    /// a refused vector leaves the others in. The graph links the new vectors in parallel
+    /// (rayon), which is what a projector applying a batch wants: an HNSW insert is about a
+    /// thousand distance computations, so it is the cost of a vector projector.
+    pub fn insert_many(&mut self, items: &[(Seq, &[f32])]) -> Vec<Result<(), VectorError>> {
+        let mut results = Vec::with_capacity(items.len());
+        let mut new_rows = Vec::with_capacity(items.len());
+        for &(seq, vector) in items {
+            if self.rows.contains_key(&seq) {
+                results.push(push_unit(
+                    vector,
+                    self.dim,
+                    &mut Vec::with_capacity(self.dim),
+                ));
+                continue;
+            }
+            results.push(self.push_row(seq, vector).map(|row| new_rows.push(row)));
+        }
+        match &self.graph {
+            Some(graph) => {
+                let linked: Vec<(&[f32], usize)> =
+                    new_rows.iter().map(|&row| (self.row(row), row)).collect();
+                if linked.len() >= PARALLEL_INSERT_MIN {
+                    graph.parallel_insert_slice(&linked);
+                } else {
+                    for &item in &linked {
+                        graph.insert_slice(item);
+                    }
+                }
+            }
+            None if self.wants_graph() => self.graph = Some(self.build_graph()),
+            None => {}
+        }
+        results
     }
 
     /// Tombstones `seq`: it is never returned again. Returns whether it was live.

@@ -579,3 +579,54 @@ proptest! {
         prop_assert!(hits.windows(2).all(|pair| pair[0].score >= pair[1].score));
     }
 }
+
+#[test]
+fn given_batches_with_a_bad_vector_when_inserted_many_then_the_rest_is_searchable_as_with_single_inserts()
+ {
+    // Given 1,000 clustered vectors in batches of 64, one of them the wrong length and one
+    // repeated, so the graph (built at 100) links most of them in parallel
+    let data = clustered(1_000, 16, 3);
+    let mut batched = VectorIndex::new(16, small_graph_params()).unwrap();
+    let mut single = VectorIndex::new(16, small_graph_params()).unwrap();
+    let bad = vec![1.0f32; 3];
+    let mut refused = Vec::new();
+    for chunk in data.chunks(64) {
+        let mut items: Vec<(Seq, &[f32])> = chunk.iter().map(|(s, v)| (*s, v.as_slice())).collect();
+        if chunk[0].0 == 129 {
+            items[5] = (items[5].0, &bad);
+            items.push(items[0]);
+        }
+        for (item, result) in items.iter().zip(batched.insert_many(&items)) {
+            if result.is_err() {
+                refused.push(item.0);
+            }
+        }
+    }
+    for (seq, vector) in &data {
+        if *seq != 134 {
+            single.insert(*seq, vector).unwrap();
+        }
+    }
+
+    // Then only the bad one was refused, everything else is stored once, and searches find
+    // what exact search finds
+    assert_eq!(refused, vec![134]);
+    assert!(batched.has_graph());
+    assert_eq!((batched.len(), batched.live_len()), (999, 999));
+    let stored = |index: &VectorIndex| -> Vec<(Seq, Vec<f32>)> {
+        index.iter().map(|(s, v)| (s, v.to_vec())).collect()
+    };
+    assert_eq!(stored(&batched), stored(&single));
+    let queries = queries(50, 16, 10);
+    let mean: f64 = queries
+        .iter()
+        .map(|q| {
+            recall(
+                &batched.search(q, 10, &any).unwrap(),
+                &batched.exact_search(q, 10, &any).unwrap(),
+            )
+        })
+        .sum::<f64>()
+        / queries.len() as f64;
+    assert!(mean >= 0.9, "recall@10 {mean}");
+}

@@ -207,6 +207,10 @@ fn bench_size(
     let rss_delta = resident_bytes()?.saturating_sub(rss_before);
     let estimated = index.memory_bytes();
     drop(data);
+    progress(&format!(
+        "built in {:.1} s, resident growth {rss_delta} B, estimate {estimated} B",
+        build.as_secs_f64()
+    ));
     if size >= params.exact_below && !index.has_graph() {
         bail!("index of {size} vectors has no graph");
     }
@@ -222,12 +226,20 @@ fn bench_size(
         truth.push(hits);
     }
     let exact = latency(&exact_latency);
+    progress(&format!(
+        "exact p50 {:.3} ms, p99 {:.3} ms",
+        exact.p50_ms, exact.p99_ms
+    ));
 
     let mut ann = Vec::new();
     for &ef in &args.ef {
         progress(&format!("graph searches, ef {ef}"));
         index.set_ef_search(ef);
         let (latency_ms, recall) = timed_recall(&index, &queries, &truth, args.k, &any)?;
+        progress(&format!(
+            "ef {ef}: p50 {:.3} ms, p99 {:.3} ms, recall {recall:.4}",
+            latency_ms.p50_ms, latency_ms.p99_ms
+        ));
         ann.push(AnnRun {
             ef,
             latency: latency_ms,
