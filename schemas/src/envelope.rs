@@ -184,10 +184,79 @@ string_enum!(
         Preference => "preference",
         Feedback => "feedback",
         Checkpoint => "checkpoint",
+        Forgotten => "forgotten",
     }
 );
 
+/// Most memories one `forgotten` event may withdraw.
+pub const MAX_FORGOTTEN: usize = 1_000;
+
 impl Envelope {
+    /// A `forgotten` event: withdraws the memories recorded by `event_ids` from every read
+    /// model. Only memories of this event's own tenant and scope are withdrawn; ids of other
+    /// scopes, or not (yet) in the stream, are ignored. `reason` is kept as the text.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forget(
+        tenant: Ident,
+        scope: Scope,
+        agent_id: Ident,
+        instance_id: Ident,
+        layer: Layer,
+        event_ids: &[EventId],
+        reason: impl Into<String>,
+    ) -> Self {
+        let ids: Vec<&str> = event_ids.iter().map(EventId::as_str).collect();
+        let content = Content {
+            text: reason.into(),
+            data: Some(serde_json::json!({ "event_ids": ids })),
+        };
+        Self::new(
+            tenant,
+            scope,
+            agent_id,
+            instance_id,
+            layer,
+            EventKind::Forgotten,
+            content,
+        )
+    }
+
+    /// The event ids a `forgotten` event withdraws: `content.data.event_ids`, 1 to
+    /// [`MAX_FORGOTTEN`] valid event ids. An error for any other kind.
+    pub fn forgotten_ids(&self) -> Result<Vec<EventId>, SchemaError> {
+        let invalid = |reason: String| SchemaError::InvalidField {
+            field: "content.data.event_ids",
+            reason,
+        };
+        if self.kind != EventKind::Forgotten {
+            return Err(invalid(format!("a {} event forgets nothing", self.kind)));
+        }
+        let ids = self
+            .content
+            .data
+            .as_ref()
+            .and_then(|d| d.get("event_ids"))
+            .and_then(|v| v.as_array())
+            .ok_or_else(|| {
+                invalid(
+                    "a forgotten event needs content.data.event_ids, an array of event ids".into(),
+                )
+            })?;
+        if ids.is_empty() || ids.len() > MAX_FORGOTTEN {
+            return Err(invalid(format!(
+                "{} ids; give 1..={MAX_FORGOTTEN} per event",
+                ids.len()
+            )));
+        }
+        ids.iter()
+            .map(|id| {
+                id.as_str()
+                    .ok_or_else(|| invalid(format!("{id} is not a string")))
+                    .and_then(EventId::parse)
+            })
+            .collect()
+    }
+
     /// A new v1 event with a fresh id, stamped now, importance 0.5 and no tags.
     pub fn new(
         tenant: Ident,
@@ -257,6 +326,9 @@ impl Envelope {
                 field: "content",
                 reason: "an event needs content.text or content.data".into(),
             });
+        }
+        if self.kind == EventKind::Forgotten {
+            self.forgotten_ids()?;
         }
         if let Some(embedding) = &self.embedding {
             if embedding.model.trim().is_empty() {

@@ -5,7 +5,7 @@ use engram_memory::proto::{
     Consistency, ContextRequest, ErrorCode, FactsRequest, RetrievalMode, RetrieveRequest,
     ScopeRequest, SkillsRequest,
 };
-use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_schema::{Content, Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_sdk::RpcError;
 use engram_testkit::TestNats;
 use engram_tests::{Engram, embedder, embedder_model};
@@ -372,5 +372,81 @@ async fn facts_skills_and_contexts_end_to_end() {
             );
         }
     }
+    engram.stop().await;
+}
+
+#[tokio::test]
+async fn a_forgotten_memory_leaves_every_index_and_a_scope_forgets_only_its_own() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let mine = Scope::new(ScopeKind::Task, "mine").unwrap();
+    let other = Scope::new(ScopeKind::Task, "other").unwrap();
+    let a = memory(
+        "acme",
+        mine.clone(),
+        "the staging password rotates on fridays",
+    );
+    let b = memory(
+        "acme",
+        mine.clone(),
+        "the staging password lives in the vault",
+    );
+    let c = memory("acme", other.clone(), "the staging password is hunter2");
+    let mut before = 0;
+    for event in [&a, &b, &c] {
+        before = engram.client.append(event).await.unwrap().seq;
+    }
+    let modes = [
+        RetrievalMode::Keyword,
+        RetrievalMode::Dense,
+        RetrievalMode::Hybrid,
+    ];
+    let found = |scope: &Scope, mode: RetrievalMode, min_seq: u64| {
+        let request = retrieve(own("acme", scope), "staging password", mode, min_seq);
+        let client = engram.client.clone();
+        async move {
+            let response = client.retrieve(&request).await.unwrap();
+            response
+                .results
+                .into_iter()
+                .map(|r| r.event_id)
+                .collect::<Vec<_>>()
+        }
+    };
+    for mode in modes {
+        assert!(found(&mine, mode, before).await.contains(&a.event_id));
+    }
+
+    // Given a forget in `mine` that names its own memory a, another scope's memory c and an
+    // id that was never stored
+    let forget = Envelope::forget(
+        ident("acme"),
+        mine.clone(),
+        ident("agent-1"),
+        ident("i-1"),
+        Layer::Episodic,
+        &[a.event_id.clone(), c.event_id.clone(), EventId::new()],
+        "rotated out",
+    );
+    let seq = engram.client.append(&forget).await.unwrap().seq;
+
+    // Then a is gone from every mode, b stays, and c stays in its own scope
+    for mode in modes {
+        let in_mine = found(&mine, mode, seq).await;
+        assert!(!in_mine.contains(&a.event_id), "{mode:?}: a was forgotten");
+        assert!(in_mine.contains(&b.event_id), "{mode:?}: b was not");
+        assert!(!in_mine.contains(&forget.event_id), "a forget is no memory");
+        assert!(
+            found(&other, mode, seq).await.contains(&c.event_id),
+            "{mode:?}: another scope cannot forget c"
+        );
+    }
+
+    // And a forget without ids is refused at the client, with nothing sent
+    let mut empty = forget.clone();
+    empty.event_id = EventId::new();
+    empty.content.data = Some(serde_json::json!({ "event_ids": [] }));
+    let err = engram.client.append(&empty).await.unwrap_err();
+    assert!(err.to_string().contains("content.data.event_ids"), "{err}");
     engram.stop().await;
 }

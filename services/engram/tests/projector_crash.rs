@@ -53,23 +53,41 @@ fn spawn(home: &std::path::Path, url: &str) -> KillOnDrop {
     KillOnDrop(child)
 }
 
+/// Facts, skills and episodic memories over 7 scopes; every tenth event forgets the text
+/// memories 7 and 14 events back (same scope), so forgetting and compaction replay too.
 fn events(n: usize, from: usize) -> Vec<Envelope> {
     let embedder = HashEmbedder::new(32);
-    (from..from + n)
-        .map(|i| {
+    let mut out: Vec<Envelope> = Vec::with_capacity(n);
+    for i in from..from + n {
+        let event = {
             let scope = Scope::new(ScopeKind::Task, &format!("t{}", i % 7)).unwrap();
             let text = format!("event {i} about topic {}", i % 13);
-            let (layer, kind, data) = match i % 5 {
-                0 => (
+            let (layer, kind, data) = match i % 10 {
+                0 | 5 => (
                     Layer::Semantic,
                     EventKind::FactAsserted,
-                    Some(serde_json::json!({"subject": format!("s{}", i % 11), "predicate": "value", "object": i})),
+                    Some(
+                        serde_json::json!({"subject": format!("s{}", i % 11), "predicate": "value", "object": i}),
+                    ),
                 ),
-                1 => (
+                1 | 6 => (
                     Layer::Procedural,
                     EventKind::SkillRecorded,
-                    Some(serde_json::json!({"name": format!("skill{}", i % 3), "description": text.clone()})),
+                    Some(
+                        serde_json::json!({"name": format!("skill{}", i % 3), "description": text.clone()}),
+                    ),
                 ),
+                9 if i - from >= 14 => {
+                    let ids: Vec<&str> = [7, 14]
+                        .iter()
+                        .map(|back| out[i - from - back].event_id.as_str())
+                        .collect();
+                    (
+                        Layer::Episodic,
+                        EventKind::Forgotten,
+                        Some(serde_json::json!({ "event_ids": ids })),
+                    )
+                }
                 _ => (Layer::Episodic, EventKind::Observation, None),
             };
             let mut e = Envelope::new(
@@ -79,15 +97,20 @@ fn events(n: usize, from: usize) -> Vec<Envelope> {
                 Ident::parse("i", "i1").unwrap(),
                 layer,
                 kind,
-                Content { text: text.clone(), data },
+                Content {
+                    text: text.clone(),
+                    data,
+                },
             );
             e.embedding = Some(Embedding {
                 model: "hash-32".into(),
                 vector: embedder.embed_one(&text),
             });
             e
-        })
-        .collect()
+        };
+        out.push(event);
+    }
+    out
 }
 
 async fn status(

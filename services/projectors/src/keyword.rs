@@ -4,8 +4,13 @@
 //! sequence, so index and sequence can never disagree after a crash. A commit is also what
 //! makes new memories searchable. It costs an fsync, so while the projector works through a
 //! backlog it commits every `keyword_commit_interval`, and at the tail after every batch.
+//!
+//! A `forgotten` event deletes its memories' documents. The index keeps no record of
+//! forgotten ids, so after a restart a retry of a forgotten event that arrives outside the
+//! stream's duplicate window would be indexed again here (the vector projector keeps the ids
+//! in its checkpoint and would not).
 
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
@@ -13,10 +18,10 @@ use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_keyword::{KeywordIndex, KeywordReader};
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
-use engram_memory::{MemoryMeta, Seq, is_text_memory};
+use engram_memory::{MemoryMeta, ScopeKey, Seq, is_text_memory};
 use engram_projector::{Projection, ProjectionError, Rejected};
 use engram_rpc::Failure;
-use engram_schema::EventId;
+use engram_schema::{EventId, EventKind};
 
 use crate::vector::Memory;
 
@@ -26,7 +31,10 @@ pub const NAME: &str = "keyword";
 struct Table {
     applied: Seq,
     memories: BTreeMap<Seq, Memory>,
-    event_ids: HashSet<EventId>,
+    event_ids: HashMap<EventId, Seq>,
+    /// Ids withdrawn by `forgotten` events since this process started; a restart forgets
+    /// them (the index keeps no record), see the module docs.
+    forgotten: HashSet<EventId>,
 }
 
 pub struct KeywordProjection {
@@ -42,8 +50,24 @@ pub struct KeywordProjection {
 #[derive(Default)]
 struct Staged {
     memories: Vec<Memory>,
-    /// Their event ids: a backlog stages many thousands between commits.
-    event_ids: HashSet<EventId>,
+    /// Their event ids and sequences: a backlog stages many thousands between commits.
+    event_ids: HashMap<EventId, Seq>,
+    /// Memories withdrawn since the last commit.
+    forgotten: Vec<(EventId, Seq)>,
+    /// The last sequence applied; commits must happen even when only forgetting changed.
+    applied: Seq,
+}
+
+impl Staged {
+    fn is_empty(&self) -> bool {
+        self.memories.is_empty() && self.forgotten.is_empty()
+    }
+}
+
+/// One step of a batch, in stream order.
+enum KwOp {
+    Add(Memory),
+    Forget(Vec<(EventId, Seq)>),
 }
 
 fn fatal(e: impl std::fmt::Display) -> ProjectionError {
@@ -164,7 +188,7 @@ impl Projection for KeywordProjection {
             ..Table::default()
         };
         for (meta, text) in memories {
-            table.event_ids.insert(meta.event_id.clone());
+            table.event_ids.insert(meta.event_id.clone(), meta.seq);
             table.memories.insert(meta.seq, Memory { meta, text });
         }
         *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
@@ -175,52 +199,124 @@ impl Projection for KeywordProjection {
     }
 
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
-        let (applied, known): (Seq, HashSet<EventId>) = {
+        let mut rejected = Vec::new();
+        // Stream order matters: a batch may hold a memory and then its forgetting.
+        let mut ops: Vec<KwOp> = Vec::new();
+        let mut fresh_ids: HashMap<EventId, Seq> = HashMap::new();
+        {
             let table = self.table.read().unwrap_or_else(|p| p.into_inner());
             let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            let ids = events
-                .iter()
-                .filter(|e| {
-                    table.event_ids.contains(&e.event.event_id)
-                        || staged.event_ids.contains(&e.event.event_id)
-                })
-                .map(|e| e.event.event_id.clone())
-                .collect();
             let staged_max = staged.memories.last().map_or(0, |m| m.meta.seq);
-            (table.applied.max(staged_max), ids)
-        };
-        let mut fresh = Vec::new();
-        let mut seen = HashSet::new();
-        for stored in events {
-            let event = &stored.event;
-            if stored.seq <= applied
-                || !is_text_memory(event)
-                || known.contains(&event.event_id)
-                || !seen.insert(event.event_id.clone())
-            {
-                continue;
+            let applied = table.applied.max(staged_max).max(staged.applied);
+            let known = |id: &EventId| {
+                table.event_ids.contains_key(id)
+                    || staged.event_ids.contains_key(id)
+                    || table.forgotten.contains(id)
+            };
+            for (index, stored) in events.iter().enumerate() {
+                let event = &stored.event;
+                if stored.seq <= applied {
+                    continue;
+                }
+                if event.kind == EventKind::Forgotten {
+                    let ids = match event.forgotten_ids() {
+                        Ok(ids) => ids,
+                        Err(e) => {
+                            rejected.push(Rejected {
+                                index,
+                                reason: e.to_string(),
+                            });
+                            continue;
+                        }
+                    };
+                    let scope = ScopeKey::of(event);
+                    let mut seqs = Vec::new();
+                    for id in ids {
+                        let seq = fresh_ids
+                            .get(&id)
+                            .or_else(|| staged.event_ids.get(&id))
+                            .or_else(|| table.event_ids.get(&id))
+                            .copied();
+                        let Some(seq) = seq else { continue };
+                        let owner = ops
+                            .iter()
+                            .find_map(|op| match op {
+                                KwOp::Add(m) if m.meta.seq == seq => Some(&m.meta.scope),
+                                _ => None,
+                            })
+                            .or_else(|| {
+                                staged
+                                    .memories
+                                    .iter()
+                                    .find(|m| m.meta.seq == seq)
+                                    .map(|m| &m.meta.scope)
+                            })
+                            .or_else(|| table.memories.get(&seq).map(|m| &m.meta.scope));
+                        // A scope forgets only its own memories.
+                        if owner == Some(&scope) {
+                            seqs.push((id, seq));
+                        }
+                    }
+                    if !seqs.is_empty() {
+                        ops.push(KwOp::Forget(seqs));
+                    }
+                    continue;
+                }
+                if !is_text_memory(event)
+                    || known(&event.event_id)
+                    || fresh_ids.contains_key(&event.event_id)
+                {
+                    continue;
+                }
+                fresh_ids.insert(event.event_id.clone(), stored.seq);
+                ops.push(KwOp::Add(Memory {
+                    meta: MemoryMeta::of(stored.seq, event),
+                    text: event.content.text.clone(),
+                }));
             }
-            fresh.push(Memory {
-                meta: MemoryMeta::of(stored.seq, event),
-                text: event.content.text.clone(),
-            });
         }
-        if fresh.is_empty() {
-            return Ok(Vec::new());
+        let last = events.last().map_or(0, |e| e.seq);
+        if ops.is_empty() {
+            if !rejected.is_empty() {
+                self.staged
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .applied = last;
+            }
+            return Ok(rejected);
         }
-        let to_add = fresh.clone();
+        let to_apply = &ops;
         self.with_writer(move |index| {
-            for m in &to_add {
-                index.add(&m.meta, &m.text)?;
+            for op in to_apply {
+                match op {
+                    KwOp::Add(m) => index.add(&m.meta, &m.text)?,
+                    // tantivy orders deletes after earlier adds, committed or not.
+                    KwOp::Forget(seqs) => {
+                        for (_, seq) in seqs {
+                            index.delete(*seq)?;
+                        }
+                    }
+                }
             }
             Ok(())
         })?;
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        staged
-            .event_ids
-            .extend(fresh.iter().map(|m| m.meta.event_id.clone()));
-        staged.memories.extend(fresh);
-        Ok(Vec::new())
+        for op in ops {
+            match op {
+                KwOp::Add(m) => {
+                    staged.event_ids.insert(m.meta.event_id.clone(), m.meta.seq);
+                    staged.memories.push(m);
+                }
+                KwOp::Forget(seqs) => {
+                    for (id, seq) in seqs {
+                        staged.memories.retain(|m| m.meta.seq != seq);
+                        staged.forgotten.push((id, seq));
+                    }
+                }
+            }
+        }
+        staged.applied = last;
+        Ok(rejected)
     }
 
     async fn publish(&self, applied: Seq) -> Result<(), ProjectionError> {
@@ -228,7 +324,6 @@ impl Projection for KeywordProjection {
             .staged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .memories
             .is_empty()
         {
             // Nothing new to search: skip the fsync. The commit's sequence lags, so a restart
@@ -257,8 +352,15 @@ impl Projection for KeywordProjection {
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
         for m in staged.memories {
-            table.event_ids.insert(m.meta.event_id.clone());
+            table.event_ids.insert(m.meta.event_id.clone(), m.meta.seq);
             table.memories.insert(m.meta.seq, m);
+        }
+        for (id, seq) in staged.forgotten {
+            table.memories.remove(&seq);
+            table.forgotten.insert(id);
+            engram_telemetry::metrics::PROJECTOR_FORGOTTEN
+                .with_label_values(&[NAME])
+                .inc();
         }
         table.applied = applied;
         Ok(())

@@ -5,7 +5,7 @@
 //! does not embed again). One `VectorIndex` per scope keeps scopes apart by construction: a
 //! search only ever touches the indexes of the scopes it was given.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
@@ -16,7 +16,7 @@ use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
 use engram_projector::{Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
-use engram_schema::EventId;
+use engram_schema::{EventId, EventKind};
 use engram_telemetry::metrics;
 use engram_vector::{HnswParams, VectorIndex};
 use serde::{Deserialize, Serialize};
@@ -38,9 +38,11 @@ pub struct Memory {
 struct State {
     applied: Seq,
     memories: BTreeMap<Seq, Memory>,
-    /// Event ids already indexed: a retry stored again after the stream's duplicate window
-    /// must still count once.
-    event_ids: HashSet<EventId>,
+    /// Event ids already indexed (and their sequence): a retry stored again after the
+    /// stream's duplicate window must still count once.
+    event_ids: HashMap<EventId, Seq>,
+    /// Memories withdrawn by `forgotten` events; their ids stay in `event_ids`.
+    forgotten: BTreeSet<EventId>,
     scopes: HashMap<ScopeKey, VectorIndex>,
 }
 
@@ -49,6 +51,8 @@ struct Snapshot {
     model: String,
     dim: usize,
     memories: Vec<(Memory, Vec<f32>)>,
+    #[serde(default)]
+    forgotten: Vec<EventId>,
 }
 
 pub struct VectorProjection {
@@ -218,9 +222,10 @@ impl Projection for VectorProjection {
                     .entry(memory.meta.scope.clone())
                     .or_default()
                     .push((s, vector));
-                state.event_ids.insert(memory.meta.event_id.clone());
+                state.event_ids.insert(memory.meta.event_id.clone(), s);
                 state.memories.insert(s, memory);
             }
+            state.forgotten = snap.forgotten.into_iter().collect();
             for (scope, vectors) in grouped {
                 let index = VectorIndex::from_vectors(dim, params.clone(), vectors)
                     .map_err(|e| ProjectionError::Fatal(format!("vector checkpoint: {e}")))?;
@@ -237,16 +242,31 @@ impl Projection for VectorProjection {
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
         let (model, dim) = (self.embedder.model_id().to_owned(), self.embedder.dim());
         let mut rejected = Vec::new();
-        // What to index, with the vector if the client supplied a usable one.
+        // What to do, in stream order: index a memory (with the vector if the client supplied
+        // a usable one), or forget some.
         let mut wanted: Vec<(usize, Option<Vec<f32>>)> = Vec::new();
+        let mut forgets: Vec<(usize, Vec<EventId>)> = Vec::new();
         {
             let state = self.read();
             let mut seen = HashSet::new();
             for (index, stored) in events.iter().enumerate() {
                 let event = &stored.event;
-                if stored.seq <= state.applied
-                    || !is_text_memory(event)
-                    || state.event_ids.contains(&event.event_id)
+                if stored.seq <= state.applied {
+                    continue;
+                }
+                if event.kind == EventKind::Forgotten {
+                    match event.forgotten_ids() {
+                        Ok(ids) => forgets.push((index, ids)),
+                        Err(e) => rejected.push(Rejected {
+                            index,
+                            reason: e.to_string(),
+                        }),
+                    }
+                    continue;
+                }
+                if !is_text_memory(event)
+                    || state.event_ids.contains_key(&event.event_id)
+                    || state.forgotten.contains(&event.event_id)
                     || !seen.insert(&event.event_id)
                 {
                     continue;
@@ -296,7 +316,7 @@ impl Projection for VectorProjection {
             .with_label_values(&["client"])
             .inc_by(wanted.iter().filter(|(_, v)| v.is_some()).count() as u64);
 
-        let mut prepared = Vec::with_capacity(wanted.len());
+        let mut ops = Vec::with_capacity(wanted.len() + forgets.len());
         for (index, supplied) in wanted {
             let stored = &events[index];
             let vector = match supplied {
@@ -309,44 +329,42 @@ impl Projection for VectorProjection {
                 meta: MemoryMeta::of(stored.seq, &stored.event),
                 text: stored.event.content.text.clone(),
             };
-            prepared.push((index, memory, vector));
+            ops.push(Op::Insert(index, memory, vector));
         }
+        for (index, ids) in forgets {
+            let scope = ScopeKey::of(&events[index].event);
+            ops.push(Op::Forget(index, scope, ids));
+        }
+        ops.sort_by_key(Op::index);
         let last = events.last().map(|e| e.seq);
         let (state, dim, params) = (self.state.clone(), dim, self.params.clone());
         // Graph inserts are milliseconds each: off the async threads, linked in parallel, and
         // in chunks so that searches get the lock between them.
         let refused = tokio::task::spawn_blocking(move || {
             let mut refused = Vec::new();
-            for chunk in prepared.chunks(INSERT_CHUNK) {
-                let mut state = state.write().unwrap_or_else(|p| p.into_inner());
-                let mut by_scope: HashMap<&ScopeKey, Vec<usize>> = HashMap::new();
-                for (i, (_, memory, _)) in chunk.iter().enumerate() {
-                    by_scope.entry(&memory.meta.scope).or_default().push(i);
-                }
-                for (scope, members) in by_scope {
-                    let index = state.scopes.entry(scope.clone()).or_insert_with(|| {
-                        VectorIndex::new(dim, params.clone())
-                            .expect("hnsw params are validated at start-up")
-                    });
-                    let items: Vec<(Seq, &[f32])> = members
-                        .iter()
-                        .map(|&i| (chunk[i].1.meta.seq, chunk[i].2.as_slice()))
-                        .collect();
-                    let results = index.insert_many(&items);
-                    for (&i, result) in members.iter().zip(results) {
-                        let (event_index, memory, _) = &chunk[i];
-                        match result {
-                            Ok(()) => {
-                                state.event_ids.insert(memory.meta.event_id.clone());
-                                state.memories.insert(memory.meta.seq, memory.clone());
-                            }
-                            Err(e) => refused.push(Rejected {
-                                index: *event_index,
-                                reason: format!("unusable vector: {e}"),
-                            }),
+            let mut pending: Vec<(usize, Memory, Vec<f32>)> = Vec::new();
+            let mut worn: HashSet<ScopeKey> = HashSet::new();
+            for op in ops {
+                match op {
+                    Op::Insert(index, memory, vector) => {
+                        pending.push((index, memory, vector));
+                        if pending.len() == INSERT_CHUNK {
+                            insert_chunk(&state, dim, &params, &pending, &mut refused);
+                            pending.clear();
+                        }
+                    }
+                    Op::Forget(_, scope, ids) => {
+                        insert_chunk(&state, dim, &params, &pending, &mut refused);
+                        pending.clear();
+                        if forget(&state, &scope, &ids) {
+                            worn.insert(scope);
                         }
                     }
                 }
+            }
+            insert_chunk(&state, dim, &params, &pending, &mut refused);
+            for scope in worn {
+                compact(&state, dim, &params, &scope);
             }
             if let Some(last) = last {
                 let mut state = state.write().unwrap_or_else(|p| p.into_inner());
@@ -378,6 +396,7 @@ impl Projection for VectorProjection {
                     Some((m.clone(), vector.to_vec()))
                 })
                 .collect();
+            let forgotten = state.forgotten.iter().cloned().collect();
             snapshot::save(
                 &path,
                 applied,
@@ -385,6 +404,7 @@ impl Projection for VectorProjection {
                     model,
                     dim,
                     memories,
+                    forgotten,
                 },
             )
         })
@@ -412,6 +432,120 @@ impl Projection for VectorProjection {
                 }
             }
         }
+        for id in &state.forgotten {
+            hasher.update(id.as_str().as_bytes());
+        }
         *hasher.finalize().as_bytes()
+    }
+}
+
+/// One step of a batch, in stream order (the index into the batch).
+enum Op {
+    Insert(usize, Memory, Vec<f32>),
+    Forget(usize, ScopeKey, Vec<EventId>),
+}
+
+impl Op {
+    fn index(&self) -> usize {
+        match self {
+            Op::Insert(index, ..) | Op::Forget(index, ..) => *index,
+        }
+    }
+}
+
+/// Inserts one chunk under one hold of the write lock; refused vectors go to `refused`.
+fn insert_chunk(
+    state: &RwLock<State>,
+    dim: usize,
+    params: &HnswParams,
+    chunk: &[(usize, Memory, Vec<f32>)],
+    refused: &mut Vec<Rejected>,
+) {
+    if chunk.is_empty() {
+        return;
+    }
+    let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+    let mut by_scope: HashMap<&ScopeKey, Vec<usize>> = HashMap::new();
+    for (i, (_, memory, _)) in chunk.iter().enumerate() {
+        by_scope.entry(&memory.meta.scope).or_default().push(i);
+    }
+    for (scope, members) in by_scope {
+        let index = state.scopes.entry(scope.clone()).or_insert_with(|| {
+            VectorIndex::new(dim, params.clone()).expect("hnsw params are validated at start-up")
+        });
+        let items: Vec<(Seq, &[f32])> = members
+            .iter()
+            .map(|&i| (chunk[i].1.meta.seq, chunk[i].2.as_slice()))
+            .collect();
+        let results = index.insert_many(&items);
+        for (&i, result) in members.iter().zip(results) {
+            let (event_index, memory, _) = &chunk[i];
+            match result {
+                Ok(()) => {
+                    state
+                        .event_ids
+                        .insert(memory.meta.event_id.clone(), memory.meta.seq);
+                    state.memories.insert(memory.meta.seq, memory.clone());
+                }
+                Err(e) => refused.push(Rejected {
+                    index: *event_index,
+                    reason: format!("unusable vector: {e}"),
+                }),
+            }
+        }
+    }
+}
+
+/// Withdraws the memories of `ids` that belong to `scope` (an id of another scope is left
+/// alone: a scope can only forget its own). Their event ids stay known, so a late retry of a
+/// forgotten event is not indexed again. Returns whether the scope's index now wants a
+/// rebuild.
+fn forget(state: &RwLock<State>, scope: &ScopeKey, ids: &[EventId]) -> bool {
+    let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+    let state = &mut *state;
+    for id in ids {
+        let Some(&seq) = state.event_ids.get(id) else {
+            continue;
+        };
+        if state
+            .memories
+            .get(&seq)
+            .is_none_or(|m| &m.meta.scope != scope)
+        {
+            continue;
+        }
+        state.memories.remove(&seq);
+        state.forgotten.insert(id.clone());
+        if let Some(index) = state.scopes.get_mut(scope) {
+            index.remove(seq);
+        }
+        metrics::PROJECTOR_FORGOTTEN
+            .with_label_values(&[NAME])
+            .inc();
+    }
+    state
+        .scopes
+        .get(scope)
+        .is_some_and(VectorIndex::wants_rebuild)
+}
+
+/// Replaces a scope's index by one without tombstones. The replacement is built from a copy
+/// with no lock held, so searches go on against the old index meanwhile; nothing else
+/// writes, because the only writer is the batch this runs in.
+fn compact(state: &RwLock<State>, dim: usize, params: &HnswParams, scope: &ScopeKey) {
+    let live: Vec<(Seq, Vec<f32>)> = {
+        let state = state.read().unwrap_or_else(|p| p.into_inner());
+        let Some(index) = state.scopes.get(scope) else {
+            return;
+        };
+        index.iter().map(|(seq, v)| (seq, v.to_vec())).collect()
+    };
+    match VectorIndex::from_vectors(dim, params.clone(), live) {
+        Ok(fresh) => {
+            let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+            state.scopes.insert(scope.clone(), fresh);
+        }
+        // Only stored vectors go back in, so this cannot fail; keep the old index if it does.
+        Err(e) => tracing::warn!(error = %e, "vector index compaction failed; keeping tombstones"),
     }
 }

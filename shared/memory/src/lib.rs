@@ -89,9 +89,10 @@ impl MemoryMeta {
 
 /// Whether an event is a text memory for the vector and keyword indexes: episodic and
 /// semantic events with text. Working memory lives in the KV bucket, procedural memory in
-/// the skill registry.
+/// the skill registry. A `forgotten` event's text is its reason, not a memory.
 pub fn is_text_memory(event: &Envelope) -> bool {
     matches!(event.layer, Layer::Episodic | Layer::Semantic)
+        && event.kind != EventKind::Forgotten
         && !event.content.text.trim().is_empty()
 }
 

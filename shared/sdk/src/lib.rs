@@ -301,6 +301,30 @@ impl Agent {
     }
 }
 
+impl Agent {
+    /// Withdraws memories of `scope` from retrieval: appends a `forgotten` event naming
+    /// their event ids. Only memories recorded in this tenant and `scope` are withdrawn;
+    /// other ids are ignored. Wait on the receipt's sequence (`min_seq`) to see it applied.
+    pub async fn forget(
+        &self,
+        scope: Scope,
+        layer: Layer,
+        event_ids: &[EventId],
+        reason: impl Into<String>,
+    ) -> Result<AppendReceipt, AppendError> {
+        let event = Envelope::forget(
+            self.tenant.clone(),
+            scope,
+            self.agent_id.clone(),
+            self.instance_id.clone(),
+            layer,
+            event_ids,
+            reason,
+        );
+        self.client.append(&event).await
+    }
+}
+
 /// Builds one event; [`EventBuilder::append`] sends it.
 #[derive(Debug)]
 #[must_use = "an event is only stored once append() is awaited"]

@@ -160,6 +160,14 @@ pub static PROJECTOR_DEAD_LETTERED: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["projector"],
     )
 });
+/// Memories withdrawn from a read model by `forgotten` events.
+pub static PROJECTOR_FORGOTTEN: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_projector_forgotten_total",
+        "memories a forgotten event withdrew from a read model",
+        &["projector"],
+    )
+});
 /// Transient projector failures (bus, embedder, disk), by kind; the batch is retried.
 pub static PROJECTOR_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter(
@@ -229,9 +237,10 @@ pub static EMBEDDINGS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub fn touch_projector(projector: &str) {
     PROJECTOR_APPLIED.with_label_values(&[projector]);
     PROJECTOR_DEAD_LETTERED.with_label_values(&[projector]);
+    PROJECTOR_FORGOTTEN.with_label_values(&[projector]);
     PROJECTOR_LAG.with_label_values(&[projector]);
     PROJECTOR_VISIBLE_SEQ.with_label_values(&[projector]);
-    for kind in ["bus", "apply", "checkpoint"] {
+    for kind in ["bus", "apply", "checkpoint", "publish"] {
         PROJECTOR_ERRORS.with_label_values(&[projector, kind]);
     }
 }

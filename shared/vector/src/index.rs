@@ -287,13 +287,19 @@ impl VectorIndex {
         self.graph.is_some()
     }
 
+    /// Whether tombstones exceed `rebuild_tombstone_ratio` of stored rows, so that a
+    /// rebuild is due. A caller that must keep searching meanwhile can build the replacement
+    /// from [`iter`](Self::iter) with [`from_vectors`](Self::from_vectors) and swap it in.
+    pub fn wants_rebuild(&self) -> bool {
+        self.tombstone_count() > 0
+            && (self.tombstone_count() as f64)
+                > self.params.rebuild_tombstone_ratio * self.len() as f64
+    }
+
     /// Rebuilds if tombstones exceed `rebuild_tombstone_ratio` of stored rows. Returns
     /// whether it did.
     pub fn maybe_rebuild(&mut self) -> bool {
-        if self.tombstone_count() == 0
-            || (self.tombstone_count() as f64)
-                <= self.params.rebuild_tombstone_ratio * self.len() as f64
-        {
+        if !self.wants_rebuild() {
             return false;
         }
         self.rebuild();
