@@ -229,6 +229,44 @@ mod tests {
     }
 
     #[test]
+    fn a_forgotten_event_round_trips_and_a_bad_one_is_refused_naming_the_field() {
+        let codec = Codec::default();
+        let base = event();
+        let ids = [crate::EventId::new(), crate::EventId::new()];
+        let forget = Envelope::forget(
+            base.tenant.clone(),
+            base.scope.clone(),
+            base.agent_id.clone(),
+            base.instance_id.clone(),
+            Layer::Episodic,
+            &ids,
+            "superseded",
+        );
+        let decoded = codec.decode(&codec.encode(&forget).unwrap()).unwrap();
+        assert_eq!(decoded.forgotten_ids().unwrap(), ids);
+        assert!(base.forgotten_ids().is_err(), "an outcome forgets nothing");
+
+        let too_many: Vec<String> = (0..=crate::envelope::MAX_FORGOTTEN)
+            .map(|_| crate::EventId::new().to_string())
+            .collect();
+        for data in [
+            serde_json::json!({}),
+            serde_json::json!({ "event_ids": [] }),
+            serde_json::json!({ "event_ids": [7] }),
+            serde_json::json!({ "event_ids": ["not-an-id"] }),
+            serde_json::json!({ "event_ids": too_many }),
+        ] {
+            let mut bad = forget.clone();
+            bad.content.data = Some(data.clone());
+            let err = codec.encode(&bad).unwrap_err();
+            assert!(
+                err.to_string().contains("event_ids") || err.to_string().contains("event id"),
+                "{data}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn round_trips_through_msgpack() {
         let codec = Codec::default();
         let e = event();
