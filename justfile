@@ -36,9 +36,14 @@ bench-locomo *ARGS:
 bench-ann *ARGS:
     cargo run --release -p engram-vector --bin bench-ann -- {{ARGS}}
 
+# Projector rebuilds against a raw ordered-consumer replay of the same stream; MiniLM inside
+# the vector projector against a bare forward pass; warm-cache replay.
+bench-project *ARGS:
+    cargo run --release -p engram-loadtest --bin bench-project -- {{ARGS}}
+
 # The embedder through its cache against a bare MiniLM forward pass; warm-cache speed.
 bench-embed *ARGS:
     cargo run --release -p engram-embed --bin bench-embed -- {{ARGS}}
 
 # All benchmarks.
-bench: bench-append bench-locomo bench-ann bench-embed
+bench: bench-append bench-project bench-locomo bench-ann bench-embed

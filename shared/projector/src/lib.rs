@@ -102,6 +102,9 @@ pub enum ProjectorError {
     },
 }
 
+/// A checkpoint waits at least this many times the previous one's duration.
+pub const CHECKPOINT_COST_FACTOR: u32 = 10;
+
 /// How a projector batches and checkpoints.
 #[derive(Clone, Debug)]
 pub struct ProjectorSettings {
@@ -109,7 +112,10 @@ pub struct ProjectorSettings {
     pub batch: usize,
     /// Checkpoint at least this often while events flow...
     pub checkpoint_interval: Duration,
-    /// ...and after this many events, whichever comes first.
+    /// ...and after this many events, whichever comes first. Either way, never sooner than
+    /// [`CHECKPOINT_COST_FACTOR`] times the last checkpoint's duration after it: a model
+    /// whose snapshot grew slow (a million vectors) spends at most a tenth of its time
+    /// saving, at the price of a longer replay after a crash.
     pub checkpoint_every: u64,
     /// Longest pause between retries of a failing batch.
     pub max_backoff: Duration,
@@ -268,7 +274,7 @@ impl<P: Projection> Projector<P> {
                         }
                         continue;
                     }
-                    _ = tokio::time::sleep(self.settings.checkpoint_interval), if state.unsaved() > 0 => {
+                    _ = tokio::time::sleep(self.settings.checkpoint_interval.max(state.checkpoint_gap())), if state.unsaved() > 0 => {
                         // Idle with unsaved work: checkpoint now rather than on the next event.
                         self.checkpoint(&mut state).await?;
                         continue;
@@ -311,9 +317,7 @@ impl<P: Projection> Projector<P> {
                         }
                     }
                 }
-                if state.unsaved() >= self.settings.checkpoint_every
-                    || state.last_checkpoint.elapsed() >= self.settings.checkpoint_interval
-                {
+                if state.checkpoint_due(&self.settings) {
                     self.checkpoint(&mut state).await?;
                 }
             }
@@ -514,6 +518,7 @@ impl<P: Projection> Projector<P> {
         }
         state.events_since_checkpoint = 0;
         state.last_checkpoint = Instant::now();
+        state.last_checkpoint_took = started.elapsed();
         Ok(())
     }
 
@@ -530,6 +535,7 @@ struct LoopState {
     applied: Seq,
     events_since_checkpoint: u64,
     last_checkpoint: Instant,
+    last_checkpoint_took: Duration,
     /// The last message delivered; acked (with everything before it) after a checkpoint.
     ack_point: Option<Delivery>,
     /// The sequence queries can see.
@@ -543,6 +549,7 @@ impl LoopState {
             applied,
             events_since_checkpoint: 0,
             last_checkpoint: Instant::now(),
+            last_checkpoint_took: Duration::ZERO,
             ack_point: None,
             published: applied,
             last_publish: Instant::now(),
@@ -551,6 +558,18 @@ impl LoopState {
 
     fn unsaved(&self) -> u64 {
         self.events_since_checkpoint
+    }
+
+    /// The least time between checkpoints, from what the last one cost.
+    fn checkpoint_gap(&self) -> Duration {
+        self.last_checkpoint_took * CHECKPOINT_COST_FACTOR
+    }
+
+    fn checkpoint_due(&self, settings: &ProjectorSettings) -> bool {
+        let since = self.last_checkpoint.elapsed();
+        since >= self.checkpoint_gap()
+            && (self.unsaved() >= settings.checkpoint_every
+                || since >= settings.checkpoint_interval)
     }
 
     fn unpublished(&self) -> bool {
