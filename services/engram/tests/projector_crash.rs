@@ -18,6 +18,11 @@ checkpoint_interval = "300ms"
 checkpoint_every = 500
 batch = 64
 
+# Small enough that every scope has a graph, so checkpoints save graphs and the restart
+# loads them.
+[projectors.hnsw]
+exact_below = 40
+
 [projectors.embedder]
 kind = "client_supplied"
 model = "hash-32"
@@ -37,6 +42,7 @@ fn spawn(home: &std::path::Path, url: &str) -> KillOnDrop {
     let child = Command::new(ENGRAM)
         .arg("--home")
         .arg(home)
+        .args(["--log-format", "json"])
         .arg("--config")
         .arg(home.join("engram.toml"))
         .args(["--nats", url, "projector"])
@@ -193,6 +199,39 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
     assert!(
         repositioned >= 1,
         "the kill hit no projector mid-stream:\n{log}"
+    );
+    // Once caught up and checkpointed (idle checkpoints come after 300 ms), another kill -9:
+    // this restart must load the vector graphs the checkpoint saved, not build them, and
+    // come back to the same state.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    unsafe {
+        libc::kill(process.0.id() as i32, libc::SIGKILL);
+    }
+    let _ = process.0.wait();
+    process = spawn(home.path(), &nats.url());
+    let again = status(
+        &bus,
+        ProjectorName::Vector,
+        last,
+        &home.path().join("projector.log"),
+    )
+    .await;
+    let vector_before = &after_crash
+        .iter()
+        .find(|(name, _)| *name == ProjectorName::Vector)
+        .unwrap()
+        .1;
+    assert_eq!(again.state_hash, vector_before.state_hash);
+    let log = std::fs::read_to_string(home.path().join("projector.log")).unwrap_or_default();
+    let graphs_loaded: Vec<u64> = log
+        .lines()
+        .filter(|l| l.contains("vector checkpoint restored"))
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .filter_map(|v| v["graphs_loaded"].as_u64())
+        .collect();
+    assert!(
+        graphs_loaded.last().is_some_and(|&n| n > 0),
+        "the vector graphs were not loaded on restart ({graphs_loaded:?}):\n{log}"
     );
     // Stopped before the rebuilds: a rebuild takes over the projector's durable consumer.
     drop(process);

@@ -18,7 +18,7 @@ use engram_projector::{Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
 use engram_schema::{EventId, EventKind};
 use engram_telemetry::metrics;
-use engram_vector::{HnswParams, VectorIndex};
+use engram_vector::{HnswParams, RowLayout, VectorIndex};
 use serde::{Deserialize, Serialize};
 
 pub const NAME: &str = "vector";
@@ -53,9 +53,27 @@ struct Snapshot {
     memories: Vec<(Memory, Vec<f32>)>,
     #[serde(default)]
     forgotten: Vec<EventId>,
+    /// Each scope's row layout, and the subdirectory of `graphs` holding its graph (if it
+    /// has one), so that a restart loads graphs instead of building them.
+    #[serde(default)]
+    scopes: Vec<SavedScope>,
+    /// The directory (under the state dir) the graphs of this checkpoint are in.
+    #[serde(default)]
+    graphs: Option<String>,
 }
 
+#[derive(Serialize, Deserialize)]
+struct SavedScope {
+    scope: ScopeKey,
+    layout: RowLayout,
+    graph: Option<usize>,
+}
+
+/// Graph directories are named by the checkpoint: `vector-graphs-<seq>-<unix nanos>`.
+const GRAPHS_PREFIX: &str = "vector-graphs-";
+
 pub struct VectorProjection {
+    dir: PathBuf,
     path: PathBuf,
     embedder: Arc<dyn Embedder>,
     params: HnswParams,
@@ -64,8 +82,10 @@ pub struct VectorProjection {
 
 impl VectorProjection {
     pub fn new(dir: impl Into<PathBuf>, embedder: Arc<dyn Embedder>, params: HnswParams) -> Self {
+        let dir = dir.into();
         Self {
-            path: dir.into().join("vector.snap"),
+            path: dir.join("vector.snap"),
+            dir,
             embedder,
             params,
             state: Arc::default(),
@@ -209,8 +229,11 @@ impl Projection for VectorProjection {
                 self.embedder.dim()
             )));
         }
-        let (dim, params) = (snap.dim, self.params.clone());
+        let (dim, params, dir) = (snap.dim, self.params.clone(), self.dir.clone());
         let state = tokio::task::spawn_blocking(move || -> Result<State, ProjectionError> {
+            let corrupt = |e: engram_vector::VectorError| {
+                ProjectionError::Fatal(format!("vector checkpoint: {e}"))
+            };
             let mut grouped: HashMap<ScopeKey, Vec<(Seq, Vec<f32>)>> = HashMap::new();
             let mut state = State {
                 applied: seq,
@@ -226,11 +249,49 @@ impl Projection for VectorProjection {
                 state.memories.insert(s, memory);
             }
             state.forgotten = snap.forgotten.into_iter().collect();
+            let graphs = snap.graphs.map(|name| dir.join(name));
+            let started = std::time::Instant::now();
+            let (mut loaded, mut built) = (0usize, 0usize);
+            for saved in snap.scopes {
+                let vectors: HashMap<Seq, Vec<f32>> = grouped
+                    .remove(&saved.scope)
+                    .unwrap_or_default()
+                    .into_iter()
+                    .collect();
+                let graph = saved
+                    .graph
+                    .and_then(|i| graphs.as_ref().map(|g| g.join(i.to_string())));
+                let (index, graph_loaded) = VectorIndex::restore(
+                    dim,
+                    params.clone(),
+                    &saved.layout,
+                    |seq| vectors.get(&seq).map(Vec::as_slice),
+                    graph.as_deref(),
+                )
+                .map_err(corrupt)?;
+                if graph_loaded {
+                    loaded += 1;
+                } else if index.has_graph() {
+                    built += 1;
+                }
+                state.scopes.insert(saved.scope, index);
+            }
+            // Scopes the checkpoint has no layout for (one written before layouts were
+            // saved): their graphs are built again.
             for (scope, vectors) in grouped {
-                let index = VectorIndex::from_vectors(dim, params.clone(), vectors)
-                    .map_err(|e| ProjectionError::Fatal(format!("vector checkpoint: {e}")))?;
+                let index =
+                    VectorIndex::from_vectors(dim, params.clone(), vectors).map_err(corrupt)?;
+                built += usize::from(index.has_graph());
                 state.scopes.insert(scope, index);
             }
+            tracing::info!(
+                scopes = state.scopes.len(),
+                memories = state.memories.len(),
+                graphs_loaded = loaded,
+                graphs_built = built,
+                elapsed_ms = started.elapsed().as_millis() as u64,
+                "vector checkpoint restored"
+            );
             Ok(state)
         })
         .await
@@ -380,33 +441,75 @@ impl Projection for VectorProjection {
     }
 
     async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError> {
-        let (path, state, model, dim) = (
+        let (dir, path, state, model, dim) = (
+            self.dir.clone(),
             self.path.clone(),
             self.state.clone(),
             self.embedder.model_id().to_owned(),
             self.embedder.dim(),
         );
         tokio::task::spawn_blocking(move || {
-            let state = state.read().unwrap_or_else(|p| p.into_inner());
-            let memories = state
-                .memories
-                .values()
-                .filter_map(|m| {
-                    let vector = state.scopes.get(&m.meta.scope)?.vector(m.meta.seq)?;
-                    Some((m.clone(), vector.to_vec()))
-                })
-                .collect();
-            let forgotten = state.forgotten.iter().cloned().collect();
-            snapshot::save(
-                &path,
-                applied,
-                &Snapshot {
+            let io = |what: &str, path: &std::path::Path, e: std::io::Error| {
+                ProjectionError::Transient(format!(
+                    "vector checkpoint: {what} {}: {e}",
+                    path.display()
+                ))
+            };
+            // A fresh name every time: the directory the durable snapshot names is never
+            // touched until a newer snapshot has replaced it.
+            let nanos = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| d.as_nanos());
+            let graphs_name = format!("{GRAPHS_PREFIX}{applied}-{nanos}");
+            let graphs = dir.join(&graphs_name);
+            let snap = {
+                // Writers wait while the graphs are written; searches do not.
+                let state = state.read().unwrap_or_else(|p| p.into_inner());
+                let mut scopes = Vec::with_capacity(state.scopes.len());
+                for (i, (scope, index)) in state.scopes.iter().enumerate() {
+                    let mut graph = None;
+                    if index.has_graph() {
+                        let sub = graphs.join(i.to_string());
+                        std::fs::create_dir_all(&sub).map_err(|e| io("create", &sub, e))?;
+                        if index
+                            .save_graph(&sub)
+                            .map_err(|e| io("write graph", &sub, e))?
+                        {
+                            graph = Some(i);
+                        }
+                    }
+                    scopes.push(SavedScope {
+                        scope: scope.clone(),
+                        layout: index.layout(),
+                        graph,
+                    });
+                }
+                let memories = state
+                    .memories
+                    .values()
+                    .filter_map(|m| {
+                        let vector = state.scopes.get(&m.meta.scope)?.vector(m.meta.seq)?;
+                        Some((m.clone(), vector.to_vec()))
+                    })
+                    .collect();
+                Snapshot {
                     model,
                     dim,
                     memories,
-                    forgotten,
-                },
-            )
+                    forgotten: state.forgotten.iter().cloned().collect(),
+                    graphs: graphs.exists().then_some(graphs_name.clone()),
+                    scopes,
+                }
+            };
+            if graphs.exists() {
+                std::fs::File::open(&graphs)
+                    .and_then(|d| d.sync_all())
+                    .map_err(|e| io("sync", &graphs, e))?;
+            }
+            snapshot::save(&path, applied, &snap)?;
+            // The new snapshot is durable: older graph directories are garbage now.
+            remove_graphs_except(&dir, snap.graphs.as_deref());
+            Ok(())
         })
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))?
@@ -414,7 +517,9 @@ impl Projection for VectorProjection {
 
     async fn reset(&self) -> Result<(), ProjectionError> {
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = State::default();
-        snapshot::remove(&self.path)
+        snapshot::remove(&self.path)?;
+        remove_graphs_except(&self.dir, None);
+        Ok(())
     }
 
     async fn state_hash(&self) -> [u8; 32] {
@@ -547,5 +652,23 @@ fn compact(state: &RwLock<State>, dim: usize, params: &HnswParams, scope: &Scope
         }
         // Only stored vectors go back in, so this cannot fail; keep the old index if it does.
         Err(e) => tracing::warn!(error = %e, "vector index compaction failed; keeping tombstones"),
+    }
+}
+
+/// Removes `vector-graphs-*` directories other than `keep`. Failures are only logged: a
+/// leftover directory wastes disk, nothing more.
+fn remove_graphs_except(dir: &std::path::Path, keep: Option<&str>) {
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(GRAPHS_PREFIX)
+            && Some(name.as_ref()) != keep
+            && let Err(e) = std::fs::remove_dir_all(entry.path())
+        {
+            tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove an old vector graph directory");
+        }
     }
 }

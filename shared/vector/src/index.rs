@@ -42,23 +42,23 @@ const FILTER_SAMPLE: usize = 1_024;
 /// search one index at once (behind an `Arc<RwLock<_>>`, say); changes take `&mut self`.
 pub struct VectorIndex {
     /// Length of every stored and query vector; fixed at creation.
-    dim: usize,
-    params: HnswParams,
+    pub(crate) dim: usize,
+    pub(crate) params: HnswParams,
     /// Unit vectors, row after row: row `r` is `vectors[r * dim..(r + 1) * dim]`. Rows are
     /// appended by inserts and only dropped by a rebuild, so they stay valid graph data ids.
-    vectors: Vec<f32>,
+    pub(crate) vectors: Vec<f32>,
     /// The sequence of each row.
-    seqs: Vec<Seq>,
+    pub(crate) seqs: Vec<Seq>,
     /// Whether each row is live; false once its sequence was removed (a tombstone).
-    live: Vec<bool>,
+    pub(crate) live: Vec<bool>,
     /// The row of each live sequence.
-    rows: HashMap<Seq, usize>,
+    pub(crate) rows: HashMap<Seq, usize>,
     /// Whether rows are in ascending sequence order, as when a projector inserts in stream
     /// order; `iter` sorts only when they are not.
-    rows_in_seq_order: bool,
+    pub(crate) rows_in_seq_order: bool,
     /// HNSW over rows (data id = row). `None` until the live count first reaches
     /// `exact_below`, and again after a rebuild that leaves fewer than that.
-    graph: Option<Hnsw<'static, f32, UnitCosine>>,
+    pub(crate) graph: Option<Hnsw<'static, f32, UnitCosine>>,
 }
 
 // The query service shares indexes across tasks; fail the build, not the deployment, if a
@@ -386,7 +386,7 @@ impl VectorIndex {
         &self.vectors[row * self.dim..(row + 1) * self.dim]
     }
 
-    fn reserve(&mut self, additional: usize) {
+    pub(crate) fn reserve(&mut self, additional: usize) {
         self.vectors.reserve(additional.saturating_mul(self.dim));
         self.seqs.reserve(additional);
         self.live.reserve(additional);
@@ -409,12 +409,12 @@ impl VectorIndex {
         Ok(row)
     }
 
-    fn wants_graph(&self) -> bool {
+    pub(crate) fn wants_graph(&self) -> bool {
         self.graph.is_none() && self.live_len() > 0 && self.live_len() >= self.params.exact_below
     }
 
     /// A graph over the live rows.
-    fn build_graph(&self) -> Hnsw<'static, f32, UnitCosine> {
+    pub(crate) fn build_graph(&self) -> Hnsw<'static, f32, UnitCosine> {
         let started = Instant::now();
         let graph = Hnsw::new(
             self.params.max_nb_conn,

@@ -35,6 +35,8 @@
 //! - [`VectorIndex`] (`index`): the store, the graph, search, tombstones and rebuilds.
 //! - [`HnswParams`] (`params`): construction and search knobs, with serde for config files.
 //! - [`VectorError`] (`error`): refused vectors and parameters.
+//! - `persist`: [`VectorIndex::save_graph`] and [`VectorIndex::restore`], so that a restart
+//!   loads the graph instead of building it again; [`RowLayout`].
 //! - `kernel`: dot products (AVX2 when the CPU has it) and normalisation.
 //! - [`synthetic`]: clustered synthetic embeddings for the benchmark and tests.
 //!
@@ -45,8 +47,10 @@ mod error;
 mod index;
 mod kernel;
 mod params;
+mod persist;
 pub mod synthetic;
 
 pub use error::VectorError;
 pub use index::VectorIndex;
 pub use params::HnswParams;
+pub use persist::RowLayout;

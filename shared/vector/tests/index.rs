@@ -630,3 +630,50 @@ fn given_batches_with_a_bad_vector_when_inserted_many_then_the_rest_is_searchabl
         / queries.len() as f64;
     assert!(mean >= 0.9, "recall@10 {mean}");
 }
+
+#[test]
+fn given_a_saved_graph_when_restored_then_searches_match_and_a_corrupt_dump_is_rebuilt() {
+    // Given an index with a graph and two tombstones, its graph saved and its layout taken
+    let data = clustered(1_000, 16, 5);
+    let mut index = VectorIndex::from_vectors(16, small_graph_params(), data.clone()).unwrap();
+    index.remove(10);
+    index.remove(500);
+    let dir = tempfile::tempdir().unwrap();
+    assert!(index.save_graph(dir.path()).unwrap());
+    let layout = index.layout();
+    let vectors: std::collections::HashMap<Seq, Vec<f32>> =
+        index.iter().map(|(seq, v)| (seq, v.to_vec())).collect();
+    let lookup = |seq: Seq| vectors.get(&seq).map(Vec::as_slice);
+
+    // When it is restored with the graph
+    let (restored, loaded) =
+        VectorIndex::restore(16, small_graph_params(), &layout, lookup, Some(dir.path())).unwrap();
+    assert!(loaded, "the graph came from the dump");
+
+    // Then it holds the same vectors and answers every search exactly as before
+    assert!(restored.has_graph());
+    assert_eq!((restored.len(), restored.live_len()), (1_000, 998));
+    let stored = |index: &VectorIndex| -> Vec<(Seq, Vec<f32>)> {
+        index.iter().map(|(s, v)| (s, v.to_vec())).collect()
+    };
+    assert_eq!(stored(&restored), stored(&index));
+    for query in queries(30, 16, 10) {
+        let before = index.search(&query, 10, &any).unwrap();
+        assert_eq!(restored.search(&query, 10, &any).unwrap(), before);
+        assert!(!seqs(&before).contains(&10));
+    }
+
+    // And a damaged dump is not trusted: the graph is built again and searches still work
+    std::fs::write(dir.path().join("graph.hnsw.graph"), b"not a graph").unwrap();
+    let (rebuilt, loaded) =
+        VectorIndex::restore(16, small_graph_params(), &layout, lookup, Some(dir.path())).unwrap();
+    assert!(!loaded, "a damaged dump is not loaded");
+    assert!(rebuilt.has_graph());
+    let query = &queries(1, 16, 10)[0];
+    assert!(
+        recall(
+            &rebuilt.search(query, 10, &any).unwrap(),
+            &rebuilt.exact_search(query, 10, &any).unwrap()
+        ) >= 0.8
+    );
+}
