@@ -211,7 +211,7 @@ impl VectorIndex {
             Some(graph) if self.live_len() >= self.params.exact_below => graph,
             _ => return Ok(self.scan(&query, k, filter)),
         };
-        let ef = self.params.ef_search.max(k);
+        let ef = self.params.ef_search_for(self.live_len()).max(k);
         let allowed = |row: usize| self.live[row] && filter(self.seqs[row]);
 
         // Unfiltered, then drop what is not allowed: as good as a plain search whenever at
@@ -277,7 +277,8 @@ impl VectorIndex {
         &self.params
     }
 
-    /// Changes the search-time candidate list size (values below 1 count as 1).
+    /// Changes the search-time candidate list size (values below 1 count as 1). It still
+    /// grows with the scope if `ef_search_grows` is set.
     pub fn set_ef_search(&mut self, ef_search: usize) {
         self.params.ef_search = ef_search.max(1);
     }

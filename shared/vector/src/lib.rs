@@ -52,5 +52,5 @@ pub mod synthetic;
 
 pub use error::VectorError;
 pub use index::VectorIndex;
-pub use params::HnswParams;
+pub use params::{EF_SEARCH_BASE_SIZE, HnswParams};
 pub use persist::RowLayout;

@@ -677,3 +677,17 @@ fn given_a_saved_graph_when_restored_then_searches_match_and_a_corrupt_dump_is_r
         ) >= 0.8
     );
 }
+
+#[test]
+fn given_the_default_rule_when_a_scope_grows_then_ef_search_grows_in_proportion_above_125k() {
+    let grows = HnswParams::default();
+    assert_eq!(grows.ef_search_for(1_000), 64);
+    assert_eq!(grows.ef_search_for(125_000), 64);
+    assert_eq!(grows.ef_search_for(250_000), 128);
+    assert_eq!(grows.ef_search_for(1_000_000), 512);
+    let fixed = HnswParams {
+        ef_search_grows: false,
+        ..HnswParams::default()
+    };
+    assert_eq!(fixed.ef_search_for(1_000_000), 64);
+}

@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 use anyhow::{Context, bail};
 use clap::Parser;
 use engram_memory::{Hit, Seq};
+use engram_vector::EF_SEARCH_BASE_SIZE;
 use engram_vector::synthetic::{Mixture, MixtureSpec};
 use engram_vector::{HnswParams, VectorIndex};
 use hdrhistogram::Histogram;
@@ -134,6 +135,8 @@ fn main() -> anyhow::Result<()> {
     let params = HnswParams {
         max_nb_conn: args.max_nb_conn,
         ef_construction: args.ef_construction,
+        // The sweep measures each ef as given; the default rule's choice per size is printed.
+        ef_search_grows: false,
         ..HnswParams::default()
     };
     params.validate().context("invalid graph parameters")?;
@@ -357,6 +360,10 @@ fn print_size(result: &SizeReport, k: usize) {
         }
         None => println!("tuned ef_search: none of the swept values reached the target recall"),
     }
+    println!(
+        "the default rule (ef_search 64, growing above {EF_SEARCH_BASE_SIZE} vectors) searches this size with ef {}",
+        HnswParams::default().ef_search_for(result.vectors)
+    );
     for run in &result.filtered {
         println!(
             "filtered {:.3} allowed, ef {}: p50 {:.3} ms, p99 {:.3} ms, recall@{k} {:.4} (exact p50 {:.3} ms)",
