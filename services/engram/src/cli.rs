@@ -95,6 +95,9 @@ pub enum BenchCommand {
     /// question in hybrid, dense-only and BM25-only modes. Without --nats it starts its own
     /// nats-server and services in a temporary directory.
     Locomo(crate::bench::locomo::LocomoArgs),
+    /// Retrieval latency at a scope size (100k memories by default) through the query
+    /// service, beside exact and graph search of the same vectors in-process. Self-contained.
+    Query(crate::bench::query::QueryArgs),
 }
 
 /// Who asks and which scopes they may read.
@@ -294,6 +297,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Bench(BenchCommand::Locomo(args)) => {
             crate::bench::locomo::run(&config, args, json).await
+        }
+        Command::Bench(BenchCommand::Query(args)) => {
+            crate::bench::query::run(&config, args, json).await
         }
         Command::Config(ConfigCommand::Dump) => {
             if json {

@@ -93,7 +93,8 @@ impl Default for LogConfig {
     fn default() -> Self {
         Self {
             format: LogFormat::Text,
-            filter: "info,async_nats=warn".into(),
+            // hnsw_rs and foyer log their internals (dumps, reloads, recovery) at info.
+            filter: "info,async_nats=warn,hnsw_rs=warn,foyer_storage=warn".into(),
         }
     }
 }
