@@ -32,6 +32,11 @@ bench-append *ARGS:
 bench-locomo *ARGS:
     cargo run --release -p engram -- bench locomo --data ../shared/bench/locomo-dev.json {{ARGS}}
 
+# Retrieval latency at 100k memories in one scope through the service, beside in-process
+# exact and graph search of the same vectors.
+bench-query *ARGS:
+    cargo run --release -p engram -- bench query {{ARGS}}
+
 # HNSW against exact search at 100k and 1M vectors (client-supplied, one scope).
 bench-ann *ARGS:
     cargo run --release -p engram-vector --bin bench-ann -- {{ARGS}}
@@ -46,4 +51,4 @@ bench-embed *ARGS:
     cargo run --release -p engram-embed --bin bench-embed -- {{ARGS}}
 
 # All benchmarks.
-bench: bench-append bench-project bench-locomo bench-ann bench-embed
+bench: bench-append bench-project bench-query bench-locomo bench-ann bench-embed
