@@ -54,7 +54,8 @@ struct Staged {
     event_ids: HashMap<EventId, Seq>,
     /// Memories withdrawn since the last commit.
     forgotten: Vec<(EventId, Seq)>,
-    /// The last sequence applied; commits must happen even when only forgetting changed.
+    /// The last sequence applied, so that a retried batch skips what it already staged
+    /// (a batch may end in events that stage nothing).
     applied: Seq,
 }
 
