@@ -41,7 +41,8 @@ struct State {
     /// Event ids already indexed (and their sequence): a retry stored again after the
     /// stream's duplicate window must still count once.
     event_ids: HashMap<EventId, Seq>,
-    /// Memories withdrawn by `forgotten` events; their ids stay in `event_ids`.
+    /// Ids of memories withdrawn by `forgotten` events, kept in the checkpoint so that a late
+    /// retry of one is never indexed again.
     forgotten: BTreeSet<EventId>,
     scopes: HashMap<ScopeKey, VectorIndex>,
 }
