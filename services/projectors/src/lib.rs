@@ -286,7 +286,7 @@ where
         .map_err(|source| StartError::Service { projector, source })?;
         let service_err = |source| StartError::Service { projector, source };
         let stop = wait_true(shutdown.clone());
-        let (visibility, task, status): (_, _, Arc<dyn Projection>) = match name {
+        let (visibility, task, status) = match name {
             ProjectorName::Vector => {
                 let embedder = embedder(config, dir).await?;
                 let projection = Arc::new(vector::VectorProjection::new(
@@ -294,93 +294,62 @@ where
                     embedder,
                     config.hnsw.clone(),
                 ));
-                let status = projection.clone();
-                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
-                let visibility = p.visibility();
-                let v = visibility.clone();
-                engram_rpc::serve(
+                launch(
+                    projection,
+                    bus,
+                    settings,
                     &service,
-                    &proto::projector_subject(projector, "search"),
-                    "vector_search",
-                    move |req: SearchRequest| {
-                        let (projection, v) = (projection.clone(), v.clone());
-                        async move {
-                            wait_visible(&v, &req.consistency).await?;
-                            projection.search(&req).await
-                        }
-                    },
+                    ("search", "vector_search"),
+                    |r: &SearchRequest| r.consistency,
+                    |p, req, _| async move { p.search(&req).await },
+                    stop,
                 )
                 .await
-                .map_err(service_err)?;
-                (visibility, tokio::spawn(p.run(stop)), status)
             }
             ProjectorName::Keyword => {
                 let projection = Arc::new(keyword::KeywordProjection::new(dir));
-                let status = projection.clone();
-                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
-                let visibility = p.visibility();
-                let v = visibility.clone();
-                engram_rpc::serve(
+                launch(
+                    projection,
+                    bus,
+                    settings,
                     &service,
-                    &proto::projector_subject(projector, "search"),
-                    "keyword_search",
-                    move |req: SearchRequest| {
-                        let (projection, v) = (projection.clone(), v.clone());
-                        async move {
-                            wait_visible(&v, &req.consistency).await?;
-                            projection.search(&req).await
-                        }
-                    },
+                    ("search", "keyword_search"),
+                    |r: &SearchRequest| r.consistency,
+                    |p, req, _| async move { p.search(&req).await },
+                    stop,
                 )
                 .await
-                .map_err(service_err)?;
-                (visibility, tokio::spawn(p.run(stop)), status)
             }
             ProjectorName::Facts => {
                 let projection = Arc::new(facts::FactsProjection::new(facts::NAME, dir));
-                let status = projection.clone();
-                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
-                let visibility = p.visibility();
-                let v = visibility.clone();
-                engram_rpc::serve(
+                launch(
+                    projection,
+                    bus,
+                    settings,
                     &service,
-                    &proto::projector_subject(projector, "query"),
-                    "facts",
-                    move |req: FactsRequest| {
-                        let (projection, v) = (projection.clone(), v.clone());
-                        async move {
-                            wait_visible(&v, &req.consistency).await?;
-                            facts::query(&projection, &req, v.current())
-                        }
-                    },
+                    ("query", "facts"),
+                    |r: &FactsRequest| r.consistency,
+                    |p, req, seq| async move { facts::query(&p, &req, seq) },
+                    stop,
                 )
                 .await
-                .map_err(service_err)?;
-                (visibility, tokio::spawn(p.run(stop)), status)
             }
             ProjectorName::Skills => {
                 let projection = Arc::new(skills::SkillsProjection::new(skills::NAME, dir));
-                let status = projection.clone();
-                let p = Projector::new(projection.clone(), bus.clone(), settings.clone());
-                let visibility = p.visibility();
-                let v = visibility.clone();
-                engram_rpc::serve(
+                launch(
+                    projection,
+                    bus,
+                    settings,
                     &service,
-                    &proto::projector_subject(projector, "search"),
-                    "skills",
-                    move |req: SkillsRequest| {
-                        let (projection, v) = (projection.clone(), v.clone());
-                        async move {
-                            wait_visible(&v, &req.consistency).await?;
-                            skills::query(&projection, &req, v.current())
-                        }
-                    },
+                    ("search", "skills"),
+                    |r: &SkillsRequest| r.consistency,
+                    |p, req, seq| async move { skills::query(&p, &req, seq) },
+                    stop,
                 )
                 .await
-                .map_err(service_err)?;
-                (visibility, tokio::spawn(p.run(stop)), status)
             }
-        };
+        }
+        .map_err(service_err)?;
         let v = visibility.clone();
         engram_rpc::serve(
             &service,
@@ -411,6 +380,57 @@ where
         running._services.push(service);
     }
     Ok(running)
+}
+
+/// A started projector: what queries wait on, its loop, and the model for status requests.
+type Launched = (
+    Visibility,
+    JoinHandle<Result<(), ProjectorError>>,
+    Arc<dyn Projection>,
+);
+
+/// Starts `projection`'s loop and serves `engram.p.<name>.<op>` (metrics label `label`,
+/// from `endpoint`) with `answer`, which runs once the request's read-your-writes token
+/// (`consistency`) is visible and gets the visible sequence.
+#[allow(clippy::too_many_arguments)]
+async fn launch<P, Req, Resp, A, Fut>(
+    projection: Arc<P>,
+    bus: Bus,
+    settings: ProjectorSettings,
+    service: &async_nats::service::Service,
+    endpoint: (&'static str, &'static str),
+    consistency: fn(&Req) -> Consistency,
+    answer: A,
+    stop: impl Future<Output = ()> + Send + 'static,
+) -> Result<Launched, engram_rpc::RpcError>
+where
+    P: Projection,
+    Req: serde::de::DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    A: Fn(Arc<P>, Req, Seq) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
+{
+    let (op, label) = endpoint;
+    let name = projection.name();
+    let projector = Projector::new(projection.clone(), bus, settings);
+    let visibility = projector.visibility();
+    let v = visibility.clone();
+    let status: Arc<dyn Projection> = projection.clone();
+    let answer = Arc::new(answer);
+    engram_rpc::serve(
+        service,
+        &proto::projector_subject(name, op),
+        label,
+        move |req: Req| {
+            let (projection, v, answer) = (projection.clone(), v.clone(), answer.clone());
+            async move {
+                wait_visible(&v, &consistency(&req)).await?;
+                answer(projection, req, v.current()).await
+            }
+        },
+    )
+    .await?;
+    Ok((visibility, tokio::spawn(projector.run(stop)), status))
 }
 
 /// Rebuilds one projector's read model from sequence 1. The projector must not be running.
