@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use super::progress;
 use anyhow::Context as _;
 use chrono::Duration as ChronoDuration;
 use engram_config::Config;
@@ -24,7 +25,6 @@ use engram_memory::proto::{
 };
 use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_sdk::{Client, RetryPolicy};
-use indicatif::{ProgressBar, ProgressStyle};
 
 #[derive(Debug, clap::Args)]
 pub struct LocomoArgs {
@@ -79,11 +79,7 @@ pub async fn run(config: &Config, args: LocomoArgs, json: bool) -> anyhow::Resul
             RetryPolicy::default(),
         )
     } else {
-        let home = tempfile::tempdir().context("creating a temporary home")?;
-        let mut local = config.clone();
-        local.home = home.path().to_owned();
-        local.nats.managed_port = 0;
-        local.http.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        let (home, local) = super::temporary_home(config)?;
         eprintln!("starting an embedded engram in {}", home.path().display());
         let up = crate::up::start(&local).await?;
         let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
@@ -224,17 +220,6 @@ async fn bench(
     }
     bar.finish_and_clear();
     Ok(evaluator)
-}
-
-fn progress(len: u64, message: &'static str) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
-    bar.set_message(message);
-    bar
 }
 
 fn uuid_hex() -> String {

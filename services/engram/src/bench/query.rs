@@ -13,6 +13,7 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::time::Instant;
 
+use super::progress;
 use anyhow::Context as _;
 use engram_config::Config;
 use engram_embed::EmbedderConfig;
@@ -22,7 +23,6 @@ use engram_sdk::{Client, RetryPolicy};
 use engram_vector::synthetic::{Mixture, MixtureSpec};
 use engram_vector::{HnswParams, VectorIndex};
 use hdrhistogram::Histogram;
-use indicatif::{ProgressBar, ProgressStyle};
 use rand::rngs::SmallRng;
 use rand::seq::IndexedRandom;
 use rand::{Rng, SeedableRng};
@@ -207,11 +207,7 @@ pub async fn run(config: &Config, args: QueryArgs, json: bool) -> anyhow::Result
     if args.memories == 0 || args.queries == 0 || args.top_k == 0 {
         anyhow::bail!("--memories, --queries and --top-k must be at least 1");
     }
-    let home = tempfile::tempdir().context("creating a temporary home")?;
-    let mut local = config.clone();
-    local.home = home.path().to_owned();
-    local.nats.managed_port = 0;
-    local.http.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    let (home, mut local) = super::temporary_home(config)?;
     local.projectors.embedder = EmbedderConfig::ClientSupplied {
         model: MODEL.into(),
         dim: DIM,
@@ -444,15 +440,4 @@ fn sentence(rng: &mut SmallRng, words: usize) -> String {
         .map(|_| *WORDS.choose(rng).expect("non-empty vocabulary"))
         .collect::<Vec<_>>()
         .join(" ")
-}
-
-fn progress(len: u64, message: &'static str) -> ProgressBar {
-    let bar = ProgressBar::new(len);
-    bar.set_style(
-        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
-            .expect("static template")
-            .progress_chars("=> "),
-    );
-    bar.set_message(message);
-    bar
 }
