@@ -25,6 +25,7 @@ mod cpu;
 mod driver;
 pub mod embedded;
 mod engram;
+pub mod fleet;
 pub mod project;
 pub mod raw;
 pub mod report;

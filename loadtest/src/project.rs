@@ -533,7 +533,7 @@ async fn probe_cache(
 }
 
 /// Counts the stream's messages through an ordered consumer without decoding them.
-async fn raw_ordered(bus: &Bus) -> Result<u64, ProjectBenchError> {
+pub(crate) async fn raw_ordered(bus: &Bus) -> Result<u64, ProjectBenchError> {
     let read_err = |e: &dyn std::fmt::Display| ProjectBenchError::Read(e.to_string());
     let stream = bus
         .jetstream()

@@ -90,6 +90,18 @@ impl AgentWorkload {
         &self.profile
     }
 
+    /// Continues the same identity as another instance, as a successor that took over.
+    pub fn set_instance(&mut self, instance_id: Ident) {
+        self.profile.instance_id = instance_id;
+    }
+
+    /// A short question about the agent's work, as an agent asks its memory before a step.
+    /// Drawn from a small set, as real agents repeat themselves (and query embeddings cache).
+    pub fn question(&mut self) -> String {
+        let r = &mut self.rng;
+        format!("why {} {}", pick(r, NOUN_PHRASES), pick(r, VERB_PHRASES))
+    }
+
     /// The next event, stamped as the SDK's `Agent` would stamp it.
     pub fn next_event(&mut self) -> Envelope {
         let kind = self.pick_kind();
@@ -241,10 +253,12 @@ impl AgentWorkload {
 
     fn data(&mut self, kind: EventKind) -> Option<Value> {
         let r = &mut self.rng;
+        // Facts, skills and preferences are only meaningful with their payload (the fact
+        // table and skill registry dead-letter them without one), so they always carry it.
         let chance = match kind {
+            EventKind::FactAsserted | EventKind::SkillRecorded | EventKind::Preference => 1.0,
             EventKind::Action => 0.7,
-            EventKind::Outcome | EventKind::SkillRecorded => 0.6,
-            EventKind::FactAsserted | EventKind::Preference => 0.5,
+            EventKind::Outcome => 0.6,
             _ => 0.15,
         };
         if !r.random_bool(chance) {
@@ -258,15 +272,25 @@ impl AgentWorkload {
                 "exit_code": pick(r, &[0, 0, 0, 1, 2]),
                 "duration_ms": r.random_range(5..120_000),
             }),
-            EventKind::Outcome => json!({
-                "status": pick(r, &["success", "success", "failure", "partial"]),
-                "tests_passed": r.random_range(0..2_000),
-                "tests_failed": r.random_range(0..12),
-                "duration_ms": r.random_range(100..600_000),
-            }),
+            EventKind::Outcome => {
+                let mut data = json!({
+                    "status": pick(r, &["success", "success", "failure", "partial"]),
+                    "tests_passed": r.random_range(0..2_000),
+                    "tests_failed": r.random_range(0..12),
+                    "duration_ms": r.random_range(100..600_000),
+                });
+                // Some outcomes report on a recorded skill, which counts its successes.
+                if r.random_bool(0.4) {
+                    data["skill"] = json!(pick(r, GOALS));
+                    data["success"] = json!(r.random_bool(0.7));
+                }
+                data
+            }
+            // Few subjects and single-valued predicates, so teammates contradict each other
+            // and later assertions supersede earlier ones.
             EventKind::FactAsserted => json!({
                 "subject": pick(r, NOUN_PHRASES),
-                "predicate": pick(r, VERB_PHRASES),
+                "predicate": pick(r, FACT_PREDICATES),
                 "object": pick(r, QUALIFIERS),
                 "confidence": round2(r.random_range(0.5..1.0)),
             }),
@@ -276,8 +300,10 @@ impl AgentWorkload {
             }),
             EventKind::SkillRecorded => {
                 let steps: Vec<&str> = (0..r.random_range(3..7)).map(|_| pick(r, STEPS)).collect();
+                let goal = pick(r, GOALS);
                 json!({
-                    "name": pick(r, GOALS),
+                    "name": goal,
+                    "description": format!("How to {goal}, as it worked last time."),
                     "steps": steps,
                     "success_rate": round2(r.random_range(0.4..1.0)),
                 })
@@ -420,6 +446,9 @@ const QUALIFIERS: &[&str] = &[
     "on ARM runners only",
 ];
 
+/// Predicates the simulated agents assert facts with; all single-valued.
+pub const FACT_PREDICATES: &[&str] = &["status", "owner", "root_cause", "severity"];
+
 const LINKS: &[&str] = &[
     "also affects",
     "probably explains the alerts from",
@@ -545,6 +574,21 @@ mod tests {
                 kinds.insert(event.kind);
                 scopes.insert(event.scope.to_string());
                 with_data += usize::from(event.content.data.is_some());
+                let data = event.content.data.as_ref();
+                let has = |field: &str| data.is_some_and(|d| d.get(field).is_some());
+                match event.kind {
+                    EventKind::FactAsserted => {
+                        assert!(
+                            has("subject") && has("predicate") && has("object"),
+                            "{data:?}"
+                        );
+                    }
+                    EventKind::SkillRecorded => {
+                        assert!(has("name") && has("description"), "{data:?}");
+                    }
+                    EventKind::Outcome if has("skill") => assert!(has("success"), "{data:?}"),
+                    _ => {}
+                }
             }
         }
         sizes.sort_unstable();
@@ -569,7 +613,7 @@ mod tests {
         // Two teams of ten share two task scopes; every agent also writes to its own.
         assert_eq!(scopes.len(), 2 + 20);
         assert!(
-            (1_500..3_000).contains(&with_data),
+            (2_000..3_500).contains(&with_data),
             "{with_data} of 5000 events carry data"
         );
     }

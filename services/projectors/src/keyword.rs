@@ -1,9 +1,10 @@
 //! The keyword projector: BM25 over episodic and semantic text memories, in tantivy.
 //!
-//! tantivy is the checkpoint: each publish is a durable commit whose payload is the applied
-//! sequence, so index and sequence can never disagree after a crash. A commit is also what
-//! makes new memories searchable. It costs an fsync, so while the projector works through a
-//! backlog it commits every `keyword_commit_interval`, and at the tail after every batch.
+//! tantivy is the checkpoint: each publish is a durable commit whose payload holds the apply
+//! ledger (the applied sequence with the count and digest of the events applied), so index
+//! and ledger can never disagree after a crash. A commit is also what makes new memories
+//! searchable. It costs an fsync, so while the projector works through a backlog it commits
+//! every `keyword_commit_interval`, and at the tail after every batch.
 //!
 //! A `forgotten` event deletes its memories' documents. The index keeps no record of
 //! forgotten ids, so after a restart a retry of a forgotten event that arrives outside the
@@ -19,7 +20,7 @@ use engram_bus::StoredEvent;
 use engram_keyword::{KeywordIndex, KeywordReader};
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{MemoryMeta, ScopeKey, Seq, is_text_memory};
-use engram_projector::{Projection, ProjectionError, Rejected};
+use engram_projector::{ApplyLedger, Projection, ProjectionError, Rejected};
 use engram_rpc::Failure;
 use engram_schema::{EventId, EventKind};
 
@@ -73,6 +74,36 @@ enum KwOp {
 
 fn fatal(e: impl std::fmt::Display) -> ProjectionError {
     ProjectionError::Fatal(format!("keyword index: {e}"))
+}
+
+/// The ledger saved with the index's last commit (JSON in the commit's note).
+///
+/// An index committed before ledgers existed carries a bare sequence. It is refused, not read
+/// as a ledger with unknown counts: such a ledger could never be checked against the stream,
+/// which is its whole purpose, and the other projectors' checkpoints need the same rebuild.
+fn committed_ledger(index: &KeywordIndex) -> Result<ApplyLedger, ProjectionError> {
+    let seq = index.committed_seq();
+    let Some(note) = index.committed_note() else {
+        if seq == 0 {
+            // New, or cleared for a rebuild: nothing applied.
+            return Ok(ApplyLedger::default());
+        }
+        return Err(ProjectionError::Fatal(format!(
+            "the keyword index was committed at seq {seq} by an older engram, without an apply ledger; run `engram rebuild {NAME}` to replace it"
+        )));
+    };
+    let ledger: ApplyLedger = serde_json::from_str(note).map_err(|e| {
+        ProjectionError::Fatal(format!(
+            "the keyword index's apply ledger {note:?} does not decode ({e}); run `engram rebuild {NAME}`"
+        ))
+    })?;
+    if ledger.seq != seq {
+        return Err(ProjectionError::Fatal(format!(
+            "the keyword index was committed at seq {seq} with an apply ledger for seq {}; run `engram rebuild {NAME}`",
+            ledger.seq
+        )));
+    }
+    Ok(ledger)
 }
 
 impl KeywordProjection {
@@ -174,7 +205,7 @@ impl Projection for KeywordProjection {
         NAME
     }
 
-    async fn restore(&self) -> Result<Seq, ProjectionError> {
+    async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
         let dir = self.dir.clone();
         let (index, memories) = tokio::task::spawn_blocking(move || {
             let index = KeywordIndex::open(&dir).map_err(fatal)?;
@@ -183,9 +214,9 @@ impl Projection for KeywordProjection {
         })
         .await
         .map_err(fatal)??;
-        let seq = index.committed_seq();
+        let ledger = committed_ledger(&index)?;
         let mut table = Table {
-            applied: seq,
+            applied: ledger.seq,
             ..Table::default()
         };
         for (meta, text) in memories {
@@ -196,7 +227,7 @@ impl Projection for KeywordProjection {
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
         *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
-        Ok(seq)
+        Ok(ledger)
     }
 
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
@@ -320,15 +351,18 @@ impl Projection for KeywordProjection {
         Ok(rejected)
     }
 
-    async fn publish(&self, applied: Seq) -> Result<(), ProjectionError> {
+    async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
+        let ledger = serde_json::to_string(applied).map_err(fatal)?;
+        let applied = applied.seq;
         if self
             .staged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
             .is_empty()
         {
-            // Nothing new to search: skip the fsync. The commit's sequence lags, so a restart
-            // re-reads a few events that are not text memories, which changes nothing.
+            // Nothing new to search: skip the fsync. The commit's ledger lags, so a restart
+            // re-reads a few events that are not text memories and counts them again from
+            // that older ledger, which changes nothing.
             self.table
                 .write()
                 .unwrap_or_else(|p| p.into_inner())
@@ -343,7 +377,7 @@ impl Projection for KeywordProjection {
         let mut index = writer
             .ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
         let (index, result) = tokio::task::spawn_blocking(move || {
-            let result = index.commit(applied);
+            let result = index.commit_with_note(applied, &ledger);
             (index, result)
         })
         .await
@@ -367,8 +401,8 @@ impl Projection for KeywordProjection {
         Ok(())
     }
 
-    async fn checkpoint(&self, _applied: Seq) -> Result<(), ProjectionError> {
-        // Every publish is already a durable commit carrying its sequence.
+    async fn checkpoint(&self, _applied: &ApplyLedger) -> Result<(), ProjectionError> {
+        // Every publish is already a durable commit carrying its ledger.
         Ok(())
     }
 

@@ -10,6 +10,10 @@
 //! - this module: configuration, start-up (one connection, projector loop and NATS service
 //!   per projector) and rebuild.
 //!
+//! Besides its query endpoint, every projector service answers `engram.p.<name>.status`
+//! ([`ProjectorStatus`], which hashes the whole model) and `engram.p.<name>.ledger`
+//! ([`ProjectorLedger`], cheap enough to poll), both taking a [`Consistency`].
+//!
 //! A projector service answers only the scopes it is handed; deciding which scopes a caller
 //! may read is the query service's job.
 
@@ -32,7 +36,8 @@ use engram_memory::proto::{
     self, Consistency, ErrorCode, FactsRequest, SearchRequest, SkillsRequest,
 };
 use engram_projector::{
-    NotYetVisible, Projection, Projector, ProjectorError, ProjectorSettings, Visibility,
+    ApplyLedger, NotYetVisible, Projection, Projector, ProjectorError, ProjectorSettings,
+    Visibility,
 };
 use engram_rpc::Failure;
 use engram_vector::HnswParams;
@@ -365,10 +370,33 @@ where
                         .iter()
                         .map(|b| format!("{b:02x}"))
                         .collect();
+                    // Visible first, ledger after: see `Visibility::ledger`.
+                    let visible_seq = v.current();
                     Ok(ProjectorStatus {
                         projector: status.name().to_owned(),
-                        visible_seq: v.current(),
+                        visible_seq,
                         state_hash: hash,
+                        ledger: v.ledger(),
+                    })
+                }
+            },
+        )
+        .await
+        .map_err(service_err)?;
+        let v = visibility.clone();
+        engram_rpc::serve(
+            &service,
+            &proto::projector_subject(projector, "ledger"),
+            "ledger",
+            move |req: Consistency| {
+                let v = v.clone();
+                async move {
+                    wait_visible(&v, &req).await?;
+                    let visible_seq = v.current();
+                    Ok(ProjectorLedger {
+                        projector: projector.to_owned(),
+                        visible_seq,
+                        ledger: v.ledger(),
                     })
                 }
             },
@@ -451,7 +479,7 @@ pub async fn rebuild(
     ) -> Result<(Seq, [u8; 32]), StartError> {
         let projector = Projector::new(projection.clone(), bus, settings);
         let applied = projector.rebuild(progress).await?;
-        Ok((applied, projection.state_hash().await))
+        Ok((applied.seq, projection.state_hash().await))
     }
     match name {
         ProjectorName::Vector => {
@@ -500,6 +528,30 @@ pub struct ProjectorStatus {
     pub visible_seq: Seq,
     /// Hex digest of the read model's logical state; equal states give equal hashes.
     pub state_hash: String,
+    /// What the projector has applied, as in [`ProjectorLedger::ledger`].
+    #[serde(default)]
+    pub ledger: ApplyLedger,
+}
+
+/// What `engram.p.<projector>.ledger` answers: the status without the state hash, which
+/// walks the whole model; this one costs nothing, so a load test can poll it for lag.
+///
+/// JSON: `{"projector": "vector", "visible_seq": 120, "ledger": {"seq": 125, "events": 118,
+/// "digest": 1234567890123456789}}`. `digest` is a full u64: read it as one, not as a
+/// JavaScript number.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ProjectorLedger {
+    pub projector: String,
+    /// The sequence queries can see.
+    pub visible_seq: Seq,
+    /// What the projector has applied (counted and digested with
+    /// [`engram_projector::ledger_entry`]), read after `visible_seq`, so
+    /// `ledger.seq >= visible_seq`. It is ahead while a batch is applied but not yet
+    /// published (the keyword projector commits at most every `keyword_commit_interval`
+    /// while behind). It is the ledger of the model in memory, not of its last checkpoint:
+    /// after a crash the restarted projector reports the checkpoint's ledger, which is
+    /// behind, and catches up by replaying.
+    pub ledger: ApplyLedger,
 }
 
 /// The default wait for a read-your-writes token.

@@ -14,7 +14,7 @@ use engram_bus::StoredEvent;
 use engram_embed::Embedder;
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
-use engram_projector::{Projection, ProjectionError, Rejected, snapshot};
+use engram_projector::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
 use engram_schema::{EventId, EventKind};
 use engram_telemetry::metrics;
@@ -213,13 +213,13 @@ impl Projection for VectorProjection {
         NAME
     }
 
-    async fn restore(&self) -> Result<Seq, ProjectionError> {
+    async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
         let path = self.path.clone();
-        let loaded = tokio::task::spawn_blocking(move || snapshot::load::<Snapshot>(&path))
+        let loaded = tokio::task::spawn_blocking(move || snapshot::load::<Snapshot>(&path, NAME))
             .await
             .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
-        let Some((seq, snap)) = loaded else {
-            return Ok(0);
+        let Some((ledger, snap)) = loaded else {
+            return Ok(ApplyLedger::default());
         };
         if snap.model != self.embedder.model_id() || snap.dim != self.embedder.dim() {
             return Err(ProjectionError::Fatal(format!(
@@ -237,7 +237,7 @@ impl Projection for VectorProjection {
             };
             let mut grouped: HashMap<ScopeKey, Vec<(Seq, Vec<f32>)>> = HashMap::new();
             let mut state = State {
-                applied: seq,
+                applied: ledger.seq,
                 ..State::default()
             };
             for (memory, vector) in snap.memories {
@@ -298,7 +298,7 @@ impl Projection for VectorProjection {
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
-        Ok(seq)
+        Ok(ledger)
     }
 
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
@@ -441,13 +441,14 @@ impl Projection for VectorProjection {
         Ok(rejected)
     }
 
-    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError> {
-        let (dir, path, state, model, dim) = (
+    async fn checkpoint(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
+        let (dir, path, state, model, dim, applied) = (
             self.dir.clone(),
             self.path.clone(),
             self.state.clone(),
             self.embedder.model_id().to_owned(),
             self.embedder.dim(),
+            *applied,
         );
         tokio::task::spawn_blocking(move || {
             let io = |what: &str, path: &std::path::Path, e: std::io::Error| {
@@ -461,7 +462,7 @@ impl Projection for VectorProjection {
             let nanos = std::time::SystemTime::now()
                 .duration_since(std::time::UNIX_EPOCH)
                 .map_or(0, |d| d.as_nanos());
-            let graphs_name = format!("{GRAPHS_PREFIX}{applied}-{nanos}");
+            let graphs_name = format!("{GRAPHS_PREFIX}{}-{nanos}", applied.seq);
             let graphs = dir.join(&graphs_name);
             let snap = {
                 // Writers wait while the graphs are written; searches do not.
@@ -507,7 +508,7 @@ impl Projection for VectorProjection {
                     .and_then(|d| d.sync_all())
                     .map_err(|e| io("sync", &graphs, e))?;
             }
-            snapshot::save(&path, applied, &snap)?;
+            snapshot::save(&path, &applied, &snap)?;
             // The new snapshot is durable: older graph directories are garbage now.
             remove_graphs_except(&dir, snap.graphs.as_deref());
             Ok(())

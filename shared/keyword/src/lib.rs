@@ -53,7 +53,8 @@ pub const WRITER_MEMORY_BYTES: usize = 50 * 1024 * 1024;
 const WRITER_THREADS: usize = 1;
 const MERGE_THREADS: usize = 1;
 
-/// How the checkpoint is written into a commit's payload.
+/// How the checkpoint is written into a commit's payload: this prefix and the sequence, then
+/// optionally a newline and the caller's note.
 const PAYLOAD_PREFIX: &str = "engram-keyword applied_seq=";
 
 /// The writable keyword index, owned by the projector.
@@ -68,6 +69,8 @@ pub struct KeywordIndex {
     high_water: Seq,
     /// Where the index lives, for error messages; `None` in RAM.
     dir: Option<PathBuf>,
+    /// The note saved by the last commit, see [`commit_with_note`](Self::commit_with_note).
+    committed_note: Option<String>,
 }
 
 /// A read-only handle on the last commit of a [`KeywordIndex`]; clone it freely.
@@ -134,7 +137,7 @@ impl KeywordIndex {
                 },
                 other => KeywordError::Index(other),
             })?;
-        let committed = parse_payload(index.load_metas()?.payload)?;
+        let (committed, committed_note) = parse_payload(index.load_metas()?.payload)?;
         let reader = index
             .reader_builder()
             // Reloads happen in `commit`, before the new sequence is published.
@@ -152,6 +155,7 @@ impl KeywordIndex {
             reader,
             high_water,
             dir,
+            committed_note,
         })
     }
 
@@ -181,6 +185,17 @@ impl KeywordIndex {
     /// After an error the index on disk is still the last good commit: drop this value and
     /// [`open`](Self::open) again, then resume from [`committed_seq`](Self::committed_seq).
     pub fn commit(&mut self, applied_seq: Seq) -> Result<(), KeywordError> {
+        self.checked_commit(applied_seq, None)
+    }
+
+    /// [`commit`](Self::commit), saving `note` in the same commit: whatever else the caller
+    /// must keep consistent with the index (the projector keeps its apply ledger here).
+    /// [`committed_note`](Self::committed_note) gives it back, also after a reopen.
+    pub fn commit_with_note(&mut self, applied_seq: Seq, note: &str) -> Result<(), KeywordError> {
+        self.checked_commit(applied_seq, Some(note))
+    }
+
+    fn checked_commit(&mut self, applied_seq: Seq, note: Option<&str>) -> Result<(), KeywordError> {
         let committed = self.committed_seq();
         if applied_seq < committed {
             return Err(KeywordError::CheckpointBackwards {
@@ -188,13 +203,19 @@ impl KeywordIndex {
                 requested: applied_seq,
             });
         }
-        self.durable_commit(applied_seq)
+        self.durable_commit(applied_seq, note)
     }
 
-    fn durable_commit(&mut self, applied_seq: Seq) -> Result<(), KeywordError> {
+    fn durable_commit(&mut self, applied_seq: Seq, note: Option<&str>) -> Result<(), KeywordError> {
+        let mut payload = format!("{PAYLOAD_PREFIX}{applied_seq}");
+        if let Some(note) = note {
+            payload.push('\n');
+            payload.push_str(note);
+        }
         let mut prepared = self.writer.prepare_commit()?;
-        prepared.set_payload(&format!("{PAYLOAD_PREFIX}{applied_seq}"));
+        prepared.set_payload(&payload);
         prepared.commit()?;
+        self.committed_note = note.map(str::to_owned);
         self.reader.reader.reload()?;
         self.reader.committed.store(applied_seq, Ordering::Release);
         Ok(())
@@ -207,7 +228,7 @@ impl KeywordIndex {
         // `delete_all_documents` and reappear at the commit.
         self.writer.rollback()?;
         self.writer.delete_all_documents()?;
-        self.durable_commit(0)?;
+        self.durable_commit(0, None)?;
         self.high_water = 0;
         Ok(())
     }
@@ -215,6 +236,12 @@ impl KeywordIndex {
     /// The sequence carried by the last commit: 0 for a new index.
     pub fn committed_seq(&self) -> Seq {
         self.reader.committed_seq()
+    }
+
+    /// The note of the last commit: `None` for a new or cleared index, or one committed
+    /// without a note.
+    pub fn committed_note(&self) -> Option<&str> {
+        self.committed_note.as_deref()
     }
 
     /// A handle for searching, which sees each commit as soon as [`commit`](Self::commit)
@@ -378,12 +405,17 @@ impl KeywordReader {
     }
 }
 
-fn parse_payload(payload: Option<String>) -> Result<Seq, KeywordError> {
+/// The sequence and note of a commit's payload.
+fn parse_payload(payload: Option<String>) -> Result<(Seq, Option<String>), KeywordError> {
     let Some(payload) = payload else {
-        return Ok(0);
+        return Ok((0, None));
     };
-    match payload.strip_prefix(PAYLOAD_PREFIX).map(str::parse) {
-        Some(Ok(seq)) => Ok(seq),
+    let (checkpoint, note) = match payload.split_once('\n') {
+        Some((checkpoint, note)) => (checkpoint, Some(note.to_owned())),
+        None => (payload.as_str(), None),
+    };
+    match checkpoint.strip_prefix(PAYLOAD_PREFIX).map(str::parse) {
+        Some(Ok(seq)) => Ok((seq, note)),
         _ => Err(KeywordError::ForeignPayload { payload }),
     }
 }

@@ -425,6 +425,33 @@ fn checkpoint_survives_reopen_and_uncommitted_work_does_not() {
 }
 
 #[test]
+fn a_commit_note_survives_reopen_and_clear_drops_it() {
+    // given: a commit with a note, then one without
+    let dir = tempfile::tempdir().unwrap();
+    let a = team("a");
+    {
+        let mut index = KeywordIndex::open(dir.path()).unwrap();
+        assert_eq!(index.committed_note(), None);
+        index.add(&meta(1, &a), "noted memory").unwrap();
+        index
+            .commit_with_note(1, "{\"seq\":1}\nsecond line")
+            .unwrap();
+        assert_eq!(index.committed_note(), Some("{\"seq\":1}\nsecond line"));
+    }
+    // then: a reopen finds sequence and note of the last commit
+    let mut index = KeywordIndex::open(dir.path()).unwrap();
+    assert_eq!(index.committed_seq(), 1);
+    assert_eq!(index.committed_note(), Some("{\"seq\":1}\nsecond line"));
+    index.commit(1).unwrap();
+    assert_eq!(index.committed_note(), None);
+    index.commit_with_note(1, "again").unwrap();
+    index.clear().unwrap();
+    drop(index);
+    let index = KeywordIndex::open(dir.path()).unwrap();
+    assert_eq!((index.committed_seq(), index.committed_note()), (0, None));
+}
+
+#[test]
 fn replaying_after_reopen_does_not_duplicate() {
     // given: memories 1..=3 committed, the process restarted
     let dir = tempfile::tempdir().unwrap();

@@ -4,21 +4,24 @@
 //! # Layout
 //! - [`Projection`]: what a read model implements (apply a batch, publish, checkpoint, restore).
 //! - [`Projector`]: the loop. A durable pull consumer delivers events in stream order; each
-//!   batch is applied, made visible, and every so often checkpointed (state and sequence
+//!   batch is applied, made visible, and every so often checkpointed (state and ledger
 //!   together), after which the consumer is acked. Poison messages go to the dead-letter
 //!   stream and are skipped; transient failures are retried with backoff, never skipped.
-//! - [`Visibility`]: the sequence queries can see, and a bounded wait for a read-your-writes
-//!   token.
-//! - [`snapshot`]: atomic, checksummed files holding a model together with its sequence.
-//! - [`rebuild`]: replays the whole stream into an emptied model.
+//! - [`ApplyLedger`]: the sequence a model's state includes, with a count and digest of the
+//!   events applied to it, so that "every event exactly once" can be checked from outside.
+//! - [`Visibility`]: the sequence queries can see, the ledger of what is applied, and a
+//!   bounded wait for a read-your-writes token.
+//! - [`snapshot`]: atomic, checksummed files holding a model together with its ledger.
+//! - [`rebuild`](Projector::rebuild): replays the whole stream into an emptied model.
 //!
 //! Exactly-once comes from sequence numbers, not from the consumer: a model records the
 //! sequence its state includes, skips anything at or below it, and a restart resumes from
-//! the sequence saved with the state. Acks only tidy the server's bookkeeping.
+//! the ledger saved with the state. Acks only tidy the server's bookkeeping.
 
 pub mod model;
 pub mod snapshot;
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,8 +29,50 @@ use async_trait::async_trait;
 use engram_bus::{Bus, BusError, Delivery, StoredEvent};
 use engram_memory::Seq;
 use engram_telemetry::metrics;
+use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
+
+/// What a projector has applied: how many events, and an order-independent digest of their
+/// (seq, event id) pairs. Saved with the model's state, so a crash and replay can be checked
+/// against the stream: an event applied twice or skipped changes count or digest.
+///
+/// Counted are the events handed to [`Projection::apply`] and not rejected, including those
+/// the model ignores (the vector model ignores facts); dead-lettered messages are not.
+/// Anyone can compute the expected ledger of a stream with [`ApplyLedger::add`] over its
+/// good events.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ApplyLedger {
+    /// The last sequence processed, counted or not (the same as the loop's applied sequence:
+    /// a dead-lettered event at the end of a batch moves it too).
+    pub seq: Seq,
+    /// Events applied.
+    pub events: u64,
+    /// Wrapping sum of [`ledger_entry`] over the applied events. A sum, not a chained hash,
+    /// so that the expected value can be computed from the stream in any order.
+    pub digest: u64,
+}
+
+impl ApplyLedger {
+    /// Counts one applied event; `seq` moves forward to it.
+    pub fn add(&mut self, seq: Seq, event_id: &str) {
+        self.seq = self.seq.max(seq);
+        self.events += 1;
+        self.digest = self.digest.wrapping_add(ledger_entry(seq, event_id));
+    }
+}
+
+/// One event's share of [`ApplyLedger::digest`]: the first 8 bytes (little endian) of blake3
+/// over `seq.to_le_bytes()` followed by the event id's bytes.
+pub fn ledger_entry(seq: Seq, event_id: &str) -> u64 {
+    let mut hasher = blake3::Hasher::new();
+    hasher.update(&seq.to_le_bytes());
+    hasher.update(event_id.as_bytes());
+    let hash = hasher.finalize();
+    let mut first = [0u8; 8];
+    first.copy_from_slice(&hash.as_bytes()[..8]);
+    u64::from_le_bytes(first)
+}
 
 /// An event a projection failed to apply because of the event itself (it would fail again on
 /// every retry). The model must be unchanged by it.
@@ -58,8 +103,8 @@ pub trait Projection: Send + Sync + 'static {
     /// Names the durable consumer, metrics, state directory and dead-letter subject.
     fn name(&self) -> &'static str;
 
-    /// Loads the last checkpoint and returns the sequence it includes (0: empty).
-    async fn restore(&self) -> Result<Seq, ProjectionError>;
+    /// Loads the last checkpoint and returns the ledger saved with it (the default: empty).
+    async fn restore(&self) -> Result<ApplyLedger, ProjectionError>;
 
     /// Applies `events` (stream order, all above the model's sequence). Events the model
     /// rejects are returned and left out; an `Err` means nothing of the batch may be assumed
@@ -70,13 +115,15 @@ pub trait Projection: Send + Sync + 'static {
     /// Makes everything applied so far visible to queries. Models that apply in place need
     /// nothing; an index with commits (tantivy) commits here. How often this is called is
     /// [`ProjectorSettings::publish_interval`]; it is always called before a checkpoint and
-    /// whenever the projector has caught up with the stream.
-    async fn publish(&self, _applied: Seq) -> Result<(), ProjectionError> {
+    /// whenever the projector has caught up with the stream. A model whose publish is
+    /// durable must save `applied` with it, as [`checkpoint`](Self::checkpoint) would.
+    async fn publish(&self, _applied: &ApplyLedger) -> Result<(), ProjectionError> {
         Ok(())
     }
 
-    /// Persists the state together with `applied`, atomically.
-    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError>;
+    /// Persists the state together with `applied`, atomically: [`restore`](Self::restore)
+    /// must return exactly the ledger saved with the state it loads.
+    async fn checkpoint(&self, applied: &ApplyLedger) -> Result<(), ProjectionError>;
 
     /// Empties the model and its checkpoint (before a rebuild).
     async fn reset(&self) -> Result<(), ProjectionError>;
@@ -139,11 +186,13 @@ impl Default for ProjectorSettings {
     }
 }
 
-/// The sequence up to which a projector's effects are visible to queries.
+/// The sequence up to which a projector's effects are visible to queries, and the ledger of
+/// what it has applied.
 #[derive(Clone, Debug)]
 pub struct Visibility {
     projector: &'static str,
     rx: watch::Receiver<Seq>,
+    ledger: watch::Receiver<ApplyLedger>,
 }
 
 /// Why a read-your-writes wait gave up. Never answered with stale data instead.
@@ -165,6 +214,14 @@ impl Visibility {
 
     pub fn current(&self) -> Seq {
         *self.rx.borrow()
+    }
+
+    /// The ledger of everything applied so far. Its `seq` may be ahead of
+    /// [`current`](Self::current) while a batch is applied but not yet published; read
+    /// `current` first and the ledger after, and `ledger().seq >= current` holds (the ledger
+    /// moves before visibility does, and neither moves back outside a rebuild).
+    pub fn ledger(&self) -> ApplyLedger {
+        *self.ledger.borrow()
     }
 
     /// Waits until `min_seq` is visible, at most `timeout`.
@@ -193,6 +250,8 @@ pub struct Projector<P: Projection> {
     bus: Bus,
     settings: ProjectorSettings,
     visible: watch::Sender<Seq>,
+    /// The loop's ledger, mirrored after every change for [`Visibility::ledger`].
+    ledger: watch::Sender<ApplyLedger>,
 }
 
 impl<P: Projection> Projector<P> {
@@ -200,12 +259,14 @@ impl<P: Projection> Projector<P> {
     /// saturating publisher can stall (nats.rs#1285).
     pub fn new(projection: Arc<P>, bus: Bus, settings: ProjectorSettings) -> Self {
         let (visible, _) = watch::channel(0);
+        let (ledger, _) = watch::channel(ApplyLedger::default());
         metrics::touch_projector(projection.name());
         Self {
             projection,
             bus,
             settings,
             visible,
+            ledger,
         }
     }
 
@@ -213,6 +274,7 @@ impl<P: Projection> Projector<P> {
         Visibility {
             projector: self.projection.name(),
             rx: self.visible.subscribe(),
+            ledger: self.ledger.subscribe(),
         }
     }
 
@@ -238,11 +300,13 @@ impl<P: Projection> Projector<P> {
                 })?;
         tracing::info!(
             projector = name,
-            seq = restored,
+            seq = restored.seq,
+            events = restored.events,
             "projector restored checkpoint"
         );
         let mut state = LoopState::new(restored);
-        self.publish_visible(restored);
+        self.ledger.send_replace(restored);
+        self.publish_visible(restored.seq);
         tokio::pin!(shutdown);
         let mut backoff = Backoff::new(self.settings.max_backoff);
         'connect: loop {
@@ -250,7 +314,7 @@ impl<P: Projection> Projector<P> {
             state.ack_point = None;
             let mut reader = tokio::select! {
                 _ = &mut shutdown => break 'connect,
-                reader = self.bus.durable_reader(name, state.applied, self.settings.batch) => match reader {
+                reader = self.bus.durable_reader(name, state.applied(), self.settings.batch) => match reader {
                     Ok(reader) => reader,
                     Err(e) => {
                         metrics::PROJECTOR_ERRORS.with_label_values(&[name, "bus"]).inc();
@@ -325,14 +389,18 @@ impl<P: Projection> Projector<P> {
         if state.unsaved() > 0 {
             self.checkpoint(&mut state).await?;
         }
-        tracing::info!(projector = name, seq = state.applied, "projector stopped");
+        tracing::info!(projector = name, seq = state.applied(), "projector stopped");
         Ok(())
     }
 
     /// Empties the model and replays the whole stream into it, calling `progress(applied,
-    /// target)` after each batch, until it has caught up; then checkpoints. The projector
-    /// must not be running elsewhere: its durable consumer is replaced.
-    pub async fn rebuild(&self, mut progress: impl FnMut(Seq, Seq)) -> Result<Seq, ProjectorError> {
+    /// target)` after each batch, until it has caught up; then checkpoints and returns the
+    /// ledger saved. The projector must not be running elsewhere: its durable consumer is
+    /// replaced.
+    pub async fn rebuild(
+        &self,
+        mut progress: impl FnMut(Seq, Seq),
+    ) -> Result<ApplyLedger, ProjectorError> {
         let name = self.projection.name();
         let bus_err = |source| ProjectorError::Bus {
             projector: name,
@@ -351,7 +419,8 @@ impl<P: Projection> Projector<P> {
         self.projection.reset().await.map_err(projection_err)?;
         self.bus.delete_durable(name).await.map_err(bus_err)?;
         let target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
-        let mut state = LoopState::new(0);
+        let mut state = LoopState::new(ApplyLedger::default());
+        self.ledger.send_replace(state.ledger);
         self.publish_visible(0);
         if target > 0 {
             let mut reader = self
@@ -374,7 +443,7 @@ impl<P: Projection> Projector<P> {
                     .map_err(projection_err)?;
                 let caught_up = batch.last().is_some_and(|d| d.pending == 0);
                 state.ack_point = batch.pop();
-                progress(state.applied, target.max(state.applied));
+                progress(state.applied(), target.max(state.applied()));
                 if state.unsaved() >= self.settings.checkpoint_every {
                     self.checkpoint(&mut state).await?;
                 }
@@ -384,13 +453,13 @@ impl<P: Projection> Projector<P> {
             }
         }
         self.checkpoint(&mut state).await?;
-        Ok(state.applied)
+        Ok(state.ledger)
     }
 
     /// Applies one delivered batch (skipping what the model already has, dead-lettering
     /// poison), then publishes if the batch reached the tail of the stream or the publish
     /// interval has passed. On `Err` the batch is retried with the same `state`: what was
-    /// applied is skipped and only the publish is tried again.
+    /// applied is skipped and only the dead letters and the publish are tried again.
     async fn apply_batch(
         &self,
         state: &mut LoopState,
@@ -408,23 +477,29 @@ impl<P: Projection> Projector<P> {
 
     /// Makes everything applied visible to queries.
     async fn publish(&self, state: &mut LoopState) -> Result<(), ProjectionError> {
-        self.projection.publish(state.applied).await?;
-        state.published = state.applied;
+        // A durable publish (tantivy's commit) past an unsent dead letter would lose it.
+        self.send_dead_letters(state).await?;
+        self.projection.publish(&state.ledger).await?;
+        state.published = state.applied();
         state.last_publish = Instant::now();
-        self.publish_visible(state.applied);
+        self.publish_visible(state.applied());
         Ok(())
     }
 
-    /// The apply half of [`apply_batch`](Self::apply_batch); leaves `state` unchanged on
-    /// `Err`.
+    /// The apply half of [`apply_batch`](Self::apply_batch). Once the model has taken the
+    /// batch, `state` (ledger included) moves with it even if dead-lettering then fails: the
+    /// model would skip the batch on a retry, so only the dead letters are tried again. Had
+    /// `state` stayed behind, the retry would count the rejected events as applied, and a
+    /// checkpoint would label the model's state with a sequence older than it holds.
     async fn apply_fresh(
         &self,
         state: &mut LoopState,
         batch: &[Delivery],
     ) -> Result<(), ProjectionError> {
+        self.send_dead_letters(state).await?;
         let name = self.projection.name();
         let started = Instant::now();
-        let fresh: Vec<&Delivery> = batch.iter().filter(|d| d.seq > state.applied).collect();
+        let fresh: Vec<&Delivery> = batch.iter().filter(|d| d.seq > state.applied()).collect();
         let Some(last) = fresh.last() else {
             return Ok(());
         };
@@ -439,32 +514,41 @@ impl<P: Projection> Projector<P> {
             }
         }
         let rejected = self.projection.apply(&events).await?;
+        let mut refused = vec![false; events.len()];
         for r in &rejected {
-            if let Some(event) = events.get(r.index) {
-                let delivery = fresh
-                    .iter()
-                    .find(|d| d.seq == event.seq)
-                    .expect("every applied event came from the batch");
-                poison.push((delivery, r.reason.clone()));
+            match refused.get_mut(r.index) {
+                // Out of range, or reported twice: nothing more to dead-letter.
+                None | Some(true) => continue,
+                Some(flag) => *flag = true,
             }
+            let delivery = fresh
+                .iter()
+                .find(|d| d.seq == events[r.index].seq)
+                .expect("every applied event came from the batch");
+            poison.push((delivery, r.reason.clone()));
         }
-        for (delivery, reason) in &poison {
-            self.bus
-                .dead_letter(
-                    name,
-                    delivery.seq,
-                    delivery.subject(),
-                    delivery.payload(),
-                    reason,
-                )
-                .await
-                .map_err(|e| ProjectionError::Transient(format!("dead-lettering failed: {e}")))?;
-            metrics::PROJECTOR_DEAD_LETTERED
-                .with_label_values(&[name])
-                .inc();
-            tracing::warn!(projector = name, seq = delivery.seq, reason = %reason, "event dead-lettered and skipped");
+        let mut ledger = state.ledger;
+        for (stored, _) in events
+            .iter()
+            .zip(&refused)
+            .filter(|(_, refused)| !**refused)
+        {
+            ledger.add(stored.seq, stored.event.event_id.as_str());
         }
-        let applied_count = (events.len() - rejected.len()) as u64;
+        let applied_count = ledger.events - state.ledger.events;
+        // A batch ending in poison still moves the sequence past it.
+        ledger.seq = last_seq;
+        state.ledger = ledger;
+        state.events_since_checkpoint += fresh.len() as u64;
+        state
+            .dead_letters
+            .extend(poison.into_iter().map(|(delivery, reason)| DeadLetter {
+                seq: delivery.seq,
+                subject: delivery.subject().to_owned(),
+                payload: delivery.payload().to_vec(),
+                reason,
+            }));
+        self.ledger.send_replace(ledger);
         metrics::PROJECTOR_APPLIED
             .with_label_values(&[name])
             .inc_by(applied_count);
@@ -474,14 +558,43 @@ impl<P: Projection> Projector<P> {
         metrics::PROJECTOR_BATCH_SECONDS
             .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
-        state.applied = last_seq;
-        state.events_since_checkpoint += fresh.len() as u64;
+        self.send_dead_letters(state).await
+    }
+
+    /// Sends the dead letters of applied batches, oldest first. The bus deduplicates them by
+    /// projector and sequence, so one sent twice across a retry is stored once.
+    async fn send_dead_letters(&self, state: &mut LoopState) -> Result<(), ProjectionError> {
+        let name = self.projection.name();
+        while let Some(letter) = state.dead_letters.front() {
+            self.bus
+                .dead_letter(
+                    name,
+                    letter.seq,
+                    &letter.subject,
+                    &letter.payload,
+                    &letter.reason,
+                )
+                .await
+                .map_err(|e| ProjectionError::Transient(format!("dead-lettering failed: {e}")))?;
+            metrics::PROJECTOR_DEAD_LETTERED
+                .with_label_values(&[name])
+                .inc();
+            tracing::warn!(projector = name, seq = letter.seq, reason = %letter.reason, "event dead-lettered and skipped");
+            state.dead_letters.pop_front();
+        }
         Ok(())
     }
 
     async fn checkpoint(&self, state: &mut LoopState) -> Result<(), ProjectorError> {
         let name = self.projection.name();
         let started = Instant::now();
+        if let Err(e) = self.send_dead_letters(state).await {
+            // Only a shutdown in the middle of retrying a batch gets here. A checkpoint past
+            // an unsent dead letter would skip that event for good; keeping the last one
+            // means a restart replays and rejects it again.
+            tracing::warn!(projector = name, seq = state.applied(), error = %e, "checkpoint skipped: dead letters not sent");
+            return Ok(());
+        }
         if state.unpublished() {
             // A checkpoint never holds more than queries can see, so a restart cannot make
             // visible what was never published (and for tantivy the publish is the
@@ -494,7 +607,7 @@ impl<P: Projection> Projector<P> {
                 })?;
         }
         self.projection
-            .checkpoint(state.applied)
+            .checkpoint(&state.ledger)
             .await
             .map_err(|source| {
                 metrics::PROJECTOR_ERRORS
@@ -508,7 +621,12 @@ impl<P: Projection> Projector<P> {
         metrics::PROJECTOR_CHECKPOINT_SECONDS
             .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
-        tracing::debug!(projector = name, seq = state.applied, "checkpoint saved");
+        tracing::debug!(
+            projector = name,
+            seq = state.applied(),
+            events = state.ledger.events,
+            "checkpoint saved"
+        );
         // Only now may the server forget these messages. A failed ack is harmless: a restart
         // repositions the consumer from the checkpoint anyway.
         if let Some(point) = state.ack_point.take()
@@ -531,8 +649,11 @@ impl<P: Projection> Projector<P> {
 }
 
 struct LoopState {
-    /// The sequence the model's state includes.
-    applied: Seq,
+    /// What the model's state includes: its sequence, and the events applied to it.
+    ledger: ApplyLedger,
+    /// Events the model rejected (or that do not decode), applied in the sense that the
+    /// sequence has moved past them, still to be sent to the dead-letter stream.
+    dead_letters: VecDeque<DeadLetter>,
     events_since_checkpoint: u64,
     last_checkpoint: Instant,
     last_checkpoint_took: Duration,
@@ -543,17 +664,31 @@ struct LoopState {
     last_publish: Instant,
 }
 
+/// A poison message waiting to be dead-lettered, owned so that it outlives its batch.
+struct DeadLetter {
+    seq: Seq,
+    subject: String,
+    payload: Vec<u8>,
+    reason: String,
+}
+
 impl LoopState {
-    fn new(applied: Seq) -> Self {
+    fn new(restored: ApplyLedger) -> Self {
         Self {
-            applied,
+            ledger: restored,
+            dead_letters: VecDeque::new(),
             events_since_checkpoint: 0,
             last_checkpoint: Instant::now(),
             last_checkpoint_took: Duration::ZERO,
             ack_point: None,
-            published: applied,
+            published: restored.seq,
             last_publish: Instant::now(),
         }
+    }
+
+    /// The sequence the model's state includes.
+    fn applied(&self) -> Seq {
+        self.ledger.seq
     }
 
     fn unsaved(&self) -> u64 {
@@ -573,7 +708,7 @@ impl LoopState {
     }
 
     fn unpublished(&self) -> bool {
-        self.published < self.applied
+        self.published < self.applied()
     }
 
     fn publish_due(&self, interval: Duration) -> tokio::time::Instant {

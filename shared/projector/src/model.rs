@@ -12,7 +12,7 @@ use engram_schema::Envelope;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::{Projection, ProjectionError, Rejected, snapshot};
+use crate::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
 
 /// A read model that lives in memory and is saved whole.
 pub trait SnapshotModel: Default + Serialize + DeserializeOwned + Send + Sync + 'static {
@@ -54,20 +54,20 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
         self.name
     }
 
-    async fn restore(&self) -> Result<Seq, ProjectionError> {
-        let path = self.path.clone();
-        let loaded = tokio::task::spawn_blocking(move || snapshot::load::<M>(&path))
+    async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
+        let (path, name) = (self.path.clone(), self.name);
+        let loaded = tokio::task::spawn_blocking(move || snapshot::load::<M>(&path, name))
             .await
             .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
-        let seq = match loaded {
-            Some((seq, model)) => {
+        let ledger = match loaded {
+            Some((ledger, model)) => {
                 *self.model.write().unwrap_or_else(|p| p.into_inner()) = model;
-                seq
+                ledger
             }
-            None => 0,
+            None => ApplyLedger::default(),
         };
-        self.applied.store(seq, Ordering::SeqCst);
-        Ok(seq)
+        self.applied.store(ledger.seq, Ordering::SeqCst);
+        Ok(ledger)
     }
 
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
@@ -85,11 +85,11 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
         Ok(rejected)
     }
 
-    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError> {
-        let (path, model) = (self.path.clone(), self.model.clone());
+    async fn checkpoint(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
+        let (path, model, applied) = (self.path.clone(), self.model.clone(), *applied);
         tokio::task::spawn_blocking(move || {
             let model = model.read().unwrap_or_else(|p| p.into_inner());
-            snapshot::save(&path, applied, &*model)
+            snapshot::save(&path, &applied, &*model)
         })
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))?

@@ -1,25 +1,33 @@
-//! Checkpoint files: a read model and the sequence it includes, saved as one unit.
+//! Checkpoint files: a read model and the [`ApplyLedger`] of what it includes, saved as one
+//! unit.
 //!
-//! Layout: `ENGRAMSNAP1` magic, then MessagePack of `(seq, model)`, then the blake3 hash of
-//! everything before it. Written to a temporary file, fsynced, renamed over the old one and
+//! Layout: `ENGRAMSNAP2` magic, then MessagePack of `(ledger, model)`, then the blake3 hash of
+//! everything before it. (`ENGRAMSNAP1` files held a bare sequence; they are refused with a
+//! request to rebuild, since the events applied to them were never counted.) Written to a temporary file, fsynced, renamed over the old one and
 //! the directory fsynced, so a crash at any point leaves either the old or the new
 //! checkpoint, never a torn one. A file whose hash does not match is refused, not guessed at.
 
 use std::io::Write;
 use std::path::Path;
 
-use engram_memory::Seq;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::ProjectionError;
+use crate::{ApplyLedger, ProjectionError};
 
-const MAGIC: &[u8] = b"ENGRAMSNAP1";
+const MAGIC: &[u8] = b"ENGRAMSNAP2";
 
-/// Saves `model` with `seq` at `path`, atomically.
-pub fn save<T: Serialize>(path: &Path, seq: Seq, model: &T) -> Result<(), ProjectionError> {
+/// The format before the ledger: `(seq, model)`.
+const MAGIC_WITHOUT_LEDGER: &[u8] = b"ENGRAMSNAP1";
+
+/// Saves `model` with `ledger` at `path`, atomically.
+pub fn save<T: Serialize>(
+    path: &Path,
+    ledger: &ApplyLedger,
+    model: &T,
+) -> Result<(), ProjectionError> {
     let mut bytes = MAGIC.to_vec();
-    rmp_serde::encode::write_named(&mut bytes, &(seq, model))
+    rmp_serde::encode::write_named(&mut bytes, &(ledger, model))
         .map_err(|e| ProjectionError::Fatal(format!("cannot encode checkpoint: {e}")))?;
     let hash = blake3::hash(&bytes);
     bytes.extend_from_slice(hash.as_bytes());
@@ -41,8 +49,12 @@ pub fn save<T: Serialize>(path: &Path, seq: Seq, model: &T) -> Result<(), Projec
     Ok(())
 }
 
-/// Loads a checkpoint; `None` when there is none yet.
-pub fn load<T: DeserializeOwned>(path: &Path) -> Result<Option<(Seq, T)>, ProjectionError> {
+/// Loads `projector`'s checkpoint; `None` when there is none yet. The name is only for the
+/// error messages, which tell the operator what to rebuild.
+pub fn load<T: DeserializeOwned>(
+    path: &Path,
+    projector: &str,
+) -> Result<Option<(ApplyLedger, T)>, ProjectionError> {
     let bytes = match std::fs::read(path) {
         Ok(bytes) => bytes,
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
@@ -50,10 +62,16 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<Option<(Seq, T)>, Projec
     };
     let corrupt = |why: &str| {
         ProjectionError::Fatal(format!(
-            "checkpoint {} is corrupt ({why}); delete it and run `engram rebuild` for this projector",
+            "checkpoint {} is corrupt ({why}); run `engram rebuild {projector}`",
             path.display()
         ))
     };
+    if bytes.starts_with(MAGIC_WITHOUT_LEDGER) {
+        return Err(ProjectionError::Fatal(format!(
+            "checkpoint {} is in an older format without an apply ledger; run `engram rebuild {projector}` to replace it",
+            path.display()
+        )));
+    }
     if bytes.len() < MAGIC.len() + 32 || !bytes.starts_with(MAGIC) {
         return Err(corrupt("not a checkpoint file"));
     }
@@ -61,9 +79,9 @@ pub fn load<T: DeserializeOwned>(path: &Path) -> Result<Option<(Seq, T)>, Projec
     if blake3::hash(body).as_bytes() != hash {
         return Err(corrupt("checksum mismatch"));
     }
-    let (seq, model) = rmp_serde::from_slice(&body[MAGIC.len()..])
+    let (ledger, model) = rmp_serde::from_slice(&body[MAGIC.len()..])
         .map_err(|e| corrupt(&format!("does not decode: {e}")))?;
-    Ok(Some((seq, model)))
+    Ok(Some((ledger, model)))
 }
 
 /// Removes a checkpoint (rebuild).
@@ -87,16 +105,44 @@ mod tests {
     fn round_trips_and_refuses_corruption() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.snap");
-        assert!(load::<Vec<String>>(&path).unwrap().is_none());
-        save(&path, 42, &vec!["a".to_owned(), "b".to_owned()]).unwrap();
-        let (seq, model): (Seq, Vec<String>) = load(&path).unwrap().unwrap();
-        assert_eq!((seq, model), (42, vec!["a".to_owned(), "b".to_owned()]));
+        assert!(load::<Vec<String>>(&path, "m").unwrap().is_none());
+        let mut ledger = ApplyLedger::default();
+        ledger.add(41, "evt-a");
+        ledger.add(42, "evt-b");
+        save(&path, &ledger, &vec!["a".to_owned(), "b".to_owned()]).unwrap();
+        let (loaded, model): (ApplyLedger, Vec<String>) = load(&path, "m").unwrap().unwrap();
+        assert_eq!(
+            (loaded, model),
+            (ledger, vec!["a".to_owned(), "b".to_owned()])
+        );
 
         let mut bytes = std::fs::read(&path).unwrap();
         let middle = bytes.len() / 2;
         bytes[middle] ^= 0xff;
         std::fs::write(&path, bytes).unwrap();
-        let err = load::<Vec<String>>(&path).unwrap_err();
+        let err = load::<Vec<String>>(&path, "m").unwrap_err();
         assert!(matches!(err, ProjectionError::Fatal(m) if m.contains("checksum")));
+    }
+
+    #[test]
+    fn a_checkpoint_without_a_ledger_asks_for_a_rebuild() {
+        // Given a checkpoint in the first format: (seq, model) under ENGRAMSNAP1
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("facts.snap");
+        let mut bytes = MAGIC_WITHOUT_LEDGER.to_vec();
+        rmp_serde::encode::write_named(&mut bytes, &(42u64, vec!["a".to_owned()])).unwrap();
+        let hash = blake3::hash(&bytes);
+        bytes.extend_from_slice(hash.as_bytes());
+        std::fs::write(&path, bytes).unwrap();
+
+        // When it is loaded, then it is refused, naming the rebuild to run
+        let err = load::<Vec<String>>(&path, "facts").unwrap_err();
+        let ProjectionError::Fatal(message) = err else {
+            panic!("an old checkpoint is fatal, not {err:?}");
+        };
+        assert!(
+            message.contains("`engram rebuild facts`"),
+            "unhelpful message: {message}"
+        );
     }
 }

@@ -1,5 +1,5 @@
 //! The projector loop against a real nats-server: ordered application, checkpoint and resume,
-//! poison messages, read-your-writes waits and rebuild-equals-incremental.
+//! poison messages, read-your-writes waits, rebuild-equals-incremental and the apply ledger.
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -10,7 +10,9 @@ use engram_bus::Bus;
 use engram_bus::StoredEvent;
 use engram_memory::Seq;
 use engram_projector::model::{SnapshotModel, SnapshotProjection};
-use engram_projector::{Projection, ProjectionError, Projector, ProjectorSettings, Rejected};
+use engram_projector::{
+    ApplyLedger, Projection, ProjectionError, Projector, ProjectorSettings, Rejected, ledger_entry,
+};
 use engram_schema::Envelope;
 use engram_testkit::{TestNats, event, wait_until};
 use serde::{Deserialize, Serialize};
@@ -181,7 +183,7 @@ async fn rebuild_gives_the_same_state_as_incremental_application() {
     let projector = Projector::new(projection.clone(), bus.clone(), settings());
     let mut calls = 0;
     let applied = projector.rebuild(|_, _| calls += 1).await.unwrap();
-    assert_eq!(applied, last);
+    assert_eq!(applied.seq, last);
     assert!(calls > 0, "progress was reported");
     assert_eq!(projection.state_hash().await, incremental);
     assert_eq!(projection.read().applied.len(), 200);
@@ -201,19 +203,19 @@ impl Projection for Counting {
     fn name(&self) -> &'static str {
         "counting"
     }
-    async fn restore(&self) -> Result<Seq, ProjectionError> {
+    async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
         self.inner.restore().await
     }
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
         self.inner.apply(events).await
     }
-    async fn publish(&self, applied: Seq) -> Result<(), ProjectionError> {
+    async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
         self.publishes.fetch_add(1, Ordering::SeqCst);
-        self.published.store(applied, Ordering::SeqCst);
+        self.published.store(applied.seq, Ordering::SeqCst);
         Ok(())
     }
-    async fn checkpoint(&self, applied: Seq) -> Result<(), ProjectionError> {
-        if applied > self.published.load(Ordering::SeqCst) {
+    async fn checkpoint(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
+        if applied.seq > self.published.load(Ordering::SeqCst) {
             self.checkpointed_beyond_published
                 .fetch_add(1, Ordering::SeqCst);
         }
@@ -285,4 +287,133 @@ async fn a_backlog_is_published_at_the_interval_and_at_the_tail_not_every_batch(
             .load(Ordering::SeqCst),
         0
     );
+}
+
+/// Appends `events` and notes each (seq, event id) in `applied`.
+async fn append_noted(bus: &Bus, events: &[Envelope], applied: &mut Vec<(Seq, String)>) -> Seq {
+    let receipts = bus.append_batch(events, 64).await;
+    let mut last = 0;
+    for (event, receipt) in events.iter().zip(receipts) {
+        last = receipt.unwrap().seq;
+        applied.push((last, event.event_id.to_string()));
+    }
+    last
+}
+
+/// The ledger of `applied` after processing up to `seq`, straight from the definition.
+fn ledger_of(applied: &[(Seq, String)], seq: Seq) -> ApplyLedger {
+    ApplyLedger {
+        seq,
+        events: applied.len() as u64,
+        digest: applied.iter().fold(0u64, |sum, (seq, id)| {
+            sum.wrapping_add(ledger_entry(*seq, id))
+        }),
+    }
+}
+
+fn good(prefix: &str, n: usize) -> Vec<Envelope> {
+    (0..n)
+        .map(|i| event("acme", "t1", &format!("{prefix} {i}")))
+        .collect()
+}
+
+fn refused(text: &str) -> Envelope {
+    let mut e = event("acme", "t1", text);
+    e.tags.push("poison".into());
+    e
+}
+
+#[tokio::test]
+async fn the_ledger_counts_every_applied_event_once_across_restarts_and_rebuild() {
+    // Given good events around an undecodable message and one the model refuses
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut applied = Vec::new();
+    append_noted(&bus, &good("before", 40), &mut applied).await;
+    bus.jetstream()
+        .publish("engram.evt.acme.task.t1.episodic", "not msgpack".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    bus.append(&refused("refused"), Default::default())
+        .await
+        .unwrap();
+    let last = append_noted(&bus, &good("after", 40), &mut applied).await;
+
+    // When a projector applies them
+    let running = start(&bus, dir.path()).await;
+    running
+        .visibility
+        .wait_for(last, Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    // Then the ledger counts the 80 good ones, and the digest is theirs
+    let ledger = running.visibility.ledger();
+    assert_eq!(ledger.events, 80);
+    assert_eq!(ledger, ledger_of(&applied, last));
+    assert_eq!(running.visibility.current(), ledger.seq);
+
+    // When it stops, misses events (a refused one last), restarts from its checkpoint...
+    running.stop.send(()).unwrap();
+    running.task.await.unwrap().unwrap();
+    append_noted(&bus, &good("while down", 30), &mut applied).await;
+    let refused_last = bus
+        .append(&refused("refused last"), Default::default())
+        .await
+        .unwrap()
+        .seq;
+    let running = start(&bus, dir.path()).await;
+    running
+        .visibility
+        .wait_for(refused_last, Duration::from_secs(10))
+        .await
+        .unwrap();
+    // (a batch ending in a refused event still moves the ledger's sequence past it)
+    assert_eq!(
+        running.visibility.ledger(),
+        ledger_of(&applied, refused_last)
+    );
+
+    // ...and is killed mid-stream, without a final checkpoint
+    let last = append_noted(&bus, &good("crash", 300), &mut applied).await;
+    wait_until(
+        "part of the backlog applied",
+        Duration::from_secs(10),
+        || {
+            let seq = running.visibility.ledger().seq;
+            async move { seq > refused_last }
+        },
+    )
+    .await;
+    running.task.abort();
+    let _ = running.task.await;
+
+    // Then after the next restart each event has still been applied exactly once
+    let running = start(&bus, dir.path()).await;
+    running
+        .visibility
+        .wait_for(last, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let incremental = running.visibility.ledger();
+    assert_eq!(incremental.events, 80 + 30 + 300);
+    assert_eq!(incremental, ledger_of(&applied, last));
+    assert!(
+        running.projection.read().times.values().all(|&n| n == 1),
+        "an event applied twice"
+    );
+    running.stop.send(()).unwrap();
+    running.task.await.unwrap().unwrap();
+
+    // And a rebuild arrives at the same ledger, and saves it
+    let projection = Arc::new(SnapshotProjection::<Ledger>::new("ledger", dir.path()));
+    let projector = Projector::new(projection.clone(), bus.clone(), settings());
+    let rebuilt = projector.rebuild(|_, _| {}).await.unwrap();
+    assert_eq!(rebuilt, incremental);
+    assert_eq!(projector.visibility().ledger(), incremental);
+    let reopened = SnapshotProjection::<Ledger>::new("ledger", dir.path());
+    assert_eq!(reopened.restore().await.unwrap(), incremental);
 }

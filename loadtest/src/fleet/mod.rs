@@ -1,0 +1,628 @@
+//! The fleet load test: hundreds of simulated agent instances against a running Engram,
+//! open loop, with every acknowledged write verified at the end.
+//!
+//! A run, in order:
+//! 1. **Target.** `engram up` against a nats-server started here (or a remote deployment with
+//!    `--nats`). With `--chaos`, the projectors run as processes of their own.
+//! 2. **Load.** Every identity steps on its open-loop schedule for `duration` (see
+//!    [`instance`]); a sampler records projector lag and process CPU and memory each second.
+//!    With `--chaos`, a projector and then nats-server are killed with SIGKILL and restarted.
+//! 3. **Drain.** Wait until every projector has applied the whole stream.
+//! 4. **Verify.** Read the stream and every projector's apply ledger ([`verify`]).
+//! 5. **Reference.** Raw JetStream publishes of the same sizes at the same schedule, a raw
+//!    tailing consumer, and a raw replay of the stream ([`reference`]).
+//! 6. **Report.** JSON, Markdown and SVG charts in the output dir.
+//!
+//! The run fails (exit code 1 from the binary) if anything was lost, duplicated or invisible.
+
+pub mod charts;
+mod instance;
+mod record;
+pub mod reference;
+pub mod report;
+mod sampler;
+pub mod target;
+pub mod timeline;
+pub mod verify;
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use engram_bus::{Bus, BusConfig, BusError};
+use engram_sdk::{Client, RetryPolicy};
+use futures::future::try_join_all;
+use tokio::sync::watch;
+use tokio::time::Instant;
+
+pub use self::record::Acked;
+use self::record::{Metric, Recorder};
+use self::report::{ChaosEvent, FleetReport, Ratios};
+use self::sampler::Samples;
+use self::target::{EmbedderChoice, Target, TargetOptions};
+use self::timeline::Timeline;
+use crate::report::Machine;
+
+/// What to run. The defaults are the `just loadtest` scenario.
+#[derive(Clone, Debug, serde::Serialize)]
+pub struct FleetConfig {
+    /// A running deployment's NATS URL; `None` starts `engram up` here.
+    pub nats: Option<String>,
+    pub engram_bin: Option<PathBuf>,
+    /// Extra TOML appended to the config of the engram processes started here.
+    pub engram_config: Option<PathBuf>,
+    pub embedder: EmbedderChoice,
+    /// Concurrent simulated identities (10 to 1000 is the intended range).
+    pub instances: usize,
+    /// Identities per team; a team shares one task scope.
+    pub team_size: usize,
+    /// Target steps (one append each) per second, over all instances.
+    pub rate: f64,
+    pub duration: Duration,
+    /// Share of identities whose instance dies midway and is succeeded.
+    pub churn: f64,
+    /// Share of text-memory appends the writer recalls with its token.
+    pub recall: f64,
+    /// Share of fact assertions the writer checks with its token.
+    pub fact_check: f64,
+    /// Every n-th step starts with `build_context`.
+    pub context_every: u64,
+    /// Share of steps that end with an ordinary retrieve.
+    pub query: f64,
+    /// Read-your-writes wait per request.
+    pub wait: Duration,
+    /// Connections the instances share.
+    pub connections: usize,
+    pub chaos: bool,
+    /// Longest wait for the projectors to apply everything after the load.
+    pub drain_limit: Duration,
+    /// Length of the raw reference phase (at most `duration`).
+    pub reference: Duration,
+    pub out: PathBuf,
+    pub seed: u64,
+}
+
+impl Default for FleetConfig {
+    fn default() -> Self {
+        Self {
+            nats: None,
+            engram_bin: None,
+            engram_config: None,
+            embedder: EmbedderChoice::Minilm,
+            instances: 300,
+            team_size: 5,
+            // What this 2-core machine sustains with the built-in MiniLM embedder, which is the
+            // bottleneck (about 5 agent-length texts/s); see docs/benchmarks.md.
+            rate: 4.0,
+            duration: Duration::from_secs(120),
+            churn: 0.1,
+            recall: 0.3,
+            fact_check: 0.5,
+            context_every: 5,
+            query: 0.2,
+            wait: Duration::from_secs(10),
+            connections: 8,
+            chaos: false,
+            drain_limit: Duration::from_secs(120),
+            reference: Duration::from_secs(30),
+            out: PathBuf::from("target/loadtest"),
+            seed: 0,
+        }
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum FleetError {
+    #[error("invalid load test parameters: {0}")]
+    Invalid(String),
+    #[error("cannot set up the system under test: {0}")]
+    Setup(String),
+    #[error(transparent)]
+    Bus(#[from] BusError),
+    #[error("{0}")]
+    Drain(String),
+    #[error("verification could not run: {0}")]
+    Verify(String),
+    #[error("cannot write the report: {0}")]
+    Report(String),
+}
+
+impl FleetConfig {
+    pub fn validate(&self) -> Result<(), FleetError> {
+        let invalid = |reason: String| Err(FleetError::Invalid(reason));
+        if !(1..=1000).contains(&self.instances) {
+            return invalid(format!(
+                "--instances is {}; it must be 1 to 1000",
+                self.instances
+            ));
+        }
+        if self.team_size == 0 || self.connections == 0 || self.context_every == 0 {
+            return invalid(
+                "--team-size, --connections and --context-every must be at least 1".into(),
+            );
+        }
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return invalid(format!("--rate is {}; it must be positive", self.rate));
+        }
+        if self.duration.is_zero() {
+            return invalid("--duration must be positive".into());
+        }
+        for (name, share) in [
+            ("--churn", self.churn),
+            ("--recall", self.recall),
+            ("--fact-check", self.fact_check),
+            ("--query", self.query),
+        ] {
+            if !(0.0..=1.0).contains(&share) {
+                return invalid(format!("{name} is {share}; it must be between 0 and 1"));
+            }
+        }
+        if self.chaos && self.nats.is_some() {
+            return invalid(
+                "--chaos kills and restarts processes, so it needs the local target; drop --nats"
+                    .into(),
+            );
+        }
+        Ok(())
+    }
+
+    /// Seconds between two steps of one instance.
+    fn period(&self) -> Duration {
+        Duration::from_secs_f64(self.instances as f64 / self.rate)
+    }
+}
+
+/// Runs the whole test and returns its report (written to `config.out` as well).
+pub async fn run(
+    config: FleetConfig,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<FleetReport, FleetError> {
+    config.validate()?;
+    let started_at = chrono::Utc::now();
+    let machine = Machine::detect();
+    std::fs::create_dir_all(&config.out)
+        .map_err(|e| FleetError::Report(format!("cannot create {}: {e}", config.out.display())))?;
+    eprintln!(
+        "[setup] starting the system under test ({})",
+        if config.nats.is_some() {
+            "remote"
+        } else if config.chaos {
+            "engram up + 4 projector processes + nats-server"
+        } else {
+            "engram up + nats-server"
+        }
+    );
+    let mut target = Target::start(TargetOptions {
+        remote: config.nats.clone(),
+        engram_bin: config.engram_bin.clone(),
+        separate_projectors: config.chaos,
+        embedder: config.embedder,
+        extra_config: config.engram_config.clone(),
+    })
+    .await?;
+    let result = load_and_verify(&config, &mut target, machine, started_at, shutdown).await;
+    let failed = !matches!(&result, Ok(r) if r.passed());
+    let kept = if failed { target.keep_files() } else { None };
+    target.stop().await;
+    if let Some(dir) = kept {
+        eprintln!("logs and stores kept in {}", dir.display());
+    }
+    result
+}
+
+async fn load_and_verify(
+    config: &FleetConfig,
+    target: &mut Target,
+    machine: Machine,
+    started_at: chrono::DateTime<chrono::Utc>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> Result<FleetReport, FleetError> {
+    let pool = connect_pool(&target.url, config.connections, "engram-loadtest").await?;
+    pool[0].provision().await?;
+    let nats_server_version = pool[0].client().server_info().version;
+    let monitor = connect_pool(&target.url, 1, "engram-loadtest-monitor")
+        .await?
+        .remove(0);
+
+    let (stop_tx, stop_rx) = watch::channel(false);
+    let interrupt = {
+        let stop_tx = stop_tx.clone();
+        tokio::spawn(async move {
+            shutdown.await;
+            let _ = stop_tx.send(true);
+        })
+    };
+    let start = Instant::now() + Duration::from_secs(1);
+    let end = start + config.duration;
+    let recorder = Arc::new(Recorder::new(start));
+    let shared = Arc::new(instance::Shared {
+        recorder: recorder.clone(),
+        clients: pool
+            .iter()
+            .map(|bus| Client::from_bus(bus.clone(), RetryPolicy::default()))
+            .collect(),
+        team_size: config.team_size,
+        period: config.period(),
+        start,
+        end,
+        give_up: end + config.drain_limit,
+        churn: config.churn,
+        recall: config.recall,
+        fact_check: config.fact_check,
+        context_every: config.context_every,
+        query: config.query,
+        wait: config.wait,
+        embedder: config.embedder,
+        seed: config.seed,
+        stop: stop_rx.clone(),
+    });
+
+    let pids = Arc::new(Mutex::new(target.pids()));
+    let samples = Samples::default();
+    let (sampler_stop, sampler_rx) = watch::channel(false);
+    let sampler = tokio::spawn(sampler::run(
+        monitor.clone(),
+        start,
+        pids.clone(),
+        samples.clone(),
+        sampler_rx,
+    ));
+    let progress = tokio::spawn(progress(recorder.clone(), samples.clone(), start, end));
+    eprintln!(
+        "[load] {} instances in teams of {}, {:.1} steps/s in all (one every {:.1}s each), for {:?}",
+        config.instances,
+        config.team_size,
+        config.rate,
+        config.period().as_secs_f64(),
+        config.duration
+    );
+    let instances: Vec<_> = (0..config.instances)
+        .map(|i| tokio::spawn(instance::run(shared.clone(), i)))
+        .collect();
+
+    let chaos_events = if config.chaos {
+        chaos(target, &pids, &monitor, &recorder, start, config.duration).await
+    } else {
+        Vec::new()
+    };
+    for task in instances {
+        if let Err(e) = task.await
+            && e.is_panic()
+        {
+            std::panic::resume_unwind(e.into_panic());
+        }
+    }
+    progress.abort();
+    let load_ended = Instant::now();
+    eprintln!("[drain] load done; waiting for the projectors to apply the whole stream");
+    let drain = verify::drain(&monitor, config.drain_limit).await;
+    let drain_secs = drain.as_ref().map(Duration::as_secs_f64).ok();
+    let recorded = recorder.finish();
+    eprintln!(
+        "[verify] reading the stream and the projectors' ledgers ({} acknowledged appends)",
+        recorded.ledger.len()
+    );
+    let verification = match &drain {
+        Ok(_) => Some(verify::verify(&monitor, &recorded.ledger, crate::workload::TENANT).await?),
+        Err(e) => {
+            eprintln!("[verify] skipped: {e}");
+            None
+        }
+    };
+    let interrupted = *stop_rx.borrow();
+    interrupt.abort();
+    let reference = if interrupted {
+        None
+    } else {
+        // At least two periods, so that every raw publisher sends at least once even when
+        // instances step rarely.
+        let secs = config
+            .reference
+            .max(config.period() * 2)
+            .min(config.duration);
+        eprintln!("[reference] raw JetStream publishes of the same sizes, same schedule, {secs:?}");
+        let sizes: Vec<u32> = recorded.ledger.iter().map(|a| a.bytes).collect();
+        Some(
+            reference::run(
+                &monitor,
+                config.instances,
+                config.period(),
+                secs,
+                &sizes,
+                config.seed,
+            )
+            .await?,
+        )
+    };
+    let _ = sampler_stop.send(true);
+    let _ = sampler.await;
+    let _ = stop_tx.send(true);
+    close_pool(&pool).await;
+
+    let measured_secs = recorded
+        .last_ack
+        .map_or(0.0, |t| t.saturating_duration_since(start).as_secs_f64())
+        .max(
+            (load_ended.min(end))
+                .saturating_duration_since(start)
+                .as_secs_f64(),
+        );
+    let appends = recorded.ledger.len() as u64;
+    let queries: u64 = recorded.queries_per_second.iter().sum();
+    let timeline = timeline(&recorded, &samples.all(), &chaos_events);
+    let latency: BTreeMap<String, record::Latency> = recorded
+        .latency
+        .iter()
+        .map(|(m, l)| (metric_name(*m).to_owned(), l.clone()))
+        .collect();
+    let appends_per_sec = appends as f64 / measured_secs.max(1e-9);
+    let ratios = reference.as_ref().map(|r| Ratios {
+        appends_per_sec: appends_per_sec / r.publishes_per_sec.max(1e-9),
+        ack_p50: recorded.latency[&Metric::Ack].p50 / r.ack_ms.p50.max(1e-9),
+        ack_p99: recorded.latency[&Metric::Ack].p99 / r.ack_ms.p99.max(1e-9),
+        visibility_p50: recorded.latency[&Metric::Visibility].p50 / r.delivery_ms.p50.max(1e-9),
+        visibility_p99: recorded.latency[&Metric::Visibility].p99 / r.delivery_ms.p99.max(1e-9),
+    });
+    let report = FleetReport {
+        started_at,
+        config: config.clone(),
+        machine,
+        nats_server_version,
+        interrupted,
+        measured_secs,
+        appends,
+        appends_per_sec,
+        target_appends_per_sec: config.rate,
+        queries,
+        queries_per_sec: queries as f64 / measured_secs.max(1e-9),
+        duplicate_acks: recorded.duplicates_acked,
+        latency_ms: latency,
+        takeovers: recorded.takeovers,
+        takeover_events_checked: recorded.takeover_events_checked,
+        problems: recorded.problems.clone(),
+        drain_secs,
+        drain_error: drain.err().map(|e| e.to_string()),
+        verification,
+        chaos: chaos_events,
+        reference,
+        ratios,
+        resources: report::resources(&timeline),
+        timeline,
+    };
+    report.write(&config.out)?;
+    Ok(report)
+}
+
+fn metric_name(metric: Metric) -> &'static str {
+    match metric {
+        Metric::Ack => "ack",
+        Metric::AckService => "ack_service",
+        Metric::Visibility => "visibility",
+        Metric::Query => "query",
+        Metric::Context => "context",
+        Metric::Facts => "facts",
+        Metric::Takeover => "takeover_replay",
+    }
+}
+
+/// Chaos mode, run alongside the load: at 30% of it, `kill -9` the vector projector (the one
+/// with the most state to restore) and restart it; at 60%, `kill -9` nats-server and restart it
+/// on the same store. Each is timed until the system has recovered.
+async fn chaos(
+    target: &mut Target,
+    pids: &Arc<Mutex<Vec<(String, u32)>>>,
+    monitor: &Bus,
+    recorder: &Recorder,
+    start: Instant,
+    duration: Duration,
+) -> Vec<ChaosEvent> {
+    let mut events = Vec::new();
+    for (share, victim) in [(0.3, "vector"), (0.6, "nats-server")] {
+        tokio::time::sleep_until(start + duration.mul_f64(share)).await;
+        let killed = Instant::now();
+        eprintln!("[chaos] kill -9 {victim}");
+        target.kill(victim).await;
+        // A dead projector does not stop appends, so they are watched from the kill; a dead
+        // server does, and an ack that raced the kill must not count as a resumption.
+        let appends_before = recorder.acked_count();
+        let watch_appends = victim != "nats-server";
+        // Long enough for clients to notice and start retrying.
+        tokio::time::sleep(Duration::from_secs(2)).await;
+        let restart = target.restart(victim).await;
+        let serving = Instant::now();
+        *pids
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = target.pids();
+        let mut event = ChaosEvent {
+            victim: victim.to_owned(),
+            at_secs: (killed - start).as_secs_f64(),
+            down_secs: (serving - killed).as_secs_f64(),
+            appends_resumed_secs: None,
+            caught_up_secs: None,
+            error: restart.err().map(|e| e.to_string()),
+        };
+        if event.error.is_none() {
+            let baseline = if watch_appends {
+                appends_before
+            } else {
+                recorder.acked_count()
+            };
+            let deadline = Instant::now() + Duration::from_secs(120);
+            while recorder.acked_count() <= baseline && Instant::now() < deadline {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            if recorder.acked_count() > baseline {
+                event.appends_resumed_secs = Some(if watch_appends {
+                    // Appends went on during the outage; the first one after the kill is
+                    // within the 10 ms polling of it.
+                    recorder
+                        .first_ack_after(killed)
+                        .map_or(0.0, |t| (t - killed).as_secs_f64())
+                } else {
+                    killed.elapsed().as_secs_f64()
+                });
+            }
+            // Caught up: every projector has applied what the stream held once appends resumed.
+            if let Ok(summary) = monitor.stream_summary().await {
+                let wanted = summary.last_seq;
+                while Instant::now() < deadline {
+                    let mut all = true;
+                    for name in target::PROJECTORS {
+                        match sampler::projector_ledger(monitor.client(), name).await {
+                            Ok(l) if l.visible_seq >= wanted => {}
+                            _ => all = false,
+                        }
+                    }
+                    if all {
+                        event.caught_up_secs = Some(killed.elapsed().as_secs_f64());
+                        break;
+                    }
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+            }
+        }
+        eprintln!(
+            "[chaos] {victim}: back after {:.2}s, appends resumed after {}, projectors caught up after {}",
+            event.down_secs,
+            secs(event.appends_resumed_secs),
+            secs(event.caught_up_secs)
+        );
+        events.push(event);
+    }
+    events
+}
+
+fn secs(value: Option<f64>) -> String {
+    value.map_or_else(|| "never".to_owned(), |s| format!("{s:.2}s"))
+}
+
+/// A line every five seconds while the load runs.
+async fn progress(recorder: Arc<Recorder>, samples: Samples, start: Instant, end: Instant) {
+    let mut tick = tokio::time::interval_at(start + Duration::from_secs(5), Duration::from_secs(5));
+    let mut last = 0usize;
+    loop {
+        let now = tick.tick().await;
+        let acked = recorder.acked_count();
+        let lag = samples
+            .last()
+            .map(|s| {
+                target::PROJECTORS
+                    .iter()
+                    .map(|p| {
+                        format!(
+                            "{p} {}",
+                            s.lag(p).map_or_else(|| "?".to_owned(), |l| l.to_string())
+                        )
+                    })
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            })
+            .unwrap_or_default();
+        let phase = if now > end {
+            "  (finishing read-your-writes checks)"
+        } else {
+            ""
+        };
+        eprintln!(
+            "[load] {:>4.0}s of {:.0}s  acked {acked} ({:.0}/s)  lag: {lag}{phase}",
+            (now - start).as_secs_f64(),
+            (end - start).as_secs_f64(),
+            (acked - last) as f64 / 5.0,
+        );
+        last = acked;
+    }
+}
+
+/// Second-by-second series from the recorder and the sampler.
+fn timeline(
+    recorded: &record::Recorded,
+    samples: &[sampler::Sample],
+    chaos: &[ChaosEvent],
+) -> Timeline {
+    let seconds = recorded
+        .per_second
+        .len()
+        .max(recorded.appends_per_second.len())
+        .max(
+            samples
+                .iter()
+                .map(|s| s.at_secs as usize + 1)
+                .max()
+                .unwrap_or(0),
+        );
+    let mut t = Timeline {
+        t_secs: (0..seconds).map(|s| s as f64).collect(),
+        ..Timeline::default()
+    };
+    let at = |v: &[u64], i: usize| v.get(i).copied().unwrap_or(0) as f64;
+    for i in 0..seconds {
+        t.appends_per_sec.push(at(&recorded.appends_per_second, i));
+        t.queries_per_sec.push(at(&recorded.queries_per_second, i));
+        let figures = recorded.per_second.get(i).cloned().unwrap_or_default();
+        t.ack_p50_ms.push(figures.ack_p50);
+        t.ack_p99_ms.push(figures.ack_p99);
+        t.visibility_p50_ms.push(figures.visibility_p50);
+        t.visibility_p99_ms.push(figures.visibility_p99);
+    }
+    let mut by_second: Vec<Option<&sampler::Sample>> = vec![None; seconds];
+    for sample in samples {
+        if let Some(slot) = by_second.get_mut(sample.at_secs as usize) {
+            *slot = Some(sample);
+        }
+    }
+    for name in target::PROJECTORS {
+        t.lag_events.insert(
+            name.to_owned(),
+            by_second
+                .iter()
+                .map(|s| s.and_then(|s| s.lag(name)))
+                .collect(),
+        );
+    }
+    let processes: std::collections::BTreeSet<String> = samples
+        .iter()
+        .flat_map(|s| s.processes.keys().cloned())
+        .collect();
+    for process in processes {
+        let reading =
+            |s: Option<&sampler::Sample>| s.and_then(|s| s.processes.get(&process).copied());
+        t.cpu_percent.insert(
+            process.clone(),
+            by_second
+                .iter()
+                .map(|s| reading(*s).and_then(|r| r.0))
+                .collect(),
+        );
+        t.rss_mib.insert(
+            process.clone(),
+            by_second
+                .iter()
+                .map(|s| reading(*s).and_then(|r| r.1))
+                .collect(),
+        );
+    }
+    for event in chaos {
+        t.markers
+            .push((event.at_secs, format!("kill -9 {}", event.victim)));
+    }
+    t
+}
+
+/// Connects `n` buses: the instances share them round robin, as agents in one process would.
+async fn connect_pool(url: &str, n: usize, name: &str) -> Result<Vec<Bus>, BusError> {
+    try_join_all((0..n).map(|i| {
+        Bus::connect(BusConfig {
+            url: url.to_owned(),
+            client_name: format!("{name}-{i}"),
+            ..BusConfig::default()
+        })
+    }))
+    .await
+}
+
+async fn close_pool(pool: &[Bus]) {
+    for bus in pool {
+        let _ = tokio::time::timeout(Duration::from_secs(5), bus.client().drain()).await;
+    }
+}

@@ -1,0 +1,361 @@
+//! What the simulated instances measured and acknowledged, shared by all of them.
+//!
+//! Latencies go into HDR histograms twice: once for the whole run and once for the second
+//! they completed in, which is what the timeline and charts are drawn from. The ledger keeps
+//! every acknowledged append, for the end-of-run verification.
+
+use std::collections::BTreeMap;
+use std::sync::Mutex;
+use std::time::Duration;
+
+use hdrhistogram::Histogram;
+use serde::Serialize;
+use tokio::time::Instant;
+
+/// Microsecond histograms up to ten minutes, three significant digits.
+pub(crate) fn histogram() -> Histogram<u64> {
+    Histogram::new_with_bounds(1, 600_000_000, 3).expect("static bounds are valid")
+}
+
+/// Latency figures in milliseconds.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Latency {
+    pub count: u64,
+    pub mean: f64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub p999: f64,
+    pub max: f64,
+}
+
+impl Latency {
+    pub(crate) fn of(h: &Histogram<u64>) -> Self {
+        if h.is_empty() {
+            return Self::default();
+        }
+        let ms = |us: u64| us as f64 / 1_000.0;
+        Self {
+            count: h.len(),
+            mean: h.mean() / 1_000.0,
+            p50: ms(h.value_at_quantile(0.50)),
+            p95: ms(h.value_at_quantile(0.95)),
+            p99: ms(h.value_at_quantile(0.99)),
+            p999: ms(h.value_at_quantile(0.999)),
+            max: ms(h.max()),
+        }
+    }
+}
+
+/// The kinds of latency a run records.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Metric {
+    /// Append acknowledged, open loop: how late its step started (behind the instance's
+    /// earlier steps) plus the time from send to ack.
+    Ack,
+    /// Append acknowledged, from when it was sent: the service time alone.
+    AckService,
+    /// Ack until the writer's read-your-writes retrieve returned the write.
+    Visibility,
+    /// A retrieve without a consistency token.
+    Query,
+    /// `build_context` with the instance's latest token.
+    Context,
+    /// A facts query with the token of the fact just asserted.
+    Facts,
+    /// A successor instance replaying its predecessor's private scope.
+    Takeover,
+}
+
+impl Metric {
+    const ALL: [Metric; 7] = [
+        Metric::Ack,
+        Metric::AckService,
+        Metric::Visibility,
+        Metric::Query,
+        Metric::Context,
+        Metric::Facts,
+        Metric::Takeover,
+    ];
+
+    fn is_query(self) -> bool {
+        matches!(
+            self,
+            Metric::Visibility | Metric::Query | Metric::Context | Metric::Facts
+        )
+    }
+}
+
+/// One acknowledged append.
+#[derive(Clone, Debug)]
+pub struct Acked {
+    pub event_id: String,
+    pub seq: u64,
+    /// Encoded size, for the raw reference to publish the same bytes.
+    pub bytes: u32,
+}
+
+/// Counters of things that went wrong, by kind.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Problems {
+    /// Failed operations by `operation:error kind`.
+    pub errors: BTreeMap<String, u64>,
+    /// The first message of each error kind, to say what happened.
+    pub first_errors: BTreeMap<String, String>,
+    /// Read-your-writes retrieves that returned results without the write.
+    pub invisible: u64,
+    /// Up to ten of those, described.
+    pub invisible_examples: Vec<String>,
+    /// Read-your-writes waits that timed out (the retrieve was retried until it succeeded
+    /// or the run ended).
+    pub visibility_timeouts: u64,
+    /// Writes whose read-your-writes check never got an answer before the run ended.
+    pub unchecked: u64,
+    /// Events a successor did not find when replaying its predecessor's private scope.
+    pub takeover_missing: u64,
+    /// Steps due before the end of the load that never started: their instance was still
+    /// busy with earlier steps (the system did not keep up with the target rate).
+    pub missed_steps: u64,
+}
+
+pub(crate) struct Recorder {
+    started: Instant,
+    inner: Mutex<Inner>,
+}
+
+struct Inner {
+    total: BTreeMap<Metric, Histogram<u64>>,
+    /// Per second since the start: histograms of the metrics drawn over time.
+    per_second: Vec<BTreeMap<Metric, Histogram<u64>>>,
+    appends_per_second: Vec<u64>,
+    queries_per_second: Vec<u64>,
+    ledger: Vec<Acked>,
+    duplicates_acked: u64,
+    problems: Problems,
+    takeovers: u64,
+    takeover_events_checked: u64,
+    last_ack: Option<Instant>,
+    /// When each ledger entry was acknowledged, in order of recording.
+    ack_times: Vec<Instant>,
+}
+
+impl Recorder {
+    pub(crate) fn new(started: Instant) -> Self {
+        Self {
+            started,
+            inner: Mutex::new(Inner {
+                total: Metric::ALL.iter().map(|&m| (m, histogram())).collect(),
+                per_second: Vec::new(),
+                appends_per_second: Vec::new(),
+                queries_per_second: Vec::new(),
+                ledger: Vec::new(),
+                duplicates_acked: 0,
+                problems: Problems::default(),
+                takeovers: 0,
+                takeover_events_checked: 0,
+                last_ack: None,
+                ack_times: Vec::new(),
+            }),
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Inner> {
+        self.inner
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn second(&self, at: Instant) -> usize {
+        at.saturating_duration_since(self.started).as_secs() as usize
+    }
+
+    /// Records a latency that ended at `at`.
+    pub(crate) fn latency(&self, metric: Metric, took: Duration, at: Instant) {
+        let us = (took.as_micros() as u64).clamp(1, 600_000_000);
+        let second = self.second(at);
+        let mut inner = self.lock();
+        inner
+            .total
+            .get_mut(&metric)
+            .expect("every metric has a histogram")
+            .record(us)
+            .expect("clamped into bounds");
+        if matches!(metric, Metric::Ack | Metric::Visibility) {
+            while inner.per_second.len() <= second {
+                inner.per_second.push(BTreeMap::new());
+            }
+            inner.per_second[second]
+                .entry(metric)
+                .or_insert_with(histogram)
+                .record(us)
+                .expect("clamped into bounds");
+        }
+        if metric.is_query() {
+            bump(&mut inner.queries_per_second, second);
+        }
+    }
+
+    pub(crate) fn acked(&self, entry: Acked, duplicate: bool, at: Instant) {
+        let second = self.second(at);
+        let mut inner = self.lock();
+        bump(&mut inner.appends_per_second, second);
+        if duplicate {
+            // The SDK retried with the same id and the stream had it already: stored once,
+            // counted once. Reported to show retries happened.
+            inner.duplicates_acked += 1;
+        }
+        inner.ledger.push(entry);
+        inner.ack_times.push(at);
+        inner.last_ack = Some(at);
+    }
+
+    pub(crate) fn error(&self, operation: &str, kind: &str, message: &str) {
+        let key = format!("{operation}:{kind}");
+        let mut inner = self.lock();
+        *inner.problems.errors.entry(key.clone()).or_default() += 1;
+        inner
+            .problems
+            .first_errors
+            .entry(key)
+            .or_insert_with(|| message.to_owned());
+    }
+
+    pub(crate) fn invisible(&self, example: String) {
+        let mut inner = self.lock();
+        inner.problems.invisible += 1;
+        if inner.problems.invisible_examples.len() < 10 {
+            inner.problems.invisible_examples.push(example);
+        }
+    }
+
+    pub(crate) fn missed(&self, steps: u64) {
+        self.lock().problems.missed_steps += steps;
+    }
+
+    pub(crate) fn visibility_timeout(&self) {
+        self.lock().problems.visibility_timeouts += 1;
+    }
+
+    pub(crate) fn unchecked(&self) {
+        self.lock().problems.unchecked += 1;
+    }
+
+    pub(crate) fn takeover(&self, checked: u64, missing: u64) {
+        let mut inner = self.lock();
+        inner.takeovers += 1;
+        inner.takeover_events_checked += checked;
+        inner.problems.takeover_missing += missing;
+    }
+
+    /// When the first append acknowledged at or after `at` was, if any yet.
+    pub(crate) fn first_ack_after(&self, at: Instant) -> Option<Instant> {
+        self.lock()
+            .ack_times
+            .iter()
+            .rev()
+            .take_while(|t| **t >= at)
+            .last()
+            .copied()
+    }
+
+    /// Acknowledged appends so far, for progress lines.
+    pub(crate) fn acked_count(&self) -> usize {
+        self.lock().ledger.len()
+    }
+
+    pub(crate) fn finish(&self) -> Recorded {
+        let inner = self.lock();
+        let per_second = inner
+            .per_second
+            .iter()
+            .map(|m| {
+                let q = |metric, quantile| {
+                    m.get(&metric)
+                        .filter(|h| !h.is_empty())
+                        .map(|h| h.value_at_quantile(quantile) as f64 / 1_000.0)
+                };
+                SecondFigures {
+                    ack_p50: q(Metric::Ack, 0.5),
+                    ack_p99: q(Metric::Ack, 0.99),
+                    visibility_p50: q(Metric::Visibility, 0.5),
+                    visibility_p99: q(Metric::Visibility, 0.99),
+                }
+            })
+            .collect();
+        Recorded {
+            latency: inner
+                .total
+                .iter()
+                .map(|(&m, h)| (m, Latency::of(h)))
+                .collect(),
+            per_second,
+            appends_per_second: inner.appends_per_second.clone(),
+            queries_per_second: inner.queries_per_second.clone(),
+            ledger: inner.ledger.clone(),
+            duplicates_acked: inner.duplicates_acked,
+            problems: inner.problems.clone(),
+            takeovers: inner.takeovers,
+            takeover_events_checked: inner.takeover_events_checked,
+            last_ack: inner.last_ack,
+        }
+    }
+}
+
+fn bump(counts: &mut Vec<u64>, second: usize) {
+    if counts.len() <= second {
+        counts.resize(second + 1, 0);
+    }
+    counts[second] += 1;
+}
+
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SecondFigures {
+    pub(crate) ack_p50: Option<f64>,
+    pub(crate) ack_p99: Option<f64>,
+    pub(crate) visibility_p50: Option<f64>,
+    pub(crate) visibility_p99: Option<f64>,
+}
+
+/// Everything recorded, once the instances have stopped.
+pub(crate) struct Recorded {
+    pub(crate) latency: BTreeMap<Metric, Latency>,
+    pub(crate) per_second: Vec<SecondFigures>,
+    pub(crate) appends_per_second: Vec<u64>,
+    pub(crate) queries_per_second: Vec<u64>,
+    pub(crate) ledger: Vec<Acked>,
+    pub(crate) duplicates_acked: u64,
+    pub(crate) problems: Problems,
+    pub(crate) takeovers: u64,
+    pub(crate) takeover_events_checked: u64,
+    pub(crate) last_ack: Option<Instant>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latencies_land_in_the_total_and_in_their_second() {
+        let start = Instant::now();
+        let recorder = Recorder::new(start);
+        recorder.latency(Metric::Ack, Duration::from_millis(5), start);
+        recorder.latency(
+            Metric::Ack,
+            Duration::from_millis(50),
+            start + Duration::from_millis(2_500),
+        );
+        recorder.latency(
+            Metric::Query,
+            Duration::from_millis(7),
+            start + Duration::from_millis(2_100),
+        );
+        let recorded = recorder.finish();
+        let ack = &recorded.latency[&Metric::Ack];
+        assert_eq!(ack.count, 2);
+        assert!((ack.max - 50.0).abs() < 0.1, "{ack:?}");
+        assert_eq!(recorded.per_second.len(), 3);
+        assert!(recorded.per_second[1].ack_p50.is_none());
+        assert!((recorded.per_second[2].ack_p99.unwrap() - 50.0).abs() < 0.1);
+        assert_eq!(recorded.queries_per_second, vec![0, 0, 1]);
+    }
+}

@@ -1,0 +1,400 @@
+//! The system under test: `engram up` (and in chaos mode, each projector in a process of its
+//! own) against a nats-server this crate starts, or a remote deployment given by URL.
+//!
+//! The load test starts nats-server itself, rather than letting `engram up` manage one, so
+//! that chaos mode can `kill -9` it and start it again on the same store and port, and so
+//! that the report can give the server's CPU and memory apart from Engram's.
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use engram_natsd::{NatsServer, ServerOptions};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+use super::FleetError;
+
+/// The projectors, in the order reports list them.
+pub const PROJECTORS: [&str; 4] = ["vector", "keyword", "facts", "skills"];
+
+/// How the engram processes get their vectors.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+pub enum EmbedderChoice {
+    /// The built-in all-MiniLM-L6-v2, as `engram up` runs by default.
+    Minilm,
+    /// The load test attaches small vectors to each event and query (embedder option "vectors
+    /// supplied by the client"): Engram without the embedding cost.
+    Client,
+}
+
+/// Dimension of the vectors the load test supplies in `Client` mode.
+pub const CLIENT_DIM: usize = 64;
+/// Model name of those vectors.
+pub const CLIENT_MODEL: &str = "loadtest-hash-64";
+
+/// A process this crate started, killed when dropped.
+pub(crate) struct Proc {
+    pub(crate) name: String,
+    child: Option<Child>,
+    args: Vec<String>,
+    log: PathBuf,
+}
+
+impl Proc {
+    pub(crate) fn pid(&self) -> Option<u32> {
+        self.child.as_ref().and_then(Child::id)
+    }
+}
+
+/// The running system under test.
+pub struct Target {
+    pub url: String,
+    nats: Option<NatsServer>,
+    /// `engram up`, then in chaos mode one `engram projector <name>` per projector.
+    procs: Vec<Proc>,
+    bin: Option<PathBuf>,
+    dir: Option<tempfile::TempDir>,
+    /// Kept when the run failed, for the logs.
+    keep: bool,
+}
+
+pub(crate) struct TargetOptions {
+    pub(crate) remote: Option<String>,
+    pub(crate) engram_bin: Option<PathBuf>,
+    pub(crate) separate_projectors: bool,
+    pub(crate) embedder: EmbedderChoice,
+    pub(crate) extra_config: Option<PathBuf>,
+}
+
+impl Target {
+    pub(crate) async fn start(opts: TargetOptions) -> Result<Self, FleetError> {
+        if let Some(url) = opts.remote {
+            return Ok(Self {
+                url,
+                nats: None,
+                procs: Vec::new(),
+                bin: None,
+                dir: None,
+                keep: false,
+            });
+        }
+        let bin = locate_engram(opts.engram_bin.as_deref())?;
+        let dir = tempfile::Builder::new()
+            .prefix("engram-loadtest-")
+            .tempdir()
+            .map_err(|e| FleetError::Setup(format!("cannot create a temp dir: {e}")))?;
+        let nats_bin = tokio::task::spawn_blocking(engram_natsd::locate)
+            .await
+            .map_err(|e| FleetError::Setup(format!("locating nats-server panicked: {e}")))?
+            .map_err(|e| FleetError::Setup(e.to_string()))?;
+        let mut server_opts = ServerOptions::new(
+            nats_bin,
+            dir.path().join("nats/store"),
+            dir.path().join("nats"),
+        );
+        server_opts.config_file =
+            Some(write(&dir.path().join("nats/nats-server.conf"), NATS_CONF)?);
+        let nats = NatsServer::start(server_opts)
+            .await
+            .map_err(|e| FleetError::Setup(format!("nats-server: {e}")))?;
+        let url = nats.url();
+        let mut target = Self {
+            url,
+            nats: Some(nats),
+            procs: Vec::new(),
+            bin: Some(bin),
+            dir: Some(dir),
+            keep: false,
+        };
+        let base = config_toml(opts.embedder);
+        let extra = match &opts.extra_config {
+            Some(path) => std::fs::read_to_string(path)
+                .map_err(|e| FleetError::Setup(format!("cannot read {}: {e}", path.display())))?,
+            None => String::new(),
+        };
+        let up_config = if opts.separate_projectors {
+            format!("{base}\n[projectors]\nrun = []\n{extra}")
+        } else {
+            format!("{base}\n{extra}")
+        };
+        target.spawn("engram", "up", &up_config, &["up"]).await?;
+        if opts.separate_projectors {
+            let config = format!("{base}\n{extra}");
+            for name in PROJECTORS {
+                target
+                    .spawn(
+                        name,
+                        &format!("projector-{name}"),
+                        &config,
+                        &["projector", name],
+                    )
+                    .await?;
+            }
+        }
+        Ok(target)
+    }
+
+    /// Starts `engram <args>` with its own home and config, and waits until it is ready:
+    /// `up` prints a line when it is, a projector answers on its ledger endpoint.
+    async fn spawn(
+        &mut self,
+        name: &str,
+        home: &str,
+        config: &str,
+        args: &[&str],
+    ) -> Result<(), FleetError> {
+        let dir = self.dir.as_ref().expect("local targets have a dir").path();
+        let home = dir.join(home);
+        std::fs::create_dir_all(&home)
+            .map_err(|e| FleetError::Setup(format!("cannot create {}: {e}", home.display())))?;
+        let config_path = write(&home.join("engram.toml"), config)?;
+        let mut full: Vec<String> = vec![
+            "--home".into(),
+            home.display().to_string(),
+            "--config".into(),
+            config_path.display().to_string(),
+            "--log-format".into(),
+            "json".into(),
+            "--nats".into(),
+            self.url.clone(),
+        ];
+        full.extend(args.iter().map(|s| (*s).to_owned()));
+        if args == ["up"] {
+            full.extend(["--http".to_owned(), "127.0.0.1:0".to_owned()]);
+        }
+        let mut proc = Proc {
+            name: name.to_owned(),
+            child: None,
+            args: full,
+            log: home.join("engram.log"),
+        };
+        self.launch(&mut proc).await?;
+        self.procs.push(proc);
+        Ok(())
+    }
+
+    async fn launch(&self, proc: &mut Proc) -> Result<(), FleetError> {
+        let bin = self.bin.as_ref().expect("local targets have a binary");
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&proc.log)
+            .map_err(|e| FleetError::Setup(format!("cannot open {}: {e}", proc.log.display())))?;
+        let mut child = Command::new(bin)
+            .args(&proc.args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(log)
+            .kill_on_drop(true)
+            .spawn()
+            .map_err(|e| FleetError::Setup(format!("cannot start {}: {e}", bin.display())))?;
+        let stdout = child.stdout.take().expect("stdout is piped");
+        let is_up = proc.args.iter().any(|a| a == "up");
+        let mut lines = BufReader::new(stdout).lines();
+        // The first start may fetch the embedding model from PyPI.
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        if is_up {
+            loop {
+                let line = tokio::time::timeout_at(deadline, lines.next_line()).await;
+                match line {
+                    Ok(Ok(Some(line))) if line.starts_with("engram is up") => break,
+                    Ok(Ok(Some(_))) => {}
+                    _ => return Err(self.failed_start(proc, &mut child).await),
+                }
+            }
+        }
+        // Keep reading stdout so the child never blocks on a full pipe.
+        tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+        proc.child = Some(child);
+        if !is_up {
+            self.wait_for_projector(proc).await?;
+        }
+        Ok(())
+    }
+
+    async fn wait_for_projector(&self, proc: &mut Proc) -> Result<(), FleetError> {
+        let client = async_nats::connect(&self.url)
+            .await
+            .map_err(|e| FleetError::Setup(format!("cannot connect to {}: {e}", self.url)))?;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
+        loop {
+            if super::sampler::projector_ledger(&client, &proc.name)
+                .await
+                .is_ok()
+            {
+                return Ok(());
+            }
+            let exited = proc
+                .child
+                .as_mut()
+                .is_none_or(|c| matches!(c.try_wait(), Ok(Some(_))));
+            if exited || tokio::time::Instant::now() >= deadline {
+                let mut child = proc.child.take();
+                return Err(match child.as_mut() {
+                    Some(child) => self.failed_start(proc, child).await,
+                    None => FleetError::Setup(format!("{} did not start", proc.name)),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn failed_start(&self, proc: &Proc, child: &mut Child) -> FleetError {
+        let _ = child.start_kill();
+        let _ = child.wait().await;
+        let log = std::fs::read_to_string(&proc.log).unwrap_or_default();
+        let tail: Vec<&str> = log.lines().rev().take(15).collect();
+        FleetError::Setup(format!(
+            "{} did not start; last lines of {}:\n{}",
+            proc.name,
+            proc.log.display(),
+            tail.into_iter().rev().collect::<Vec<_>>().join("\n")
+        ))
+    }
+
+    /// Processes to sample: (name, pid).
+    pub(crate) fn pids(&self) -> Vec<(String, u32)> {
+        let mut out = Vec::new();
+        if let Some(pid) = self.nats.as_ref().and_then(NatsServer::pid) {
+            out.push(("nats-server".to_owned(), pid));
+        }
+        for proc in &self.procs {
+            if let Some(pid) = proc.pid() {
+                out.push((proc.name.clone(), pid));
+            }
+        }
+        out
+    }
+
+    /// `kill -9` of the named process (a projector, or "nats-server").
+    pub(crate) async fn kill(&mut self, name: &str) {
+        if name == "nats-server" {
+            if let Some(nats) = self.nats.as_mut() {
+                nats.kill().await;
+            }
+            return;
+        }
+        if let Some(proc) = self.procs.iter_mut().find(|p| p.name == name)
+            && let Some(mut child) = proc.child.take()
+        {
+            let _ = child.start_kill();
+            let _ = child.wait().await;
+        }
+    }
+
+    /// Starts a killed process again, on the same store (nats-server) or home (engram).
+    pub(crate) async fn restart(&mut self, name: &str) -> Result<(), FleetError> {
+        if name == "nats-server" {
+            return match self.nats.as_mut() {
+                Some(nats) => nats
+                    .restart()
+                    .await
+                    .map_err(|e| FleetError::Setup(format!("nats-server restart: {e}"))),
+                None => Ok(()),
+            };
+        }
+        let Some(index) = self.procs.iter().position(|p| p.name == name) else {
+            return Ok(());
+        };
+        let mut proc = self.procs.remove(index);
+        let result = self.launch(&mut proc).await;
+        self.procs.insert(index, proc);
+        result
+    }
+
+    /// Leaves the temp dir (stores, homes, logs) behind and returns its path.
+    pub(crate) fn keep_files(&mut self) -> Option<PathBuf> {
+        self.keep = true;
+        self.dir.as_ref().map(|d| d.path().to_path_buf())
+    }
+
+    /// Stops engram processes with SIGTERM (they checkpoint), then nats-server.
+    pub(crate) async fn stop(mut self) {
+        for proc in self.procs.iter_mut().rev() {
+            if let Some(mut child) = proc.child.take() {
+                if let Some(pid) = child.id() {
+                    // SAFETY: kill(2) on our own child, not yet reaped.
+                    unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+                }
+                if tokio::time::timeout(Duration::from_secs(30), child.wait())
+                    .await
+                    .is_err()
+                {
+                    tracing::warn!(process = %proc.name, "no exit 30 s after sigterm, killing");
+                    let _ = child.start_kill();
+                    let _ = child.wait().await;
+                }
+            }
+        }
+        if let Some(mut nats) = self.nats.take() {
+            nats.shutdown(Duration::from_secs(10)).await;
+        }
+        if let Some(dir) = self.dir.take() {
+            if self.keep {
+                let _ = dir.keep();
+            } else if let Err(e) = dir.close() {
+                tracing::warn!(error = %e, "cannot delete the load test's temp dir");
+            }
+        }
+    }
+}
+
+/// The nats-server config `engram up` ships, so the server under test is configured alike.
+const NATS_CONF: &str = include_str!("../../../deploy/nats-server.conf");
+
+fn config_toml(embedder: EmbedderChoice) -> String {
+    let mut out = String::from("[http]\nlisten = \"127.0.0.1:0\"\n");
+    if embedder == EmbedderChoice::Client {
+        out.push_str(&format!(
+            "\n[projectors.embedder]\nkind = \"client_supplied\"\nmodel = \"{CLIENT_MODEL}\"\ndim = {CLIENT_DIM}\n"
+        ));
+    }
+    out
+}
+
+fn write(path: &Path, content: &str) -> Result<PathBuf, FleetError> {
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)
+            .map_err(|e| FleetError::Setup(format!("cannot create {}: {e}", parent.display())))?;
+    }
+    std::fs::write(path, content)
+        .map_err(|e| FleetError::Setup(format!("cannot write {}: {e}", path.display())))?;
+    Ok(path.to_path_buf())
+}
+
+/// The `engram` binary: the flag, else `$ENGRAM_BIN`, else next to this executable (cargo puts
+/// both in the same target dir), else on `PATH`.
+fn locate_engram(flag: Option<&Path>) -> Result<PathBuf, FleetError> {
+    if let Some(path) = flag {
+        return Ok(path.to_path_buf());
+    }
+    if let Some(path) = std::env::var_os("ENGRAM_BIN") {
+        return Ok(PathBuf::from(path));
+    }
+    if let Ok(exe) = std::env::current_exe() {
+        let mut dir = exe.parent().map(Path::to_path_buf);
+        // Test binaries live one level down, in target/<profile>/deps.
+        for _ in 0..2 {
+            if let Some(d) = &dir {
+                let candidate = d.join("engram");
+                if candidate.is_file() {
+                    return Ok(candidate);
+                }
+                dir = d.parent().map(Path::to_path_buf);
+            }
+        }
+    }
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            let candidate = dir.join("engram");
+            if candidate.is_file() {
+                return Ok(candidate);
+            }
+        }
+    }
+    Err(FleetError::Setup(
+        "cannot find the engram binary; build it (`cargo build --release -p engram`), or pass --engram-bin or set ENGRAM_BIN"
+            .into(),
+    ))
+}

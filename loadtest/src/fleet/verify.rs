@@ -1,0 +1,229 @@
+//! End-of-run verification against the stream and every projector.
+//!
+//! - **Stream:** every acknowledged event id must be stored exactly once, at the sequence its
+//!   ack gave. Read with a raw ordered consumer over the whole stream.
+//! - **Projectors:** each projector's apply ledger (count and order-independent digest of
+//!   the (seq, event id) pairs it applied, saved atomically with its state) must equal the
+//!   one computed here from the stream: an event skipped or applied twice, even across a
+//!   `kill -9` and replay, changes it.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use engram_bus::Bus;
+use engram_projector::ApplyLedger;
+use engram_schema::SubjectFilter;
+use futures::StreamExt;
+use serde::Serialize;
+use tokio::time::Instant;
+
+use super::FleetError;
+use super::record::Acked;
+use super::sampler::projector_ledger;
+use super::target::PROJECTORS;
+
+/// What the verification found. Anything but zero in `lost`, `duplicated`,
+/// `seq_mismatch`, and every projector's `lost` and `duplicated`, fails the run.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Verification {
+    /// Events acknowledged to the instances.
+    pub acked: u64,
+    /// Acknowledged but not in the stream.
+    pub lost: u64,
+    /// Acknowledged and stored more than once (the same event id at two sequences).
+    pub duplicated: u64,
+    /// Stored at another sequence than the ack said.
+    pub seq_mismatch: u64,
+    /// Messages in the stream, and how many decoded as events.
+    pub stream_messages: u64,
+    pub stream_events: u64,
+    /// Events of the load test's tenant in the stream that no instance saw acknowledged:
+    /// appends abandoned by dying instances or failed during an outage. Not an error; an
+    /// unacknowledged append may or may not be stored.
+    pub stored_unacked: u64,
+    pub projectors: Vec<ProjectorCheck>,
+    /// Examples of what went wrong, at most ten.
+    pub examples: Vec<String>,
+}
+
+#[derive(Clone, Debug, Serialize)]
+pub struct ProjectorCheck {
+    pub projector: String,
+    /// Events the stream holds, as the projector should have applied them.
+    pub expected_events: u64,
+    pub applied_events: u64,
+    pub digest_matches: bool,
+    /// Short of the stream (expected minus applied), when positive.
+    pub lost: u64,
+    /// Beyond the stream (applied minus expected), when positive; also 1 when the counts
+    /// agree but the digests do not (something skipped and something applied twice).
+    pub duplicated: u64,
+    /// Set if the projector could not be asked.
+    pub error: Option<String>,
+}
+
+impl Verification {
+    pub fn failures(&self) -> u64 {
+        self.lost
+            + self.duplicated
+            + self.seq_mismatch
+            + self
+                .projectors
+                .iter()
+                .map(|p| p.lost + p.duplicated + u64::from(p.error.is_some()))
+                .sum::<u64>()
+    }
+
+    fn example(&mut self, text: String) {
+        if self.examples.len() < 10 {
+            self.examples.push(text);
+        }
+    }
+}
+
+/// Waits until every projector has made the stream's last sequence visible, printing
+/// progress; returns how long that took, or an error naming the projectors still behind.
+pub async fn drain(bus: &Bus, limit: Duration) -> Result<Duration, FleetError> {
+    let started = Instant::now();
+    let mut last_print = Instant::now();
+    loop {
+        let last = bus.stream_summary().await?.last_seq;
+        let mut behind = Vec::new();
+        for name in PROJECTORS {
+            match projector_ledger(bus.client(), name).await {
+                Ok(l) if l.visible_seq >= last => {}
+                Ok(l) => behind.push(format!("{name} at {} of {last}", l.visible_seq)),
+                Err(e) => behind.push(format!("{name} not answering ({e})")),
+            }
+        }
+        if behind.is_empty() {
+            return Ok(started.elapsed());
+        }
+        if started.elapsed() >= limit {
+            return Err(FleetError::Drain(format!(
+                "projectors still behind after {limit:?}: {}",
+                behind.join(", ")
+            )));
+        }
+        if last_print.elapsed() >= Duration::from_secs(2) {
+            eprintln!(
+                "[drain] {:>4.0}s  waiting for projectors: {}",
+                started.elapsed().as_secs_f64(),
+                behind.join(", ")
+            );
+            last_print = Instant::now();
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// Reads the whole stream and checks the ledger and the projectors against it.
+pub async fn verify(bus: &Bus, ledger: &[Acked], tenant: &str) -> Result<Verification, FleetError> {
+    let mut result = Verification {
+        acked: ledger.len() as u64,
+        ..Verification::default()
+    };
+    let read = |e: &dyn std::fmt::Display| FleetError::Verify(format!("reading the stream: {e}"));
+    let stream = bus
+        .jetstream()
+        .get_stream(&bus.config().stream.name)
+        .await
+        .map_err(|e| read(&e))?;
+    let consumer = stream
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: SubjectFilter::all().to_subject(),
+            deliver_policy: DeliverPolicy::All,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| read(&e))?;
+    // event id -> sequences it is stored at.
+    let mut stored: HashMap<String, Vec<u64>> = HashMap::with_capacity(ledger.len() * 2);
+    let mut expected = ApplyLedger::default();
+    let mut ours = 0u64;
+    if consumer.cached_info().num_pending > 0 {
+        let mut messages = consumer.messages().await.map_err(|e| read(&e))?;
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(|e| read(&e))?;
+            let info = message.info().map_err(|e| read(&e))?;
+            let (seq, pending) = (info.stream_sequence, info.pending);
+            result.stream_messages += 1;
+            if let Ok(event) = bus.codec().decode(&message.payload) {
+                result.stream_events += 1;
+                expected.add(seq, event.event_id.as_str());
+                if event.tenant.as_str() == tenant {
+                    ours += 1;
+                }
+                stored
+                    .entry(event.event_id.as_str().to_owned())
+                    .or_default()
+                    .push(seq);
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+    }
+    let mut acked_ids = std::collections::HashSet::with_capacity(ledger.len());
+    for entry in ledger {
+        if !acked_ids.insert(entry.event_id.as_str()) {
+            // Two acks for one id can only come from a retry the SDK reported twice.
+            continue;
+        }
+        match stored.get(&entry.event_id).map(Vec::as_slice) {
+            None | Some([]) => {
+                result.lost += 1;
+                result.example(format!(
+                    "lost: {} acked at seq {}",
+                    entry.event_id, entry.seq
+                ));
+            }
+            Some([seq]) if *seq == entry.seq => {}
+            Some([seq]) => {
+                result.seq_mismatch += 1;
+                result.example(format!(
+                    "{} acked at seq {} but stored at {seq}",
+                    entry.event_id, entry.seq
+                ));
+            }
+            Some(seqs) => {
+                result.duplicated += 1;
+                result.example(format!("duplicated: {} at seqs {seqs:?}", entry.event_id));
+            }
+        }
+    }
+    result.stored_unacked = ours.saturating_sub(acked_ids.len() as u64);
+    for name in PROJECTORS {
+        result
+            .projectors
+            .push(check_projector(bus, name, &expected).await);
+    }
+    Ok(result)
+}
+
+async fn check_projector(bus: &Bus, name: &str, expected: &ApplyLedger) -> ProjectorCheck {
+    let mut check = ProjectorCheck {
+        projector: name.to_owned(),
+        expected_events: expected.events,
+        applied_events: 0,
+        digest_matches: false,
+        lost: 0,
+        duplicated: 0,
+        error: None,
+    };
+    match projector_ledger(bus.client(), name).await {
+        Ok(answer) => {
+            let applied = answer.ledger;
+            check.applied_events = applied.events;
+            check.digest_matches = applied.digest == expected.digest;
+            check.lost = expected.events.saturating_sub(applied.events);
+            check.duplicated = applied.events.saturating_sub(expected.events);
+            if check.lost == 0 && check.duplicated == 0 && !check.digest_matches {
+                check.duplicated = 1;
+            }
+        }
+        Err(e) => check.error = Some(e.to_string()),
+    }
+    check
+}

@@ -1,0 +1,178 @@
+//! The projector services' own endpoints against a real nats-server: `ledger` and `status`
+//! answer for every projector, and each counts every event it applied, ignored ones included.
+
+use std::time::Duration;
+
+use engram_bus::Bus;
+use engram_embed::{EmbedderConfig, HashEmbedder};
+use engram_keyword::KeywordIndex;
+use engram_memory::Seq;
+use engram_memory::proto::{Consistency, ErrorCode, projector_subject};
+use engram_projector::{ApplyLedger, Projection, ProjectionError, ledger_entry};
+use engram_projectors::{ProjectorLedger, ProjectorName, ProjectorStatus, ProjectorsConfig};
+use engram_schema::{Embedding, Envelope, EventKind, Layer};
+use engram_testkit::{TestNats, event};
+use tokio::sync::watch;
+
+const DIM: usize = 16;
+
+fn config() -> ProjectorsConfig {
+    ProjectorsConfig {
+        embedder: EmbedderConfig::ClientSupplied {
+            model: format!("hash-{DIM}"),
+            dim: DIM,
+        },
+        checkpoint_interval: Duration::from_millis(200),
+        embed_cache_memory_mb: 4,
+        embed_cache_disk_mb: 8,
+        ..ProjectorsConfig::default()
+    }
+}
+
+/// Text memories with client-supplied vectors, and a fact, which the text projectors ignore.
+fn events() -> Vec<Envelope> {
+    let embedder = HashEmbedder::new(DIM);
+    let mut out: Vec<Envelope> = (0..12)
+        .map(|i| event("acme", "t1", &format!("memory {i} about ledgers")))
+        .collect();
+    let mut fact = event("acme", "t1", "the sky is blue");
+    fact.layer = Layer::Semantic;
+    fact.kind = EventKind::FactAsserted;
+    fact.content.data =
+        Some(serde_json::json!({"subject": "sky", "predicate": "colour", "object": "blue"}));
+    out.insert(5, fact);
+    for e in &mut out {
+        e.embedding = Some(Embedding {
+            model: format!("hash-{DIM}"),
+            vector: embedder.embed_one(&e.content.text),
+        });
+    }
+    out
+}
+
+#[tokio::test]
+async fn ledger_and_status_report_what_each_projector_applied() {
+    // Given the four projectors, and events already in the stream
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let events = events();
+    let mut expected = ApplyLedger::default();
+    for (event, receipt) in events.iter().zip(bus.append_batch(&events, 64).await) {
+        let seq: Seq = receipt.unwrap().seq;
+        expected.seq = seq;
+        expected.events += 1;
+        expected.digest = expected
+            .digest
+            .wrapping_add(ledger_entry(seq, event.event_id.as_str()));
+    }
+    let (stop, stopped) = watch::channel(false);
+    let bus_config = nats.bus_config();
+    let running = engram_projectors::start(
+        &config(),
+        dir.path(),
+        move |_| Bus::connect(bus_config.clone()),
+        stopped,
+    )
+    .await
+    .unwrap();
+
+    // When each is asked for its ledger once the last event is visible
+    let wait = Consistency {
+        min_seq: Some(expected.seq),
+        wait_ms: Some(10_000),
+    };
+    for name in ProjectorName::ALL {
+        let answer: ProjectorLedger = engram_rpc::call(
+            bus.client(),
+            &projector_subject(name.as_str(), "ledger"),
+            &wait,
+            Duration::from_secs(15),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name} ledger: {e}"));
+
+        // Then it counts every event, the fact included
+        assert_eq!(answer.projector, name.as_str());
+        assert_eq!(answer.visible_seq, expected.seq, "{name}");
+        assert_eq!(answer.ledger, expected, "{name}");
+
+        // And status carries the same ledger beside its state hash
+        let status: ProjectorStatus = engram_rpc::call(
+            bus.client(),
+            &projector_subject(name.as_str(), "status"),
+            &Consistency::default(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name} status: {e}"));
+        assert_eq!(status.ledger, expected, "{name}");
+        assert_eq!(status.state_hash.len(), 64, "{name}");
+    }
+
+    // And a token beyond the stream is refused, not answered with the current ledger
+    let beyond = engram_rpc::call::<_, ProjectorLedger>(
+        bus.client(),
+        &projector_subject(ProjectorName::Facts.as_str(), "ledger"),
+        &Consistency {
+            min_seq: Some(expected.seq + 1),
+            wait_ms: Some(50),
+        },
+        Duration::from_secs(5),
+    )
+    .await;
+    assert!(
+        matches!(&beyond, Err(e) if e.code() == ErrorCode::NotYetVisible),
+        "answered {beyond:?}"
+    );
+
+    // And after a restart every projector holds the same ledger (restored from its
+    // checkpoint, and replayed from there if the checkpoint lagged)
+    stop.send(true).unwrap();
+    running.join().await.unwrap();
+    let (stop, stopped) = watch::channel(false);
+    let bus_config = nats.bus_config();
+    let running = engram_projectors::start(
+        &config(),
+        dir.path(),
+        move |_| Bus::connect(bus_config.clone()),
+        stopped,
+    )
+    .await
+    .unwrap();
+    for name in ProjectorName::ALL {
+        let answer: ProjectorLedger = engram_rpc::call(
+            bus.client(),
+            &projector_subject(name.as_str(), "ledger"),
+            &wait,
+            Duration::from_secs(15),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{name} ledger after restart: {e}"));
+        assert_eq!(answer.ledger, expected, "{name} after restart");
+    }
+    stop.send(true).unwrap();
+    running.join().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_keyword_index_committed_without_a_ledger_asks_for_a_rebuild() {
+    // Given a keyword index whose last commit carries a bare sequence (the old payload)
+    let dir = tempfile::tempdir().unwrap();
+    {
+        let mut index = KeywordIndex::open(&dir.path().join("keyword")).unwrap();
+        let memory = event("acme", "t1", "an old memory");
+        index
+            .add(&engram_memory::MemoryMeta::of(5, &memory), "an old memory")
+            .unwrap();
+        index.commit(5).unwrap();
+    }
+
+    // When the projection restores, then it refuses, naming the rebuild to run
+    let projection = engram_projectors::keyword::KeywordProjection::new(dir.path());
+    let err = projection.restore().await.unwrap_err();
+    assert!(
+        matches!(&err, ProjectionError::Fatal(m) if m.contains("`engram rebuild keyword`")),
+        "{err:?}"
+    );
+}
