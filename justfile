@@ -24,6 +24,14 @@ up *ARGS:
 schema:
     cargo run -p engram-schema --bin engram-schema-gen -- schemas/json/envelope.v1.json
 
+# The fleet load test: 300 simulated agent instances against `engram up` for two minutes,
+# every acknowledged write verified; report.md, report.json and SVG charts in target/loadtest.
+# Exit code 1 if anything was lost, duplicated or invisible. Try `--chaos`, `--embedder client
+# --rate 100`, `--instances 1000`, or `--nats <url>` for a remote deployment.
+loadtest *ARGS:
+    cargo build --release -p engram -p engram-loadtest
+    ./target/release/loadtest {{ARGS}}
+
 # Append benchmark: 200 simulated agents through Engram vs raw JetStream publishes of the same bytes.
 bench-append *ARGS:
     cargo run --release -p engram-loadtest --bin bench-append -- {{ARGS}}
@@ -51,4 +59,4 @@ bench-embed *ARGS:
     cargo run --release -p engram-embed --bin bench-embed -- {{ARGS}}
 
 # All benchmarks.
-bench: bench-append bench-project bench-query bench-locomo bench-ann bench-embed
+bench: loadtest bench-append bench-project bench-query bench-locomo bench-ann bench-embed

@@ -1,25 +1,25 @@
-//! Load generators for Engram. `bench-append` answers one question: how much does appending
-//! through Engram cost compared with the bare JetStream publishes it is built on?
+//! Load generators for Engram.
 //!
-//! A run has two phases against the same server, with the same number of concurrent agents,
-//! the same connection pool size and the same stop rule:
-//! 1. **engram**: each simulated agent appends realistic events through the SDK and awaits
-//!    each ack before the next (a closed loop per agent, as an agent that needs the
-//!    consistency token behaves). Every encoded size is recorded.
-//! 2. **raw**: as many publishers replay those exact sizes as plain JetStream publishes with a
-//!    `Nats-Msg-Id`, to a stream configured like the events stream.
+//! - [`fleet`] (binary `loadtest`): hundreds of simulated agent instances against a running
+//!   Engram, open loop at a target rate, every acknowledged write verified against the stream
+//!   and every projector at the end; optional chaos (`kill -9` of a projector and of
+//!   nats-server); a JSON, Markdown and SVG report with raw JetStream figures from the same run.
+//! - `bench-append` (this module's [`run`]): how much does appending through Engram cost
+//!   compared with the bare JetStream publishes it is built on? Two phases against the same
+//!   server, with the same number of concurrent agents, the same connection pool size and the
+//!   same stop rule: (1) **engram**: each simulated agent appends realistic events through the
+//!   SDK and awaits each ack before the next, recording every encoded size; (2) **raw**: as
+//!   many publishers replay those exact sizes as plain JetStream publishes with a
+//!   `Nats-Msg-Id`, to a stream configured like the events stream.
+//! - [`project`] (binary `bench-project`): projector rebuilds against a raw replay.
 //!
 //! # Layout
 //! - [`workload`]: the synthetic agents and the events they append.
-//! - `driver`: the closed loop shared by both phases, warm-up, stop rule, figures.
-//! - `engram`: phase 1's sender; it records the size trace.
-//! - [`raw`]: phase 2's sender and the reference stream.
+//! - `driver`: bench-append's closed loop, warm-up, stop rule, figures.
+//! - `engram`: bench-append's engram sender; it records the size trace.
+//! - [`raw`]: the raw sender and the reference stream (bench-append and the fleet's reference).
 //! - [`embedded`]: a private nats-server in a temp dir, for runs without `--nats`.
-//! - [`report`]: the figures as a table and as JSON.
-//!
-//! This crate only measures: it never reads events back, and it creates nothing but the
-//! events stream (through the bus's own provisioning) and the reference stream, which it
-//! deletes afterwards.
+//! - [`report`]: bench-append's figures as a table and as JSON, and the machine description.
 
 mod cpu;
 mod driver;

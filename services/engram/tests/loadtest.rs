@@ -137,3 +137,61 @@ async fn a_chaos_run_kills_a_projector_and_the_server_and_still_loses_nothing() 
     let v = report.verification.as_ref().unwrap();
     assert!(v.projectors.iter().all(|p| p.digest_matches), "{v:?}");
 }
+
+/// `--nats <url>`: the load test drives a deployment it did not start (here `engram up` run
+/// by the test against a server of its own) and verifies it the same way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_against_a_remote_deployment_verifies_it_too() {
+    let nats = engram_testkit::TestNats::start().await;
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("engram.toml"),
+        "[http]\nlisten = \"127.0.0.1:0\"\n\n[projectors.embedder]\nkind = \"client_supplied\"\nmodel = \"loadtest-hash-64\"\ndim = 64\n",
+    )
+    .unwrap();
+    let mut up = tokio::process::Command::new(ENGRAM)
+        .arg("--home")
+        .arg(home.path())
+        .arg("--config")
+        .arg(home.path().join("engram.toml"))
+        .args(["--nats", &nats.url(), "up"])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let mut lines =
+        tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(up.stdout.take().unwrap()));
+    loop {
+        let line = tokio::time::timeout(Duration::from_secs(120), lines.next_line())
+            .await
+            .expect("engram up starts")
+            .unwrap()
+            .expect("engram up printed its ready line");
+        if line.starts_with("engram is up") {
+            break;
+        }
+    }
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+
+    let out = tempfile::tempdir().unwrap();
+    let config = FleetConfig {
+        nats: Some(nats.url()),
+        engram_bin: None,
+        churn: 0.2,
+        ..config(out.path(), 6)
+    };
+    let report = fleet::run(config, std::future::pending())
+        .await
+        .expect("the run completes");
+    assert!(report.passed(), "{}", report.markdown());
+    assert!(report.appends > 80, "{} appends", report.appends);
+    // Nothing local to sample: no process figures, but lag still is.
+    assert!(report.resources.is_empty(), "{:?}", report.resources);
+    assert!(
+        report.timeline.lag_events["vector"]
+            .iter()
+            .any(Option::is_some)
+    );
+    let _ = up.start_kill();
+}
