@@ -93,7 +93,7 @@ struct Cli {
     #[arg(long, env = "ENGRAM_LOADTEST_DRAIN_LIMIT", value_parser = parse_secs, default_value = "120")]
     drain_limit: Duration,
 
-    /// Seconds of the raw JetStream reference (at least two step periods, at most --duration).
+    /// Seconds of the raw JetStream reference (at least one step period, at most --duration).
     #[arg(long, env = "ENGRAM_LOADTEST_REFERENCE", value_parser = parse_secs, default_value = "30")]
     reference: Duration,
 

@@ -69,6 +69,7 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
         workload: AgentWorkload::new(profile.clone(), seed),
         profile,
         last_seq: None,
+        context_phase: rng.random_range(0..shared.context_every.max(1)),
         private_acked: Vec::new(),
         rng: SmallRng::seed_from_u64(seed.rotate_left(29)),
         shared: shared.clone(),
@@ -106,6 +107,10 @@ struct Instance {
     profile: AgentProfile,
     /// The highest sequence this instance was acknowledged: its consistency token.
     last_seq: Option<u64>,
+    /// Which of every `context_every` steps builds a context. Random per instance: with the
+    /// same phase everywhere, every instance built its context in the same step period, a
+    /// synchronised burst no real fleet produces.
+    context_phase: u64,
     /// Ids acknowledged in the private scope, by this identity's instances so far.
     private_acked: Vec<String>,
     rng: SmallRng,
@@ -131,7 +136,7 @@ impl Instance {
         // It counts towards the append's latency, which is the open-loop correction; the
         // step's own context build before the append does not.
         let late = Instant::now().saturating_duration_since(due);
-        if step.is_multiple_of(self.shared.context_every.max(1)) {
+        if (step + self.context_phase).is_multiple_of(self.shared.context_every.max(1)) {
             self.build_context().await;
         }
         let mut event = self.workload.next_event();

@@ -4,7 +4,7 @@
 //! ledger (the applied sequence with the count and digest of the events applied), so index
 //! and ledger can never disagree after a crash. A commit is also what makes new memories
 //! searchable. It costs an fsync, so while the projector works through a backlog it commits
-//! every `keyword_commit_interval`, and at the tail after every batch.
+//! every `keyword_commit_interval`, and at the tail at most every `keyword_tail_commit_gap`.
 //!
 //! A `forgotten` event deletes its memories' documents. The index keeps no record of
 //! forgotten ids, so after a restart a retry of a forgotten event that arrives outside the

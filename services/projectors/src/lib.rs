@@ -102,6 +102,12 @@ pub struct ProjectorsConfig {
     /// and what makes new memories searchable). At the tail it commits every batch.
     #[serde(with = "humantime_serde")]
     pub keyword_commit_interval: Duration,
+    /// Once the keyword projector has caught up, the least time between two commits. Under
+    /// a steady stream every small batch reaches the tail; committing each one made a new
+    /// tantivy segment per batch, and with it most of the keyword projector's CPU (segment
+    /// set-up and merges). New memories become searchable up to this much later.
+    #[serde(with = "humantime_serde")]
+    pub keyword_tail_commit_gap: Duration,
     /// Where vectors come from.
     pub embedder: EmbedderConfig,
     pub embed_cache_memory_mb: usize,
@@ -118,6 +124,7 @@ impl Default for ProjectorsConfig {
             checkpoint_interval: settings.checkpoint_interval,
             checkpoint_every: settings.checkpoint_every,
             keyword_commit_interval: Duration::from_millis(250),
+            keyword_tail_commit_gap: Duration::from_millis(100),
             embedder: EmbedderConfig::default(),
             embed_cache_memory_mb: 64,
             embed_cache_disk_mb: 1024,
@@ -148,6 +155,10 @@ impl ProjectorsConfig {
             // The other models apply in place, so publishing them is free.
             publish_interval: match name {
                 ProjectorName::Keyword => self.keyword_commit_interval,
+                _ => Duration::ZERO,
+            },
+            tail_publish_gap: match name {
+                ProjectorName::Keyword => self.keyword_tail_commit_gap,
                 _ => Duration::ZERO,
             },
             ..ProjectorSettings::default()

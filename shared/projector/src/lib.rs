@@ -172,6 +172,12 @@ pub struct ProjectorSettings {
     /// durable commit sets it higher, so a backlog costs a few commits instead of one per
     /// batch; read-your-writes waits then see up to this much extra delay under load.
     pub publish_interval: Duration,
+    /// Once caught up, the least time between two publishes. Zero publishes every batch at
+    /// the tail: right for in-place models. An index whose publish is a durable commit sets
+    /// a few tens of milliseconds: under a steady trickle every batch reaches the tail, and
+    /// a commit per batch (a new segment, an fsync, later merges) costs more CPU than the
+    /// writes themselves. Read-your-writes waits see up to this much extra delay.
+    pub tail_publish_gap: Duration,
 }
 
 impl Default for ProjectorSettings {
@@ -182,6 +188,7 @@ impl Default for ProjectorSettings {
             checkpoint_every: 50_000,
             max_backoff: Duration::from_secs(10),
             publish_interval: Duration::ZERO,
+            tail_publish_gap: Duration::ZERO,
         }
     }
 }
@@ -329,7 +336,7 @@ impl<P: Projection> Projector<P> {
             loop {
                 let next = tokio::select! {
                     _ = &mut shutdown => break 'connect,
-                    _ = tokio::time::sleep_until(state.publish_due(self.settings.publish_interval)), if state.unpublished() => {
+                    _ = tokio::time::sleep_until(state.publish_due(&self.settings)), if state.unpublished() => {
                         // A backlog stopped short of the tail (say, messages expired): publish
                         // what is applied instead of waiting for the next event.
                         if let Err(e) = self.publish(&mut state).await {
@@ -457,8 +464,8 @@ impl<P: Projection> Projector<P> {
     }
 
     /// Applies one delivered batch (skipping what the model already has, dead-lettering
-    /// poison), then publishes if the batch reached the tail of the stream or the publish
-    /// interval has passed. On `Err` the batch is retried with the same `state`: what was
+    /// poison), then publishes if the batch reached the tail of the stream and the tail gap
+    /// has passed, or the publish interval has passed. On `Err` the batch is retried with the same `state`: what was
     /// applied is skipped and only the dead letters and the publish are tried again.
     async fn apply_batch(
         &self,
@@ -466,9 +473,8 @@ impl<P: Projection> Projector<P> {
         batch: &[Delivery],
     ) -> Result<(), ProjectionError> {
         self.apply_fresh(state, batch).await?;
-        let caught_up = batch.last().is_some_and(|d| d.pending == 0);
-        if state.unpublished()
-            && (caught_up || state.last_publish.elapsed() >= self.settings.publish_interval)
+        state.caught_up = batch.last().is_some_and(|d| d.pending == 0);
+        if state.unpublished() && state.last_publish.elapsed() >= state.publish_gap(&self.settings)
         {
             self.publish(state).await?;
         }
@@ -662,6 +668,8 @@ struct LoopState {
     /// The sequence queries can see.
     published: Seq,
     last_publish: Instant,
+    /// Whether the last batch reached the tail of the stream.
+    caught_up: bool,
 }
 
 /// A poison message waiting to be dead-lettered, owned so that it outlives its batch.
@@ -683,6 +691,7 @@ impl LoopState {
             ack_point: None,
             published: restored.seq,
             last_publish: Instant::now(),
+            caught_up: false,
         }
     }
 
@@ -711,8 +720,17 @@ impl LoopState {
         self.published < self.applied()
     }
 
-    fn publish_due(&self, interval: Duration) -> tokio::time::Instant {
-        tokio::time::Instant::from_std(self.last_publish + interval)
+    /// How long after the last publish the next may be: short at the tail, long in a backlog.
+    fn publish_gap(&self, settings: &ProjectorSettings) -> Duration {
+        if self.caught_up {
+            settings.tail_publish_gap.min(settings.publish_interval)
+        } else {
+            settings.publish_interval
+        }
+    }
+
+    fn publish_due(&self, settings: &ProjectorSettings) -> tokio::time::Instant {
+        tokio::time::Instant::from_std(self.last_publish + self.publish_gap(settings))
     }
 }
 

@@ -48,6 +48,7 @@ fn settings() -> ProjectorSettings {
         checkpoint_every: 100,
         max_backoff: Duration::from_millis(200),
         publish_interval: Duration::ZERO,
+        tail_publish_gap: Duration::ZERO,
     }
 }
 
@@ -416,4 +417,59 @@ async fn the_ledger_counts_every_applied_event_once_across_restarts_and_rebuild(
     assert_eq!(projector.visibility().ledger(), incremental);
     let reopened = SnapshotProjection::<Ledger>::new("ledger", dir.path());
     assert_eq!(reopened.restore().await.unwrap(), incremental);
+}
+
+/// At the tail, a steady trickle of single events must not cost a publish each when the
+/// projection sets a tail gap; every event still becomes visible within about the gap.
+#[tokio::test]
+async fn a_trickle_at_the_tail_is_published_at_most_once_per_tail_gap() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let projection = Arc::new(Counting {
+        inner: SnapshotProjection::<Ledger>::new("trickle", dir.path()),
+        publishes: AtomicU64::new(0),
+        published: AtomicU64::new(0),
+        checkpointed_beyond_published: AtomicU64::new(0),
+    });
+    let gap = Duration::from_millis(300);
+    let projector = Projector::new(
+        projection.clone(),
+        bus.clone(),
+        ProjectorSettings {
+            publish_interval: Duration::from_secs(3_600),
+            tail_publish_gap: gap,
+            checkpoint_interval: Duration::from_secs(3_600),
+            checkpoint_every: 1_000_000,
+            ..settings()
+        },
+    );
+    let visibility = projector.visibility();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let task = tokio::spawn(projector.run(async {
+        let _ = stopped.await;
+    }));
+
+    // Given 30 single events appended 20 ms apart (600 ms: about two gaps)
+    let started = std::time::Instant::now();
+    let mut last = 0;
+    for _ in 0..30 {
+        last = append_n(&bus, 1, "trickle").await;
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Then the last is visible about one gap after it was appended, not an hour
+    visibility
+        .wait_for(last, Duration::from_secs(5))
+        .await
+        .expect("the tail is published after the gap");
+    let elapsed = started.elapsed();
+    // And the trickle cost a handful of publishes, not thirty
+    let publishes = projection.publishes.load(Ordering::SeqCst);
+    let most = elapsed.as_millis() as u64 / gap.as_millis() as u64 + 2;
+    assert!(
+        publishes <= most,
+        "{publishes} publishes in {elapsed:?} with a {gap:?} gap"
+    );
+    stop.send(()).unwrap();
+    task.await.unwrap().unwrap();
 }
