@@ -72,6 +72,14 @@ pub struct BenchConfig {
     pub server_pid: Option<u32>,
 }
 
+/// Parses a flag given in seconds, fractions allowed (`0.5`, `10`).
+pub fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a valid duration"))
+}
+
 /// Why a run could not be carried out.
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {

@@ -20,7 +20,7 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::consumer::{Consumer, DeliverPolicy, pull};
 use chrono::{DateTime, Utc};
 use engram_bus::{Bus, BusConfig, BusError, StartAt};
 use engram_embed::{
@@ -532,14 +532,16 @@ async fn probe_cache(
     Ok((open_secs, found))
 }
 
-/// Counts the stream's messages through an ordered consumer without decoding them.
-pub(crate) async fn raw_ordered(bus: &Bus) -> Result<u64, ProjectBenchError> {
-    let read_err = |e: &dyn std::fmt::Display| ProjectBenchError::Read(e.to_string());
+/// An ordered consumer over the whole events stream, from its first message; `None` if the
+/// stream is empty (an ordered consumer on an empty stream would wait for a first message).
+pub(crate) async fn whole_stream(
+    bus: &Bus,
+) -> Result<Option<Consumer<pull::OrderedConfig>>, String> {
     let stream = bus
         .jetstream()
         .get_stream(&bus.config().stream.name)
         .await
-        .map_err(|e| read_err(&e))?;
+        .map_err(|e| e.to_string())?;
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
             filter_subject: SubjectFilter::all().to_subject(),
@@ -547,10 +549,16 @@ pub(crate) async fn raw_ordered(bus: &Bus) -> Result<u64, ProjectBenchError> {
             ..Default::default()
         })
         .await
-        .map_err(|e| read_err(&e))?;
-    if consumer.cached_info().num_pending == 0 {
+        .map_err(|e| e.to_string())?;
+    Ok((consumer.cached_info().num_pending > 0).then_some(consumer))
+}
+
+/// Counts the stream's messages through an ordered consumer without decoding them.
+pub(crate) async fn raw_ordered(bus: &Bus) -> Result<u64, ProjectBenchError> {
+    let read_err = |e: &dyn std::fmt::Display| ProjectBenchError::Read(e.to_string());
+    let Some(consumer) = whole_stream(bus).await.map_err(|e| read_err(&e))? else {
         return Ok(0);
-    }
+    };
     let mut messages = consumer.messages().await.map_err(|e| read_err(&e))?;
     let (mut count, mut bytes) = (0u64, 0usize);
     while let Some(message) = messages.next().await {

@@ -26,7 +26,7 @@ struct Cli {
     agents: usize,
 
     /// Measured seconds per phase [default: 10].
-    #[arg(long, env = "ENGRAM_BENCH_DURATION", value_parser = parse_secs, conflicts_with = "events_per_agent")]
+    #[arg(long, env = "ENGRAM_BENCH_DURATION", value_parser = engram_loadtest::parse_secs, conflicts_with = "events_per_agent")]
     duration: Option<Duration>,
 
     /// Measured events per agent per phase, instead of a duration.
@@ -34,7 +34,7 @@ struct Cli {
     events_per_agent: Option<u64>,
 
     /// With --events-per-agent: stop a phase after this many measured seconds regardless.
-    #[arg(long, env = "ENGRAM_BENCH_TIME_LIMIT", value_parser = parse_secs, default_value = "300")]
+    #[arg(long, env = "ENGRAM_BENCH_TIME_LIMIT", value_parser = engram_loadtest::parse_secs, default_value = "300")]
     time_limit: Duration,
 
     /// Connections the agents share (async-nats multiplexes; one per agent is not realistic).
@@ -42,7 +42,7 @@ struct Cli {
     connections: usize,
 
     /// Unmeasured seconds at the start of each phase.
-    #[arg(long, env = "ENGRAM_BENCH_WARMUP", value_parser = parse_secs, default_value = "1")]
+    #[arg(long, env = "ENGRAM_BENCH_WARMUP", value_parser = engram_loadtest::parse_secs, default_value = "1")]
     warmup: Duration,
 
     /// Agents per team; each team shares one task scope.
@@ -56,14 +56,6 @@ struct Cli {
     /// Also write the report as JSON to this file.
     #[arg(long, env = "ENGRAM_BENCH_JSON")]
     json: Option<PathBuf>,
-}
-
-/// Seconds, fractions allowed (`0.5`, `10`).
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a valid duration"))
 }
 
 #[tokio::main]

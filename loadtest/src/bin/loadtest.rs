@@ -34,7 +34,7 @@ struct Cli {
     rate: f64,
 
     /// Seconds of load.
-    #[arg(long, env = "ENGRAM_LOADTEST_DURATION", value_parser = parse_secs, default_value = "120")]
+    #[arg(long, env = "ENGRAM_LOADTEST_DURATION", value_parser = engram_loadtest::parse_secs, default_value = "120")]
     duration: Duration,
 
     /// Share of instances that die midway and are succeeded by a fresh instance.
@@ -58,7 +58,7 @@ struct Cli {
     query: f64,
 
     /// Read-your-writes wait per request, in seconds (a timeout is retried).
-    #[arg(long, env = "ENGRAM_LOADTEST_WAIT", value_parser = parse_secs, default_value = "10")]
+    #[arg(long, env = "ENGRAM_LOADTEST_WAIT", value_parser = engram_loadtest::parse_secs, default_value = "10")]
     wait: Duration,
 
     /// Connections the instances share.
@@ -90,11 +90,11 @@ struct Cli {
 
     /// Longest wait, in seconds, for the projectors to apply everything after the load (and
     /// for read-your-writes checks still pending when the load ends).
-    #[arg(long, env = "ENGRAM_LOADTEST_DRAIN_LIMIT", value_parser = parse_secs, default_value = "120")]
+    #[arg(long, env = "ENGRAM_LOADTEST_DRAIN_LIMIT", value_parser = engram_loadtest::parse_secs, default_value = "120")]
     drain_limit: Duration,
 
     /// Seconds of the raw JetStream reference (at least one step period, at most --duration).
-    #[arg(long, env = "ENGRAM_LOADTEST_REFERENCE", value_parser = parse_secs, default_value = "30")]
+    #[arg(long, env = "ENGRAM_LOADTEST_REFERENCE", value_parser = engram_loadtest::parse_secs, default_value = "30")]
     reference: Duration,
 
     /// Where report.json, report.md and the SVG charts go.
@@ -104,13 +104,6 @@ struct Cli {
     /// Seed of the simulated content and schedule [default: random].
     #[arg(long, env = "ENGRAM_LOADTEST_SEED")]
     seed: Option<u64>,
-}
-
-fn parse_secs(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s
-        .parse()
-        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
-    Duration::try_from_secs_f64(secs).map_err(|_| format!("{s:?} is not a valid duration"))
 }
 
 #[tokio::main]

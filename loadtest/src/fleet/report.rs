@@ -128,6 +128,11 @@ impl FleetReport {
         self.problems.invisible + self.problems.takeover_missing
     }
 
+    /// True if (almost) every scheduled step ran: at most 1% were missed.
+    pub fn kept_up(&self) -> bool {
+        self.problems.missed_steps * 100 <= self.appends + self.problems.missed_steps
+    }
+
     /// Why the run fails, if it does.
     pub fn failures(&self) -> Vec<String> {
         let mut out = Vec::new();
@@ -257,6 +262,11 @@ impl FleetReport {
             "| retried appends the stream deduplicated | {} |",
             self.duplicate_acks
         );
+        let _ = writeln!(
+            out,
+            "| steps missed (their instance was still busy when the load ended) | {} |",
+            self.problems.missed_steps
+        );
         if let Some(v) = &self.verification {
             let _ = writeln!(
                 out,
@@ -291,11 +301,19 @@ impl FleetReport {
         let _ = writeln!(out, "\n## Throughput and latency\n");
         let _ = writeln!(
             out,
-            "{:.1} appends/s (target {:.1}) and {:.1} queries/s over {:.1} s.\n",
+            "{:.1} appends/s (target {:.1}) and {:.1} queries/s over {:.1} s. {}\n",
             self.appends_per_sec,
             self.target_appends_per_sec,
             self.queries_per_sec,
-            self.measured_secs
+            self.measured_secs,
+            if self.kept_up() {
+                "Every scheduled step ran.".to_owned()
+            } else {
+                format!(
+                    "**The target rate was not sustained**: {} steps never started because their instance was still busy with earlier ones.",
+                    self.problems.missed_steps
+                )
+            }
         );
         let _ = writeln!(
             out,

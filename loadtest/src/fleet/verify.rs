@@ -10,10 +10,8 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use engram_bus::Bus;
 use engram_projector::ApplyLedger;
-use engram_schema::SubjectFilter;
 use futures::StreamExt;
 use serde::Serialize;
 use tokio::time::Instant;
@@ -125,24 +123,14 @@ pub async fn verify(bus: &Bus, ledger: &[Acked], tenant: &str) -> Result<Verific
         ..Verification::default()
     };
     let read = |e: &dyn std::fmt::Display| FleetError::Verify(format!("reading the stream: {e}"));
-    let stream = bus
-        .jetstream()
-        .get_stream(&bus.config().stream.name)
-        .await
-        .map_err(|e| read(&e))?;
-    let consumer = stream
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: SubjectFilter::all().to_subject(),
-            deliver_policy: DeliverPolicy::All,
-            ..Default::default()
-        })
+    let consumer = crate::project::whole_stream(bus)
         .await
         .map_err(|e| read(&e))?;
     // event id -> sequences it is stored at.
     let mut stored: HashMap<String, Vec<u64>> = HashMap::with_capacity(ledger.len() * 2);
     let mut expected = ApplyLedger::default();
     let mut ours = 0u64;
-    if consumer.cached_info().num_pending > 0 {
+    if let Some(consumer) = consumer {
         let mut messages = consumer.messages().await.map_err(|e| read(&e))?;
         while let Some(message) = messages.next().await {
             let message = message.map_err(|e| read(&e))?;
