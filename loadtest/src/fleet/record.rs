@@ -134,7 +134,6 @@ struct Inner {
     problems: Problems,
     takeovers: u64,
     takeover_events_checked: u64,
-    last_ack: Option<Instant>,
     /// When each ledger entry was acknowledged, in order of recording.
     ack_times: Vec<Instant>,
 }
@@ -153,7 +152,6 @@ impl Recorder {
                 problems: Problems::default(),
                 takeovers: 0,
                 takeover_events_checked: 0,
-                last_ack: None,
                 ack_times: Vec::new(),
             }),
         }
@@ -206,7 +204,6 @@ impl Recorder {
         }
         inner.ledger.push(entry);
         inner.ack_times.push(at);
-        inner.last_ack = Some(at);
     }
 
     pub(crate) fn error(&self, operation: &str, kind: &str, message: &str) {
@@ -296,7 +293,7 @@ impl Recorder {
             problems: inner.problems.clone(),
             takeovers: inner.takeovers,
             takeover_events_checked: inner.takeover_events_checked,
-            last_ack: inner.last_ack,
+            last_ack: inner.ack_times.iter().max().copied(),
         }
     }
 }
