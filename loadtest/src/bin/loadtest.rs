@@ -16,54 +16,59 @@ use engram_loadtest::fleet::{self, FleetConfig};
     about = "Simulated agent fleet against Engram: open-loop load, ledger verification, report with charts"
 )]
 struct Cli {
+    /// A TOML scenario file: any FleetConfig field (`instances = 500`, `duration = "5m"`,
+    /// `embedder = "client"`, ...). Environment variables and flags override it.
+    #[arg(long, env = "ENGRAM_LOADTEST_CONFIG")]
+    config: Option<PathBuf>,
+
     /// NATS URL of a running Engram deployment. Without it, nats-server and `engram up` are
     /// started in a temp dir and removed afterwards.
     #[arg(long, env = "ENGRAM_LOADTEST_NATS")]
     nats: Option<String>,
 
-    /// Concurrent simulated agent instances (10 to 1000).
-    #[arg(long, env = "ENGRAM_LOADTEST_INSTANCES", default_value_t = FleetConfig::default().instances)]
-    instances: usize,
+    /// Concurrent simulated agent instances (10 to 1000). [default: 300]
+    #[arg(long, env = "ENGRAM_LOADTEST_INSTANCES")]
+    instances: Option<usize>,
 
-    /// Instances per team; a team shares one task scope.
-    #[arg(long, env = "ENGRAM_LOADTEST_TEAM_SIZE", default_value_t = FleetConfig::default().team_size)]
-    team_size: usize,
+    /// Instances per team; a team shares one task scope. [default: 5]
+    #[arg(long, env = "ENGRAM_LOADTEST_TEAM_SIZE")]
+    team_size: Option<usize>,
 
-    /// Target appends per second over all instances (each step appends one event).
-    #[arg(long, env = "ENGRAM_LOADTEST_RATE", default_value_t = FleetConfig::default().rate)]
-    rate: f64,
+    /// Target appends per second over all instances (each step appends one event). [default: 4]
+    #[arg(long, env = "ENGRAM_LOADTEST_RATE")]
+    rate: Option<f64>,
 
-    /// Seconds of load.
-    #[arg(long, env = "ENGRAM_LOADTEST_DURATION", value_parser = engram_loadtest::parse_secs, default_value = "120")]
-    duration: Duration,
+    /// Seconds of load. [default: 120]
+    #[arg(long, env = "ENGRAM_LOADTEST_DURATION", value_parser = engram_loadtest::parse_secs)]
+    duration: Option<Duration>,
 
-    /// Share of instances that die midway and are succeeded by a fresh instance.
-    #[arg(long, env = "ENGRAM_LOADTEST_CHURN", default_value_t = FleetConfig::default().churn)]
-    churn: f64,
+    /// Share of instances that die midway and are succeeded by a fresh instance. [default: 0.1]
+    #[arg(long, env = "ENGRAM_LOADTEST_CHURN")]
+    churn: Option<f64>,
 
-    /// Share of text-memory appends recalled at once with their consistency token.
-    #[arg(long, env = "ENGRAM_LOADTEST_RECALL", default_value_t = FleetConfig::default().recall)]
-    recall: f64,
+    /// Share of text-memory appends recalled at once with their consistency token. [default: 0.3]
+    #[arg(long, env = "ENGRAM_LOADTEST_RECALL")]
+    recall: Option<f64>,
 
-    /// Share of fact assertions checked at once with their token.
-    #[arg(long, env = "ENGRAM_LOADTEST_FACT_CHECK", default_value_t = FleetConfig::default().fact_check)]
-    fact_check: f64,
+    /// Share of fact assertions checked at once with their token. [default: 0.5]
+    #[arg(long, env = "ENGRAM_LOADTEST_FACT_CHECK")]
+    fact_check: Option<f64>,
 
-    /// Every n-th step of an instance starts with build_context.
-    #[arg(long, env = "ENGRAM_LOADTEST_CONTEXT_EVERY", default_value_t = FleetConfig::default().context_every)]
-    context_every: u64,
+    /// Every n-th step of an instance starts with build_context. [default: 5]
+    #[arg(long, env = "ENGRAM_LOADTEST_CONTEXT_EVERY")]
+    context_every: Option<u64>,
 
-    /// Share of steps that end with an ordinary retrieve.
-    #[arg(long, env = "ENGRAM_LOADTEST_QUERY", default_value_t = FleetConfig::default().query)]
-    query: f64,
+    /// Share of steps that end with an ordinary retrieve. [default: 0.2]
+    #[arg(long, env = "ENGRAM_LOADTEST_QUERY")]
+    query: Option<f64>,
 
-    /// Read-your-writes wait per request, in seconds (a timeout is retried).
-    #[arg(long, env = "ENGRAM_LOADTEST_WAIT", value_parser = engram_loadtest::parse_secs, default_value = "10")]
-    wait: Duration,
+    /// Read-your-writes wait per request, in seconds (a timeout is retried). [default: 10]
+    #[arg(long, env = "ENGRAM_LOADTEST_WAIT", value_parser = engram_loadtest::parse_secs)]
+    wait: Option<Duration>,
 
-    /// Connections the instances share.
-    #[arg(long, env = "ENGRAM_LOADTEST_CONNECTIONS", default_value_t = FleetConfig::default().connections)]
-    connections: usize,
+    /// Connections the instances share. [default: 8]
+    #[arg(long, env = "ENGRAM_LOADTEST_CONNECTIONS")]
+    connections: Option<usize>,
 
     /// Run the projectors as processes of their own; kill -9 one and then nats-server during
     /// the run, restart them, and report the recovery.
@@ -71,14 +76,14 @@ struct Cli {
     chaos: bool,
 
     /// minilm: the built-in embedder, as `engram up` runs by default. client: the load test
-    /// supplies small vectors, which takes the embedding cost out.
+    /// supplies small vectors, which takes the embedding cost out. [default: minilm]
     #[arg(
         long,
         env = "ENGRAM_LOADTEST_EMBEDDER",
         value_enum,
         default_value = "minilm"
     )]
-    embedder: EmbedderChoice,
+    embedder: Option<EmbedderChoice>,
 
     /// The engram binary [default: next to this one, else on PATH].
     #[arg(long, env = "ENGRAM_BIN")]
@@ -89,17 +94,17 @@ struct Cli {
     engram_config: Option<PathBuf>,
 
     /// Longest wait, in seconds, for the projectors to apply everything after the load (and
-    /// for read-your-writes checks still pending when the load ends).
-    #[arg(long, env = "ENGRAM_LOADTEST_DRAIN_LIMIT", value_parser = engram_loadtest::parse_secs, default_value = "120")]
-    drain_limit: Duration,
+    /// for read-your-writes checks still pending when the load ends). [default: 120]
+    #[arg(long, env = "ENGRAM_LOADTEST_DRAIN_LIMIT", value_parser = engram_loadtest::parse_secs)]
+    drain_limit: Option<Duration>,
 
-    /// Seconds of the raw JetStream reference (at least one step period, at most --duration).
-    #[arg(long, env = "ENGRAM_LOADTEST_REFERENCE", value_parser = engram_loadtest::parse_secs, default_value = "30")]
-    reference: Duration,
+    /// Seconds of the raw JetStream reference (at least one step period, at most --duration). [default: 30]
+    #[arg(long, env = "ENGRAM_LOADTEST_REFERENCE", value_parser = engram_loadtest::parse_secs)]
+    reference: Option<Duration>,
 
-    /// Where report.json, report.md and the SVG charts go.
-    #[arg(long, env = "ENGRAM_LOADTEST_OUT", default_value = "target/loadtest")]
-    out: PathBuf,
+    /// Where report.json, report.md and the SVG charts go. [default: target/loadtest]
+    #[arg(long, env = "ENGRAM_LOADTEST_OUT")]
+    out: Option<PathBuf>,
 
     /// Seed of the simulated content and schedule [default: random].
     #[arg(long, env = "ENGRAM_LOADTEST_SEED")]
@@ -111,28 +116,7 @@ async fn main() -> anyhow::Result<ExitCode> {
     let cli = Cli::parse();
     engram_telemetry::init_logging(engram_telemetry::LogFormat::Text, "warn")
         .context("failed to set up logging")?;
-    let config = FleetConfig {
-        nats: cli.nats,
-        engram_bin: cli.engram_bin,
-        engram_config: cli.engram_config,
-        embedder: cli.embedder,
-        instances: cli.instances,
-        team_size: cli.team_size,
-        rate: cli.rate,
-        duration: cli.duration,
-        churn: cli.churn,
-        recall: cli.recall,
-        fact_check: cli.fact_check,
-        context_every: cli.context_every,
-        query: cli.query,
-        wait: cli.wait,
-        connections: cli.connections,
-        chaos: cli.chaos,
-        drain_limit: cli.drain_limit,
-        reference: cli.reference,
-        out: cli.out,
-        seed: cli.seed.unwrap_or_else(rand::random),
-    };
+    let config = config(cli)?;
     let out = config.out.clone();
     let report = fleet::run(config, interrupted())
         .await
@@ -148,6 +132,58 @@ async fn main() -> anyhow::Result<ExitCode> {
         eprintln!("FAILED: {}", report.failures().join("; "));
         Ok(ExitCode::from(1))
     }
+}
+
+/// Defaults, then the TOML file, then environment variables and flags (clap reads both; a
+/// flag beats its variable).
+fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
+    let mut config = match &cli.config {
+        Some(path) => {
+            let text = std::fs::read_to_string(path)
+                .with_context(|| format!("cannot read {}", path.display()))?;
+            toml::from_str(&text)
+                .with_context(|| format!("invalid scenario file {}", path.display()))?
+        }
+        None => FleetConfig::default(),
+    };
+    macro_rules! set {
+        ($($field:ident),*) => { $(if let Some(value) = cli.$field { config.$field = value; })* };
+    }
+    set!(
+        instances,
+        team_size,
+        rate,
+        duration,
+        churn,
+        recall,
+        fact_check,
+        context_every,
+        query,
+        wait,
+        connections,
+        embedder,
+        drain_limit,
+        reference,
+        out
+    );
+    config.chaos |= cli.chaos;
+    if cli.nats.is_some() {
+        config.nats = cli.nats;
+    }
+    if cli.engram_bin.is_some() {
+        config.engram_bin = cli.engram_bin;
+    }
+    if cli.engram_config.is_some() {
+        config.engram_config = cli.engram_config;
+    }
+    config.seed = cli.seed.unwrap_or_else(|| {
+        if config.seed == 0 {
+            rand::random()
+        } else {
+            config.seed
+        }
+    });
+    Ok(config)
 }
 
 /// The first ctrl-c stops the load early; the run still drains, verifies and reports.

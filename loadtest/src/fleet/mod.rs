@@ -44,8 +44,10 @@ use self::target::{EmbedderChoice, Target, TargetOptions};
 use self::timeline::Timeline;
 use crate::report::Machine;
 
-/// What to run. The defaults are the `just loadtest` scenario.
-#[derive(Clone, Debug, serde::Serialize)]
+/// What to run. The defaults are the `just loadtest` scenario; a TOML scenario file holds any
+/// of these fields (durations as `"90s"`, `"5m"`).
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct FleetConfig {
     /// A running deployment's NATS URL; `None` starts `engram up` here.
     pub nats: Option<String>,
@@ -59,6 +61,7 @@ pub struct FleetConfig {
     pub team_size: usize,
     /// Target steps (one append each) per second, over all instances.
     pub rate: f64,
+    #[serde(with = "humantime_serde")]
     pub duration: Duration,
     /// Share of identities whose instance dies midway and is succeeded.
     pub churn: f64,
@@ -71,15 +74,19 @@ pub struct FleetConfig {
     /// Share of steps that end with an ordinary retrieve.
     pub query: f64,
     /// Read-your-writes wait per request.
+    #[serde(with = "humantime_serde")]
     pub wait: Duration,
     /// Connections the instances share.
     pub connections: usize,
     pub chaos: bool,
     /// Longest wait for the projectors to apply everything after the load.
+    #[serde(with = "humantime_serde")]
     pub drain_limit: Duration,
     /// Length of the raw reference phase (at most `duration`).
+    #[serde(with = "humantime_serde")]
     pub reference: Duration,
     pub out: PathBuf,
+    /// 0 in a scenario file: pick one at random.
     pub seed: u64,
 }
 
@@ -621,5 +628,34 @@ async fn connect_pool(url: &str, n: usize, name: &str) -> Result<Vec<Bus>, BusEr
 async fn close_pool(pool: &[Bus]) {
     for bus in pool {
         let _ = tokio::time::timeout(Duration::from_secs(5), bus.client().drain()).await;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_scenario_file_sets_what_it_names_and_keeps_the_defaults_for_the_rest() {
+        let config: FleetConfig = toml::from_str(
+            "instances = 1000\nduration = \"5m\"\nembedder = \"client\"\nchaos = true\n",
+        )
+        .unwrap();
+        assert_eq!(config.instances, 1000);
+        assert_eq!(config.duration, Duration::from_secs(300));
+        assert_eq!(config.embedder, EmbedderChoice::Client);
+        assert!(config.chaos);
+        assert_eq!(config.rate, FleetConfig::default().rate);
+        config.validate().unwrap();
+
+        let typo = toml::from_str::<FleetConfig>("instanses = 10\n").unwrap_err();
+        assert!(typo.to_string().contains("instanses"), "{typo}");
+        let too_many = FleetConfig {
+            instances: 1001,
+            ..FleetConfig::default()
+        };
+        assert!(
+            matches!(too_many.validate(), Err(FleetError::Invalid(m)) if m.contains("1 to 1000"))
+        );
     }
 }

@@ -19,7 +19,10 @@ use super::FleetError;
 pub const PROJECTORS: [&str; 4] = ["vector", "keyword", "facts", "skills"];
 
 /// How the engram processes get their vectors.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize)]
+#[derive(
+    Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum, serde::Serialize, serde::Deserialize,
+)]
+#[serde(rename_all = "lowercase")]
 pub enum EmbedderChoice {
     /// The built-in all-MiniLM-L6-v2, as `engram up` runs by default.
     Minilm,
