@@ -130,6 +130,16 @@ impl Instance {
         (self.shared.embedder == EmbedderChoice::Client).then(|| hash_vector(text))
     }
 
+    /// In client-vector mode, the event carries its own vector, as the embedder expects.
+    fn attach_vector(&self, event: &mut Envelope) {
+        if let Some(vector) = self.vector(&event.content.text) {
+            event.embedding = Some(Embedding {
+                model: CLIENT_MODEL.to_owned(),
+                vector,
+            });
+        }
+    }
+
     async fn step(&mut self, step: u64, due: Instant) {
         let recorder = self.shared.recorder.clone();
         // How late the step started: its earlier steps ran over, or the runtime was starved.
@@ -148,12 +158,7 @@ impl Instance {
             event.tags.push(marker.clone());
             event.content.text.push_str(&format!(" ({marker})"));
         }
-        if let Some(vector) = self.vector(&event.content.text) {
-            event.embedding = Some(Embedding {
-                model: CLIENT_MODEL.to_owned(),
-                vector,
-            });
-        }
+        self.attach_vector(&mut event);
         let sent = Instant::now();
         let receipt = match self.client.append(&event).await {
             Ok(receipt) => receipt,
@@ -380,12 +385,7 @@ impl Instance {
     /// event its predecessors were acknowledged there.
     async fn die_and_succeed(&mut self) {
         let mut last_words = self.workload.next_event();
-        if let Some(vector) = self.vector(&last_words.content.text) {
-            last_words.embedding = Some(Embedding {
-                model: CLIENT_MODEL.to_owned(),
-                vector,
-            });
-        }
+        self.attach_vector(&mut last_words);
         // Abandoned mid-flight: it may or may not be stored, and it is not in the ledger.
         let _ = tokio::time::timeout(
             Duration::from_micros(self.rng.random_range(50..2_000)),
