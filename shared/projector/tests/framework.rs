@@ -199,6 +199,17 @@ struct Counting {
     checkpointed_beyond_published: AtomicU64,
 }
 
+impl Counting {
+    fn new(name: &'static str, dir: &std::path::Path) -> Self {
+        Self {
+            inner: SnapshotProjection::<Ledger>::new(name, dir),
+            publishes: AtomicU64::new(0),
+            published: AtomicU64::new(0),
+            checkpointed_beyond_published: AtomicU64::new(0),
+        }
+    }
+}
+
 #[async_trait::async_trait]
 impl Projection for Counting {
     fn name(&self) -> &'static str {
@@ -239,12 +250,7 @@ async fn a_backlog_is_published_at_the_interval_and_at_the_tail_not_every_batch(
     let last = append_n(&bus, 3_000, "backlog").await;
 
     // When a projector with a long publish interval works through them
-    let projection = Arc::new(Counting {
-        inner: SnapshotProjection::<Ledger>::new("counting", dir.path()),
-        publishes: AtomicU64::new(0),
-        published: AtomicU64::new(0),
-        checkpointed_beyond_published: AtomicU64::new(0),
-    });
+    let projection = Arc::new(Counting::new("counting", dir.path()));
     let projector = Projector::new(
         projection.clone(),
         bus.clone(),
@@ -426,12 +432,7 @@ async fn a_trickle_at_the_tail_is_published_at_most_once_per_tail_gap() {
     let nats = TestNats::start().await;
     let bus = nats.bus().await;
     let dir = tempfile::tempdir().unwrap();
-    let projection = Arc::new(Counting {
-        inner: SnapshotProjection::<Ledger>::new("trickle", dir.path()),
-        publishes: AtomicU64::new(0),
-        published: AtomicU64::new(0),
-        checkpointed_beyond_published: AtomicU64::new(0),
-    });
+    let projection = Arc::new(Counting::new("trickle", dir.path()));
     let gap = Duration::from_millis(300);
     let projector = Projector::new(
         projection.clone(),
