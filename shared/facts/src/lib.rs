@@ -87,7 +87,6 @@
 //! `as_of` with a `known_at` makes the same pass per matching predicate; `search` scans the
 //! current facts of the scopes it is given.
 
-mod canon;
 mod error;
 mod fact;
 mod group;

@@ -7,12 +7,12 @@ use engram_memory::{ScopeKey, Seq};
 use engram_schema::{Envelope, EventKind};
 use serde::{Deserialize, Serialize};
 
-use crate::canon::Canon;
 use crate::error::FactError;
 use crate::fact::{Fact, FactId, Provenance, Source};
 use crate::group::Group;
 use crate::payload::{self, Assertion, Retraction};
 use crate::text;
+use engram_memory::canon::Canon;
 
 /// What [`FactTable::apply`] did with an event.
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -3,6 +3,7 @@
 //! Read models are keyed by sequence number: the stream sequence of the event a memory came
 //! from is unique, totally ordered, and what read-your-writes tokens speak of.
 
+pub mod canon;
 pub mod proto;
 
 use std::fmt;

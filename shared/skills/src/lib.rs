@@ -67,7 +67,6 @@
 //! Cost: search computes IDF over the latest skills of the scopes it is given, so it is
 //! linear in their number and text.
 
-mod canon;
 mod error;
 mod pairs;
 mod payload;

@@ -6,11 +6,11 @@ use engram_memory::{ScopeKey, Seq};
 use engram_schema::{Envelope, EventKind};
 use serde::{Deserialize, Serialize};
 
-use crate::canon::Canon;
 use crate::error::SkillError;
 use crate::payload::{self, Outcome, Recording};
 use crate::skill::{PendingOutcomes, Provenance, Skill, Usage};
 use crate::text;
+use engram_memory::canon::Canon;
 
 /// What [`SkillRegistry::apply`] did with an event.
 #[derive(Clone, Debug, PartialEq, Eq)]

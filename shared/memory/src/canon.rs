@@ -1,59 +1,77 @@
-//! The canonical byte encoding behind [`crate::FactTable::state_hash`].
+//! A canonical byte encoding for read-model state hashes.
 //!
-//! Hashing the snapshot bytes would tie the hash to serde's output, and a JSON object's key
+//! Hashing snapshot bytes would tie a state hash to serde's output, and a JSON object's key
 //! order there depends on whether some crate in the build enabled serde_json's
 //! `preserve_order`. This encoding fixes every choice itself: tagged, length-prefixed fields
-//! and object keys in sorted order.
+//! and object keys in sorted order. Each read model hashes its own fields in a fixed order.
 
 use std::collections::BTreeMap;
 
+use crate::ScopeKey;
 use chrono::{DateTime, Utc};
-use engram_memory::ScopeKey;
 use serde_json::Value;
 
-pub(crate) struct Canon(blake3::Hasher);
+/// A blake3 hasher fed through typed, self-delimiting writes.
+pub struct Canon(blake3::Hasher);
 
 impl Canon {
     /// A hasher whose output cannot collide with another model's: the domain is hashed first.
-    pub(crate) fn new(domain: &str) -> Self {
+    pub fn new(domain: &str) -> Self {
         let mut canon = Self(blake3::Hasher::new());
         canon.str(domain);
         canon
     }
 
-    pub(crate) fn finish(self) -> [u8; 32] {
+    pub fn finish(self) -> [u8; 32] {
         *self.0.finalize().as_bytes()
     }
 
-    pub(crate) fn u8(&mut self, value: u8) {
+    pub fn u8(&mut self, value: u8) {
         self.0.update(&[value]);
     }
 
-    pub(crate) fn u64(&mut self, value: u64) {
+    pub fn u64(&mut self, value: u64) {
         self.0.update(&value.to_le_bytes());
     }
 
-    pub(crate) fn len(&mut self, len: usize) {
+    pub fn len(&mut self, len: usize) {
         self.u64(len as u64);
     }
 
-    pub(crate) fn f64(&mut self, value: f64) {
+    pub fn f64(&mut self, value: f64) {
         // -0.0 and 0.0 compare equal, so they must hash equal.
         let value = if value == 0.0 { 0.0 } else { value };
         self.0.update(&value.to_bits().to_le_bytes());
     }
 
-    pub(crate) fn str(&mut self, value: &str) {
+    pub fn str(&mut self, value: &str) {
         self.len(value.len());
         self.0.update(value.as_bytes());
     }
 
-    pub(crate) fn time(&mut self, value: DateTime<Utc>) {
+    pub fn strs(&mut self, values: &[String]) {
+        self.len(values.len());
+        for value in values {
+            self.str(value);
+        }
+    }
+
+    pub fn opt_str(&mut self, value: Option<&str>) {
+        match value {
+            None => self.u8(0),
+            Some(value) => {
+                self.u8(1);
+                self.str(value);
+            }
+        }
+    }
+
+    pub fn time(&mut self, value: DateTime<Utc>) {
         self.0.update(&value.timestamp().to_le_bytes());
         self.0.update(&value.timestamp_subsec_nanos().to_le_bytes());
     }
 
-    pub(crate) fn opt_time(&mut self, value: Option<DateTime<Utc>>) {
+    pub fn opt_time(&mut self, value: Option<DateTime<Utc>>) {
         match value {
             None => self.u8(0),
             Some(value) => {
@@ -63,7 +81,7 @@ impl Canon {
         }
     }
 
-    pub(crate) fn opt_u64(&mut self, value: Option<u64>) {
+    pub fn opt_u64(&mut self, value: Option<u64>) {
         match value {
             None => self.u8(0),
             Some(value) => {
@@ -73,13 +91,13 @@ impl Canon {
         }
     }
 
-    pub(crate) fn scope(&mut self, scope: &ScopeKey) {
+    pub fn scope(&mut self, scope: &ScopeKey) {
         self.str(scope.tenant.as_str());
         self.str(scope.kind.as_str());
         self.str(scope.id.as_str());
     }
 
-    pub(crate) fn json(&mut self, value: &Value) {
+    pub fn json(&mut self, value: &Value) {
         match value {
             Value::Null => self.u8(0),
             Value::Bool(b) => {
@@ -120,5 +138,49 @@ impl Canon {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    fn hash_json(value: &Value) -> [u8; 32] {
+        let mut canon = Canon::new("test");
+        canon.json(value);
+        canon.finish()
+    }
+
+    #[test]
+    fn object_key_order_does_not_change_the_hash() {
+        let a: Value = serde_json::from_str(r#"{"a": 1, "b": [true, null]}"#).unwrap();
+        let b: Value = serde_json::from_str(r#"{"b": [true, null], "a": 1}"#).unwrap();
+        assert_eq!(hash_json(&a), hash_json(&b));
+    }
+
+    #[test]
+    fn values_that_differ_hash_apart() {
+        assert_ne!(hash_json(&json!(1)), hash_json(&json!(1.0)));
+        assert_ne!(
+            hash_json(&json!(["ab", "c"])),
+            hash_json(&json!(["a", "bc"]))
+        );
+        assert_eq!(hash_json(&json!(0.0)), hash_json(&json!(-0.0)));
+        let mut a = Canon::new("facts");
+        let mut b = Canon::new("skills");
+        a.str("x");
+        b.str("x");
+        assert_ne!(a.finish(), b.finish());
+    }
+
+    #[test]
+    fn absent_and_present_options_hash_apart() {
+        let mut none = Canon::new("test");
+        none.opt_str(None);
+        none.u64(0);
+        let mut some = Canon::new("test");
+        some.opt_str(Some(""));
+        assert_ne!(none.finish(), some.finish());
     }
 }
