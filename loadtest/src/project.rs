@@ -537,15 +537,31 @@ async fn probe_cache(
 pub(crate) async fn whole_stream(
     bus: &Bus,
 ) -> Result<Option<Consumer<pull::OrderedConfig>>, String> {
+    stream_from(bus, 1).await
+}
+
+/// An ordered consumer over the events stream from sequence `first` (or the first message
+/// after it, if it is gone); `None` if nothing is stored from there on.
+pub(crate) async fn stream_from(
+    bus: &Bus,
+    first: u64,
+) -> Result<Option<Consumer<pull::OrderedConfig>>, String> {
     let stream = bus
         .jetstream()
         .get_stream(&bus.config().stream.name)
         .await
         .map_err(|e| e.to_string())?;
+    let deliver_policy = if first <= 1 {
+        DeliverPolicy::All
+    } else {
+        DeliverPolicy::ByStartSequence {
+            start_sequence: first,
+        }
+    };
     let consumer = stream
         .create_consumer(pull::OrderedConfig {
             filter_subject: SubjectFilter::all().to_subject(),
-            deliver_policy: DeliverPolicy::All,
+            deliver_policy,
             ..Default::default()
         })
         .await

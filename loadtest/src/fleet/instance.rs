@@ -456,7 +456,7 @@ fn error_kind(e: &RpcError) -> &'static str {
 
 /// A small deterministic text vector (feature hashing of words), for runs where the client
 /// supplies vectors: similar texts get similar vectors, at no model cost.
-pub(crate) fn hash_vector(text: &str) -> Vec<f32> {
+pub fn hash_vector(text: &str) -> Vec<f32> {
     let mut v = vec![0f32; CLIENT_DIM];
     for word in text
         .split(|c: char| !c.is_alphanumeric())

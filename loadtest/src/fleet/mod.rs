@@ -36,6 +36,7 @@ use futures::future::try_join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+pub use self::instance::hash_vector;
 pub use self::record::Acked;
 use self::record::{Metric, Recorder};
 use self::report::{ChaosEvent, FleetReport, Ratios};
@@ -232,6 +233,7 @@ async fn load_and_verify(
         .await?
         .remove(0);
 
+    let baseline = verify::Baseline::take(&monitor).await?;
     let (stop_tx, stop_rx) = watch::channel(false);
     let interrupt = {
         let stop_tx = stop_tx.clone();
@@ -311,7 +313,15 @@ async fn load_and_verify(
         recorded.ledger.len()
     );
     let verification = match &drain {
-        Ok(_) => Some(verify::verify(&monitor, &recorded.ledger, crate::workload::TENANT).await?),
+        Ok(_) => Some(
+            verify::verify(
+                &monitor,
+                &recorded.ledger,
+                crate::workload::TENANT,
+                &baseline,
+            )
+            .await?,
+        ),
         Err(e) => {
             eprintln!("[verify] skipped: {e}");
             None

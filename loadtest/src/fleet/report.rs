@@ -270,18 +270,19 @@ impl FleetReport {
         if let Some(v) = &self.verification {
             let _ = writeln!(
                 out,
-                "| stream events (of them unacknowledged load-test appends) | {} ({}) |",
-                v.stream_events, v.stored_unacked
+                "| stream events after seq {} (of them unacknowledged load-test appends) | {} ({}) |",
+                v.baseline_seq, v.stream_events, v.stored_unacked
             );
             let _ = writeln!(
                 out,
-                "\n| projector | applied | expected | digest |\n|---|---|---|---|"
+                "\n| projector | after seq | applied | expected | digest |\n|---|---|---|---|---|"
             );
             for p in &v.projectors {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} |",
                     p.projector,
+                    p.baseline_seq,
                     p.applied_events,
                     p.expected_events,
                     match &p.error {

@@ -1,11 +1,16 @@
 //! End-of-run verification against the stream and every projector.
 //!
 //! - **Stream:** every acknowledged event id must be stored exactly once, at the sequence its
-//!   ack gave. Read with a raw ordered consumer over the whole stream.
-//! - **Projectors:** each projector's apply ledger (count and order-independent digest of
-//!   the (seq, event id) pairs it applied, saved atomically with its state) must equal the
-//!   one computed here from the stream: an event skipped or applied twice, even across a
-//!   `kill -9` and replay, changes it.
+//!   ack gave. Read with a raw ordered consumer over the run's part of the stream.
+//! - **Projectors:** what each projector applied during the run (the difference between its
+//!   apply ledger at the end and at the [`Baseline`]: a count and an order-independent digest
+//!   of the (seq, event id) pairs, saved atomically with its state) must equal what is
+//!   computed here from the stream after its baseline sequence. An event skipped or applied
+//!   twice, even across a `kill -9` and replay, changes it.
+//!
+//! The baseline is what makes a remote deployment verifiable: its stream may hold history from
+//! before the run, some of it already removed by retention limits, and reading only from the
+//! baseline on neither depends on that history nor spends time reading it.
 
 use std::collections::HashMap;
 use std::time::Duration;
@@ -33,7 +38,9 @@ pub struct Verification {
     pub duplicated: u64,
     /// Stored at another sequence than the ack said.
     pub seq_mismatch: u64,
-    /// Messages in the stream, and how many decoded as events.
+    /// The stream's last sequence when the run started; everything after it is the run's.
+    pub baseline_seq: u64,
+    /// Messages stored after the baseline, and how many decoded as events.
     pub stream_messages: u64,
     pub stream_events: u64,
     /// Events of the load test's tenant in the stream that no instance saw acknowledged:
@@ -48,8 +55,11 @@ pub struct Verification {
 #[derive(Clone, Debug, Serialize)]
 pub struct ProjectorCheck {
     pub projector: String,
-    /// Events the stream holds, as the projector should have applied them.
+    /// The projector's applied sequence at the baseline; it is checked on what came after.
+    pub baseline_seq: u64,
+    /// Events the stream holds after that sequence, as the projector should have applied them.
     pub expected_events: u64,
+    /// Events the projector applied after its baseline.
     pub applied_events: u64,
     pub digest_matches: bool,
     /// Short of the stream (expected minus applied), when positive.
@@ -77,6 +87,52 @@ impl Verification {
         if self.examples.len() < 10 {
             self.examples.push(text);
         }
+    }
+}
+
+/// Where the stream and each projector stood before the load began.
+#[derive(Clone, Debug, Default)]
+pub struct Baseline {
+    /// The stream's last sequence.
+    pub stream_seq: u64,
+    /// Each projector's apply ledger; a projector missing here (it did not answer) is
+    /// checked against the whole stream, as if it had applied nothing yet.
+    pub projectors: HashMap<String, ApplyLedger>,
+}
+
+impl Baseline {
+    /// Reads the stream's last sequence and every projector's ledger. Asked in that order, so
+    /// that a projector still applying older events only lowers its own baseline.
+    pub async fn take(bus: &Bus) -> Result<Baseline, FleetError> {
+        let stream_seq = bus.stream_summary().await?.last_seq;
+        let mut projectors = HashMap::new();
+        for name in PROJECTORS {
+            match projector_ledger(bus.client(), name).await {
+                Ok(answer) => {
+                    projectors.insert(name.to_owned(), answer.ledger);
+                }
+                Err(error) => {
+                    tracing::warn!(projector = name, %error, "no baseline ledger; checking it against all the stream holds");
+                }
+            }
+        }
+        Ok(Baseline {
+            stream_seq,
+            projectors,
+        })
+    }
+
+    fn projector(&self, name: &str) -> ApplyLedger {
+        self.projectors.get(name).copied().unwrap_or_default()
+    }
+
+    /// The first sequence anything is checked from.
+    fn first_seq(&self) -> u64 {
+        PROJECTORS
+            .iter()
+            .map(|name| self.projector(name).seq)
+            .fold(self.stream_seq, u64::min)
+            + 1
     }
 }
 
@@ -116,19 +172,29 @@ pub async fn drain(bus: &Bus, limit: Duration) -> Result<Duration, FleetError> {
     }
 }
 
-/// Reads the whole stream and checks the ledger and the projectors against it.
-pub async fn verify(bus: &Bus, ledger: &[Acked], tenant: &str) -> Result<Verification, FleetError> {
+/// Reads the stream from the baseline on and checks the ledger and the projectors against it.
+pub async fn verify(
+    bus: &Bus,
+    ledger: &[Acked],
+    tenant: &str,
+    baseline: &Baseline,
+) -> Result<Verification, FleetError> {
     let mut result = Verification {
         acked: ledger.len() as u64,
+        baseline_seq: baseline.stream_seq,
         ..Verification::default()
     };
     let read = |e: &dyn std::fmt::Display| FleetError::Verify(format!("reading the stream: {e}"));
-    let consumer = crate::project::whole_stream(bus)
+    let consumer = crate::project::stream_from(bus, baseline.first_seq())
         .await
         .map_err(|e| read(&e))?;
     // event id -> sequences it is stored at.
     let mut stored: HashMap<String, Vec<u64>> = HashMap::with_capacity(ledger.len() * 2);
-    let mut expected = ApplyLedger::default();
+    // What each projector should have applied after its own baseline.
+    let mut expected: Vec<(&str, u64, ApplyLedger)> = PROJECTORS
+        .iter()
+        .map(|name| (*name, baseline.projector(name).seq, ApplyLedger::default()))
+        .collect();
     let mut ours = 0u64;
     if let Some(consumer) = consumer {
         let mut messages = consumer.messages().await.map_err(|e| read(&e))?;
@@ -136,17 +202,24 @@ pub async fn verify(bus: &Bus, ledger: &[Acked], tenant: &str) -> Result<Verific
             let message = message.map_err(|e| read(&e))?;
             let info = message.info().map_err(|e| read(&e))?;
             let (seq, pending) = (info.stream_sequence, info.pending);
-            result.stream_messages += 1;
+            let in_run = seq > baseline.stream_seq;
+            result.stream_messages += u64::from(in_run);
             if let Ok(event) = bus.codec().decode(&message.payload) {
-                result.stream_events += 1;
-                expected.add(seq, event.event_id.as_str());
-                if event.tenant.as_str() == tenant {
-                    ours += 1;
+                for (_, from, ledger) in &mut expected {
+                    if seq > *from {
+                        ledger.add(seq, event.event_id.as_str());
+                    }
                 }
-                stored
-                    .entry(event.event_id.as_str().to_owned())
-                    .or_default()
-                    .push(seq);
+                if in_run {
+                    result.stream_events += 1;
+                    if event.tenant.as_str() == tenant {
+                        ours += 1;
+                    }
+                    stored
+                        .entry(event.event_id.as_str().to_owned())
+                        .or_default()
+                        .push(seq);
+                }
             }
             if pending == 0 {
                 break;
@@ -182,17 +255,22 @@ pub async fn verify(bus: &Bus, ledger: &[Acked], tenant: &str) -> Result<Verific
         }
     }
     result.stored_unacked = ours.saturating_sub(acked_ids.len() as u64);
-    for name in PROJECTORS {
-        result
-            .projectors
-            .push(check_projector(bus, name, &expected).await);
+    for (name, _, expected) in &expected {
+        let check = check_projector(bus, name, &baseline.projector(name), expected).await;
+        result.projectors.push(check);
     }
     Ok(result)
 }
 
-async fn check_projector(bus: &Bus, name: &str, expected: &ApplyLedger) -> ProjectorCheck {
+async fn check_projector(
+    bus: &Bus,
+    name: &str,
+    baseline: &ApplyLedger,
+    expected: &ApplyLedger,
+) -> ProjectorCheck {
     let mut check = ProjectorCheck {
         projector: name.to_owned(),
+        baseline_seq: baseline.seq,
         expected_events: expected.events,
         applied_events: 0,
         digest_matches: false,
@@ -201,8 +279,19 @@ async fn check_projector(bus: &Bus, name: &str, expected: &ApplyLedger) -> Proje
         error: None,
     };
     match projector_ledger(bus.client(), name).await {
+        Ok(answer) if answer.ledger.events < baseline.events => {
+            check.error = Some(format!(
+                "its ledger went back from {} to {} events: was it rebuilt during the run?",
+                baseline.events, answer.ledger.events
+            ));
+        }
         Ok(answer) => {
-            let applied = answer.ledger;
+            // Sums, so the run's share is a difference; wrapping, like the digest itself.
+            let applied = ApplyLedger {
+                seq: answer.ledger.seq,
+                events: answer.ledger.events.wrapping_sub(baseline.events),
+                digest: answer.ledger.digest.wrapping_sub(baseline.digest),
+            };
             check.applied_events = applied.events;
             check.digest_matches = applied.digest == expected.digest;
             check.lost = expected.events.saturating_sub(applied.events);

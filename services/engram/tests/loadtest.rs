@@ -4,8 +4,9 @@
 
 use std::time::Duration;
 
-use engram_loadtest::fleet::target::EmbedderChoice;
+use engram_loadtest::fleet::target::{CLIENT_MODEL, EmbedderChoice};
 use engram_loadtest::fleet::{self, FleetConfig};
+use engram_schema::{Content, Embedding, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
@@ -181,6 +182,41 @@ async fn a_run_against_a_remote_deployment_verifies_it_too() {
     }
     tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
 
+    // The deployment already holds history, projected, and retention has removed the
+    // oldest of it: verification must check the run alone, from where each part stood.
+    let bus = nats.bus().await;
+    bus.provision().await.unwrap();
+    for i in 0..20 {
+        let mut event = Envelope::new(
+            Ident::parse("tenant", "earlier").unwrap(),
+            Scope::new(ScopeKind::Task, "history").unwrap(),
+            Ident::parse("agent_id", "a").unwrap(),
+            Ident::parse("instance_id", "i").unwrap(),
+            Layer::Episodic,
+            EventKind::Observation,
+            Content {
+                text: format!("an earlier observation, number {i}"),
+                data: None,
+            },
+        );
+        event.embedding = Some(Embedding {
+            model: CLIENT_MODEL.to_owned(),
+            vector: fleet::hash_vector(&event.content.text),
+        });
+        bus.append(&event, Default::default()).await.unwrap();
+    }
+    fleet::verify::drain(&bus, Duration::from_secs(60))
+        .await
+        .expect("the history is projected");
+    bus.jetstream()
+        .get_stream(&bus.config().stream.name)
+        .await
+        .unwrap()
+        .purge()
+        .sequence(11)
+        .await
+        .unwrap();
+
     let out = tempfile::tempdir().unwrap();
     let config = FleetConfig {
         nats: Some(nats.url()),
@@ -193,6 +229,16 @@ async fn a_run_against_a_remote_deployment_verifies_it_too() {
         .expect("the run completes");
     assert!(report.passed(), "{}", report.markdown());
     assert!(report.appends > 80, "{} appends", report.appends);
+    let v = report.verification.as_ref().unwrap();
+    assert_eq!(v.baseline_seq, 20);
+    for p in &v.projectors {
+        assert_eq!(p.baseline_seq, 20, "{p:?}");
+        assert_eq!(p.expected_events, v.stream_events, "{p:?}");
+        assert!(
+            p.digest_matches && p.applied_events == p.expected_events,
+            "{p:?}"
+        );
+    }
     // Nothing local to sample: no process figures, but lag still is.
     assert!(report.resources.is_empty(), "{:?}", report.resources);
     assert!(
