@@ -228,11 +228,25 @@ fn load_tokenizer(dir: &Path) -> Result<Tokenizer, EmbedError> {
 /// Counts and cuts text in MiniLM tokens, so that assembled context fits a token budget.
 ///
 /// Counts exclude the special tokens (`[CLS]`, `[SEP]`) and ignore the model's 256-token limit.
-/// Cloning is cheap.
+/// Cloning is cheap, and clones share the count cache.
 #[derive(Clone)]
 pub struct TokenCounter {
     /// MiniLM's tokenizer with truncation and padding off.
     tokenizer: Arc<Tokenizer>,
+    /// Counts of texts seen before, by content hash. Contexts are built every agent step and
+    /// mostly from the same memories, and tokenising a memory costs tens of microseconds
+    /// where a lookup costs well under one.
+    counts: foyer::Cache<[u8; 16], usize>,
+}
+
+/// Texts whose counts [`TokenCounter`] remembers; an entry is about 64 bytes.
+const COUNT_CACHE_ENTRIES: usize = 65_536;
+
+/// The count cache's key: 128 bits of blake3, so that a collision is not a practical concern.
+fn count_key(text: &str) -> [u8; 16] {
+    let mut key = [0u8; 16];
+    key.copy_from_slice(&blake3::hash(text.as_bytes()).as_bytes()[..16]);
+    key
 }
 
 impl TokenCounter {
@@ -252,11 +266,23 @@ impl TokenCounter {
         tokenizer.with_padding(None);
         TokenCounter {
             tokenizer: Arc::new(tokenizer),
+            counts: foyer::CacheBuilder::new(COUNT_CACHE_ENTRIES).build(),
         }
     }
 
     /// The number of tokens in `text`, without special tokens.
     pub fn count(&self, text: &str) -> usize {
+        let key = count_key(text);
+        if let Some(entry) = self.counts.get(&key) {
+            return *entry;
+        }
+        let count = self.count_uncached(text);
+        self.counts.insert(key, count);
+        count
+    }
+
+    /// [`TokenCounter::count`] without the cache: always runs the tokenizer.
+    pub fn count_uncached(&self, text: &str) -> usize {
         match self.tokenizer.encode_fast(text, false) {
             Ok(encoding) => encoding.len(),
             Err(error) => {
@@ -424,6 +450,28 @@ mod tests {
         assert_eq!(counter.count("hello world"), 2);
         let long = "memory ".repeat(1000);
         assert_eq!(counter.count(&long), 1000);
+    }
+
+    #[test]
+    fn cached_counts_equal_the_tokenizers_and_clones_share_them() {
+        let counter = TokenCounter::load_default().unwrap();
+        let clone = counter.clone();
+        let texts = [
+            "hello world",
+            "Hello  World",
+            "deploy failed: exit 137 (OOM) on pod api-7f9c",
+            "日本語のテキスト",
+            "",
+        ];
+        for text in texts {
+            let fresh = counter.count_uncached(text);
+            assert_eq!(counter.count(text), fresh, "{text:?}");
+            // A second call is answered from the cache, by the clone too: still equal.
+            assert_eq!(clone.count(text), fresh, "{text:?}");
+            assert!(counter.counts.get(&count_key(text)).is_some(), "{text:?}");
+        }
+        // Texts differing only in case or spacing are distinct keys with their own counts.
+        assert_ne!(count_key("hello world"), count_key("Hello  World"));
     }
 
     #[test]

@@ -64,7 +64,24 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .with_batch_size(args.batch);
     let load_seconds = started.elapsed().as_secs_f64();
     let counter = model.token_counter();
-    let mean_tokens = sentences.iter().map(|s| counter.count(s)).sum::<usize>() as f64 / n as f64;
+    // Counting is what `build_context` does for every candidate memory: the tokenizer
+    // against the count cache, which the first pass fills.
+    let started = Instant::now();
+    let total_tokens: usize = sentences.iter().map(|s| counter.count_uncached(s)).sum();
+    let count_us = started.elapsed().as_secs_f64() * 1e6 / n as f64;
+    sentences.iter().for_each(|s| {
+        counter.count(s);
+    });
+    let started = Instant::now();
+    let cached_tokens: usize = sentences.iter().map(|s| counter.count(s)).sum();
+    let cached_count_us = started.elapsed().as_secs_f64() * 1e6 / n as f64;
+    if cached_tokens != total_tokens {
+        return Err(format!(
+            "cached counts ({cached_tokens}) differ from the tokenizer's ({total_tokens})"
+        )
+        .into());
+    }
+    let mean_tokens = total_tokens as f64 / n as f64;
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
 
     // The first forward pass allocates and faults in the weights; keep it out of the numbers.
@@ -158,6 +175,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "mean_tokens": mean_tokens,
             "batch": args.batch,
             "model_load_seconds": load_seconds,
+            "token_count_us": count_us,
+            "token_count_cached_us": cached_count_us,
             "results": results,
         });
         println!("{}", serde_json::to_string_pretty(&report)?);
@@ -184,6 +203,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 p.misses
             );
         }
+        println!(
+            "token counts: tokenizer {count_us:.1} µs per sentence, count cache {cached_count_us:.2} µs ({:.0}x)",
+            count_us / cached_count_us.max(1e-9)
+        );
     }
     Ok(())
 }
