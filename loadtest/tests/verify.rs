@@ -4,22 +4,11 @@
 
 use engram_loadtest::fleet::Acked;
 use engram_loadtest::fleet::verify::{Baseline, verify};
-use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_schema::Envelope;
 use engram_testkit::TestNats;
 
 fn event(i: usize) -> Envelope {
-    Envelope::new(
-        Ident::parse("tenant", "bench").unwrap(),
-        Scope::new(ScopeKind::Task, "t1").unwrap(),
-        Ident::parse("agent_id", "a").unwrap(),
-        Ident::parse("instance_id", "i").unwrap(),
-        Layer::Episodic,
-        EventKind::Observation,
-        Content {
-            text: format!("observation {i}"),
-            data: None,
-        },
-    )
+    engram_testkit::event("bench", "t1", &format!("observation {i}"))
 }
 
 #[tokio::test]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use engram_loadtest::fleet::target::{CLIENT_MODEL, EmbedderChoice};
 use engram_loadtest::fleet::{self, FleetConfig};
-use engram_schema::{Content, Embedding, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_schema::Embedding;
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
@@ -187,17 +187,10 @@ async fn a_run_against_a_remote_deployment_verifies_it_too() {
     let bus = nats.bus().await;
     bus.provision().await.unwrap();
     for i in 0..20 {
-        let mut event = Envelope::new(
-            Ident::parse("tenant", "earlier").unwrap(),
-            Scope::new(ScopeKind::Task, "history").unwrap(),
-            Ident::parse("agent_id", "a").unwrap(),
-            Ident::parse("instance_id", "i").unwrap(),
-            Layer::Episodic,
-            EventKind::Observation,
-            Content {
-                text: format!("an earlier observation, number {i}"),
-                data: None,
-            },
+        let mut event = engram_testkit::event(
+            "earlier",
+            "history",
+            &format!("an earlier observation, number {i}"),
         );
         event.embedding = Some(Embedding {
             model: CLIENT_MODEL.to_owned(),
