@@ -532,16 +532,9 @@ async fn probe_cache(
     Ok((open_secs, found))
 }
 
-/// An ordered consumer over the whole events stream, from its first message; `None` if the
-/// stream is empty (an ordered consumer on an empty stream would wait for a first message).
-pub(crate) async fn whole_stream(
-    bus: &Bus,
-) -> Result<Option<Consumer<pull::OrderedConfig>>, String> {
-    stream_from(bus, 1).await
-}
-
 /// An ordered consumer over the events stream from sequence `first` (or the first message
-/// after it, if it is gone); `None` if nothing is stored from there on.
+/// after it, if it is gone; 1 for the whole stream); `None` if nothing is stored from there on
+/// (an ordered consumer with nothing to deliver would wait for a first message).
 pub(crate) async fn stream_from(
     bus: &Bus,
     first: u64,
@@ -572,7 +565,7 @@ pub(crate) async fn stream_from(
 /// Counts the stream's messages through an ordered consumer without decoding them.
 pub(crate) async fn raw_ordered(bus: &Bus) -> Result<u64, ProjectBenchError> {
     let read_err = |e: &dyn std::fmt::Display| ProjectBenchError::Read(e.to_string());
-    let Some(consumer) = whole_stream(bus).await.map_err(|e| read_err(&e))? else {
+    let Some(consumer) = stream_from(bus, 1).await.map_err(|e| read_err(&e))? else {
         return Ok(0);
     };
     let mut messages = consumer.messages().await.map_err(|e| read_err(&e))?;

@@ -232,12 +232,13 @@ fn pack(tokens: &engram_embed::TokenCounter, candidates: Vec<Candidate>, budget:
     }
     // Verify with the tokenizer on the final text; drop the lowest-priority items until it fits.
     chosen.sort_by_key(|c| CAPS.iter().position(|(s, _)| *s == c.section));
+    // Each rendering is new text, so it bypasses the count cache rather than evict from it.
     let mut rendered = render(&chosen);
-    let mut count = tokens.count(&rendered);
+    let mut count = tokens.count_uncached(&rendered);
     while count > budget && !chosen.is_empty() {
         chosen.pop();
         rendered = render(&chosen);
-        count = tokens.count(&rendered);
+        count = tokens.count_uncached(&rendered);
     }
     let items: Vec<ContextItem> = chosen.into_iter().map(|c| c.item).collect();
     Context {

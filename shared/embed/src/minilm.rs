@@ -234,8 +234,8 @@ pub struct TokenCounter {
     /// MiniLM's tokenizer with truncation and padding off.
     tokenizer: Arc<Tokenizer>,
     /// Counts of texts seen before, by content hash. Contexts are built every agent step and
-    /// mostly from the same memories, and tokenising a memory costs tens of microseconds
-    /// where a lookup costs well under one.
+    /// mostly from the same memories, and tokenising a memory costs a few microseconds per
+    /// token (about 300 µs for 90 tokens) where a lookup costs under one.
     counts: foyer::Cache<[u8; 16], usize>,
 }
 
@@ -281,7 +281,8 @@ impl TokenCounter {
         count
     }
 
-    /// [`TokenCounter::count`] without the cache: always runs the tokenizer.
+    /// [`TokenCounter::count`] without the cache: always runs the tokenizer. For texts that
+    /// will not be seen again, which would only displace useful entries.
     pub fn count_uncached(&self, text: &str) -> usize {
         match self.tokenizer.encode_fast(text, false) {
             Ok(encoding) => encoding.len(),
