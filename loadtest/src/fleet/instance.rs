@@ -444,6 +444,7 @@ fn error_kind(e: &RpcError) -> &'static str {
         RpcError::Service { code, .. } => match code {
             ErrorCode::Invalid => "invalid",
             ErrorCode::NotYetVisible => "not_yet_visible",
+            ErrorCode::Busy => "busy",
             ErrorCode::Unavailable => "unavailable",
             ErrorCode::Internal => "internal",
         },

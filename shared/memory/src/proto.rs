@@ -318,6 +318,8 @@ pub enum ErrorCode {
     Invalid,
     /// A read-your-writes wait ran out (408).
     NotYetVisible,
+    /// Too many requests in flight on this endpoint; retry after a short pause (429).
+    Busy,
     /// A projector or model is unavailable (503).
     Unavailable,
     /// A bug or a broken read model (500).
@@ -329,6 +331,7 @@ impl ErrorCode {
         match self {
             Self::Invalid => 400,
             Self::NotYetVisible => 408,
+            Self::Busy => 429,
             Self::Unavailable => 503,
             Self::Internal => 500,
         }
@@ -338,6 +341,7 @@ impl ErrorCode {
         match code {
             400 => Self::Invalid,
             408 => Self::NotYetVisible,
+            429 => Self::Busy,
             503 => Self::Unavailable,
             _ => Self::Internal,
         }

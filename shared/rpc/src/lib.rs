@@ -50,7 +50,7 @@ impl RpcError {
     pub fn is_retryable(&self) -> bool {
         matches!(
             self.code(),
-            ErrorCode::Unavailable | ErrorCode::NotYetVisible
+            ErrorCode::Unavailable | ErrorCode::NotYetVisible | ErrorCode::Busy
         )
     }
 }
@@ -193,6 +193,7 @@ where
                     Err(f) => match f.code {
                         ErrorCode::Invalid => "invalid",
                         ErrorCode::NotYetVisible => "timeout",
+                        ErrorCode::Busy => "busy",
                         ErrorCode::Unavailable => "unavailable",
                         ErrorCode::Internal => "error",
                     },
