@@ -48,21 +48,28 @@ pub struct Engram {
 
 impl Engram {
     pub async fn start(nats: &TestNats) -> Self {
+        Self::start_with(nats, projectors_config(), QueryConfig::default()).await
+    }
+
+    /// With the test's own projector and query settings.
+    pub async fn start_with(
+        nats: &TestNats,
+        projectors: ProjectorsConfig,
+        query: QueryConfig,
+    ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let bus = nats.bus().await;
         let (stop, rx) = watch::channel(false);
         let config = nats.bus_config();
         let projectors = engram_projectors::start(
-            &projectors_config(),
+            &projectors,
             dir.path(),
             move |_| Bus::connect(config.clone()),
             rx,
         )
         .await
         .unwrap();
-        let query: Arc<Query> = Query::new(bus.clone(), QueryConfig::default())
-            .await
-            .unwrap();
+        let query: Arc<Query> = Query::new(bus.clone(), query).await.unwrap();
         let service = query.serve().await.unwrap();
         Self {
             client: Client::from_bus(bus, RetryPolicy::default()),

@@ -105,7 +105,7 @@ async fn a_write_is_visible_to_its_writer_under_concurrent_writers() {
 }
 
 #[tokio::test]
-async fn a_token_beyond_the_stream_times_out_with_a_typed_error() {
+async fn a_token_beyond_the_stream_is_refused_with_a_typed_error() {
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     let scope = Scope::new(ScopeKind::Task, "t").unwrap();
@@ -122,14 +122,15 @@ async fn a_token_beyond_the_stream_times_out_with_a_typed_error() {
         seq + 100,
     );
     request.consistency.wait_ms = Some(200);
+    // No append returned it, so waiting could only time out: refused at once.
     let err = engram.client.retrieve(&request).await.unwrap_err();
     assert!(
         matches!(
             &err,
             RpcError::Service {
-                code: ErrorCode::NotYetVisible,
-                ..
-            }
+                code: ErrorCode::Invalid,
+                message,
+            } if message.contains("min_seq")
         ),
         "{err:?}"
     );

@@ -29,7 +29,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engram_bus::Bus;
+use engram_bus::{Bus, StreamHead};
 use engram_embed::{CacheConfig, CachedEmbedder, Embedder, EmbedderConfig};
 use engram_memory::Seq;
 use engram_memory::proto::{
@@ -113,6 +113,9 @@ pub struct ProjectorsConfig {
     pub embed_cache_memory_mb: usize,
     pub embed_cache_disk_mb: usize,
     pub hnsw: HnswParams,
+    /// Requests each projector endpoint handles at once; more are answered `busy` (429). The
+    /// query service makes up to four projector requests per retrieval.
+    pub max_in_flight: usize,
 }
 
 impl Default for ProjectorsConfig {
@@ -129,6 +132,7 @@ impl Default for ProjectorsConfig {
             embed_cache_memory_mb: 64,
             embed_cache_disk_mb: 1024,
             hnsw: HnswParams::default(),
+            max_in_flight: 256,
         }
     }
 }
@@ -138,12 +142,22 @@ impl ProjectorsConfig {
         if self.batch == 0 {
             return Err("projectors.batch must be at least 1".into());
         }
+        if self.max_in_flight == 0 {
+            return Err("projectors.max_in_flight must be at least 1".into());
+        }
         if self.embed_cache_disk_mb < 4 {
             return Err("projectors.embed_cache_disk_mb must be at least 4".into());
         }
         self.hnsw
             .validate()
             .map_err(|e| format!("projectors.hnsw: {e}"))
+    }
+
+    fn endpoint_limits(&self) -> engram_rpc::EndpointLimits {
+        engram_rpc::EndpointLimits {
+            max_in_flight: self.max_in_flight,
+            ..engram_rpc::EndpointLimits::default()
+        }
     }
 
     /// The loop settings of one projector.
@@ -302,6 +316,11 @@ where
         .map_err(|source| StartError::Service { projector, source })?;
         let service_err = |source| StartError::Service { projector, source };
         let stop = wait_true(shutdown.clone());
+        let serving = Serving {
+            service: &service,
+            limits: config.endpoint_limits(),
+            head: Arc::new(StreamHead::new(bus.clone())),
+        };
         let (visibility, task, status) = match name {
             ProjectorName::Vector => {
                 let embedder = embedder(config, dir).await?;
@@ -314,9 +333,9 @@ where
                     projection,
                     bus,
                     settings,
-                    &service,
+                    &serving,
                     ("search", "vector_search"),
-                    |r: &SearchRequest| r.consistency,
+                    |r: &SearchRequest| r.validate().map(|()| r.consistency),
                     |p, req, _| async move { p.search(&req).await },
                     stop,
                 )
@@ -328,9 +347,9 @@ where
                     projection,
                     bus,
                     settings,
-                    &service,
+                    &serving,
                     ("search", "keyword_search"),
-                    |r: &SearchRequest| r.consistency,
+                    |r: &SearchRequest| r.validate().map(|()| r.consistency),
                     |p, req, _| async move { p.search(&req).await },
                     stop,
                 )
@@ -342,9 +361,9 @@ where
                     projection,
                     bus,
                     settings,
-                    &service,
+                    &serving,
                     ("query", "facts"),
-                    |r: &FactsRequest| r.consistency,
+                    |r: &FactsRequest| r.validate().map(|()| r.consistency),
                     |p, req, seq| async move { facts::query(&p, &req, seq) },
                     stop,
                 )
@@ -356,9 +375,9 @@ where
                     projection,
                     bus,
                     settings,
-                    &service,
+                    &serving,
                     ("search", "skills"),
-                    |r: &SkillsRequest| r.consistency,
+                    |r: &SkillsRequest| r.validate().map(|()| r.consistency),
                     |p, req, seq| async move { skills::query(&p, &req, seq) },
                     stop,
                 )
@@ -366,15 +385,17 @@ where
             }
         }
         .map_err(service_err)?;
-        let v = visibility.clone();
+        let (v, head) = (visibility.clone(), serving.head.clone());
         engram_rpc::serve(
             &service,
             &proto::projector_subject(projector, "status"),
             "status",
+            serving.limits,
             move |req: Consistency| {
-                let (status, v) = (status.clone(), v.clone());
+                let (status, v, head) = (status.clone(), v.clone(), head.clone());
                 async move {
-                    wait_visible(&v, &req).await?;
+                    req.validate().map_err(Failure::from)?;
+                    wait_visible(&v, &head, &req).await?;
                     let hash: String = status
                         .state_hash()
                         .await
@@ -394,15 +415,17 @@ where
         )
         .await
         .map_err(service_err)?;
-        let v = visibility.clone();
+        let (v, head) = (visibility.clone(), serving.head.clone());
         engram_rpc::serve(
             &service,
             &proto::projector_subject(projector, "ledger"),
             "ledger",
+            serving.limits,
             move |req: Consistency| {
-                let v = v.clone();
+                let (v, head) = (v.clone(), head.clone());
                 async move {
-                    wait_visible(&v, &req).await?;
+                    req.validate().map_err(Failure::from)?;
+                    wait_visible(&v, &head, &req).await?;
                     let visible_seq = v.current();
                     Ok(ProjectorLedger {
                         projector: projector.to_owned(),
@@ -428,17 +451,25 @@ type Launched = (
     Arc<dyn Projection>,
 );
 
+/// Where a projector's endpoints are served, and what bounds them.
+struct Serving<'a> {
+    service: &'a async_nats::service::Service,
+    limits: engram_rpc::EndpointLimits,
+    head: Arc<StreamHead>,
+}
+
 /// Starts `projection`'s loop and serves `engram.p.<name>.<op>` (metrics label `label`,
-/// from `endpoint`) with `answer`, which runs once the request's read-your-writes token
-/// (`consistency`) is visible and gets the visible sequence.
+/// from `endpoint`) with `answer`, which runs once the request is checked (`check`, which
+/// also gives its read-your-writes token) and the token is visible, and gets the visible
+/// sequence.
 #[allow(clippy::too_many_arguments)]
 async fn launch<P, Req, Resp, A, Fut>(
     projection: Arc<P>,
     bus: Bus,
     settings: ProjectorSettings,
-    service: &async_nats::service::Service,
+    serving: &Serving<'_>,
     endpoint: (&'static str, &'static str),
-    consistency: fn(&Req) -> Consistency,
+    check: fn(&Req) -> Result<Consistency, proto::InvalidField>,
     answer: A,
     stop: impl Future<Output = ()> + Send + 'static,
 ) -> Result<Launched, engram_rpc::RpcError>
@@ -456,14 +487,18 @@ where
     let v = visibility.clone();
     let status: Arc<dyn Projection> = projection.clone();
     let answer = Arc::new(answer);
+    let head = serving.head.clone();
     engram_rpc::serve(
-        service,
+        serving.service,
         &proto::projector_subject(name, op),
         label,
+        serving.limits,
         move |req: Req| {
-            let (projection, v, answer) = (projection.clone(), v.clone(), answer.clone());
+            let (projection, v, answer, head) =
+                (projection.clone(), v.clone(), answer.clone(), head.clone());
             async move {
-                wait_visible(&v, &consistency(&req)).await?;
+                let consistency = check(&req).map_err(Failure::from)?;
+                wait_visible(&v, &head, &consistency).await?;
                 answer(projection, req, v.current()).await
             }
         },
@@ -568,10 +603,19 @@ pub struct ProjectorLedger {
 /// The default wait for a read-your-writes token.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
-async fn wait_visible(visibility: &Visibility, consistency: &Consistency) -> Result<(), Failure> {
+/// Waits for a read-your-writes token, refusing at once one that no append returned.
+async fn wait_visible(
+    visibility: &Visibility,
+    head: &StreamHead,
+    consistency: &Consistency,
+) -> Result<(), Failure> {
     let Some(min_seq) = consistency.min_seq else {
         return Ok(());
     };
+    if min_seq <= visibility.current() {
+        return Ok(());
+    }
+    engram_rpc::check_min_seq(head, consistency).await?;
     let wait = consistency
         .wait_ms
         .map_or(DEFAULT_WAIT, Duration::from_millis);

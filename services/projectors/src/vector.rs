@@ -152,59 +152,77 @@ impl VectorProjection {
                 vectors.pop().unwrap_or_default()
             }
         };
-        let state = self.read();
-        let allowed = |seq: Seq| {
-            state
-                .memories
-                .get(&seq)
-                .is_some_and(|m| request.filter.matches(&m.meta))
-        };
-        let mut hits: Vec<Hit> = Vec::new();
-        for scope in &request.scopes {
-            if let Some(index) = state.scopes.get(scope) {
-                let found = index
-                    .search(&query, request.k, &allowed)
-                    .map_err(|e| Failure::invalid(e.to_string()))?;
-                hits.extend(found);
-            }
-        }
-        hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seq.cmp(&b.seq)));
-        hits.truncate(request.k);
-        let mut also = Vec::new();
-        for seq in &request.score_also {
-            let Some(memory) = state.memories.get(seq) else {
-                continue;
-            };
-            if !request.scopes.contains(&memory.meta.scope) || !request.filter.matches(&memory.meta)
-            {
-                continue;
-            }
-            if let Some(vector) = state
-                .scopes
-                .get(&memory.meta.scope)
-                .and_then(|index| index.vector(*seq))
-            {
-                also.push(Hit {
-                    seq: *seq,
-                    score: engram_embed::dot(&query, vector),
-                });
-            }
-        }
-        Ok(SearchResponse {
-            hits: hits
-                .into_iter()
-                .filter_map(|hit| {
-                    state.memories.get(&hit.seq).map(|m| MemoryHit {
-                        hit,
-                        meta: m.meta.clone(),
-                        text: m.text.clone(),
-                    })
-                })
-                .collect(),
-            also,
-            visible_seq: state.applied,
-        })
+        // Exact scans of a few thousand vectors, or a filtered graph walk, take milliseconds:
+        // off the runtime's threads, so one search cannot stall the others.
+        let (state, request) = (self.state.clone(), request.clone());
+        tokio::task::spawn_blocking(move || search_state(&state, &request, &query))
+            .await
+            .map_err(|e| {
+                Failure::new(
+                    engram_memory::proto::ErrorCode::Internal,
+                    format!("vector search failed: {e}"),
+                )
+            })?
     }
+}
+
+/// The search half of [`VectorProjection::search`], once the query vector is known.
+fn search_state(
+    state: &RwLock<State>,
+    request: &SearchRequest,
+    query: &[f32],
+) -> Result<SearchResponse, Failure> {
+    let state = state.read().unwrap_or_else(|p| p.into_inner());
+    let allowed = |seq: Seq| {
+        state
+            .memories
+            .get(&seq)
+            .is_some_and(|m| request.filter.matches(&m.meta))
+    };
+    let mut hits: Vec<Hit> = Vec::new();
+    for scope in &request.scopes {
+        if let Some(index) = state.scopes.get(scope) {
+            let found = index
+                .search(query, request.k, &allowed)
+                .map_err(|e| Failure::invalid(e.to_string()))?;
+            hits.extend(found);
+        }
+    }
+    hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seq.cmp(&b.seq)));
+    hits.truncate(request.k);
+    let mut also = Vec::new();
+    for seq in &request.score_also {
+        let Some(memory) = state.memories.get(seq) else {
+            continue;
+        };
+        if !request.scopes.contains(&memory.meta.scope) || !request.filter.matches(&memory.meta) {
+            continue;
+        }
+        if let Some(vector) = state
+            .scopes
+            .get(&memory.meta.scope)
+            .and_then(|index| index.vector(*seq))
+        {
+            also.push(Hit {
+                seq: *seq,
+                score: engram_embed::dot(query, vector),
+            });
+        }
+    }
+    Ok(SearchResponse {
+        hits: hits
+            .into_iter()
+            .filter_map(|hit| {
+                state.memories.get(&hit.seq).map(|m| MemoryHit {
+                    hit,
+                    meta: m.meta.clone(),
+                    text: m.text.clone(),
+                })
+            })
+            .collect(),
+        also,
+        visible_seq: state.applied,
+    })
 }
 
 #[async_trait]
@@ -351,25 +369,39 @@ impl Projection for VectorProjection {
         } else {
             match self.embedder.embed(&to_embed).await {
                 Ok(vectors) => vectors,
-                Err(e) if e.is_retryable() => {
+                Err(e) if !e.is_input_fault() => {
+                    // An embedder outage (a key, model or url to fix, a server down) is no
+                    // event's fault: the batch waits and retries rather than dead-letters.
                     return Err(ProjectionError::Transient(format!("embedding failed: {e}")));
                 }
                 Err(e) => {
-                    // The embedder refuses these texts for good (say, vectors are required
-                    // from clients): dead-letter them, index the rest.
-                    let reason = e.to_string();
+                    // Some text cannot be embedded as it is (too long, vectors required from
+                    // clients): embed one at a time, dead-letter only the texts refused alone.
+                    let mut each = if to_embed.len() == 1 {
+                        vec![Err(e.to_string())]
+                    } else {
+                        embed_each(self.embedder.as_ref(), &to_embed).await?
+                    }
+                    .into_iter();
+                    let mut vectors = Vec::with_capacity(to_embed.len());
                     wanted.retain(|(i, v)| {
-                        if v.is_none() {
-                            rejected.push(Rejected {
-                                index: *i,
-                                reason: reason.clone(),
-                            });
-                            false
-                        } else {
-                            true
+                        if v.is_some() {
+                            return true;
+                        }
+                        match each.next() {
+                            Some(Ok(vector)) => {
+                                vectors.push(vector);
+                                true
+                            }
+                            Some(Err(reason)) => {
+                                rejected.push(Rejected { index: *i, reason });
+                                false
+                            }
+                            // Too few answers: caught below as too few vectors.
+                            None => true,
                         }
                     });
-                    Vec::new()
+                    vectors
                 }
             }
         }
@@ -561,6 +593,31 @@ impl Op {
 }
 
 /// Inserts one chunk under one hold of the write lock; refused vectors go to `refused`.
+/// Embeds `texts` one at a time, after the embedder refused them together for an input fault:
+/// a vector for each text it takes, the reason for each it refuses on its own. An outage midway
+/// is transient, as for the whole batch.
+async fn embed_each(
+    embedder: &dyn Embedder,
+    texts: &[String],
+) -> Result<Vec<Result<Vec<f32>, String>>, ProjectionError> {
+    let mut each = Vec::with_capacity(texts.len());
+    for text in texts {
+        match embedder.embed(std::slice::from_ref(text)).await {
+            Ok(mut vectors) if vectors.len() == 1 => each.push(Ok(vectors.remove(0))),
+            Ok(_) => {
+                return Err(ProjectionError::Transient(
+                    "embedder returned no vector for one text".into(),
+                ));
+            }
+            Err(e) if e.is_input_fault() => each.push(Err(e.to_string())),
+            Err(e) => {
+                return Err(ProjectionError::Transient(format!("embedding failed: {e}")));
+            }
+        }
+    }
+    Ok(each)
+}
+
 fn insert_chunk(
     state: &RwLock<State>,
     dim: usize,

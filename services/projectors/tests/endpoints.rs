@@ -110,7 +110,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
         assert_eq!(status.state_hash.len(), 64, "{name}");
     }
 
-    // And a token beyond the stream is refused, not answered with the current ledger
+    // And a token beyond the stream is refused at once, not answered with the current ledger
     let beyond = engram_rpc::call::<_, ProjectorLedger>(
         bus.client(),
         &projector_subject(ProjectorName::Facts.as_str(), "ledger"),
@@ -122,7 +122,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     )
     .await;
     assert!(
-        matches!(&beyond, Err(e) if e.code() == ErrorCode::NotYetVisible),
+        matches!(&beyond, Err(e) if e.code() == ErrorCode::Invalid),
         "answered {beyond:?}"
     );
 

@@ -10,8 +10,9 @@
 
 use std::collections::HashSet;
 
+use engram_bus::EntryBounds;
 use engram_memory::proto::{
-    Context, ContextItem, ContextRequest, FactsRequest, RetrievalMode, RetrieveRequest,
+    Context, ContextItem, ContextRequest, ErrorCode, FactsRequest, RetrievalMode, RetrieveRequest,
     SkillsRequest,
 };
 use engram_rpc::Failure;
@@ -51,11 +52,29 @@ struct Candidate {
     item: ContextItem,
 }
 
+/// The most bytes of one candidate that are tokenised: about 16 bytes per token of the
+/// budget, never more than 16 KiB. A WordPiece token rarely spans more than a word, so what
+/// is cut could not have fitted; the final count on the rendered text keeps the budget exact.
+fn item_cap(token_budget: usize) -> usize {
+    token_budget.saturating_mul(16).min(16 * 1024)
+}
+
+/// `text` cut to at most `max` bytes, on a character boundary.
+fn truncate_bytes(mut text: String, max: usize) -> String {
+    if text.len() > max {
+        let mut end = max;
+        while !text.is_char_boundary(end) {
+            end -= 1;
+        }
+        text.truncate(end);
+    }
+    text
+}
+
 pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context, Failure> {
     let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
-    if request.token_budget == 0 {
-        return Err(Failure::invalid("token_budget must be at least 1"));
-    }
+    request.validate().map_err(Failure::from)?;
+    q.check_visible_token(&request.consistency).await?;
     let task_scope = Scope::new(ScopeKind::Task, &request.task)
         .map_err(|e| Failure::invalid(format!("task: {e}")))?;
     // The task's working memory is readable only if the task scope is the own scope or granted.
@@ -69,19 +88,21 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
         if task_scope != request.scopes.scope && readable.contains(&task_scope) {
             wanted.push(task_scope.clone());
         }
+        let mut left_out = 0;
         for scope in wanted {
-            for (key, value) in wm
-                .entries(&request.scopes.tenant, &scope)
+            let read = wm
+                .entries(&request.scopes.tenant, &scope, EntryBounds::default())
                 .await
-                .map_err(unavailable)?
-            {
+                .map_err(unavailable)?;
+            left_out += read.left_out;
+            for (key, value) in read.items {
                 entries.push((
                     format!("{scope}/{key}"),
                     String::from_utf8_lossy(&value).into_owned(),
                 ));
             }
         }
-        Ok::<_, Failure>(entries)
+        Ok::<_, Failure>((entries, left_out))
     };
     let skills = q.skills(SkillsRequest {
         scopes: request.scopes.clone(),
@@ -113,22 +134,22 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
     });
     let (working, skills, facts, memories) = tokio::join!(working, skills, facts, memories);
 
-    let tokens = q.tokens();
+    let cap = item_cap(request.token_budget);
     let mut candidates = Vec::new();
     let mut push = |section: Section, layer: Layer, text: String, source: String, score: f32| {
-        let tokens = tokens.count(&text);
         candidates.push(Candidate {
             section,
             item: ContextItem {
                 layer,
-                text,
-                tokens,
-                source,
+                text: truncate_bytes(text, cap),
+                tokens: 0,
+                source: truncate_bytes(source, 256),
                 score,
             },
         });
     };
-    for (key, value) in working? {
+    let (working, working_left_out) = working?;
+    for (key, value) in working {
         push(
             Section::Working,
             Layer::Working,
@@ -181,7 +202,20 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
             memory.score,
         );
     }
-    Ok(pack(tokens, candidates, request.token_budget))
+    // Tokenising is CPU work of up to a few milliseconds per item: on the runtime's threads it
+    // would stall every other request (and /healthz) behind it.
+    let tokens = q.tokens().clone();
+    let budget = request.token_budget;
+    let mut context = tokio::task::spawn_blocking(move || {
+        for c in &mut candidates {
+            c.item.tokens = tokens.count(&c.item.text);
+        }
+        pack(&tokens, candidates, budget)
+    })
+    .await
+    .map_err(|e| Failure::new(ErrorCode::Internal, format!("context packing failed: {e}")))?;
+    context.dropped += working_left_out;
+    Ok(context)
 }
 
 fn normalise(text: &str) -> String {

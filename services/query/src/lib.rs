@@ -17,14 +17,14 @@ pub mod fusion;
 use std::sync::Arc;
 use std::time::Duration;
 
-use engram_bus::Bus;
+use engram_bus::{Bus, StreamHead};
 use engram_embed::TokenCounter;
 use engram_memory::proto::{
-    self, Context, ContextRequest, ErrorCode, FactsRequest, FactsResponse, Ranking, RetrievalMode,
-    RetrieveRequest, RetrieveResponse, SearchRequest, SearchResponse, SkillsRequest,
+    self, Consistency, Context, ContextRequest, ErrorCode, FactsRequest, FactsResponse, Ranking,
+    RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest, SearchResponse, SkillsRequest,
     SkillsResponse,
 };
-use engram_rpc::Failure;
+use engram_rpc::{EndpointLimits, Failure};
 use serde::{Deserialize, Serialize};
 
 use crate::fusion::Side;
@@ -38,8 +38,10 @@ pub struct QueryConfig {
     /// Longest a request to a projector may take beyond its read-your-writes wait.
     #[serde(with = "humantime_serde")]
     pub projector_timeout: Duration,
-    /// Most results one retrieval may ask for.
+    /// Most results one retrieval may ask for (at most 1000).
     pub max_top_k: usize,
+    /// Requests each endpoint handles at once; more are answered `busy` (429) at once.
+    pub max_in_flight: usize,
 }
 
 impl Default for QueryConfig {
@@ -48,6 +50,32 @@ impl Default for QueryConfig {
             ranking: Ranking::default(),
             projector_timeout: Duration::from_secs(10),
             max_top_k: 1000,
+            max_in_flight: 64,
+        }
+    }
+}
+
+impl QueryConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.ranking.validate().map_err(|e| format!("query.{e}"))?;
+        if self.max_top_k == 0 || self.max_top_k > proto::limits::MAX_TOP_K {
+            return Err(format!(
+                "query.max_top_k must be 1..={}",
+                proto::limits::MAX_TOP_K
+            ));
+        }
+        if self.max_in_flight == 0 {
+            return Err("query.max_in_flight must be at least 1".into());
+        }
+        Ok(())
+    }
+
+    fn endpoint_limits(&self) -> EndpointLimits {
+        EndpointLimits {
+            max_in_flight: self.max_in_flight,
+            max_duration: self.projector_timeout
+                + Duration::from_millis(proto::limits::MAX_WAIT_MS)
+                + Duration::from_secs(5),
         }
     }
 }
@@ -58,6 +86,8 @@ pub struct Query {
     bus: Bus,
     config: QueryConfig,
     tokens: Arc<TokenCounter>,
+    /// Tells tokens that an append returned from ones no append can have returned.
+    head: StreamHead,
 }
 
 impl Query {
@@ -67,6 +97,7 @@ impl Query {
         let tokens = tokio::task::spawn_blocking(TokenCounter::load_default).await??;
         Ok(Arc::new(Self {
             client: bus.client().clone(),
+            head: StreamHead::new(bus.clone()),
             bus,
             config,
             tokens: Arc::new(tokens),
@@ -83,11 +114,13 @@ impl Query {
             "engram memory queries: retrieve, context, facts, skills",
         )
         .await?;
+        let limits = self.config.endpoint_limits();
         let q = self.clone();
         engram_rpc::serve(
             &service,
             proto::RETRIEVE,
             "retrieve",
+            limits,
             move |r: RetrieveRequest| {
                 let q = q.clone();
                 async move { q.retrieve(r).await }
@@ -99,6 +132,7 @@ impl Query {
             &service,
             proto::CONTEXT,
             "context",
+            limits,
             move |r: ContextRequest| {
                 let q = q.clone();
                 async move { q.build_context(r).await }
@@ -106,16 +140,23 @@ impl Query {
         )
         .await?;
         let q = self.clone();
-        engram_rpc::serve(&service, proto::FACTS, "facts", move |r: FactsRequest| {
-            let q = q.clone();
-            async move { q.facts(r).await }
-        })
+        engram_rpc::serve(
+            &service,
+            proto::FACTS,
+            "facts",
+            limits,
+            move |r: FactsRequest| {
+                let q = q.clone();
+                async move { q.facts(r).await }
+            },
+        )
         .await?;
         let q = self.clone();
         engram_rpc::serve(
             &service,
             proto::SKILLS,
             "skills",
+            limits,
             move |r: SkillsRequest| {
                 let q = q.clone();
                 async move { q.skills(r).await }
@@ -123,6 +164,16 @@ impl Query {
         )
         .await?;
         Ok(service)
+    }
+
+    /// Refuses a `wait_ms` beyond the protocol's bound and a `min_seq` that no append can
+    /// have returned, which would otherwise wait out its whole wait for nothing.
+    pub(crate) async fn check_visible_token(
+        &self,
+        consistency: &Consistency,
+    ) -> Result<(), Failure> {
+        consistency.validate().map_err(Failure::from)?;
+        engram_rpc::check_min_seq(&self.head, consistency).await
     }
 
     fn timeout(&self, wait_ms: Option<u64>) -> Duration {
@@ -148,20 +199,15 @@ impl Query {
     /// Hybrid retrieval. See [`RetrieveRequest`].
     pub async fn retrieve(&self, request: RetrieveRequest) -> Result<RetrieveResponse, Failure> {
         let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
-        if request.top_k == 0 || request.top_k > self.config.max_top_k {
-            return Err(Failure::invalid(format!(
-                "top_k must be between 1 and {}",
-                self.config.max_top_k
-            )));
-        }
-        if request.query.trim().is_empty() && request.vector.is_none() {
-            return Err(Failure::invalid("give a query text or a query vector"));
-        }
+        request
+            .validate(self.config.max_top_k)
+            .map_err(Failure::from)?;
+        self.check_visible_token(&request.consistency).await?;
         let ranking = request
             .ranking
             .clone()
             .unwrap_or_else(|| self.config.ranking.clone());
-        let depth = (request.top_k * ranking.candidates_factor.max(1)).max(50);
+        let depth = ranking.depth(request.top_k);
         let search = SearchRequest {
             scopes,
             query: request.query.clone(),
@@ -238,6 +284,8 @@ impl Query {
     /// Facts, through the fact projector (scopes checked here first).
     pub async fn facts(&self, request: FactsRequest) -> Result<FactsResponse, Failure> {
         request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        self.check_visible_token(&request.consistency).await?;
         engram_rpc::call(
             &self.client,
             &proto::projector_subject("facts", "query"),
@@ -251,6 +299,8 @@ impl Query {
     /// Skills, through the skill projector (scopes checked here first).
     pub async fn skills(&self, request: SkillsRequest) -> Result<SkillsResponse, Failure> {
         request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        self.check_visible_token(&request.consistency).await?;
         engram_rpc::call(
             &self.client,
             &proto::projector_subject("skills", "search"),
@@ -266,7 +316,7 @@ impl Query {
         context::build(self, request).await
     }
 
-    pub(crate) fn tokens(&self) -> &TokenCounter {
+    pub(crate) fn tokens(&self) -> &Arc<TokenCounter> {
         &self.tokens
     }
 

@@ -13,6 +13,36 @@ use engram_schema::{Ident, SchemaError, Scope};
 use crate::provision::js_err;
 use crate::{Bus, BusError};
 
+/// How much of one scope's working memory a read may take.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EntryBounds {
+    /// Keys listed from the server before reading stops listing.
+    pub max_listed: usize,
+    /// Entries returned.
+    pub max_entries: usize,
+    /// Value bytes returned in all; the entry that crosses it is cut short.
+    pub max_bytes: usize,
+}
+
+impl Default for EntryBounds {
+    fn default() -> Self {
+        Self {
+            max_listed: 1024,
+            max_entries: 64,
+            max_bytes: 256 * 1024,
+        }
+    }
+}
+
+/// What [`WorkingMemory::entries`] read.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct Entries {
+    pub items: Vec<(String, Bytes)>,
+    /// Keys listed but not read because of the bounds (a lower bound: listing itself stops
+    /// at `max_listed`).
+    pub left_out: usize,
+}
+
 /// Handle on the working-memory bucket.
 #[derive(Clone, Debug)]
 pub struct WorkingMemory {
@@ -96,13 +126,17 @@ impl WorkingMemory {
         self.store.get(key).await.map_err(js_err)
     }
 
-    /// Every live entry of one scope, as (key, value), keys sorted. One stream-info request
+    /// The live entries of one scope, as (key, value), keys sorted, within `bounds`: at most
+    /// `max_entries` of them and `max_bytes` of values, the first in key order. A scope can
+    /// hold any number of keys, and each value may be as large as the bucket allows, so a
+    /// reader that took them all could be made to read without end. One stream-info request
     /// finds the scope's keys (exact token match on tenant, kind and id), then each is read.
     pub async fn entries(
         &self,
         tenant: &Ident,
         scope: &Scope,
-    ) -> Result<Vec<(String, Bytes)>, BusError> {
+        bounds: EntryBounds,
+    ) -> Result<Entries, BusError> {
         let scope_prefix = format!("{tenant}.{}.{}.", scope.kind, scope.id);
         let filter = format!("{}{scope_prefix}>", self.store.prefix);
         let mut subjects = self
@@ -117,16 +151,28 @@ impl WorkingMemory {
             if let Some(key) = subject.strip_prefix(&self.store.prefix) {
                 keys.push(key.to_owned());
             }
+            // Keys come in no particular order, so which ones are kept past the bound is
+            // arbitrary; the bound on what is held is what matters.
+            if keys.len() >= bounds.max_listed {
+                break;
+            }
         }
         keys.sort();
-        let mut entries = Vec::with_capacity(keys.len());
+        let mut entries = Entries::default();
+        let mut bytes = 0usize;
         for full_key in keys {
+            if entries.items.len() >= bounds.max_entries || bytes >= bounds.max_bytes {
+                entries.left_out += 1;
+                continue;
+            }
             if let Some(value) = self.store.get(full_key.as_str()).await.map_err(js_err)? {
                 let short = full_key
                     .strip_prefix(&scope_prefix)
                     .unwrap_or(&full_key)
                     .to_owned();
-                entries.push((short, value));
+                let value = value.slice(..value.len().min(bounds.max_bytes - bytes));
+                bytes += value.len();
+                entries.items.push((short, value));
             }
         }
         Ok(entries)

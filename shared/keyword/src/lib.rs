@@ -42,6 +42,7 @@ use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{Index, IndexBuilder, IndexReader, IndexWriter, ReloadPolicy, TantivyError};
 
 pub use crate::error::KeywordError;
+pub use crate::query::MAX_QUERY_TERMS;
 use crate::schema::{DIGEST_HI, DIGEST_LO, Fields, SEQ, seq_term};
 
 /// Indexing memory budget. tantivy flushes a segment when a thread fills its share, so this

@@ -14,7 +14,10 @@ use tantivy::tokenizer::{TextAnalyzer, TokenStream};
 
 use crate::schema::{Fields, scope_term, unix_nanos};
 
-/// The distinct analysed terms of `text`, in a fixed order.
+/// Most distinct terms a text query searches for.
+pub const MAX_QUERY_TERMS: usize = 256;
+
+/// The distinct analysed terms of `text`, in a fixed order, at most [`MAX_QUERY_TERMS`].
 ///
 /// Repeating a word does not weigh it more: a query is a set of terms.
 pub(crate) fn text_terms(analyzer: &TextAnalyzer, field: Field, text: &str) -> Vec<Term> {
@@ -27,6 +30,10 @@ pub(crate) fn text_terms(analyzer: &TextAnalyzer, field: Field, text: &str) -> V
     }
     tokens.sort_unstable();
     tokens.dedup();
+    // Each term is a posting-list scorer held for the whole search; a query of thousands of
+    // distinct words would cost memory and time in proportion and rank no better. Which
+    // terms stay is arbitrary (sorted order); a query this long is not a question.
+    tokens.truncate(MAX_QUERY_TERMS);
     tokens
         .iter()
         .map(|token| Term::from_field_text(field, token))

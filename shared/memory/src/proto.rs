@@ -31,6 +31,115 @@ pub fn projector_subject(projector: &str, op: &str) -> String {
     format!("engram.p.{projector}.{op}")
 }
 
+/// What one request may ask for. Everything a client can reach is bounded: a request beyond
+/// a limit is refused with a 400 naming the field, never clamped in silence and never left to
+/// allocate what it asks for.
+pub mod limits {
+    /// Bytes of a query text (retrieve, context, a fact or skill search). A retrieval query
+    /// longer than a page of text says nothing more to the embedder (which reads 256 tokens)
+    /// and only costs the keyword side.
+    pub const MAX_QUERY_BYTES: usize = 16 * 1024;
+    /// Longest read-your-writes wait a request may ask for.
+    pub const MAX_WAIT_MS: u64 = 60_000;
+    /// Results one retrieval may return, whatever the deployment's `query.max_top_k` says.
+    pub const MAX_TOP_K: usize = 1_000;
+    /// Largest `ranking.candidates_factor`.
+    pub const MAX_CANDIDATES_FACTOR: usize = 100;
+    /// Most candidates one projector search returns (`k`). The query service asks for
+    /// `top_k * candidates_factor`, at least 50, at most this.
+    pub const MAX_SEARCH_K: usize = 2_000;
+    /// Most memories a search may ask to have scored besides its hits (`score_also`).
+    pub const MAX_SCORE_ALSO: usize = 2 * MAX_SEARCH_K;
+    /// Most scopes one projector search reads: the own scope and one ancestor per wider kind.
+    pub const MAX_SCOPES: usize = 6;
+    /// Most facts or skills one request returns.
+    pub const MAX_LIMIT: usize = 1_000;
+    /// Largest context token budget.
+    pub const MAX_TOKEN_BUDGET: usize = 32_768;
+    /// Most values in each list of a memory filter (layers, kinds, tags).
+    pub const MAX_FILTER_VALUES: usize = 64;
+    /// Bytes of a working-memory key or a skill name asked for.
+    pub const MAX_NAME_BYTES: usize = 256;
+}
+
+/// A request field outside what the protocol allows; answered as a 400 that names it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidField {
+    /// The field's path in the request, for example `ranking.candidates_factor`.
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl InvalidField {
+    fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl std::fmt::Display for InvalidField {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.field, self.reason)
+    }
+}
+
+impl std::error::Error for InvalidField {}
+
+fn check_text(field: &'static str, text: &str, max: usize) -> Result<(), InvalidField> {
+    if text.len() > max {
+        return Err(InvalidField::new(
+            field,
+            format!("{} bytes, at most {max} allowed; shorten it", text.len()),
+        ));
+    }
+    Ok(())
+}
+
+fn check_range<T: PartialOrd + std::fmt::Display + Copy>(
+    field: &'static str,
+    value: T,
+    min: T,
+    max: T,
+) -> Result<(), InvalidField> {
+    if !(min..=max).contains(&value) {
+        return Err(InvalidField::new(
+            field,
+            format!("{value} is outside {min}..={max}"),
+        ));
+    }
+    Ok(())
+}
+
+fn check_weight(field: &'static str, value: f64, min: f64, max: f64) -> Result<(), InvalidField> {
+    if !value.is_finite() {
+        return Err(InvalidField::new(field, "must be a finite number"));
+    }
+    check_range(field, value, min, max)
+}
+
+fn check_vector(field: &'static str, vector: Option<&Vec<f32>>) -> Result<(), InvalidField> {
+    let Some(vector) = vector else {
+        return Ok(());
+    };
+    let max = engram_schema::envelope::MAX_EMBEDDING_DIMS;
+    if vector.is_empty() || vector.len() > max {
+        return Err(InvalidField::new(
+            field,
+            format!("{} dimensions, expected 1..={max}", vector.len()),
+        ));
+    }
+    if vector.iter().any(|x| !x.is_finite()) {
+        return Err(InvalidField::new(field, "contains NaN or infinity"));
+    }
+    Ok(())
+}
+
+fn check_limit(field: &'static str, value: usize, max: usize) -> Result<(), InvalidField> {
+    check_range(field, value, 1, max)
+}
+
 /// Which retrievers a retrieval fuses.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -56,7 +165,9 @@ pub struct ScopeRequest {
 }
 
 /// Read-your-writes: wait until every projector read from has applied `min_seq`, at most
-/// `wait_ms` (default 5000). A timeout is a typed error, never stale results.
+/// `wait_ms` (default 5000, at most [`limits::MAX_WAIT_MS`]). A timeout is a typed error,
+/// never stale results; a `min_seq` beyond the stream's last sequence is refused at once, since
+/// no append returned it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Consistency {
     #[serde(default)]
@@ -110,6 +221,58 @@ pub struct Ranking {
     pub recency_weight: f32,
     /// Weight of importance (multiplies `1 + w * (importance - 0.5)`).
     pub importance_weight: f32,
+}
+
+impl Ranking {
+    /// Every field finite and within its documented range: `keyword_weight` 0..=1, `rrf_k`
+    /// above 0 and at most 1e6, `candidates_factor` 1..=[`limits::MAX_CANDIDATES_FACTOR`],
+    /// `recency_half_life_hours` 0..=1e6, the two boost weights 0..=10.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        check_weight(
+            "ranking.keyword_weight",
+            f64::from(self.keyword_weight),
+            0.0,
+            1.0,
+        )?;
+        check_weight("ranking.rrf_k", f64::from(self.rrf_k), 0.0, 1e6)?;
+        if self.rrf_k <= 0.0 {
+            return Err(InvalidField::new(
+                "ranking.rrf_k",
+                "must be above 0 (it divides: 0 or less gives infinite scores)",
+            ));
+        }
+        check_limit(
+            "ranking.candidates_factor",
+            self.candidates_factor,
+            limits::MAX_CANDIDATES_FACTOR,
+        )?;
+        check_weight(
+            "ranking.recency_half_life_hours",
+            self.recency_half_life_hours,
+            0.0,
+            1e6,
+        )?;
+        check_weight(
+            "ranking.recency_weight",
+            f64::from(self.recency_weight),
+            0.0,
+            10.0,
+        )?;
+        check_weight(
+            "ranking.importance_weight",
+            f64::from(self.importance_weight),
+            0.0,
+            10.0,
+        )
+    }
+
+    /// How many candidates to fetch from each retriever for `top_k` results: saturating, at
+    /// least 50 and at most [`limits::MAX_SEARCH_K`].
+    pub fn depth(&self, top_k: usize) -> usize {
+        top_k
+            .saturating_mul(self.candidates_factor.max(1))
+            .clamp(50, limits::MAX_SEARCH_K)
+    }
 }
 
 impl Default for Ranking {
@@ -352,6 +515,129 @@ impl ErrorCode {
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,
+}
+
+impl Consistency {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if let Some(wait) = self.wait_ms
+            && wait > limits::MAX_WAIT_MS
+        {
+            return Err(InvalidField::new(
+                "wait_ms",
+                format!(
+                    "{wait} ms is longer than the longest wait, {} ms; retry instead of waiting longer",
+                    limits::MAX_WAIT_MS
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl MemoryFilter {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        let max = limits::MAX_FILTER_VALUES;
+        check_range("filter.layers", self.layers.len(), 0, max)?;
+        check_range("filter.kinds", self.kinds.len(), 0, max)?;
+        check_range("filter.tags", self.tags.len(), 0, max)?;
+        if let Some(tag) = self
+            .tags
+            .iter()
+            .find(|t| t.len() > engram_schema::envelope::MAX_TAG_LEN)
+        {
+            return Err(InvalidField::new(
+                "filter.tags",
+                format!(
+                    "a tag of {} bytes; tags are at most {} bytes",
+                    tag.len(),
+                    engram_schema::envelope::MAX_TAG_LEN
+                ),
+            ));
+        }
+        if let Some(m) = self.min_importance {
+            check_weight("filter.min_importance", m, 0.0, 1.0)?;
+        }
+        Ok(())
+    }
+}
+
+impl RetrieveRequest {
+    /// Everything but the scopes ([`ScopeRequest::resolve`]); `max_top_k` is the deployment's
+    /// own cap, itself at most [`limits::MAX_TOP_K`].
+    pub fn validate(&self, max_top_k: usize) -> Result<(), InvalidField> {
+        check_text("query", &self.query, limits::MAX_QUERY_BYTES)?;
+        check_limit("top_k", self.top_k, max_top_k.min(limits::MAX_TOP_K))?;
+        check_vector("vector", self.vector.as_ref())?;
+        if self.query.trim().is_empty() && self.vector.is_none() {
+            return Err(InvalidField::new(
+                "query",
+                "give a query text or a query vector",
+            ));
+        }
+        self.filter.validate()?;
+        self.consistency.validate()?;
+        if let Some(ranking) = &self.ranking {
+            ranking.validate()?;
+        }
+        Ok(())
+    }
+}
+
+impl SearchRequest {
+    /// A projector checks this itself: its endpoint is reachable without the query service.
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        check_limit("scopes", self.scopes.len(), limits::MAX_SCOPES)?;
+        check_text("query", &self.query, limits::MAX_QUERY_BYTES)?;
+        check_vector("vector", self.vector.as_ref())?;
+        check_range("k", self.k, 0, limits::MAX_SEARCH_K)?;
+        check_range(
+            "score_also",
+            self.score_also.len(),
+            0,
+            limits::MAX_SCORE_ALSO,
+        )?;
+        self.filter.validate()?;
+        self.consistency.validate()
+    }
+}
+
+impl FactsRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        for (field, text) in [
+            ("subject", &self.subject),
+            ("predicate", &self.predicate),
+            ("text", &self.text),
+        ] {
+            if let Some(text) = text {
+                check_text(field, text, limits::MAX_QUERY_BYTES)?;
+            }
+        }
+        check_limit("limit", self.limit, limits::MAX_LIMIT)?;
+        self.consistency.validate()
+    }
+}
+
+impl SkillsRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if let Some(task) = &self.task {
+            check_text("task", task, limits::MAX_QUERY_BYTES)?;
+        }
+        if let Some(name) = &self.name {
+            check_text("name", name, limits::MAX_NAME_BYTES)?;
+        }
+        check_limit("limit", self.limit, limits::MAX_LIMIT)?;
+        self.consistency.validate()
+    }
+}
+
+impl ContextRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        check_text("query", &self.query, limits::MAX_QUERY_BYTES)?;
+        check_text("task", &self.task, limits::MAX_NAME_BYTES)?;
+        check_vector("vector", self.vector.as_ref())?;
+        check_limit("token_budget", self.token_budget, limits::MAX_TOKEN_BUDGET)?;
+        self.consistency.validate()
+    }
 }
 
 impl ScopeRequest {

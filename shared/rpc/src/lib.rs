@@ -11,12 +11,14 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_nats::service::{self, ServiceExt};
-use engram_memory::proto::ErrorCode;
+use engram_bus::StreamHead;
+use engram_memory::proto::{Consistency, ErrorCode, InvalidField};
 use engram_telemetry::metrics;
 use futures::StreamExt;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
+use tracing::Instrument;
 
 /// A failed call, as the caller sees it.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -76,6 +78,30 @@ impl Failure {
     }
 }
 
+impl From<InvalidField> for Failure {
+    fn from(e: InvalidField) -> Self {
+        Self::invalid(e.to_string())
+    }
+}
+
+/// Refuses a `min_seq` beyond the events stream's last sequence: no append returned it, so
+/// waiting for it could only time out (and hold a request slot until then).
+pub async fn check_min_seq(head: &StreamHead, consistency: &Consistency) -> Result<(), Failure> {
+    let Some(min_seq) = consistency.min_seq else {
+        return Ok(());
+    };
+    match head
+        .beyond(min_seq)
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Unavailable, e.to_string()))?
+    {
+        None => Ok(()),
+        Some(last) => Err(Failure::invalid(format!(
+            "min_seq: {min_seq} is beyond the events stream's last sequence {last}; pass the seq an append returned"
+        ))),
+    }
+}
+
 impl From<RpcError> for Failure {
     fn from(e: RpcError) -> Self {
         Self::new(e.code(), e.to_string())
@@ -95,8 +121,11 @@ pub async fn call<Req: Serialize, Resp: DeserializeOwned>(
     })?;
     // The connection's default request timeout (10 s) would cut long read-your-writes waits
     // short: every call sets its own.
+    let mut headers = async_nats::HeaderMap::new();
+    headers.insert(TIMEOUT_HEADER, timeout.as_millis().to_string().as_str());
     let request = async_nats::Request::new()
         .payload(body.into())
+        .headers(headers)
         .timeout(Some(timeout));
     let reply = tokio::time::timeout(
         timeout + Duration::from_millis(100),
@@ -156,12 +185,70 @@ pub async fn start_service(
         })
 }
 
+/// The header a caller sets to its own timeout in milliseconds (relative, so clocks need not
+/// agree). The server drops a request's work once it has passed: nobody waits for the answer.
+pub const TIMEOUT_HEADER: &str = "Engram-Timeout-Ms";
+
+/// How long a busy caller should wait before retrying, said in the busy reply.
+pub const BUSY_RETRY_AFTER: Duration = Duration::from_millis(100);
+
+/// What one endpoint may hold, whatever its callers send.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct EndpointLimits {
+    /// Requests handled at once. One more is answered at once with [`ErrorCode::Busy`], so a
+    /// flood costs a reply each, not a task and its memory each.
+    pub max_in_flight: usize,
+    /// Longest a request may run, waits included. A caller's [`TIMEOUT_HEADER`] shortens it.
+    pub max_duration: Duration,
+}
+
+impl Default for EndpointLimits {
+    fn default() -> Self {
+        Self {
+            max_in_flight: 64,
+            // The longest read-your-writes wait, plus time to answer.
+            max_duration: Duration::from_millis(engram_memory::proto::limits::MAX_WAIT_MS)
+                + Duration::from_secs(30),
+        }
+    }
+}
+
+/// How long the request's caller waits, from its [`TIMEOUT_HEADER`], within `max`.
+fn deadline(message: &async_nats::Message, max: Duration) -> Duration {
+    message
+        .headers
+        .as_ref()
+        .and_then(|h| h.get(TIMEOUT_HEADER))
+        .and_then(|v| v.as_str().parse::<u64>().ok())
+        .map_or(max, |ms| Duration::from_millis(ms).min(max))
+}
+
+fn outcome_label(code: ErrorCode) -> &'static str {
+    match code {
+        ErrorCode::Invalid => "invalid",
+        ErrorCode::NotYetVisible => "timeout",
+        ErrorCode::Busy => "busy",
+        ErrorCode::Unavailable => "unavailable",
+        ErrorCode::Internal => "error",
+    }
+}
+
+fn service_error(failure: &Failure) -> service::error::Error {
+    service::error::Error {
+        // Header values are one line.
+        status: failure.message.replace(['\r', '\n'], " "),
+        code: failure.code.http_status(),
+    }
+}
+
 /// Serves `subject` on `service` with `handler` until the endpoint closes. Each request runs
-/// in its own task, so a slow request (a read-your-writes wait) never holds up others.
+/// in its own task, so a slow request (a read-your-writes wait) never holds up others; at
+/// most `limits.max_in_flight` run at once, and none beyond its deadline.
 pub async fn serve<Req, Resp, H, Fut>(
     service: &service::Service,
     subject: &str,
     op: &'static str,
+    limits: EndpointLimits,
     handler: H,
 ) -> Result<tokio::task::JoinHandle<()>, RpcError>
 where
@@ -179,51 +266,87 @@ where
         })?;
     let handler = Arc::new(handler);
     let subject = subject.to_owned();
+    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1)));
     Ok(tokio::spawn(async move {
         while let Some(request) = endpoint.next().await {
-            let handler = handler.clone();
-            tokio::spawn(async move {
-                let started = Instant::now();
-                let result = match serde_json::from_slice::<Req>(&request.message.payload) {
-                    Ok(req) => handler(req).await,
-                    Err(e) => Err(Failure::invalid(format!("request does not decode: {e}"))),
-                };
-                let outcome = match &result {
-                    Ok(_) => "ok",
-                    Err(f) => match f.code {
-                        ErrorCode::Invalid => "invalid",
-                        ErrorCode::NotYetVisible => "timeout",
-                        ErrorCode::Busy => "busy",
-                        ErrorCode::Unavailable => "unavailable",
-                        ErrorCode::Internal => "error",
-                    },
-                };
-                metrics::QUERIES.with_label_values(&[op, outcome]).inc();
-                metrics::QUERY_SECONDS
-                    .with_label_values(&[op])
-                    .observe(started.elapsed().as_secs_f64());
-                let response = match result {
-                    Ok(resp) => serde_json::to_vec(&resp)
-                        .map(bytes::Bytes::from)
-                        .map_err(|e| service::error::Error {
-                            status: format!("cannot encode reply: {e}"),
-                            code: 500,
-                        }),
-                    Err(failure) => {
-                        if failure.code == ErrorCode::Internal {
-                            tracing::warn!(op, error = %failure.message, "query failed");
-                        }
-                        Err(service::error::Error {
-                            // Header values are one line.
-                            status: failure.message.replace(['\r', '\n'], " "),
-                            code: failure.code.http_status(),
-                        })
-                    }
-                };
-                if let Err(e) = request.respond(response).await {
-                    tracing::debug!(op, error = %e, "cannot send reply");
+            let Ok(permit) = permits.clone().try_acquire_owned() else {
+                metrics::QUERIES.with_label_values(&[op, "busy"]).inc();
+                let busy = Failure::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "{subject} is busy: {} requests in flight; retry after {} ms",
+                        limits.max_in_flight,
+                        BUSY_RETRY_AFTER.as_millis()
+                    ),
+                );
+                if let Err(e) = request.respond(Err(service_error(&busy))).await {
+                    tracing::debug!(op, error = %e, "cannot send busy reply");
                 }
-            });
+                continue;
+            };
+            let handler = handler.clone();
+            tokio::spawn(
+                async move {
+                    let _permit = permit;
+                    let started = Instant::now();
+                    let deadline = deadline(&request.message, limits.max_duration);
+                    let result = match serde_json::from_slice::<Req>(&request.message.payload) {
+                        // Dropping the handler's future at the deadline cancels its waits and
+                        // requests to other services.
+                        Ok(req) => tokio::time::timeout(deadline, handler(req))
+                            .await
+                            .unwrap_or_else(|_| {
+                                Err(Failure::new(
+                                    ErrorCode::Unavailable,
+                                    format!(
+                                        "the request ran past its deadline of {} ms and was dropped; retry, or allow more time",
+                                        deadline.as_millis()
+                                    ),
+                                ))
+                            }),
+                        Err(e) => Err(Failure::invalid(format!("request does not decode: {e}"))),
+                    };
+                    let outcome = match &result {
+                        Ok(_) => "ok",
+                        Err(f) => outcome_label(f.code),
+                    };
+                    metrics::QUERIES.with_label_values(&[op, outcome]).inc();
+                    metrics::QUERY_SECONDS
+                        .with_label_values(&[op])
+                        .observe(started.elapsed().as_secs_f64());
+                    let response = match result {
+                        Ok(resp) => serde_json::to_vec(&resp)
+                            .map(bytes::Bytes::from)
+                            .map_err(|e| {
+                                service_error(&Failure::new(
+                                    ErrorCode::Internal,
+                                    format!("cannot encode reply: {e}"),
+                                ))
+                            }),
+                        Err(failure) => {
+                            if failure.code == ErrorCode::Internal {
+                                tracing::warn!(op, error = %failure.message, "query failed");
+                            }
+                            Err(service_error(&failure))
+                        }
+                    };
+                    let size = response.as_ref().map_or(0, bytes::Bytes::len);
+                    match request.respond(response).await {
+                        Ok(()) => {}
+                        Err(e) if e.kind() == async_nats::client::PublishErrorKind::MaxPayloadExceeded => {
+                            // Silence would leave the caller waiting out its timeout.
+                            let too_big = Failure::invalid(format!(
+                                "the reply ({size} bytes) exceeds the nats server's max_payload; ask for fewer results or a narrower filter"
+                            ));
+                            if let Err(e) = request.respond(Err(service_error(&too_big))).await {
+                                tracing::debug!(op, error = %e, "cannot send reply");
+                            }
+                        }
+                        Err(e) => tracing::debug!(op, error = %e, "cannot send reply"),
+                    }
+                }
+                .instrument(tracing::debug_span!("rpc", op)),
+            );
         }
         tracing::debug!(subject = %subject, "endpoint closed");
     }))

@@ -247,7 +247,22 @@ impl Client {
     ) -> Result<Resp, RpcError> {
         // The service's own bound on read-your-writes waits, plus room for the work.
         let timeout = Duration::from_millis(wait_ms.unwrap_or(5_000)) + Duration::from_secs(15);
-        engram_rpc::call(self.bus.client(), subject, request, timeout).await
+        let started = tokio::time::Instant::now();
+        let mut backoff = engram_rpc::BUSY_RETRY_AFTER.max(self.retry.initial_backoff);
+        loop {
+            match engram_rpc::call(self.bus.client(), subject, request, timeout).await {
+                // Busy is answered before any work is done, so asking again is always safe;
+                // other failures may have waited out a read-your-writes token already.
+                Err(e)
+                    if e.code() == ErrorCode::Busy
+                        && started.elapsed() + backoff < self.retry.max_elapsed =>
+                {
+                    tokio::time::sleep(jitter(backoff)).await;
+                    backoff = (backoff * 2).min(self.retry.max_backoff);
+                }
+                other => return other,
+            }
+        }
     }
 
     pub async fn working_memory(&self) -> Result<WorkingMemory, BusError> {

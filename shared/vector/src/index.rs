@@ -208,6 +208,9 @@ impl VectorIndex {
         filter: &dyn Fn(Seq) -> bool,
     ) -> Result<Vec<Hit>, VectorError> {
         let query = self.unit_query(query)?;
+        // No search can return more than the scope holds; a caller's k must never size the
+        // graph's candidate heap (hnsw_rs allocates `ef` up front).
+        let k = k.min(self.live_len());
         if k == 0 || self.rows.is_empty() {
             return Ok(Vec::new());
         }

@@ -691,3 +691,25 @@ fn given_the_default_rule_when_a_scope_grows_then_ef_search_grows_in_proportion_
     };
     assert_eq!(fixed.ef_search_for(1_000_000), 64);
 }
+
+/// A caller's `k` must never size what the graph allocates: before it was clamped to the
+/// scope's live count, `k` of 1e13 flowed into `ef` and hnsw_rs's candidate heap asked for
+/// 8 EB, aborting the process.
+#[test]
+fn a_huge_k_on_a_graph_backed_scope_returns_the_scope_and_allocates_nothing_more() {
+    let params = small_graph_params();
+    let mut index = VectorIndex::new(16, params.clone()).unwrap();
+    let vectors = clustered(params.exact_below * 2, 16, 7);
+    for (seq, vector) in &vectors {
+        index.insert(*seq, vector).unwrap();
+    }
+    for k in [vectors.len() + 1, 10_000_000_000_000, usize::MAX] {
+        let hits = index.search(&vectors[0].1, k, &any).unwrap();
+        assert_eq!(hits.len(), vectors.len(), "k = {k}");
+        // A filter that rejects most rows takes the filtered paths, clamped the same way.
+        let hits = index
+            .search(&vectors[0].1, k, &|seq| seq % 10 == 0)
+            .unwrap();
+        assert_eq!(hits.len(), vectors.len() / 10, "k = {k}");
+    }
+}

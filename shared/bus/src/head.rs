@@ -1,0 +1,47 @@
+//! The events stream's last sequence, as far as a reader needs it: to tell a read-your-writes
+//! token that some append returned from one that no append can have returned.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::{Bus, BusError};
+
+/// The highest sequence known to exist in the events stream. Asks the server only when a
+/// caller names a sequence above it, one request at a time, so a flood of impossible tokens
+/// costs one stream-info request each, queued, and never a wait.
+#[derive(Debug)]
+pub struct StreamHead {
+    bus: Bus,
+    known: AtomicU64,
+    refresh: tokio::sync::Mutex<()>,
+}
+
+impl StreamHead {
+    pub fn new(bus: Bus) -> Self {
+        Self {
+            bus,
+            known: AtomicU64::new(0),
+            refresh: tokio::sync::Mutex::new(()),
+        }
+    }
+
+    /// Records that `seq` exists (a projector has seen it).
+    pub fn observe(&self, seq: u64) {
+        self.known.fetch_max(seq, Ordering::Relaxed);
+    }
+
+    /// The stream's last sequence if `seq` is beyond it, `None` if `seq` exists (or existed:
+    /// sequences are never reused).
+    pub async fn beyond(&self, seq: u64) -> Result<Option<u64>, BusError> {
+        if seq <= self.known.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        let _one_at_a_time = self.refresh.lock().await;
+        if seq <= self.known.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        // Read after the caller's append was acknowledged, so its sequence is in here.
+        let last = self.bus.stream_summary().await?.last_seq;
+        self.observe(last);
+        Ok((seq > last).then_some(last))
+    }
+}

@@ -1,0 +1,548 @@
+//! Requests built to crash, stall or exhaust the query service and the projectors, against a
+//! real nats-server: each is refused with a typed error naming what is wrong, or bounded, and
+//! an ordinary request still answers afterwards.
+
+use std::time::Duration;
+
+use engram_memory::ScopeKey;
+use engram_memory::proto::{
+    self, Consistency, ContextRequest, ErrorCode, FactsRequest, Ranking, RetrievalMode,
+    RetrieveRequest, ScopeRequest, SearchRequest, SkillsRequest, limits,
+};
+use engram_projectors::ProjectorsConfig;
+use engram_query::QueryConfig;
+use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_sdk::RpcError;
+use engram_testkit::TestNats;
+use engram_tests::{Engram, embedder, embedder_model, projectors_config};
+use futures::future::join_all;
+
+fn ident(s: &str) -> Ident {
+    Ident::parse("test", s).unwrap()
+}
+
+fn scope() -> Scope {
+    Scope::new(ScopeKind::Task, "t").unwrap()
+}
+
+fn own() -> ScopeRequest {
+    ScopeRequest {
+        tenant: ident("acme"),
+        scope: scope(),
+        grants: vec![],
+    }
+}
+
+fn memory(text: &str) -> Envelope {
+    let mut e = Envelope::new(
+        ident("acme"),
+        scope(),
+        ident("agent-1"),
+        ident("i-1"),
+        Layer::Episodic,
+        EventKind::Observation,
+        Content::text(text),
+    );
+    e.embedding = Some(engram_schema::Embedding {
+        model: embedder_model(),
+        vector: embedder().embed_one(text),
+    });
+    e
+}
+
+fn retrieve(query: &str) -> RetrieveRequest {
+    RetrieveRequest {
+        scopes: own(),
+        query: query.to_owned(),
+        vector: Some(embedder().embed_one(query)),
+        top_k: 5,
+        filter: Default::default(),
+        consistency: Consistency::default(),
+        mode: RetrievalMode::Hybrid,
+        ranking: None,
+    }
+}
+
+/// Sends a raw JSON body, as any NATS client could, and returns the typed outcome.
+async fn raw(
+    client: &async_nats::Client,
+    subject: &str,
+    body: serde_json::Value,
+) -> Result<serde_json::Value, RpcError> {
+    engram_rpc::call(client, subject, &body, Duration::from_secs(20)).await
+}
+
+fn assert_invalid<T: std::fmt::Debug>(result: Result<T, RpcError>, field: &str) {
+    match &result {
+        Err(RpcError::Service {
+            code: ErrorCode::Invalid,
+            message,
+        }) => assert!(
+            message.contains(field),
+            "the error should name {field}: {message}"
+        ),
+        other => panic!("expected a 400 naming {field}, got {other:?}"),
+    }
+}
+
+/// Projectors whose keyword index never makes anything new visible during a test (its
+/// commits are an hour apart), so a read-your-writes token of a fresh append waits for as
+/// long as it is allowed to, deterministically.
+fn frozen_keyword() -> ProjectorsConfig {
+    ProjectorsConfig {
+        keyword_commit_interval: Duration::from_secs(3600),
+        keyword_tail_commit_gap: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        ..projectors_config()
+    }
+}
+
+/// An ordinary request still answers: the service is neither dead nor wedged.
+async fn still_answers(engram: &Engram) {
+    let found = engram
+        .client
+        .retrieve(&retrieve("ordinary question"))
+        .await
+        .expect("an ordinary retrieve answers");
+    assert!(found.results.len() <= 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_ranking_field_out_of_range_is_a_400_naming_it() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let seq = engram
+        .client
+        .append(&memory("hello world"))
+        .await
+        .unwrap()
+        .seq;
+    let client = nats.bus().await.client().clone();
+    let mut base = serde_json::to_value(retrieve("hello")).unwrap();
+    base["min_seq"] = seq.into();
+    // Before the fix, a factor of 1e12 sized a heap of 8 EB and aborted the process.
+    let cases: Vec<(&str, serde_json::Value)> = vec![
+        ("ranking.candidates_factor", 1_000_000_000_000u64.into()),
+        ("ranking.candidates_factor", 0.into()),
+        ("ranking.rrf_k", 0.0.into()),
+        ("ranking.rrf_k", (-1.0).into()),
+        // Beyond f32: decodes as infinity.
+        ("ranking.rrf_k", serde_json::json!(1e300)),
+        ("ranking.keyword_weight", 2.0.into()),
+        ("ranking.keyword_weight", (-0.5).into()),
+        ("ranking.recency_half_life_hours", (-1.0).into()),
+        ("ranking.recency_weight", serde_json::json!(1e300)),
+        ("ranking.importance_weight", 1e9.into()),
+    ];
+    for (field, value) in cases {
+        let key = field.trim_start_matches("ranking.");
+        let mut ranking = serde_json::to_value(Ranking::default()).unwrap();
+        ranking[key] = value.clone();
+        let mut body = base.clone();
+        body["ranking"] = ranking;
+        for mode in ["hybrid", "dense", "keyword"] {
+            body["mode"] = mode.into();
+            assert_invalid(raw(&client, proto::RETRIEVE, body.clone()).await, field);
+        }
+    }
+    // The edges of each range are accepted.
+    let mut body = base.clone();
+    body["ranking"] = serde_json::json!({"candidates_factor": limits::MAX_CANDIDATES_FACTOR,
+        "rrf_k": 1e-3, "keyword_weight": 1.0, "recency_weight": 10.0, "importance_weight": 0.0});
+    let found: proto::RetrieveResponse =
+        serde_json::from_value(raw(&client, proto::RETRIEVE, body).await.unwrap()).unwrap();
+    assert_eq!(found.results.len(), 1, "{found:?}");
+    still_answers(&engram).await;
+    engram.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn oversized_and_out_of_range_requests_are_refused_on_every_endpoint() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    engram.client.append(&memory("hello world")).await.unwrap();
+    let client = nats.bus().await.client().clone();
+    let long = "word ".repeat(limits::MAX_QUERY_BYTES / 5 + 1);
+
+    let mut r = serde_json::to_value(retrieve("hello")).unwrap();
+    r["query"] = long.clone().into();
+    assert_invalid(raw(&client, proto::RETRIEVE, r).await, "query");
+    let mut r = serde_json::to_value(retrieve("hello")).unwrap();
+    r["top_k"] = 1_000_000_000u64.into();
+    assert_invalid(raw(&client, proto::RETRIEVE, r).await, "top_k");
+    let mut r = serde_json::to_value(retrieve("hello")).unwrap();
+    r["filter"] = serde_json::json!({"tags": vec!["x"; limits::MAX_FILTER_VALUES + 1]});
+    assert_invalid(raw(&client, proto::RETRIEVE, r).await, "filter.tags");
+    let mut r = serde_json::to_value(retrieve("hello")).unwrap();
+    r["vector"] = serde_json::json!([1e300, 0.0]);
+    assert_invalid(raw(&client, proto::RETRIEVE, r).await, "vector");
+
+    let context = ContextRequest {
+        scopes: own(),
+        agent_id: ident("agent-1"),
+        task: "t".into(),
+        query: long.clone(),
+        vector: None,
+        token_budget: 100,
+        consistency: Consistency::default(),
+    };
+    assert_invalid(engram.client.build_context(&context).await, "query");
+    let context = ContextRequest {
+        query: "q".into(),
+        token_budget: limits::MAX_TOKEN_BUDGET + 1,
+        ..context
+    };
+    assert_invalid(engram.client.build_context(&context).await, "token_budget");
+
+    let facts = FactsRequest {
+        scopes: own(),
+        subject: None,
+        predicate: None,
+        text: Some(long.clone()),
+        valid_at: None,
+        known_at: None,
+        history: false,
+        limit: 10,
+        consistency: Consistency::default(),
+    };
+    assert_invalid(engram.client.facts(&facts).await, "text");
+    let facts = FactsRequest {
+        text: None,
+        limit: usize::MAX,
+        ..facts
+    };
+    assert_invalid(engram.client.facts(&facts).await, "limit");
+    let skills = SkillsRequest {
+        scopes: own(),
+        task: None,
+        name: Some("n".repeat(limits::MAX_NAME_BYTES + 1)),
+        limit: 3,
+        consistency: Consistency::default(),
+    };
+    assert_invalid(engram.client.skills(&skills).await, "name");
+
+    // The projectors' own endpoints are reachable without the query service: they check too.
+    let search = SearchRequest {
+        scopes: vec![ScopeKey::new(ident("acme"), scope())],
+        query: "hello".into(),
+        vector: Some(embedder().embed_one("hello")),
+        k: usize::MAX,
+        filter: Default::default(),
+        consistency: Consistency::default(),
+        score_also: Vec::new(),
+    };
+    for projector in ["vector", "keyword"] {
+        let subject = proto::projector_subject(projector, "search");
+        assert_invalid(
+            raw(&client, &subject, serde_json::to_value(&search).unwrap()).await,
+            "k",
+        );
+        let mut many = search.clone();
+        many.k = 10;
+        many.scopes = vec![many.scopes[0].clone(); limits::MAX_SCOPES + 1];
+        assert_invalid(
+            raw(&client, &subject, serde_json::to_value(&many).unwrap()).await,
+            "scopes",
+        );
+        let mut long_query = search.clone();
+        long_query.k = 10;
+        long_query.query = long.clone();
+        assert_invalid(
+            raw(
+                &client,
+                &subject,
+                serde_json::to_value(&long_query).unwrap(),
+            )
+            .await,
+            "query",
+        );
+    }
+    for subject in [
+        proto::projector_subject("facts", "ledger"),
+        proto::projector_subject("skills", "status"),
+    ] {
+        assert_invalid(
+            raw(&client, &subject, serde_json::json!({"wait_ms": u64::MAX})).await,
+            "wait_ms",
+        );
+    }
+    still_answers(&engram).await;
+    engram.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn impossible_tokens_are_refused_at_once_and_long_waits_are_capped() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start_with(&nats, frozen_keyword(), QueryConfig::default()).await;
+    let seq = engram
+        .client
+        .append(&memory("hello world"))
+        .await
+        .unwrap()
+        .seq;
+    let client = nats.bus().await.client().clone();
+
+    // A wait of 2^63 ms never returned before.
+    let mut r = serde_json::to_value(retrieve("hello")).unwrap();
+    r["min_seq"] = seq.into();
+    r["wait_ms"] = (1u64 << 63).into();
+    assert_invalid(raw(&client, proto::RETRIEVE, r).await, "wait_ms");
+
+    // A token no append returned is refused without waiting, at the query service and at
+    // each projector: a wait of a minute would outlast the caller's 20 s.
+    for subject in [
+        proto::RETRIEVE.to_owned(),
+        proto::projector_subject("vector", "search"),
+        proto::projector_subject("keyword", "ledger"),
+    ] {
+        let body = if subject == proto::RETRIEVE {
+            let mut r = serde_json::to_value(retrieve("hello")).unwrap();
+            r["min_seq"] = 1_000_000_000_000_000u64.into();
+            r["wait_ms"] = limits::MAX_WAIT_MS.into();
+            r
+        } else {
+            serde_json::json!({"scopes": [ScopeKey::new(ident("acme"), scope())], "query": "x",
+                "vector": embedder().embed_one("x"), "k": 5,
+                "min_seq": 1_000_000_000_000_000u64, "wait_ms": limits::MAX_WAIT_MS})
+        };
+        assert_invalid(raw(&client, &subject, body).await, "min_seq");
+    }
+
+    // A token the stream holds but a projector has not made visible still waits, and its
+    // timeout is the typed not-yet-visible error, never stale results.
+    let later = engram
+        .client
+        .append(&memory("later words"))
+        .await
+        .unwrap()
+        .seq;
+    let mut request = retrieve("later");
+    request.mode = RetrievalMode::Keyword;
+    request.consistency = Consistency {
+        min_seq: Some(later),
+        wait_ms: Some(200),
+    };
+    let err = engram.client.retrieve(&request).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NotYetVisible, "{err:?}");
+    still_answers(&engram).await;
+    engram.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_endpoint_answers_busy_and_abandoned_work_frees_its_slot() {
+    let nats = TestNats::start().await;
+    let query = QueryConfig {
+        max_in_flight: 4,
+        ..QueryConfig::default()
+    };
+    let engram = Engram::start_with(&nats, frozen_keyword(), query).await;
+    let seq = engram
+        .client
+        .append(&memory("pending words"))
+        .await
+        .unwrap()
+        .seq;
+    let client = nats.bus().await.client().clone();
+    let waiting = || {
+        let mut r = retrieve("pending");
+        r.mode = RetrievalMode::Keyword;
+        r.consistency = Consistency {
+            min_seq: Some(seq),
+            wait_ms: Some(limits::MAX_WAIT_MS),
+        };
+        r
+    };
+
+    // Eight requests arrive together: four wait on the frozen keyword projector and fill
+    // every slot, until their callers give up after 10 s (which the service learns from the
+    // timeout header); the other four are answered busy at once.
+    let fillers: Vec<_> = (0..8)
+        .map(|_| {
+            let (client, request) = (client.clone(), waiting());
+            tokio::spawn(async move {
+                engram_rpc::call::<_, proto::RetrieveResponse>(
+                    &client,
+                    proto::RETRIEVE,
+                    &request,
+                    Duration::from_secs(10),
+                )
+                .await
+            })
+        })
+        .collect();
+    let (mut busy, mut waited) = (Vec::new(), 0);
+    for filler in fillers {
+        match filler.await.unwrap() {
+            Err(e) if e.code() == ErrorCode::Busy => busy.push(e),
+            Err(RpcError::Timeout { .. }) => waited += 1,
+            other => panic!("a waiting request ended otherwise: {other:?}"),
+        }
+    }
+    assert_eq!((busy.len(), waited), (4, 4), "{busy:?}");
+    assert!(busy[0].is_retryable(), "{:?}", busy[0]);
+    assert!(busy[0].to_string().contains("retry after"), "{}", busy[0]);
+    // The abandoned waits are dropped at their callers' deadline, not after their own minute:
+    // the slots free up well within the 30 s this allows.
+    let mut freed = false;
+    for _ in 0..300 {
+        if engram.client.retrieve(&retrieve("x")).await.is_ok() {
+            freed = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(freed, "slots held by abandoned requests were never freed");
+    engram.stop().await;
+}
+
+fn rss_bytes() -> u64 {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap();
+    let kb: u64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+        .unwrap();
+    kb * 1024
+}
+
+/// Worst-case requests in a flood: the longest query of distinct words allowed, the deepest
+/// ranking, in every mode. Every one gets an answer (results or busy), memory stays bounded,
+/// and the service answers an ordinary request afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_concurrent_worst_case_requests_stay_bounded() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let batch: Vec<Envelope> = (0..200)
+        .map(|i| {
+            memory(&format!(
+                "memory number {i} about topic{} and word{i}",
+                i % 7
+            ))
+        })
+        .collect();
+    for event in &batch {
+        engram.client.append(event).await.unwrap();
+    }
+    let last = engram.client.append(&memory("last")).await.unwrap().seq;
+    let mut words = String::new();
+    let mut i = 0;
+    while words.len() + 16 < limits::MAX_QUERY_BYTES {
+        words.push_str(&format!("word{i} topic{} ", i % 7));
+        i += 1;
+    }
+    let client = nats.bus().await.client().clone();
+    let worst = |mode: &str| {
+        let mut r = serde_json::to_value(retrieve("x")).unwrap();
+        r["query"] = words.clone().into();
+        r["top_k"] = limits::MAX_TOP_K.into();
+        r["mode"] = mode.into();
+        r["min_seq"] = last.into();
+        r["wait_ms"] = 10_000.into();
+        r["ranking"] = serde_json::json!({"candidates_factor": limits::MAX_CANDIDATES_FACTOR});
+        r
+    };
+    let before = rss_bytes();
+    let replies = join_all((0..1000).map(|n| {
+        let body = worst(["hybrid", "dense", "keyword"][n % 3]);
+        let client = client.clone();
+        async move { raw(&client, proto::RETRIEVE, body).await }
+    }))
+    .await;
+    let after = rss_bytes();
+    let (mut ok, mut busy) = (0, 0);
+    for reply in replies {
+        match reply {
+            Ok(_) => ok += 1,
+            Err(e) if e.code() == ErrorCode::Busy => busy += 1,
+            Err(e) => panic!("a worst-case request failed otherwise: {e:?}"),
+        }
+    }
+    assert_eq!(ok + busy, 1000);
+    assert!(ok > 0, "no worst-case request was served");
+    // Bounded: before the in-flight cap and the query cap, sixteen such requests took a
+    // process to 6.7 GB. 512 MiB is over ten times what the capped load needs here.
+    let grown = after.saturating_sub(before);
+    assert!(
+        grown < 512 * 1024 * 1024,
+        "rss grew by {} MiB ({ok} served, {busy} busy)",
+        grown / (1024 * 1024)
+    );
+    still_answers(&engram).await;
+    engram.stop().await;
+}
+
+/// 150 working-memory entries of 200 KB used to be read whole and tokenised on the runtime's
+/// threads (30 s of a frozen process for two contexts). Now a context reads a bounded share
+/// and says how much it left out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_context_reads_a_bounded_share_of_a_huge_working_memory() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let wm = engram.client.working_memory().await.unwrap();
+    let value = bytes::Bytes::from("note ".repeat(40_000));
+    for i in 0..150 {
+        wm.put(
+            &ident("acme"),
+            &scope(),
+            &format!("k{i:03}"),
+            value.clone(),
+            None,
+        )
+        .await
+        .unwrap();
+    }
+    let bounds = engram_bus::EntryBounds::default();
+    let read = wm.entries(&ident("acme"), &scope(), bounds).await.unwrap();
+    let bytes: usize = read.items.iter().map(|(_, v)| v.len()).sum();
+    assert!(bytes <= bounds.max_bytes, "{bytes} bytes read");
+    assert!(read.items.len() <= bounds.max_entries);
+    assert_eq!(read.items.len() + read.left_out, 150);
+
+    let request = ContextRequest {
+        scopes: own(),
+        agent_id: ident("agent-1"),
+        task: "t".into(),
+        query: "notes".into(),
+        vector: Some(embedder().embed_one("notes")),
+        token_budget: 2_000,
+        consistency: Consistency::default(),
+    };
+    let (a, b) = tokio::join!(
+        engram.client.build_context(&request),
+        engram.client.build_context(&request)
+    );
+    for context in [a.unwrap(), b.unwrap()] {
+        assert!(context.tokens <= 2_000, "{}", context.tokens);
+        assert!(
+            context.dropped >= 150 - bounds.max_entries,
+            "dropped {}",
+            context.dropped
+        );
+        assert!(context.items.iter().all(|i| i.text.len() <= 16 * 1024));
+    }
+    still_answers(&engram).await;
+    engram.stop().await;
+}
+
+/// A reply larger than the server's max_payload cannot be sent; the caller is told so at
+/// once instead of waiting out its timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reply_too_large_to_send_is_a_typed_error() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let big = format!("needle {}", "hay ".repeat(100_000));
+    let mut seq = 0;
+    for _ in 0..4 {
+        seq = engram.client.append(&memory(&big)).await.unwrap().seq;
+    }
+    let mut request = retrieve("needle");
+    request.mode = RetrievalMode::Keyword;
+    request.top_k = 4;
+    request.consistency.min_seq = Some(seq);
+    // A typed 400, not a timeout (which would be `RpcError::Timeout`, code unavailable).
+    let err = engram.client.retrieve(&request).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Invalid, "{err:?}");
+    assert!(err.to_string().contains("max_payload"), "{err}");
+    engram.stop().await;
+}
