@@ -86,7 +86,8 @@ impl Codec {
         Ok(bytes)
     }
 
-    /// Decodes MessagePack bytes, upcasting older versions, and validates the result.
+    /// Decodes MessagePack bytes, upcasting older versions, and validates the envelope. The
+    /// payload is left to the read models that interpret it (see [`crate::payload`]).
     pub fn decode(&self, bytes: &[u8]) -> Result<Envelope, SchemaError> {
         self.check_size(bytes.len())?;
         let probe: VersionProbe = rmp_serde::from_slice(bytes)
@@ -114,7 +115,7 @@ impl Codec {
             rmp_serde::from_slice::<Envelope>(&upcast)
                 .map_err(|e| SchemaError::Malformed(format!("after upcasting: {e}")))?
         };
-        event.validate()?;
+        event.validate_envelope()?;
         Ok(event)
     }
 
@@ -246,7 +247,7 @@ mod tests {
         assert_eq!(decoded.forgotten_ids().unwrap(), ids);
         assert!(base.forgotten_ids().is_err(), "an outcome forgets nothing");
 
-        let too_many: Vec<String> = (0..=crate::envelope::MAX_FORGOTTEN)
+        let too_many: Vec<String> = (0..=crate::payload::MAX_FORGOTTEN)
             .map(|_| crate::EventId::new().to_string())
             .collect();
         for data in [

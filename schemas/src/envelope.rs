@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::SchemaError;
 use crate::ident::{EventId, Ident};
+use crate::payload::{Forgotten, Payload};
 
 /// One experience event, as appended by an agent instance.
 ///
@@ -188,9 +189,6 @@ string_enum!(
     }
 );
 
-/// Most memories one `forgotten` event may withdraw.
-pub const MAX_FORGOTTEN: usize = 1_000;
-
 impl Envelope {
     /// A `forgotten` event: withdraws the memories recorded by `event_ids` from every read
     /// model. Only memories of this event's own tenant and scope are withdrawn; ids of other
@@ -222,39 +220,16 @@ impl Envelope {
     }
 
     /// The event ids a `forgotten` event withdraws: `content.data.event_ids`, 1 to
-    /// [`MAX_FORGOTTEN`] valid event ids. An error for any other kind.
+    /// [`MAX_FORGOTTEN`](crate::payload::MAX_FORGOTTEN) valid event ids. An error for any
+    /// other kind.
     pub fn forgotten_ids(&self) -> Result<Vec<EventId>, SchemaError> {
-        let invalid = |reason: String| SchemaError::InvalidField {
-            field: "content.data.event_ids",
-            reason,
-        };
         if self.kind != EventKind::Forgotten {
-            return Err(invalid(format!("a {} event forgets nothing", self.kind)));
+            return Err(SchemaError::InvalidField {
+                field: "content.data.event_ids",
+                reason: format!("a {} event forgets nothing", self.kind),
+            });
         }
-        let ids = self
-            .content
-            .data
-            .as_ref()
-            .and_then(|d| d.get("event_ids"))
-            .and_then(|v| v.as_array())
-            .ok_or_else(|| {
-                invalid(
-                    "a forgotten event needs content.data.event_ids, an array of event ids".into(),
-                )
-            })?;
-        if ids.is_empty() || ids.len() > MAX_FORGOTTEN {
-            return Err(invalid(format!(
-                "{} ids; give 1..={MAX_FORGOTTEN} per event",
-                ids.len()
-            )));
-        }
-        ids.iter()
-            .map(|id| {
-                id.as_str()
-                    .ok_or_else(|| invalid(format!("{id} is not a string")))
-                    .and_then(EventId::parse)
-            })
-            .collect()
+        Ok(Forgotten::from_event(self)?.event_ids)
     }
 
     /// A new v1 event with a fresh id, stamped now, importance 0.5 and no tags.
@@ -288,9 +263,21 @@ impl Envelope {
         }
     }
 
-    /// Checks what serde cannot: ranges, tag shape, vector sanity and the version.
-    /// Identifiers are already valid by construction ([`Ident`] refuses bad input).
+    /// Everything an append must satisfy: the envelope ([`Envelope::validate_envelope`]) and
+    /// the typed payload of the kinds that carry one ([`Payload::of`]). Every append path
+    /// (SDK, CLI, bus) runs it before publishing.
     pub fn validate(&self) -> Result<(), SchemaError> {
+        self.validate_envelope()?;
+        Payload::of(self)?;
+        Ok(())
+    }
+
+    /// Checks what serde cannot: ranges, tag shape, vector sanity and the version; not the
+    /// payload. Decoding runs only this, so that an event stored before the payload contract
+    /// (or published raw) still reaches every reader; the read model that interprets a
+    /// payload refuses a bad one itself. Identifiers are already valid by construction
+    /// ([`Ident`] refuses bad input).
+    pub fn validate_envelope(&self) -> Result<(), SchemaError> {
         if self.schema_version == 0 || self.schema_version > crate::SCHEMA_VERSION {
             return Err(SchemaError::UnknownSchemaVersion {
                 found: self.schema_version,
@@ -326,9 +313,6 @@ impl Envelope {
                 field: "content",
                 reason: "an event needs content.text or content.data".into(),
             });
-        }
-        if self.kind == EventKind::Forgotten {
-            self.forgotten_ids()?;
         }
         if let Some(embedding) = &self.embedding {
             if embedding.model.trim().is_empty() {

@@ -3,6 +3,8 @@
 //! # Layout
 //! - [`ident`]: validated identifiers (tenant, scope id, agent, instance) and event ids.
 //! - [`envelope`]: the v1 envelope every agent instance appends, and its enums.
+//! - [`payload`]: the typed `content.data` of the kinds read models interpret (facts, skills,
+//!   skill outcomes, forgetting), with their limits and the check every append runs.
 //! - [`subject`]: how an envelope maps to a NATS subject, and subject filters for replay.
 //! - [`codec`]: MessagePack encoding, size limits, schema-version checks and upcasting.
 //!
@@ -14,16 +16,70 @@ pub mod codec;
 pub mod envelope;
 pub mod error;
 pub mod ident;
+pub mod payload;
 pub mod subject;
 
 pub use codec::{Codec, Limits, Upcaster};
 pub use envelope::{Content, Embedding, Envelope, EventKind, Layer, Scope, ScopeKind};
 pub use error::SchemaError;
 pub use ident::{EventId, Ident};
+pub use payload::{
+    Cardinality, FactAsserted, FactRetracted, Forgotten, Payload, PayloadError, SkillOutcome,
+    SkillRecorded,
+};
 pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
 
 /// The envelope version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u16 = 1;
+
+/// The JSON Schema of the envelope, published as `json/envelope.v1.json`. Besides the
+/// envelope it states, per kind, the shape of `content.data`: an `allOf` of `if kind is K
+/// then content.data is K's payload`, the payloads under `$defs`. What JSON Schema cannot
+/// say (trimming, the nesting depth of a fact's object, `valid_to` after `valid_from`) is in
+/// the field descriptions and checked by [`Envelope::validate`].
+pub fn json_schema() -> schemars::Schema {
+    let mut generator = schemars::SchemaGenerator::default();
+    let data_is = |kind: EventKind, payload: schemars::Schema| {
+        serde_json::json!({
+            "if": { "properties": { "kind": { "const": kind.as_str() } }, "required": ["kind"] },
+            "then": { "properties": { "content": {
+                "properties": { "data": payload },
+                "required": ["data"],
+            } } },
+        })
+    };
+    let mut rules = vec![
+        data_is(
+            EventKind::FactAsserted,
+            generator.subschema_for::<FactAsserted>(),
+        ),
+        data_is(
+            EventKind::FactRetracted,
+            generator.subschema_for::<FactRetracted>(),
+        ),
+        data_is(
+            EventKind::SkillRecorded,
+            generator.subschema_for::<SkillRecorded>(),
+        ),
+        data_is(EventKind::Forgotten, generator.subschema_for::<Forgotten>()),
+    ];
+    // An outcome's data is free unless it names a skill; then it is a skill outcome.
+    let skill_outcome = generator.subschema_for::<SkillOutcome>();
+    rules.push(serde_json::json!({
+        "if": { "properties": { "kind": { "const": EventKind::Outcome.as_str() } }, "required": ["kind"] },
+        "then": { "properties": { "content": { "properties": { "data": {
+            "if": {
+                "type": "object",
+                "properties": { "skill": { "not": { "type": "null" } } },
+                "required": ["skill"],
+            },
+            "then": skill_outcome,
+        } } } } },
+    }));
+    let mut schema = generator.into_root_schema_for::<Envelope>();
+    schema.insert("allOf".into(), rules.into());
+    schema
+}
 
 #[cfg(test)]
 mod tests {
@@ -31,7 +87,7 @@ mod tests {
     /// every client written in another language. Regenerate with `just schema`.
     #[test]
     fn committed_json_schema_is_current() {
-        let schema = schemars::schema_for!(crate::Envelope);
+        let schema = crate::json_schema();
         let mut generated = serde_json::to_string_pretty(&schema).unwrap();
         generated.push('\n');
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/json/envelope.v1.json");

@@ -1,7 +1,7 @@
 //! Writes the JSON Schema of the envelope to stdout, or to the path given as the first argument.
 
 fn main() -> std::io::Result<()> {
-    let schema = schemars::schema_for!(engram_schema::Envelope);
+    let schema = engram_schema::json_schema();
     let mut text = serde_json::to_string_pretty(&schema).expect("a schema always serialises");
     text.push('\n');
     match std::env::args().nth(1) {

@@ -10,8 +10,69 @@ use engram_bus::Bus;
 use engram_schema::{EventKind, Layer, Scope, ScopeKind, SubjectFilter};
 use engram_sdk::{AppendError, AppendOptions, Client, RetryPolicy, StartAt};
 use futures::StreamExt;
+use serde_json::{Value, json};
 
 use crate::output::one_line;
+
+/// What the three instances append: (instance, kind, layer, text, content.data).
+fn steps() -> [(&'static str, EventKind, Layer, &'static str, Option<Value>); 6] {
+    // Facts and skills carry their typed payload (schemas/README.md): without it the append
+    // is refused, since the fact table and skill registry could not apply it.
+    let fact = json!({
+        "subject": "auth-service",
+        "predicate": "builds_sql_by",
+        "object": "string concatenation",
+    });
+    let skill = json!({
+        "name": "fix-sql-injection",
+        "description": "find string-built SQL, parameterise it, rerun the test suite",
+        "steps": ["find string-built SQL", "parameterise it", "rerun the test suite"],
+    });
+    [
+        (
+            "i-1",
+            EventKind::Observation,
+            Layer::Episodic,
+            "login returns HTTP 500 when the password contains a quote",
+            None,
+        ),
+        (
+            "i-2",
+            EventKind::Action,
+            Layer::Episodic,
+            "ran the auth test suite: 3 failures in test_password_escaping",
+            None,
+        ),
+        (
+            "i-1",
+            EventKind::FactAsserted,
+            Layer::Semantic,
+            "the auth service builds its SQL query by string concatenation",
+            Some(fact),
+        ),
+        (
+            "i-3",
+            EventKind::Action,
+            Layer::Episodic,
+            "switched the login query to a parameterised statement",
+            None,
+        ),
+        (
+            "i-2",
+            EventKind::Outcome,
+            Layer::Episodic,
+            "auth test suite passes: 42 passed, 0 failed",
+            None,
+        ),
+        (
+            "i-3",
+            EventKind::SkillRecorded,
+            Layer::Procedural,
+            "to fix injection bugs: find string-built SQL, parameterise it, rerun the suite",
+            Some(skill),
+        ),
+    ]
+}
 
 pub async fn run(bus: &Bus) -> anyhow::Result<()> {
     let client = Client::from_bus(bus.clone(), RetryPolicy::default());
@@ -21,56 +82,21 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
         "\n== demo: three instances of agent \"coder\" share task:fix-login-bug (tenant acme) =="
     );
 
-    let steps: [(&str, EventKind, Layer, &str); 6] = [
-        (
-            "i-1",
-            EventKind::Observation,
-            Layer::Episodic,
-            "login returns HTTP 500 when the password contains a quote",
-        ),
-        (
-            "i-2",
-            EventKind::Action,
-            Layer::Episodic,
-            "ran the auth test suite: 3 failures in test_password_escaping",
-        ),
-        (
-            "i-1",
-            EventKind::FactAsserted,
-            Layer::Semantic,
-            "the auth service builds its SQL query by string concatenation",
-        ),
-        (
-            "i-3",
-            EventKind::Action,
-            Layer::Episodic,
-            "switched the login query to a parameterised statement",
-        ),
-        (
-            "i-2",
-            EventKind::Outcome,
-            Layer::Episodic,
-            "auth test suite passes: 42 passed, 0 failed",
-        ),
-        (
-            "i-3",
-            EventKind::SkillRecorded,
-            Layer::Procedural,
-            "to fix injection bugs: find string-built SQL, parameterise it, rerun the suite",
-        ),
-    ];
     let mut first = None;
-    for (instance, kind, layer, text) in steps {
+    for (instance, kind, layer, text, data) in steps() {
         let agent = client.agent("acme", "coder", &format!("{instance}-{run_id}"))?;
-        let event = agent
+        let mut builder = agent
             .event(task.clone(), layer, kind, text)
             .tag("demo")
             .importance(if kind == EventKind::SkillRecorded {
                 0.9
             } else {
                 0.6
-            })
-            .build()?;
+            });
+        if let Some(data) = data {
+            builder = builder.data(data);
+        }
+        let event = builder.build()?;
         let receipt = client.append(&event).await?;
         println!(
             "  {instance}  {:<15} seq={:<5} {}",
@@ -165,4 +191,38 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
         summary.name, summary.messages, summary.last_seq
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use engram_schema::{Content, Envelope, Ident, Payload};
+
+    use super::*;
+
+    /// A new user's first run must show no refusal and no dead letter: every demo event
+    /// passes the contract, and the fact and the skill carry the payload their read model
+    /// applies.
+    #[test]
+    fn every_demo_event_keeps_the_contract() {
+        let id = |s: &str| Ident::parse("id", s).unwrap();
+        let task = Scope::new(ScopeKind::Task, "fix-login-bug").unwrap();
+        for (instance, kind, layer, text, data) in steps() {
+            let event = Envelope::new(
+                id("acme"),
+                task.clone(),
+                id("coder"),
+                id(instance),
+                layer,
+                kind,
+                Content {
+                    text: text.into(),
+                    data,
+                },
+            );
+            event.validate().unwrap();
+            if matches!(kind, EventKind::FactAsserted | EventKind::SkillRecorded) {
+                assert!(Payload::of(&event).unwrap().is_some(), "{kind}");
+            }
+        }
+    }
 }

@@ -4,7 +4,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use engram_memory::{ScopeKey, Seq};
-use engram_schema::{Envelope, EventId, Ident};
+use engram_schema::{Cardinality, Envelope, EventId, Ident};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -18,17 +18,6 @@ impl fmt::Display for FactId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "fact@{}", self.0)
     }
-}
-
-/// Whether a subject has one value of a predicate at a time, or several.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum Cardinality {
-    /// A later assertion with another object ends the earlier ones (`lives_in`).
-    #[default]
-    Single,
-    /// Assertions accumulate (`speaks`, `tag`).
-    Multi,
 }
 
 /// Which event said something, and when.

@@ -10,10 +10,11 @@
 
 use chrono::{DateTime, Utc};
 use engram_memory::Seq;
+use engram_schema::Cardinality;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::fact::{Cardinality, Fact, FactId, Provenance, Source};
+use crate::fact::{Fact, FactId, Provenance, Source};
 
 /// One group's facts in order of creation, with derived indexes that snapshots leave out.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -10,7 +10,7 @@
 //! - `table`: [`FactTable`], applying events and the queries.
 //! - `fact`: the rows: [`Fact`], its [`Source`]s and their [`Provenance`].
 //! - `group`: the versions of one subject's predicate: where validity ends, who supersedes whom.
-//! - `payload`: parsing and checking event payloads before anything changes.
+//! - `payload`: reading event payloads through the contract's types before anything changes.
 //! - `canon`: the canonical encoding behind the state hash.
 //!
 //! # Payloads (`content.data`)
@@ -30,11 +30,17 @@
 //! `fact_retracted`: `subject` and `predicate` as above, and optionally `object` (any JSON);
 //! without it, every object of that subject's predicate is retracted.
 //!
-//! Subjects and predicates are trimmed and must then be 1 to 256 characters. Nothing else is
-//! normalised: case matters (`Alice` and `alice` are different subjects), and objects compare
-//! by JSON equality (`1` and `1.0` differ). An explicit `null` counts as an absent field;
-//! unknown fields are ignored, so that newer clients can add some. Anything else that does
-//! not fit is a [`FactError`] naming the field, and the table stays unchanged.
+//! Subjects and predicates are trimmed and must then be 1 to 256 characters; an object nests
+//! at most 32 levels deep. Nothing else is normalised: case matters (`Alice` and `alice` are
+//! different subjects), and objects compare by JSON equality (`1` and `1.0` differ). An
+//! explicit `null` counts as an absent field; unknown fields are ignored, so that newer
+//! clients can add some.
+//!
+//! These payloads are the event contract's [`engram_schema::FactAsserted`] and
+//! [`engram_schema::FactRetracted`], and every append is checked against them, so one that
+//! does not fit reaches the table only by a raw publish or from before the contract. The
+//! table checks again: such an event is a [`FactError`] naming the field, and the table
+//! stays unchanged.
 //!
 //! # Semantics
 //!
@@ -95,7 +101,8 @@ mod payload;
 mod table;
 mod text;
 
+pub use engram_schema::Cardinality;
+pub use engram_schema::payload::MAX_TERM_CHARS;
 pub use error::FactError;
-pub use fact::{Cardinality, Fact, FactId, Provenance, Source};
-pub use payload::MAX_TERM_CHARS;
+pub use fact::{Fact, FactId, Provenance, Source};
 pub use table::{Applied, FactTable};

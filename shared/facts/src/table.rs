@@ -4,13 +4,13 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use engram_memory::{ScopeKey, Seq};
-use engram_schema::{Envelope, EventKind};
+use engram_schema::{Cardinality, Envelope, EventKind, FactRetracted};
 use serde::{Deserialize, Serialize};
 
 use crate::error::FactError;
 use crate::fact::{Fact, FactId, Provenance, Source};
 use crate::group::Group;
-use crate::payload::{self, Assertion, Retraction};
+use crate::payload::{self, Assertion};
 use crate::text;
 use engram_memory::canon::Canon;
 
@@ -133,7 +133,7 @@ impl FactTable {
         applied
     }
 
-    fn retract(&mut self, seq: Seq, event: &Envelope, retraction: Retraction) -> Applied {
+    fn retract(&mut self, seq: Seq, event: &Envelope, retraction: FactRetracted) -> Applied {
         let scope = ScopeKey::of(event);
         let Some(group) = self
             .scopes
@@ -331,7 +331,7 @@ fn hash_fact(canon: &mut Canon, fact: &Fact) {
     canon.str(&fact.subject);
     canon.str(&fact.predicate);
     canon.json(&fact.object);
-    canon.u8(fact.cardinality as u8);
+    canon.u8(cardinality_code(fact.cardinality));
     canon.time(fact.valid_from);
     canon.opt_time(fact.valid_to);
     canon.time(fact.recorded_at);
@@ -351,9 +351,17 @@ fn hash_fact(canon: &mut Canon, fact: &Fact) {
         canon.opt_time(source.valid_to);
         canon.opt_time(source.valid_until);
         canon.f64(source.confidence);
-        canon.u8(source.cardinality as u8);
+        canon.u8(cardinality_code(source.cardinality));
     }
     canon.opt_u64(fact.superseded_by.map(|id| id.0));
+}
+
+/// Fixed codes, so that the state hash does not depend on the enum's declaration order.
+fn cardinality_code(cardinality: Cardinality) -> u8 {
+    match cardinality {
+        Cardinality::Single => 0,
+        Cardinality::Multi => 1,
+    }
 }
 
 fn hash_provenance(canon: &mut Canon, provenance: &Provenance) {

@@ -443,8 +443,14 @@ fn scopes_never_mix_even_with_prefix_or_tenant_collisions() {
 fn malformed_payloads_are_rejected_and_change_nothing() {
     let team = scope("acme", "team-a");
     let long = "x".repeat(MAX_TERM_CHARS + 1);
+    let too_deep = (0..=engram_schema::payload::MAX_OBJECT_DEPTH).fold(json!(1), |v, _| json!([v]));
     let cases: Vec<(EventKind, Option<Value>, Option<&str>)> = vec![
         (EventKind::FactAsserted, None, None),
+        (
+            EventKind::FactAsserted,
+            Some(json!({"subject": "s", "predicate": "p", "object": too_deep})),
+            Some("object"),
+        ),
         (
             EventKind::FactAsserted,
             Some(json!("alice lives in paris")),

@@ -10,7 +10,7 @@
 //! # Layout
 //! - `registry`: [`SkillRegistry`], applying events and the queries.
 //! - `skill`: the rows: [`Skill`], its [`Provenance`], and [`PendingOutcomes`].
-//! - `payload`: parsing and checking event payloads before anything changes.
+//! - `payload`: reading event payloads through the contract's types before anything changes.
 //! - `text`: the terms search matches on.
 //! - `canon`: the canonical encoding behind the state hash.
 //!
@@ -22,10 +22,10 @@
 //! |---|---|---|---|
 //! | `name` | string, required | | the skill's name, unique per scope |
 //! | `version` | whole number in 1..=4294967295 | one above the highest recorded, or 1 | |
-//! | `description` | non-empty string, required | | what the skill does; search depends on it |
-//! | `steps` | array of strings | `[]` | how to do it |
-//! | `script` | string | none | a runnable form of it |
-//! | `preconditions` | array of strings | `[]` | what must hold before using it |
+//! | `description` | non-empty string, at most 4096 characters, required | | what the skill does; search depends on it |
+//! | `steps` | at most 256 strings of at most 4096 characters | `[]` | how to do it |
+//! | `script` | string of at most 65536 characters | none | a runnable form of it |
+//! | `preconditions` | at most 256 strings of at most 4096 characters | `[]` | what must hold before using it |
 //!
 //! `outcome` (only these fields matter here; outcome events carry other things too):
 //!
@@ -35,11 +35,16 @@
 //! | `success` | boolean, required with `skill` | | whether using it worked |
 //! | `version` | whole number ≥ 1 | the latest version | the version used |
 //!
-//! Names are trimmed and must then be 1 to 256 characters. Nothing else is normalised:
-//! case matters (`Deploy` and `deploy` are different skills). An explicit `null` counts as
-//! an absent field; unknown fields are ignored, so that newer clients can add some. Anything
-//! else that does not fit is a [`SkillError`] naming the field, and the registry stays
-//! unchanged.
+//! Names and descriptions are trimmed; names must then be 1 to 256 characters. Nothing else
+//! is normalised: case matters (`Deploy` and `deploy` are different skills). An explicit
+//! `null` counts as an absent field; unknown fields are ignored, so that newer clients can
+//! add some.
+//!
+//! These payloads are the event contract's [`engram_schema::SkillRecorded`] and
+//! [`engram_schema::SkillOutcome`], and every append is checked against them, so one that
+//! does not fit reaches the registry only by a raw publish or from before the contract. The
+//! registry checks again: such an event is a [`SkillError`] naming the field, and the
+//! registry stays unchanged.
 //!
 //! # Semantics
 //!
@@ -74,7 +79,7 @@ mod registry;
 mod skill;
 mod text;
 
+pub use engram_schema::payload::MAX_NAME_CHARS;
 pub use error::SkillError;
-pub use payload::MAX_NAME_CHARS;
 pub use registry::{Applied, SkillRegistry};
 pub use skill::{PendingOutcomes, Provenance, Skill, Usage};

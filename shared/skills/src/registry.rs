@@ -3,11 +3,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use engram_memory::{ScopeKey, Seq};
-use engram_schema::{Envelope, EventKind};
+use engram_schema::{Envelope, EventKind, SkillOutcome, SkillRecorded};
 use serde::{Deserialize, Serialize};
 
 use crate::error::SkillError;
-use crate::payload::{self, Outcome, Recording};
+use crate::payload;
 use crate::skill::{PendingOutcomes, Provenance, Skill, Usage};
 use crate::text;
 use engram_memory::canon::Canon;
@@ -158,7 +158,7 @@ impl SkillRegistry {
         &self,
         seq: Seq,
         event: &Envelope,
-        recording: &Recording,
+        recording: &SkillRecorded,
     ) -> Result<u32, SkillError> {
         if let Some(version) = recording.version {
             return Ok(version);
@@ -184,7 +184,7 @@ impl SkillRegistry {
         &mut self,
         seq: Seq,
         event: &Envelope,
-        recording: Recording,
+        recording: SkillRecorded,
         version: u32,
     ) -> Applied {
         let scope = ScopeKey::of(event);
@@ -202,9 +202,9 @@ impl SkillRegistry {
             name: recording.name,
             version,
             description: recording.description,
-            steps: recording.steps,
+            steps: recording.steps.unwrap_or_default(),
             script: recording.script,
-            preconditions: recording.preconditions,
+            preconditions: recording.preconditions.unwrap_or_default(),
             successes: 0,
             failures: 0,
             last_used: None,
@@ -229,7 +229,7 @@ impl SkillRegistry {
         Applied::Recorded { version, latest }
     }
 
-    fn count(&mut self, event: &Envelope, outcome: Outcome) -> Applied {
+    fn count(&mut self, event: &Envelope, outcome: SkillOutcome) -> Applied {
         let entry = self
             .scopes
             .entry(ScopeKey::of(event))

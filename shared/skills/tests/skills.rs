@@ -602,6 +602,12 @@ fn malformed_payloads_are_rejected_and_change_nothing() {
             Some("script"),
         ),
         (
+            record(
+                json!({"name": "lint", "description": "d", "steps": vec!["s"; engram_schema::payload::MAX_LIST_ITEMS + 1]}),
+            ),
+            Some("steps"),
+        ),
+        (
             record(json!({"name": "lint", "description": "d", "preconditions": {"a": 1}})),
             Some("preconditions"),
         ),

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use engram_config::Config;
-use engram_schema::{Codec, Content, Envelope, EventKind, Ident, Layer, Scope};
+use engram_schema::{Codec, Content, Envelope, EventKind, Ident, Layer, SchemaError, Scope};
 use engram_sdk::AppendOptions;
 
 use crate::cli::AppendArgs;
@@ -69,7 +69,17 @@ fn event_from_flags(args: &AppendArgs, text: &str) -> anyhow::Result<Envelope> {
         args.kind.parse::<EventKind>()?,
         Content::text(text),
     );
-    event.validate()?;
+    if let Err(e) = event.validate() {
+        if let SchemaError::InvalidField { field, .. } = &e
+            && field.starts_with("content.data")
+        {
+            anyhow::bail!(
+                "{e}; --text cannot carry content.data, so give a {} event as JSON instead (see schemas/README.md)",
+                event.kind
+            );
+        }
+        return Err(e.into());
+    }
     Ok(event)
 }
 
@@ -150,4 +160,53 @@ fn apply_defaults(value: &mut serde_json::Value, args: &AppendArgs) {
     object
         .entry("kind")
         .or_insert_with(|| args.kind.clone().into());
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn args(events: &[&str]) -> AppendArgs {
+        AppendArgs {
+            events: events.iter().map(|e| e.to_string()).collect(),
+            text: None,
+            tenant: Some("acme".into()),
+            scope: Some("team:core".into()),
+            layer: "semantic".into(),
+            kind: "fact_asserted".into(),
+            agent: "cli".into(),
+            instance: "cli".into(),
+            expect_last_seq: None,
+        }
+    }
+
+    /// `run` appends only what this returns, so a batch with one bad payload appends nothing.
+    #[test]
+    fn a_batch_with_one_malformed_payload_is_refused_whole_naming_the_field() {
+        let good = r#"{"content":{"text":"db","data":{"subject":"db","predicate":"is","object":"postgres 16"}}}"#;
+        let bad = r#"{"content":{"text":"db","data":{"subject":7,"predicate":"is","object":"x"}}}"#;
+        let codec = Codec::default();
+
+        assert_eq!(parse_events(&codec, &args(&[good, good])).unwrap().len(), 2);
+        let err = parse_events(&codec, &args(&[good, bad])).unwrap_err();
+
+        let message = err.to_string();
+        assert!(message.contains("nothing was appended"), "{message}");
+        assert!(message.contains("line 2"), "{message}");
+        assert!(message.contains("content.data.subject"), "{message}");
+    }
+
+    #[test]
+    fn text_alone_cannot_make_a_fact_and_says_to_use_json() {
+        let mut args = args(&[]);
+        args.text = Some("the db is postgres 16".into());
+
+        let err = event_from_flags(&args, "the db is postgres 16").unwrap_err();
+
+        let message = err.to_string();
+        assert!(message.contains("content.data"), "{message}");
+        assert!(message.contains("as JSON"), "{message}");
+        args.kind = "observation".into();
+        assert!(event_from_flags(&args, "the db is postgres 16").is_ok());
+    }
 }

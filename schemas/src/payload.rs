@@ -1,0 +1,1034 @@
+//! The structured payloads (`content.data`) that read models interpret, and their checks.
+//!
+//! Five kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
+//! `outcome` (when it names a skill) and `forgotten`. Each type here is the wire shape (serde
+//! and JSON Schema); its `from_event` is the check. [`Envelope::validate`] runs that check on
+//! every append, so a payload a read model could not apply is refused before anything is
+//! published. The read models run it again on what they read: an event can still reach the
+//! stream by a raw publish, or from before this contract existed, and they must reject it
+//! (dead letter), never panic. Decoding does not run it, so such an event still reaches the
+//! read models that only want its text.
+//!
+//! Rules shared by every payload:
+//! - An explicit `null` counts as an absent field, so a client may always send every key.
+//! - Unknown fields are ignored, so a newer client can add some.
+//! - Names (subject, predicate, skill name) are trimmed, then must be 1 to 256 characters;
+//!   case matters. Limits count characters, not bytes.
+//! - Free JSON values (a fact's `object`) are nested at most [`MAX_OBJECT_DEPTH`] deep.
+//!
+//! A refusal is a [`PayloadError`] naming the field, `content.data.<name>`, or
+//! `content.data` itself when the payload is not a JSON object.
+
+use chrono::{DateTime, Utc};
+use schemars::JsonSchema;
+use serde::de::{DeserializeOwned, Error as _};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::Value;
+use serde_path_to_error::Segment;
+use thiserror::Error;
+
+use crate::envelope::{Envelope, EventKind};
+use crate::error::SchemaError;
+use crate::ident::EventId;
+
+/// Longest fact subject or predicate, in characters, after trimming.
+pub const MAX_TERM_CHARS: usize = 256;
+/// Longest skill name, in characters, after trimming.
+pub const MAX_NAME_CHARS: usize = 256;
+/// Longest skill description, and longest single step or precondition, in characters.
+pub const MAX_TEXT_CHARS: usize = 4096;
+/// Longest skill script, in characters.
+pub const MAX_SCRIPT_CHARS: usize = 65_536;
+/// Most steps, and most preconditions, one skill record may list.
+pub const MAX_LIST_ITEMS: usize = 256;
+/// Deepest nesting of a free JSON value: a scalar is 0 deep, `[1]` is 1, `{"a": [1]}` is 2.
+/// Read models walk these values recursively (equality, hashing, snapshots); the bound keeps
+/// a hostile value from exhausting their stack.
+pub const MAX_OBJECT_DEPTH: usize = 32;
+/// Most memories one `forgotten` event may withdraw.
+pub const MAX_FORGOTTEN: usize = 1_000;
+
+/// Why a payload was refused. `field` is `content.data.<name>`, or `content.data` when the
+/// payload is missing or not a JSON object; `reason` says what to send instead.
+#[derive(Debug, Clone, PartialEq, Error)]
+#[error("invalid field {field}: {reason}")]
+pub struct PayloadError {
+    pub field: &'static str,
+    pub reason: String,
+}
+
+impl PayloadError {
+    /// The payload field at fault (`subject`, `steps`, ...), or `None` when the payload as a
+    /// whole is missing or not a JSON object.
+    pub fn payload_field(&self) -> Option<&'static str> {
+        self.field.strip_prefix("content.data.")
+    }
+
+    fn new(field: &'static str, reason: impl Into<String>) -> Self {
+        Self {
+            field,
+            reason: reason.into(),
+        }
+    }
+}
+
+impl From<PayloadError> for SchemaError {
+    fn from(e: PayloadError) -> Self {
+        SchemaError::InvalidField {
+            field: e.field,
+            reason: e.reason,
+        }
+    }
+}
+
+/// Whether a subject has one value of a predicate at a time, or several.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum Cardinality {
+    /// A later assertion with another object ends the earlier ones (`lives_in`).
+    #[default]
+    Single,
+    /// Assertions accumulate (`speaks`, `tag`).
+    Multi,
+}
+
+/// `content.data` of `fact_asserted`: a subject's predicate has an object, over a valid time.
+/// The bi-temporal semantics are in the docs of the `engram-facts` crate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FactAsserted {
+    /// Who or what the fact is about. Trimmed, then 1-256 characters; case matters.
+    #[schemars(length(min = 1, max = MAX_TERM_CHARS), regex(pattern = r"\S"))]
+    pub subject: String,
+    /// The property or relation. Trimmed, then 1-256 characters; case matters.
+    #[schemars(length(min = 1, max = MAX_TERM_CHARS), regex(pattern = r"\S"))]
+    pub predicate: String,
+    /// The value: any JSON but null, nested at most 32 deep. Compared by JSON equality.
+    #[schemars(extend("not" = {"type": "null"}))]
+    pub object: Value,
+    /// When it became true in the world (RFC 3339); default: the event's `occurred_at`.
+    #[serde(
+        default,
+        deserialize_with = "rfc3339",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<DateTime<Utc>>")]
+    pub valid_from: Option<DateTime<Utc>>,
+    /// When it stopped being true (RFC 3339), after `valid_from`; default: open-ended.
+    #[serde(
+        default,
+        deserialize_with = "rfc3339",
+        skip_serializing_if = "Option::is_none"
+    )]
+    #[schemars(with = "Option<DateTime<Utc>>")]
+    pub valid_to: Option<DateTime<Utc>>,
+    /// How sure the asserting agent is, 0-1; default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub confidence: Option<f64>,
+    /// `single` (default): a later value of the predicate ends this one; `multi`: values
+    /// accumulate.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cardinality: Option<Cardinality>,
+}
+
+/// `content.data` of `fact_retracted`: "we were wrong" about a subject's predicate.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FactRetracted {
+    /// Trimmed, then 1-256 characters; case matters.
+    #[schemars(length(min = 1, max = MAX_TERM_CHARS), regex(pattern = r"\S"))]
+    pub subject: String,
+    /// Trimmed, then 1-256 characters; case matters.
+    #[schemars(length(min = 1, max = MAX_TERM_CHARS), regex(pattern = r"\S"))]
+    pub predicate: String,
+    /// Retract only this object (nested at most 32 deep); absent or null: every object.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub object: Option<Value>,
+}
+
+/// `content.data` of `skill_recorded`: a version of a skill, for the skill registry.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SkillRecorded {
+    /// Unique per scope. Trimmed, then 1-256 characters; case matters.
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = r"\S"))]
+    pub name: String,
+    /// What the skill does; search depends on it. Trimmed, then 1-4096 characters.
+    #[schemars(length(min = 1, max = MAX_TEXT_CHARS), regex(pattern = r"\S"))]
+    pub description: String,
+    /// 1 or more; default: one above the highest version recorded under the name, or 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub version: Option<u32>,
+    /// How to do it: at most 256 steps of at most 4096 characters each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_LIST_ITEMS), inner(length(max = MAX_TEXT_CHARS)))]
+    pub steps: Option<Vec<String>>,
+    /// A runnable form of it, at most 65536 characters.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_SCRIPT_CHARS))]
+    pub script: Option<String>,
+    /// What must hold before using it: at most 256 of at most 4096 characters each.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(length(max = MAX_LIST_ITEMS), inner(length(max = MAX_TEXT_CHARS)))]
+    pub preconditions: Option<Vec<String>>,
+}
+
+/// `content.data` of an `outcome` that reports on a skill: it counts towards that skill's
+/// success rate. An outcome whose data is not an object, or has no (or a null) `skill`, is
+/// about something else: its data is free and unchecked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SkillOutcome {
+    /// The skill used. Trimmed, then 1-256 characters.
+    #[schemars(length(min = 1, max = MAX_NAME_CHARS), regex(pattern = r"\S"))]
+    pub skill: String,
+    /// Whether using it worked.
+    pub success: bool,
+    /// The version used, 1 or more; default: the latest.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub version: Option<u32>,
+}
+
+/// `content.data` of `forgotten`: the memories to withdraw (`content.text` is the reason).
+/// Only memories of the event's own tenant and scope are withdrawn.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Forgotten {
+    /// 1-1000 event ids.
+    #[schemars(length(min = 1, max = MAX_FORGOTTEN))]
+    pub event_ids: Vec<EventId>,
+}
+
+/// A checked payload of any of the kinds that carry one.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Payload {
+    FactAsserted(FactAsserted),
+    FactRetracted(FactRetracted),
+    SkillRecorded(SkillRecorded),
+    SkillOutcome(SkillOutcome),
+    Forgotten(Forgotten),
+}
+
+impl Payload {
+    /// The checked payload of `event`, or `None` for a kind without one (and for an outcome
+    /// that names no skill).
+    pub fn of(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        Ok(Some(match event.kind {
+            EventKind::FactAsserted => Self::FactAsserted(FactAsserted::from_event(event)?),
+            EventKind::FactRetracted => Self::FactRetracted(FactRetracted::from_event(event)?),
+            EventKind::SkillRecorded => Self::SkillRecorded(SkillRecorded::from_event(event)?),
+            EventKind::Outcome => match SkillOutcome::from_event(event)? {
+                Some(outcome) => Self::SkillOutcome(outcome),
+                None => return Ok(None),
+            },
+            EventKind::Forgotten => Self::Forgotten(Forgotten::from_event(event)?),
+            EventKind::Observation
+            | EventKind::Action
+            | EventKind::Preference
+            | EventKind::Feedback
+            | EventKind::Checkpoint => return Ok(None),
+        }))
+    }
+}
+
+/// One payload field: its key, its path in errors, and what a valid value looks like.
+struct Field {
+    name: &'static str,
+    path: &'static str,
+    required: bool,
+    expected: &'static str,
+}
+
+macro_rules! fields {
+    (@required) => { true };
+    (@optional) => { false };
+    ($($required:ident $name:literal => $expected:literal;)+) => {
+        &[$(Field {
+            name: $name,
+            path: concat!("content.data.", $name),
+            required: fields!(@$required),
+            expected: $expected,
+        }),+]
+    };
+}
+
+const FACT_ASSERTED_FIELDS: &[Field] = fields! {
+    required "subject" => "a non-empty string";
+    required "predicate" => "a non-empty string";
+    required "object" => "any JSON value but null (to withdraw a fact, send fact_retracted)";
+    optional "valid_from" => "an RFC 3339 timestamp such as 2026-03-01T12:00:00Z";
+    optional "valid_to" => "an RFC 3339 timestamp such as 2026-03-01T12:00:00Z";
+    optional "confidence" => "a number in 0.0..=1.0";
+    optional "cardinality" => "\"single\" or \"multi\"";
+};
+
+const FACT_RETRACTED_FIELDS: &[Field] = fields! {
+    required "subject" => "a non-empty string";
+    required "predicate" => "a non-empty string";
+    optional "object" => "the JSON value to retract, or nothing to retract every object";
+};
+
+const SKILL_RECORDED_FIELDS: &[Field] = fields! {
+    required "name" => "a non-empty string";
+    required "description" => "a non-empty string saying what the skill does";
+    optional "version" => "a whole number of at least 1";
+    optional "steps" => "an array of strings";
+    optional "script" => "a string";
+    optional "preconditions" => "an array of strings";
+};
+
+const SKILL_OUTCOME_FIELDS: &[Field] = fields! {
+    required "skill" => "a non-empty string";
+    required "success" => "true or false: an outcome naming a skill must say whether it worked";
+    optional "version" => "a whole number of at least 1";
+};
+
+const FORGOTTEN_FIELDS: &[Field] = fields! {
+    required "event_ids" => "an array of event ids (UUIDs or ULIDs)";
+};
+
+impl FactAsserted {
+    /// Checks `event.content.data` and returns it with subject and predicate trimmed. The
+    /// validity check uses the event's `occurred_at` when `valid_from` is left out.
+    pub fn from_event(event: &Envelope) -> Result<Self, PayloadError> {
+        let example = r#"{"subject": "alice", "predicate": "lives_in", "object": "paris"}"#;
+        let mut fact: Self = read(event, FACT_ASSERTED_FIELDS, example)?;
+        fact.subject = term("content.data.subject", &fact.subject, MAX_TERM_CHARS)?;
+        fact.predicate = term("content.data.predicate", &fact.predicate, MAX_TERM_CHARS)?;
+        shallow("content.data.object", &fact.object)?;
+        let valid_from = fact.valid_from.unwrap_or(event.occurred_at);
+        if let Some(valid_to) = fact.valid_to
+            && valid_to <= valid_from
+        {
+            return Err(PayloadError::new(
+                "content.data.valid_to",
+                format!(
+                    "{valid_to} is not after valid_from {valid_from} (which defaults to occurred_at); validity is the half-open interval [valid_from, valid_to)"
+                ),
+            ));
+        }
+        if let Some(confidence) = fact.confidence
+            && !(0.0..=1.0).contains(&confidence)
+        {
+            return Err(PayloadError::new(
+                "content.data.confidence",
+                format!("{confidence} is not a number in 0.0..=1.0"),
+            ));
+        }
+        Ok(fact)
+    }
+
+    /// The asserted confidence, 1 when left out.
+    pub fn confidence(&self) -> f64 {
+        self.confidence.unwrap_or(1.0)
+    }
+
+    /// The asserted cardinality, single when left out.
+    pub fn cardinality(&self) -> Cardinality {
+        self.cardinality.unwrap_or_default()
+    }
+}
+
+impl FactRetracted {
+    /// Checks `event.content.data` and returns it with subject and predicate trimmed.
+    pub fn from_event(event: &Envelope) -> Result<Self, PayloadError> {
+        let example = r#"{"subject": "alice", "predicate": "lives_in"}"#;
+        let mut retraction: Self = read(event, FACT_RETRACTED_FIELDS, example)?;
+        retraction.subject = term("content.data.subject", &retraction.subject, MAX_TERM_CHARS)?;
+        retraction.predicate = term(
+            "content.data.predicate",
+            &retraction.predicate,
+            MAX_TERM_CHARS,
+        )?;
+        if let Some(object) = &retraction.object {
+            shallow("content.data.object", object)?;
+        }
+        Ok(retraction)
+    }
+}
+
+impl SkillRecorded {
+    /// Checks `event.content.data` and returns it with name and description trimmed.
+    pub fn from_event(event: &Envelope) -> Result<Self, PayloadError> {
+        let example = r#"{"name": "deploy-service", "description": "roll out a service"}"#;
+        let mut skill: Self = read(event, SKILL_RECORDED_FIELDS, example)?;
+        skill.name = term("content.data.name", &skill.name, MAX_NAME_CHARS)?;
+        skill.description = term(
+            "content.data.description",
+            &skill.description,
+            MAX_TEXT_CHARS,
+        )
+        .map_err(|e| PayloadError {
+            reason: format!(
+                "{}; say what the skill does, search depends on it",
+                e.reason
+            ),
+            ..e
+        })?;
+        at_least_one("content.data.version", skill.version)?;
+        list("content.data.steps", skill.steps.as_deref())?;
+        list("content.data.preconditions", skill.preconditions.as_deref())?;
+        if let Some(script) = &skill.script {
+            at_most("content.data.script", script, MAX_SCRIPT_CHARS)?;
+        }
+        Ok(skill)
+    }
+
+    pub fn steps(&self) -> &[String] {
+        self.steps.as_deref().unwrap_or_default()
+    }
+
+    pub fn preconditions(&self) -> &[String] {
+        self.preconditions.as_deref().unwrap_or_default()
+    }
+}
+
+impl SkillOutcome {
+    /// Checks the `content.data` of an outcome: `None` when it names no skill (data absent,
+    /// not an object, or without a non-null `skill`), else the report, its skill trimmed.
+    pub fn from_event(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        let names_a_skill = matches!(
+            &event.content.data,
+            Some(Value::Object(data)) if data.get("skill").is_some_and(|s| !s.is_null())
+        );
+        if !names_a_skill {
+            return Ok(None);
+        }
+        let example = r#"{"skill": "deploy-service", "success": true}"#;
+        let mut outcome: Self = read(event, SKILL_OUTCOME_FIELDS, example)?;
+        outcome.skill = term("content.data.skill", &outcome.skill, MAX_NAME_CHARS)?;
+        at_least_one("content.data.version", outcome.version)?;
+        Ok(Some(outcome))
+    }
+}
+
+impl Forgotten {
+    /// Checks `event.content.data`: 1 to [`MAX_FORGOTTEN`] valid event ids.
+    pub fn from_event(event: &Envelope) -> Result<Self, PayloadError> {
+        let example = r#"{"event_ids": ["0192f0c4-7a6e-7cc1-9a43-5a1bd3f2e0a1"]}"#;
+        let forgotten: Self = read(event, FORGOTTEN_FIELDS, example)?;
+        let count = forgotten.event_ids.len();
+        if count == 0 || count > MAX_FORGOTTEN {
+            return Err(PayloadError::new(
+                "content.data.event_ids",
+                format!("{count} ids; give 1..={MAX_FORGOTTEN} per event"),
+            ));
+        }
+        Ok(forgotten)
+    }
+}
+
+/// Deserialises `event.content.data` as `T`, naming the field at fault. Required fields are
+/// checked first, so that a missing one gets its own message instead of serde's.
+fn read<T: DeserializeOwned>(
+    event: &Envelope,
+    fields: &[Field],
+    example: &str,
+) -> Result<T, PayloadError> {
+    let (value, data) = match &event.content.data {
+        Some(value @ Value::Object(data)) => (value, data),
+        other => {
+            let found = other.as_ref().map_or("nothing", kind_of);
+            return Err(PayloadError::new(
+                "content.data",
+                format!(
+                    "a {} event needs a JSON object here, found {found}; send for example {example}",
+                    event.kind
+                ),
+            ));
+        }
+    };
+    if let Some(missing) = fields
+        .iter()
+        .find(|f| f.required && data.get(f.name).is_none_or(Value::is_null))
+    {
+        return Err(PayloadError::new(
+            missing.path,
+            format!("it is missing or null; send {}", missing.expected),
+        ));
+    }
+    serde_path_to_error::deserialize(value).map_err(|e| {
+        let mut segments = e.path().iter();
+        let field = match segments.next() {
+            Some(Segment::Map { key }) => fields.iter().find(|f| f.name == key),
+            _ => None,
+        };
+        let item = match segments.next() {
+            Some(Segment::Seq { index }) => format!("item {index}: "),
+            _ => String::new(),
+        };
+        match field {
+            Some(field) => PayloadError::new(
+                field.path,
+                format!("{item}{}; send {}", e.inner(), field.expected),
+            ),
+            None => PayloadError::new("content.data", e.inner().to_string()),
+        }
+    })
+}
+
+/// A name: trimmed, then 1 to `max` characters.
+fn term(field: &'static str, value: &str, max: usize) -> Result<String, PayloadError> {
+    let trimmed = value.trim();
+    if trimmed.is_empty() {
+        return Err(PayloadError::new(
+            field,
+            "it is empty after trimming whitespace; send a non-empty string",
+        ));
+    }
+    at_most(field, trimmed, max)?;
+    Ok(trimmed.to_owned())
+}
+
+fn at_most(field: &'static str, value: &str, max: usize) -> Result<(), PayloadError> {
+    let chars = value.chars().count();
+    if chars > max {
+        return Err(PayloadError::new(
+            field,
+            format!("it has {chars} characters, at most {max} are allowed; shorten it"),
+        ));
+    }
+    Ok(())
+}
+
+fn at_least_one(field: &'static str, version: Option<u32>) -> Result<(), PayloadError> {
+    if version == Some(0) {
+        return Err(PayloadError::new(
+            field,
+            format!("0 is not a whole number in 1..={}", u32::MAX),
+        ));
+    }
+    Ok(())
+}
+
+fn list(field: &'static str, items: Option<&[String]>) -> Result<(), PayloadError> {
+    let items = items.unwrap_or_default();
+    if items.len() > MAX_LIST_ITEMS {
+        return Err(PayloadError::new(
+            field,
+            format!(
+                "{} items, at most {MAX_LIST_ITEMS} are allowed; merge some",
+                items.len()
+            ),
+        ));
+    }
+    for (index, item) in items.iter().enumerate() {
+        at_most(field, item, MAX_TEXT_CHARS).map_err(|e| PayloadError {
+            reason: format!("item {index}: {}", e.reason),
+            ..e
+        })?;
+    }
+    Ok(())
+}
+
+/// Refuses a value nested deeper than [`MAX_OBJECT_DEPTH`]. Stops descending at the limit,
+/// so its own recursion is bounded whatever the input.
+fn shallow(field: &'static str, value: &Value) -> Result<(), PayloadError> {
+    fn within(value: &Value, budget: usize) -> bool {
+        match value {
+            Value::Array(items) => budget > 0 && items.iter().all(|v| within(v, budget - 1)),
+            Value::Object(map) => budget > 0 && map.values().all(|v| within(v, budget - 1)),
+            _ => true,
+        }
+    }
+    if within(value, MAX_OBJECT_DEPTH) {
+        return Ok(());
+    }
+    Err(PayloadError::new(
+        field,
+        format!(
+            "it is nested more than {MAX_OBJECT_DEPTH} levels deep; flatten it, or put the detail in content.text"
+        ),
+    ))
+}
+
+/// An optional RFC 3339 timestamp, parsed strictly (chrono's own `Deserialize` also takes
+/// other forms, which JSON Schema's `date-time` does not).
+fn rfc3339<'de, D: Deserializer<'de>>(d: D) -> Result<Option<DateTime<Utc>>, D::Error> {
+    let Some(text) = Option::<String>::deserialize(d)? else {
+        return Ok(None);
+    };
+    DateTime::parse_from_rfc3339(&text)
+        .map(|t| Some(t.with_timezone(&Utc)))
+        .map_err(|e| D::Error::custom(format!("{text:?} is not an RFC 3339 timestamp ({e})")))
+}
+
+fn kind_of(value: &Value) -> &'static str {
+    match value {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+    use crate::envelope::{Content, Layer, Scope, ScopeKind};
+    use crate::ident::Ident;
+
+    fn event(kind: EventKind, data: Option<Value>) -> Envelope {
+        let id = |s: &str| Ident::parse("id", s).unwrap();
+        Envelope::new(
+            id("acme"),
+            Scope::new(ScopeKind::Team, "core").unwrap(),
+            id("planner"),
+            id("i-1"),
+            Layer::Semantic,
+            kind,
+            Content {
+                text: "some text".into(),
+                data,
+            },
+        )
+    }
+
+    /// `validate` refuses `data` for `kind`, naming `field`; returns the reason.
+    fn refused(kind: EventKind, data: Option<Value>, field: &str) -> String {
+        let err = event(kind, data.clone())
+            .validate()
+            .expect_err(&format!("{kind} {data:?} must be refused"));
+        match err {
+            SchemaError::InvalidField {
+                field: named,
+                reason,
+            } => {
+                assert_eq!(named, field, "{kind} {data:?}: {reason}");
+                assert!(!reason.is_empty());
+                reason
+            }
+            other => panic!("{kind} {data:?}: expected InvalidField {field}, got {other:?}"),
+        }
+    }
+
+    fn nested(depth: usize) -> Value {
+        (0..depth).fold(json!("leaf"), |inner, _| json!([inner]))
+    }
+
+    #[test]
+    fn a_valid_fact_assertion_is_accepted_trimmed_with_its_defaults() {
+        let e = event(
+            EventKind::FactAsserted,
+            Some(json!({
+                "subject": "  alice\n", "predicate": "lives_in", "object": {"city": "paris"},
+                "valid_to": null, "confidence": null, "extra": [1, 2],
+            })),
+        );
+        e.validate().unwrap();
+        let fact = FactAsserted::from_event(&e).unwrap();
+        assert_eq!(fact.subject, "alice");
+        assert_eq!(fact.object, json!({"city": "paris"}));
+        assert_eq!(fact.confidence(), 1.0);
+        assert_eq!(fact.cardinality(), Cardinality::Single);
+        assert_eq!(fact.valid_from, None);
+
+        let full = event(
+            EventKind::FactAsserted,
+            Some(json!({
+                "subject": "alice", "predicate": "speaks", "object": "french",
+                "valid_from": "2024-01-01T00:00:00Z", "valid_to": "2025-01-01T00:00:00+01:00",
+                "confidence": 0.5, "cardinality": "multi",
+            })),
+        );
+        let fact = FactAsserted::from_event(&full).unwrap();
+        assert_eq!(fact.cardinality(), Cardinality::Multi);
+        assert_eq!(fact.confidence(), 0.5);
+        assert_eq!(
+            fact.valid_to.unwrap().to_rfc3339(),
+            "2024-12-31T23:00:00+00:00"
+        );
+    }
+
+    #[test]
+    fn every_missing_or_ill_typed_fact_field_is_named() {
+        let fact = |extra: Value| {
+            let mut data = json!({"subject": "s", "predicate": "p", "object": 1});
+            for (k, v) in extra.as_object().unwrap() {
+                data[k] = v.clone();
+            }
+            Some(data)
+        };
+        let cases = [
+            (None, "content.data"),
+            (Some(json!("alice lives in paris")), "content.data"),
+            (
+                Some(json!({"predicate": "p", "object": 1})),
+                "content.data.subject",
+            ),
+            (fact(json!({"subject": null})), "content.data.subject"),
+            (fact(json!({"subject": 7})), "content.data.subject"),
+            (fact(json!({"subject": " \t"})), "content.data.subject"),
+            (
+                Some(json!({"subject": "s", "object": 1})),
+                "content.data.predicate",
+            ),
+            (fact(json!({"predicate": ["p"]})), "content.data.predicate"),
+            (
+                Some(json!({"subject": "s", "predicate": "p"})),
+                "content.data.object",
+            ),
+            (fact(json!({"object": null})), "content.data.object"),
+            (fact(json!({"valid_from": 2024})), "content.data.valid_from"),
+            (
+                fact(json!({"valid_from": "yesterday"})),
+                "content.data.valid_from",
+            ),
+            (
+                fact(json!({"valid_from": "2024-01-01 00:00:00"})),
+                "content.data.valid_from",
+            ),
+            (
+                fact(
+                    json!({"valid_from": "2024-02-01T00:00:00Z", "valid_to": "2024-02-01T00:00:00Z"}),
+                ),
+                "content.data.valid_to",
+            ),
+            (fact(json!({"confidence": 1.5})), "content.data.confidence"),
+            (fact(json!({"confidence": -0.1})), "content.data.confidence"),
+            (
+                fact(json!({"confidence": "high"})),
+                "content.data.confidence",
+            ),
+            (
+                fact(json!({"cardinality": "many"})),
+                "content.data.cardinality",
+            ),
+        ];
+        for (data, field) in cases {
+            refused(EventKind::FactAsserted, data, field);
+        }
+        let reason = refused(
+            EventKind::FactAsserted,
+            Some(json!({"subject": "s", "predicate": "p"})),
+            "content.data.object",
+        );
+        assert!(
+            reason.contains("fact_retracted"),
+            "says what to do: {reason}"
+        );
+        let reason = refused(EventKind::FactAsserted, None, "content.data");
+        assert!(reason.contains("\"subject\""), "gives an example: {reason}");
+    }
+
+    #[test]
+    fn valid_to_defaults_its_bound_to_occurred_at() {
+        let mut e = event(
+            EventKind::FactAsserted,
+            Some(
+                json!({"subject": "s", "predicate": "p", "object": 1, "valid_to": "2024-01-01T00:00:00Z"}),
+            ),
+        );
+        e.occurred_at = "2024-06-01T00:00:00Z".parse().unwrap();
+        refused(e.kind, e.content.data.clone(), "content.data.valid_to");
+        assert!(FactAsserted::from_event(&e).is_err());
+        e.occurred_at = "2023-06-01T00:00:00Z".parse().unwrap();
+        assert!(FactAsserted::from_event(&e).is_ok());
+    }
+
+    #[test]
+    fn fact_terms_are_limited_in_characters_after_trimming() {
+        let at_limit = "é".repeat(MAX_TERM_CHARS);
+        let e = event(
+            EventKind::FactAsserted,
+            Some(json!({"subject": format!(" {at_limit} "), "predicate": "p", "object": 1})),
+        );
+        assert_eq!(FactAsserted::from_event(&e).unwrap().subject, at_limit);
+        let over = "x".repeat(MAX_TERM_CHARS + 1);
+        for (kind, data, field) in [
+            (
+                EventKind::FactAsserted,
+                json!({"subject": over, "predicate": "p", "object": 1}),
+                "content.data.subject",
+            ),
+            (
+                EventKind::FactAsserted,
+                json!({"subject": "s", "predicate": over, "object": 1}),
+                "content.data.predicate",
+            ),
+            (
+                EventKind::FactRetracted,
+                json!({"subject": over, "predicate": "p"}),
+                "content.data.subject",
+            ),
+        ] {
+            let reason = refused(kind, Some(data), field);
+            assert!(reason.contains("257 characters"), "{reason}");
+        }
+    }
+
+    #[test]
+    fn a_fact_object_nested_too_deep_is_refused() {
+        for kind in [EventKind::FactAsserted, EventKind::FactRetracted] {
+            let ok = json!({"subject": "s", "predicate": "p", "object": nested(MAX_OBJECT_DEPTH)});
+            event(kind, Some(ok)).validate().unwrap();
+            let deep =
+                json!({"subject": "s", "predicate": "p", "object": nested(MAX_OBJECT_DEPTH + 1)});
+            let reason = refused(kind, Some(deep), "content.data.object");
+            assert!(reason.contains("32 levels"), "{reason}");
+            let deep_map = (0..=MAX_OBJECT_DEPTH).fold(json!(1), |inner, _| json!({"k": inner}));
+            let deep_map = json!({"subject": "s", "predicate": "p", "object": deep_map});
+            refused(kind, Some(deep_map), "content.data.object");
+        }
+    }
+
+    #[test]
+    fn a_retraction_needs_subject_and_predicate_and_may_name_an_object() {
+        let e = event(
+            EventKind::FactRetracted,
+            Some(json!({"subject": "alice ", "predicate": "lives_in", "object": null})),
+        );
+        let retraction = FactRetracted::from_event(&e).unwrap();
+        assert_eq!(retraction.subject, "alice");
+        assert_eq!(retraction.object, None);
+        refused(EventKind::FactRetracted, None, "content.data");
+        refused(
+            EventKind::FactRetracted,
+            Some(json!({"subject": "alice"})),
+            "content.data.predicate",
+        );
+        refused(
+            EventKind::FactRetracted,
+            Some(json!({"subject": false, "predicate": "p"})),
+            "content.data.subject",
+        );
+    }
+
+    #[test]
+    fn a_valid_skill_record_is_accepted_trimmed() {
+        let e = event(
+            EventKind::SkillRecorded,
+            Some(json!({
+                "name": " deploy ", "description": " roll out a service ", "version": 3,
+                "steps": ["build", "ship"], "script": "make deploy", "preconditions": null,
+            })),
+        );
+        e.validate().unwrap();
+        let skill = SkillRecorded::from_event(&e).unwrap();
+        assert_eq!(skill.name, "deploy");
+        assert_eq!(skill.description, "roll out a service");
+        assert_eq!(skill.version, Some(3));
+        assert_eq!(skill.steps(), ["build", "ship"]);
+        assert!(skill.preconditions().is_empty());
+    }
+
+    #[test]
+    fn every_missing_ill_typed_or_oversized_skill_field_is_named() {
+        let skill = |extra: Value| {
+            let mut data = json!({"name": "lint", "description": "run the linter"});
+            for (k, v) in extra.as_object().unwrap() {
+                data[k] = v.clone();
+            }
+            Some(data)
+        };
+        let long = |n: usize| "x".repeat(n);
+        let cases = [
+            (None, "content.data"),
+            (Some(json!(["lint"])), "content.data"),
+            (Some(json!({"description": "d"})), "content.data.name"),
+            (skill(json!({"name": " "})), "content.data.name"),
+            (skill(json!({"name": 5})), "content.data.name"),
+            (
+                skill(json!({"name": long(MAX_NAME_CHARS + 1)})),
+                "content.data.name",
+            ),
+            (Some(json!({"name": "lint"})), "content.data.description"),
+            (
+                skill(json!({"description": ""})),
+                "content.data.description",
+            ),
+            (skill(json!({"description": 3})), "content.data.description"),
+            (
+                skill(json!({"description": long(MAX_TEXT_CHARS + 1)})),
+                "content.data.description",
+            ),
+            (skill(json!({"version": 0})), "content.data.version"),
+            (skill(json!({"version": -1})), "content.data.version"),
+            (skill(json!({"version": 1.5})), "content.data.version"),
+            (skill(json!({"version": "2"})), "content.data.version"),
+            (
+                skill(json!({"version": 4_294_967_296u64})),
+                "content.data.version",
+            ),
+            (skill(json!({"steps": "run it"})), "content.data.steps"),
+            (skill(json!({"steps": ["ok", 1]})), "content.data.steps"),
+            (
+                skill(json!({"steps": vec!["s"; MAX_LIST_ITEMS + 1]})),
+                "content.data.steps",
+            ),
+            (
+                skill(json!({"steps": ["ok", long(MAX_TEXT_CHARS + 1)]})),
+                "content.data.steps",
+            ),
+            (skill(json!({"script": 5})), "content.data.script"),
+            (
+                skill(json!({"script": long(MAX_SCRIPT_CHARS + 1)})),
+                "content.data.script",
+            ),
+            (
+                skill(json!({"preconditions": {"a": 1}})),
+                "content.data.preconditions",
+            ),
+            (
+                skill(json!({"preconditions": vec!["p"; MAX_LIST_ITEMS + 1]})),
+                "content.data.preconditions",
+            ),
+        ];
+        for (data, field) in cases {
+            refused(EventKind::SkillRecorded, data, field);
+        }
+        let reason = refused(
+            EventKind::SkillRecorded,
+            skill(json!({"steps": ["ok", 1]})),
+            "content.data.steps",
+        );
+        assert!(reason.starts_with("item 1:"), "{reason}");
+    }
+
+    #[test]
+    fn an_outcome_is_checked_only_when_it_names_a_skill() {
+        for data in [
+            None,
+            Some(json!("done")),
+            Some(json!({"status": "ok", "success": "partially"})),
+            Some(json!({"skill": null, "success": 3})),
+        ] {
+            let e = event(EventKind::Outcome, data.clone());
+            e.validate().unwrap();
+            assert_eq!(SkillOutcome::from_event(&e).unwrap(), None, "{data:?}");
+        }
+        let e = event(
+            EventKind::Outcome,
+            Some(json!({"skill": " lint ", "success": false, "version": 2, "exit_code": 1})),
+        );
+        assert_eq!(
+            SkillOutcome::from_event(&e).unwrap(),
+            Some(SkillOutcome {
+                skill: "lint".into(),
+                success: false,
+                version: Some(2),
+            })
+        );
+        let cases = [
+            (json!({"skill": 5, "success": true}), "content.data.skill"),
+            (json!({"skill": "", "success": true}), "content.data.skill"),
+            (
+                json!({"skill": "x".repeat(MAX_NAME_CHARS + 1), "success": true}),
+                "content.data.skill",
+            ),
+            (json!({"skill": "lint"}), "content.data.success"),
+            (
+                json!({"skill": "lint", "success": "yes"}),
+                "content.data.success",
+            ),
+            (
+                json!({"skill": "lint", "success": true, "version": 0}),
+                "content.data.version",
+            ),
+            (
+                json!({"skill": "lint", "success": true, "version": "x"}),
+                "content.data.version",
+            ),
+        ];
+        for (data, field) in cases {
+            refused(EventKind::Outcome, Some(data), field);
+        }
+    }
+
+    #[test]
+    fn a_forgotten_event_needs_1_to_1000_valid_ids() {
+        let ids: Vec<EventId> = (0..3).map(|_| EventId::new()).collect();
+        let e = event(EventKind::Forgotten, Some(json!({"event_ids": ids})));
+        assert_eq!(Forgotten::from_event(&e).unwrap().event_ids, ids);
+        let too_many: Vec<EventId> = (0..=MAX_FORGOTTEN).map(|_| EventId::new()).collect();
+        for data in [
+            None,
+            Some(json!({})),
+            Some(json!({"event_ids": []})),
+            Some(json!({"event_ids": too_many})),
+            Some(json!({"event_ids": [7]})),
+            Some(json!({"event_ids": ["not-an-id"]})),
+        ] {
+            let field = if data.is_none() {
+                "content.data"
+            } else {
+                "content.data.event_ids"
+            };
+            refused(EventKind::Forgotten, data, field);
+        }
+    }
+
+    #[test]
+    fn kinds_without_a_payload_type_take_any_data() {
+        for kind in [
+            EventKind::Observation,
+            EventKind::Action,
+            EventKind::Preference,
+        ] {
+            let e = event(kind, Some(json!({"subject": 7, "anything": [null]})));
+            e.validate().unwrap();
+            assert_eq!(Payload::of(&e).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn payloads_built_from_the_types_pass_their_own_check() {
+        let fact = FactAsserted {
+            subject: "alice".into(),
+            predicate: "lives_in".into(),
+            object: json!("paris"),
+            valid_from: Some("2024-01-01T00:00:00Z".parse().unwrap()),
+            valid_to: None,
+            confidence: Some(0.9),
+            cardinality: Some(Cardinality::Multi),
+        };
+        let e = event(
+            EventKind::FactAsserted,
+            Some(serde_json::to_value(&fact).unwrap()),
+        );
+        assert_eq!(Payload::of(&e).unwrap(), Some(Payload::FactAsserted(fact)));
+        let skill = SkillRecorded {
+            name: "lint".into(),
+            description: "run the linter".into(),
+            version: None,
+            steps: Some(vec!["cargo clippy".into()]),
+            script: None,
+            preconditions: None,
+        };
+        let e = event(
+            EventKind::SkillRecorded,
+            Some(serde_json::to_value(&skill).unwrap()),
+        );
+        assert_eq!(
+            Payload::of(&e).unwrap(),
+            Some(Payload::SkillRecorded(skill))
+        );
+    }
+
+    #[test]
+    fn decoding_leaves_the_payload_to_the_read_models() {
+        // An event stored before the contract (or published raw) still decodes, so readers
+        // that only want its text get it; the append path refuses it.
+        let codec = crate::Codec::default();
+        let old = event(EventKind::FactAsserted, None);
+        let bytes = rmp_serde::to_vec_named(&old).unwrap();
+        assert_eq!(codec.decode(&bytes).unwrap(), old);
+        assert!(matches!(
+            codec.encode(&old),
+            Err(SchemaError::InvalidField {
+                field: "content.data",
+                ..
+            })
+        ));
+        let json = serde_json::to_string(&old).unwrap();
+        assert!(matches!(
+            codec.decode_json(&json),
+            Err(SchemaError::InvalidField {
+                field: "content.data",
+                ..
+            })
+        ));
+    }
+}
