@@ -38,12 +38,12 @@ bench-append *ARGS:
 
 # Retrieval quality on LoCoMo: hybrid vs plain RRF vs dense vs BM25, through the real system.
 bench-locomo *ARGS:
-    cargo run --release -p engram -- bench locomo --data ../shared/bench/locomo-dev.json {{ARGS}}
+    cargo run --release -p engram-bench -- locomo --data ../shared/bench/locomo-dev.json {{ARGS}}
 
 # Retrieval latency at 100k memories in one scope through the service, beside in-process
 # exact and graph search of the same vectors.
 bench-query *ARGS:
-    cargo run --release -p engram -- bench query {{ARGS}}
+    cargo run --release -p engram-bench -- query {{ARGS}}
 
 # HNSW against exact search at 100k and 1M vectors (client-supplied, one scope).
 bench-ann *ARGS:

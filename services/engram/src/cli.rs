@@ -81,23 +81,9 @@ pub enum Command {
         /// vector, keyword, facts or skills.
         projector: engram_projectors::ProjectorName,
     },
-    /// Benchmarks.
-    #[command(subcommand)]
-    Bench(BenchCommand),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
-}
-
-#[derive(Debug, Subcommand)]
-pub enum BenchCommand {
-    /// Retrieval quality on LoCoMo: ingest through the bus, then ask every category 1-4
-    /// question in hybrid, dense-only and BM25-only modes. Without --nats it starts its own
-    /// nats-server and services in a temporary directory.
-    Locomo(crate::bench::locomo::LocomoArgs),
-    /// Retrieval latency at a scope size (100k memories by default) through the query
-    /// service, beside exact and graph search of the same vectors in-process. Self-contained.
-    Query(crate::bench::query::QueryArgs),
 }
 
 /// Who asks and which scopes they may read.
@@ -257,7 +243,8 @@ pub enum ConfigCommand {
 }
 
 impl GlobalArgs {
-    fn overrides(&self) -> FlagOverrides {
+    /// The flags as the last configuration layer.
+    pub fn overrides(&self) -> FlagOverrides {
         FlagOverrides {
             home: self.home.clone(),
             nats_url: self.nats.clone(),
@@ -294,12 +281,6 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Projector { names } => commands::projector::run(&config, names).await,
         Command::Rebuild { projector } => {
             commands::projector::rebuild(&config, projector, json).await
-        }
-        Command::Bench(BenchCommand::Locomo(args)) => {
-            crate::bench::locomo::run(&config, args, json).await
-        }
-        Command::Bench(BenchCommand::Query(args)) => {
-            crate::bench::query::run(&config, args, json).await
         }
         Command::Config(ConfigCommand::Dump) => {
             if json {

@@ -8,7 +8,6 @@
 //! - [`demo`]: the short walk-through `engram up --demo` prints for a new user.
 //! - [`output`]: how events and receipts are printed, as text or JSON lines.
 
-pub mod bench;
 pub mod cli;
 pub mod commands;
 pub mod demo;

@@ -1,4 +1,4 @@
-//! `engram bench locomo`: retrieval recall on LoCoMo, through the real bus, projectors and
+//! `engram-bench locomo`: retrieval recall on LoCoMo, through the real bus, projectors and
 //! query service.
 //!
 //! Each conversation becomes one scope (`task:<sample_id>`) of a fresh tenant; each turn one
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use super::progress;
+use crate::progress;
 use anyhow::Context as _;
 use chrono::Duration as ChronoDuration;
 use engram_config::Config;
@@ -79,9 +79,9 @@ pub async fn run(config: &Config, args: LocomoArgs, json: bool) -> anyhow::Resul
             RetryPolicy::default(),
         )
     } else {
-        let (home, local) = super::temporary_home(config)?;
+        let (home, local) = crate::temporary_home(config)?;
         eprintln!("starting an embedded engram in {}", home.path().display());
-        let up = crate::up::start(&local).await?;
+        let up = engram::up::start(&local).await?;
         let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
         temp_home = Some(home);
         running = Some(up);

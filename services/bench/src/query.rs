@@ -1,4 +1,4 @@
-//! `engram bench query`: retrieval latency through the whole system at a given scope size,
+//! `engram-bench query`: retrieval latency through the whole system at a given scope size,
 //! beside its physical reference in the same run.
 //!
 //! N memories with client-supplied 384-dim vectors (the clustered synthetic mixture of
@@ -13,7 +13,7 @@ use std::collections::HashSet;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use super::progress;
+use crate::progress;
 use anyhow::Context as _;
 use engram_config::Config;
 use engram_embed::EmbedderConfig;
@@ -207,13 +207,13 @@ pub async fn run(config: &Config, args: QueryArgs, json: bool) -> anyhow::Result
     if args.memories == 0 || args.queries == 0 || args.top_k == 0 {
         anyhow::bail!("--memories, --queries and --top-k must be at least 1");
     }
-    let (home, mut local) = super::temporary_home(config)?;
+    let (home, mut local) = crate::temporary_home(config)?;
     local.projectors.embedder = EmbedderConfig::ClientSupplied {
         model: MODEL.into(),
         dim: DIM,
     };
     eprintln!("starting an embedded engram in {}", home.path().display());
-    let up = crate::up::start(&local).await?;
+    let up = engram::up::start(&local).await?;
     let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
     let result = bench(&client, &args, &local.projectors.hnsw).await;
     up.shutdown().await;

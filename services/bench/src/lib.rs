@@ -1,0 +1,82 @@
+//! `engram-bench`: quality and latency benchmarks that run through the real system.
+//!
+//! A binary of its own so that what `engram up` links carries none of it: the LoCoMo loader,
+//! the synthetic vector generator and the histograms are benchmark-only.
+//!
+//! # Layout
+//! - [`locomo`]: retrieval recall on LoCoMo, by mode.
+//! - [`query`]: retrieval latency at a scope size, beside in-process exact and graph search.
+//! - [`cli`]: flags (the `engram` binary's global ones, plus the benchmark).
+
+pub mod locomo;
+pub mod query;
+
+use anyhow::Context as _;
+use engram_config::Config;
+use indicatif::{ProgressBar, ProgressStyle};
+
+/// `config` moved into a new temporary home, with a managed nats-server and the HTTP
+/// listener on free ports, for a self-contained run. The home is removed when dropped.
+pub(crate) fn temporary_home(config: &Config) -> anyhow::Result<(tempfile::TempDir, Config)> {
+    let home = tempfile::tempdir().context("creating a temporary home")?;
+    let mut local = config.clone();
+    local.home = home.path().to_owned();
+    local.nats.managed_port = 0;
+    local.http.listen = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+    Ok((home, local))
+}
+
+/// A progress bar with rate and ETA, as every benchmark phase shows one.
+pub(crate) fn progress(len: u64, message: &'static str) -> ProgressBar {
+    let bar = ProgressBar::new(len);
+    bar.set_style(
+        ProgressStyle::with_template("{msg} [{bar:40}] {pos}/{len} ({per_sec}, eta {eta})")
+            .expect("static template")
+            .progress_chars("=> "),
+    );
+    bar.set_message(message);
+    bar
+}
+
+pub mod cli {
+    use std::process::ExitCode;
+
+    use clap::{Parser, Subcommand};
+    use engram_config::Config;
+
+    #[derive(Debug, Parser)]
+    #[command(
+        name = "engram-bench",
+        version,
+        about = "Engram's benchmarks, through the real bus, projectors and query service"
+    )]
+    pub struct Cli {
+        #[command(flatten)]
+        pub global: engram::cli::GlobalArgs,
+        #[command(subcommand)]
+        pub command: Command,
+    }
+
+    #[derive(Debug, Subcommand)]
+    pub enum Command {
+        /// Retrieval quality on LoCoMo: ingest through the bus, then ask every category 1-4
+        /// question in hybrid, dense-only and BM25-only modes. Without --nats it starts its own
+        /// nats-server and services in a temporary directory.
+        Locomo(crate::locomo::LocomoArgs),
+        /// Retrieval latency at a scope size (100k memories by default) through the query
+        /// service, beside exact and graph search of the same vectors in-process.
+        /// Self-contained.
+        Query(crate::query::QueryArgs),
+    }
+
+    /// Loads config as `engram` does, sets up logging and runs the benchmark.
+    pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+        let config = Config::load(cli.global.config.as_deref(), &cli.global.overrides())?;
+        engram_telemetry::init_logging(config.log.format, &config.log.filter)?;
+        let json = cli.global.json;
+        match cli.command {
+            Command::Locomo(args) => crate::locomo::run(&config, args, json).await,
+            Command::Query(args) => crate::query::run(&config, args, json).await,
+        }
+    }
+}
