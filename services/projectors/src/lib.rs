@@ -364,7 +364,7 @@ where
                     &serving,
                     ("query", "facts"),
                     |r: &FactsRequest| r.validate().map(|()| r.consistency),
-                    |p, req, seq| async move { facts::query(&p, &req, seq) },
+                    |p, req, seq| off_runtime(move || facts::query(&p, &req, seq)),
                     stop,
                 )
                 .await
@@ -378,7 +378,7 @@ where
                     &serving,
                     ("search", "skills"),
                     |r: &SkillsRequest| r.validate().map(|()| r.consistency),
-                    |p, req, seq| async move { skills::query(&p, &req, seq) },
+                    |p, req, seq| off_runtime(move || skills::query(&p, &req, seq)),
                     stop,
                 )
                 .await
@@ -623,6 +623,16 @@ async fn wait_visible(
         .wait_for(min_seq, wait)
         .await
         .map_err(|e: NotYetVisible| Failure::new(ErrorCode::NotYetVisible, e.to_string()))
+}
+
+/// Runs a query that scans a table on a blocking thread: a scan of a large fact table or
+/// skill registry would otherwise hold up every other request on the runtime.
+async fn off_runtime<T: Send + 'static>(
+    query: impl FnOnce() -> Result<T, Failure> + Send + 'static,
+) -> Result<T, Failure> {
+    tokio::task::spawn_blocking(query)
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Internal, format!("query failed: {e}")))?
 }
 
 async fn wait_true(mut rx: watch::Receiver<bool>) {
