@@ -240,11 +240,11 @@ struct Field {
 macro_rules! fields {
     (@required) => { true };
     (@optional) => { false };
-    ($($required:ident $name:literal => $expected:literal;)+) => {
+    ($($presence:ident $name:literal => $expected:literal;)+) => {
         &[$(Field {
             name: $name,
             path: concat!("content.data.", $name),
-            required: fields!(@$required),
+            required: fields!(@$presence),
             expected: $expected,
         }),+]
     };
