@@ -11,8 +11,10 @@ use crate::ident::Ident;
 
 /// First two tokens of every event subject.
 pub const SUBJECT_PREFIX: &str = "engram.evt";
-/// What the events stream captures.
-pub const STREAM_SUBJECTS: &str = "engram.evt.>";
+/// What the events stream captures: exactly the four tokens of [`subject_for`]. A `>` would
+/// also store (and feed every projector) `engram.evt.x` or `engram.evt.a.b.c.d.e.f.g`,
+/// subjects no valid event is ever published on.
+pub const STREAM_SUBJECTS: &str = "engram.evt.*.*.*.*";
 
 /// The subject an envelope is published on.
 pub fn subject_for(event: &Envelope) -> String {
@@ -20,6 +22,22 @@ pub fn subject_for(event: &Envelope) -> String {
         "{SUBJECT_PREFIX}.{}.{}.{}.{}",
         event.tenant, event.scope.kind, event.scope.id, event.layer
     )
+}
+
+/// Whether `subject` is exactly the one `event` belongs on ([`subject_for`]). The stream
+/// takes any bytes on any matching subject, so a reader must not trust a subject to say whose
+/// an event is, nor an envelope to say where it was published: a message on
+/// `engram.evt.attacker...` whose body names tenant `victim` is neither's.
+pub fn subject_matches(event: &Envelope, subject: &str) -> bool {
+    let mut tokens = subject.split('.');
+    let mut next_is = |want: &str| tokens.next() == Some(want);
+    let prefix_ok = SUBJECT_PREFIX.split('.').all(&mut next_is);
+    prefix_ok
+        && next_is(event.tenant.as_str())
+        && next_is(event.scope.kind.as_str())
+        && next_is(event.scope.id.as_str())
+        && next_is(event.layer.as_str())
+        && tokens.next().is_none()
 }
 
 /// Which events to replay or tail. `None` means any value for that token.
@@ -52,7 +70,7 @@ impl SubjectFilter {
         self
     }
 
-    /// The NATS filter subject. With nothing set it is `engram.evt.>`.
+    /// The NATS filter subject. With nothing set it is [`STREAM_SUBJECTS`].
     pub fn to_subject(&self) -> String {
         if *self == Self::default() {
             return STREAM_SUBJECTS.to_owned();
@@ -98,8 +116,33 @@ mod tests {
     }
 
     #[test]
+    fn a_subject_matches_only_its_own_envelope() {
+        let e = Envelope::new(
+            id("victim"),
+            Scope::new(ScopeKind::Task, "mine").unwrap(),
+            id("planner"),
+            id("i-1"),
+            Layer::Episodic,
+            EventKind::Observation,
+            Content::text("x"),
+        );
+        assert!(subject_matches(&e, &subject_for(&e)));
+        for other in [
+            "engram.evt.attacker.task.mine.episodic",
+            "engram.evt.victim.team.mine.episodic",
+            "engram.evt.victim.task.other.episodic",
+            "engram.evt.victim.task.mine.semantic",
+            "engram.evt.victim.task.mine.episodic.extra",
+            "engram.evt.victim.task.mine",
+            "engram.dlq.victim.task.mine.episodic",
+        ] {
+            assert!(!subject_matches(&e, other), "{other} matched");
+        }
+    }
+
+    #[test]
     fn filters_leave_open_tokens_as_single_token_wildcards() {
-        assert_eq!(SubjectFilter::all().to_subject(), "engram.evt.>");
+        assert_eq!(SubjectFilter::all().to_subject(), "engram.evt.*.*.*.*");
         assert_eq!(
             SubjectFilter::all().tenant(id("acme")).to_subject(),
             "engram.evt.acme.*.*.*"

@@ -25,6 +25,7 @@ pub struct BusConfig {
     pub max_inflight: usize,
     pub stream: StreamSettings,
     pub working_memory: WorkingMemorySettings,
+    pub dead_letters: DeadLetterSettings,
     pub limits: Limits,
 }
 
@@ -39,6 +40,7 @@ impl Default for BusConfig {
             max_inflight: 1024,
             stream: StreamSettings::default(),
             working_memory: WorkingMemorySettings::default(),
+            dead_letters: DeadLetterSettings::default(),
             limits: Limits::default(),
         }
     }
@@ -98,6 +100,24 @@ impl Default for WorkingMemorySettings {
     }
 }
 
+/// The dead-letter stream (`ENGRAM_DLQ`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct DeadLetterSettings {
+    /// Total size cap in bytes; the oldest dead letters go first. Anyone who can append can
+    /// make poison events, and every projector dead-letters each one, so without a cap they
+    /// could fill the disk.
+    pub max_bytes: i64,
+}
+
+impl Default for DeadLetterSettings {
+    fn default() -> Self {
+        Self {
+            max_bytes: 1024 * 1024 * 1024,
+        }
+    }
+}
+
 impl BusConfig {
     /// Checks what would otherwise fail later and less clearly at the server.
     pub fn validate(&self) -> Result<(), String> {
@@ -126,6 +146,12 @@ impl BusConfig {
         }
         if !self.stream.max_age.is_zero() && self.stream.duplicate_window > self.stream.max_age {
             return Err("stream.duplicate_window cannot exceed stream.max_age".into());
+        }
+        if self.dead_letters.max_bytes <= 0 {
+            return Err(format!(
+                "dead_letters.max_bytes is {}; it must be positive (the default is 1 GiB)",
+                self.dead_letters.max_bytes
+            ));
         }
         if self.max_inflight == 0 {
             return Err("max_inflight must be at least 1".into());

@@ -13,6 +13,7 @@
 use std::time::Duration;
 
 use async_nats::HeaderMap;
+use async_nats::jetstream::context::{PublishError, PublishErrorKind};
 use async_nats::jetstream::{self, consumer::AckPolicy, consumer::DeliverPolicy, consumer::pull};
 use futures::StreamExt;
 
@@ -110,12 +111,16 @@ impl Bus {
                 let acked = info.ack_floor.stream_sequence;
                 // Ahead of the checkpoint: unacked deliveries would come back out of order.
                 // Behind it is fine: the projector skips what it has already applied.
-                if delivered > checkpoint || acked > checkpoint {
+                // A consumer made by an older engram may filter on more subjects than the
+                // stream now captures; it is recreated at the same point.
+                let stale_filter = info.config.filter_subject != engram_schema::STREAM_SUBJECTS;
+                if delivered > checkpoint || acked > checkpoint || stale_filter {
                     tracing::info!(
                         consumer = name,
                         checkpoint,
                         delivered,
                         acked,
+                        stale_filter,
                         "repositioning projector consumer at its checkpoint"
                     );
                     stream.delete_consumer(name).await.map_err(js_err)?;
@@ -154,18 +159,23 @@ impl Bus {
     }
 
     /// Records a message a projector cannot apply, so that it can skip it without losing it.
-    /// The original bytes are kept; headers say where it came from and why it failed. The
-    /// message id makes a repeated dead-lettering of the same sequence a no-op.
+    /// The original bytes are kept; headers say where it came from and why it failed.
+    /// `msg_id` makes a repeated dead-lettering of the same sequence a no-op, so it must be
+    /// the same on every try and one no client can guess ahead (a client that published it
+    /// first would have the real dead letter dropped as a duplicate): the projector framework
+    /// uses a keyed hash of (projector, seq). A dead-letter stream found missing (deleted
+    /// by hand) is recreated and the publish tried once more.
     pub async fn dead_letter(
         &self,
         projector: &str,
         seq: u64,
+        msg_id: &str,
         subject: &str,
         payload: &[u8],
         reason: &str,
     ) -> Result<(), BusError> {
         let mut headers = HeaderMap::new();
-        headers.insert("Nats-Msg-Id", format!("{projector}-{seq}").as_str());
+        headers.insert("Nats-Msg-Id", msg_id);
         headers.insert("Engram-Dlq-Seq", seq.to_string().as_str());
         headers.insert("Engram-Dlq-Subject", subject);
         // Header values are single-line.
@@ -174,16 +184,35 @@ impl Bus {
             .map(|c| if c.is_control() { ' ' } else { c })
             .collect();
         headers.insert("Engram-Dlq-Reason", reason.as_str());
+        let subject = format!("{DLQ_SUBJECT_PREFIX}.{projector}");
+        let payload = bytes::Bytes::copy_from_slice(payload);
+        match self.publish_dead_letter(&subject, &headers, &payload).await {
+            Err(e) if e.kind() == PublishErrorKind::StreamNotFound => {
+                tracing::warn!(
+                    stream = DLQ_STREAM,
+                    projector,
+                    seq,
+                    "dead-letter stream is missing, recreating it"
+                );
+                self.provision_dead_letters().await?;
+                self.publish_dead_letter(&subject, &headers, &payload)
+                    .await
+                    .map_err(unavailable)
+            }
+            other => other.map_err(unavailable),
+        }
+    }
+
+    async fn publish_dead_letter(
+        &self,
+        subject: &str,
+        headers: &HeaderMap,
+        payload: &bytes::Bytes,
+    ) -> Result<(), PublishError> {
         self.js
-            .publish_with_headers(
-                format!("{DLQ_SUBJECT_PREFIX}.{projector}"),
-                headers,
-                payload.to_vec().into(),
-            )
-            .await
-            .map_err(unavailable)?
-            .await
-            .map_err(unavailable)?;
+            .publish_with_headers(subject.to_owned(), headers.clone(), payload.clone())
+            .await?
+            .await?;
         Ok(())
     }
 

@@ -11,13 +11,15 @@ pub enum BusError {
     )]
     Connect { url: String, reason: String },
     #[error(
-        "{resource} exists with a different configuration; engram will not change it. differences (existing -> wanted): {}. either align engram's config with it, or remove it (`nats stream rm {name}`) if its data can go",
+        "{resource} exists with a different configuration; engram will not change it. differences (existing -> wanted): {}. {fix}",
         .diffs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     )]
     ConfigDrift {
         resource: String,
         name: String,
         diffs: Vec<ConfigDiff>,
+        /// What the operator should do, with the command when there is one.
+        fix: String,
     },
     #[error(
         "stream {0} does not exist; run `engram up` (or any engram command with provisioning) first"
@@ -92,8 +94,9 @@ impl From<SchemaError> for AppendError {
 /// Failures while reading the stream.
 #[derive(Debug, Error)]
 pub enum ReadError {
-    /// One message did not decode. Readers skip it and go on; it is never fatal.
-    #[error("event at seq {seq} on {subject} does not decode: {source}")]
+    /// One message is not a trustworthy event: it does not decode, or its envelope belongs
+    /// on another subject. Readers skip it and go on; it is never fatal.
+    #[error("event at seq {seq} on {subject} is refused: {source}")]
     Decode {
         seq: u64,
         subject: String,

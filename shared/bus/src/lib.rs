@@ -29,7 +29,7 @@ use engram_schema::Codec;
 use engram_telemetry::metrics;
 
 pub use append::{AppendOptions, AppendReceipt};
-pub use config::{BusConfig, StreamSettings, WorkingMemorySettings};
+pub use config::{BusConfig, DeadLetterSettings, StreamSettings, WorkingMemorySettings};
 pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};
 pub use provision::{ConfigDiff, ProvisionReport};

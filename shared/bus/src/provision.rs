@@ -46,6 +46,10 @@ impl Bus {
             retention: stream::RetentionPolicy::Limits,
             discard: stream::DiscardPolicy::Old,
             allow_direct: true,
+            // The stream is the audit log and every read model's source: no API request may
+            // purge it or delete its messages. (Erasure gets a controlled path of its own.)
+            deny_delete: true,
+            deny_purge: true,
             ..Default::default()
         }
     }
@@ -66,23 +70,55 @@ impl Bus {
         }
     }
 
-    /// The dead-letter stream: poison messages, kept 30 days for an operator to inspect.
-    async fn provision_dead_letters(&self) -> Result<(), BusError> {
-        let config = stream::Config {
+    /// The dead-letter stream config this bus wants: poison messages, kept 30 days (and at
+    /// most `dead_letters.max_bytes`, oldest dropped first) for an operator to inspect.
+    pub fn wanted_dead_letter_config(&self) -> stream::Config {
+        stream::Config {
             name: crate::DLQ_STREAM.into(),
             description: Some("engram events that a projector could not apply".into()),
             subjects: vec![format!("{}.>", crate::DLQ_SUBJECT_PREFIX)],
             storage: stream::StorageType::File,
             num_replicas: self.config.stream.replicas,
             max_age: Duration::from_secs(30 * 24 * 3600),
+            max_bytes: self.config.dead_letters.max_bytes,
+            discard: stream::DiscardPolicy::Old,
             duplicate_window: Duration::from_secs(10 * 60),
             ..Default::default()
-        };
+        }
+    }
+
+    /// Creates the dead-letter stream if it is missing. Called at provisioning and again by
+    /// [`Bus::dead_letter`] when it finds the stream gone. An existing one with other limits
+    /// still works, so that is a warning naming the fix rather than an error.
+    pub(crate) async fn provision_dead_letters(&self) -> Result<(), BusError> {
+        let config = self.wanted_dead_letter_config();
         match self.js.get_stream(crate::DLQ_STREAM).await {
-            Ok(_) => Ok(()),
+            Ok(existing) => {
+                let c = &existing.cached_info().config;
+                let mut diffs = Vec::new();
+                diff(&mut diffs, "max_bytes", c.max_bytes, config.max_bytes);
+                diff(&mut diffs, "discard", c.discard, config.discard);
+                if !diffs.is_empty() {
+                    let diffs: Vec<String> = diffs.iter().map(ToString::to_string).collect();
+                    tracing::warn!(
+                        stream = crate::DLQ_STREAM,
+                        differences = %diffs.join(", "),
+                        "dead-letter stream has other limits than configured; align them with `nats stream edit {} --max-bytes {} --discard old`",
+                        crate::DLQ_STREAM,
+                        config.max_bytes
+                    );
+                }
+                Ok(())
+            }
             Err(e) if is_not_found(&e) => {
-                self.js.create_stream(config).await.map_err(js_err)?;
-                tracing::info!("dead-letter stream created");
+                match self.js.create_stream(config).await {
+                    Ok(_) => {
+                        tracing::info!(stream = crate::DLQ_STREAM, "dead-letter stream created")
+                    }
+                    // Another projector recreated it first.
+                    Err(e) if e.to_string().contains("already in use") => {}
+                    Err(e) => return Err(js_err(e)),
+                }
                 Ok(())
             }
             Err(e) => Err(unavailable(e)),
@@ -102,6 +138,7 @@ impl Bus {
                     return Err(BusError::ConfigDrift {
                         resource: format!("stream {}", wanted.name),
                         name: wanted.name.clone(),
+                        fix: stream_fix(&wanted.name, &diffs),
                         diffs,
                     });
                 }
@@ -147,6 +184,9 @@ impl Bus {
                 if !diffs.is_empty() {
                     return Err(BusError::ConfigDrift {
                         resource: format!("key-value bucket {}", wanted_kv.bucket),
+                        fix: format!(
+                            "either align engram's config with it, or remove it (`nats stream rm {stream_name}`) if its data can go"
+                        ),
                         name: stream_name,
                         diffs,
                     });
@@ -219,7 +259,45 @@ fn stream_diffs(existing: &stream::Config, wanted: &stream::Config) -> Vec<Confi
     diff(&mut d, "max_bytes", existing.max_bytes, wanted.max_bytes);
     diff(&mut d, "retention", existing.retention, wanted.retention);
     diff(&mut d, "discard", existing.discard, wanted.discard);
+    diff(
+        &mut d,
+        "deny_delete",
+        existing.deny_delete,
+        wanted.deny_delete,
+    );
+    diff(&mut d, "deny_purge", existing.deny_purge, wanted.deny_purge);
     d
+}
+
+/// What an operator should do about a drifted events stream. Narrowing its subjects and
+/// denying deletes and purges keep every stored event, so those are changed in place, with
+/// the exact command; anything else might lose data, so engram's config is the thing to
+/// change (the stream refuses to be deleted once it denies deletes).
+fn stream_fix(name: &str, diffs: &[ConfigDiff]) -> String {
+    let mut flags = Vec::new();
+    let mut other = Vec::new();
+    for d in diffs {
+        match d.field {
+            "subjects" => flags.push(format!("--subjects '{}'", engram_schema::STREAM_SUBJECTS)),
+            "deny_delete" => flags.push("--deny-delete".to_owned()),
+            "deny_purge" => flags.push("--deny-purge".to_owned()),
+            field => other.push(field),
+        }
+    }
+    let mut fix = Vec::new();
+    if !flags.is_empty() {
+        fix.push(format!(
+            "this version of engram protects the stream more tightly; these changes keep every stored event, apply them with `nats stream edit {name} {}` and start again",
+            flags.join(" ")
+        ));
+    }
+    if !other.is_empty() {
+        fix.push(format!(
+            "set {} in engram's config ([bus.stream]) to the existing values",
+            other.join(", ")
+        ));
+    }
+    fix.join("; ")
 }
 
 pub(crate) fn js_err(e: impl fmt::Display) -> BusError {

@@ -7,7 +7,8 @@ use std::pin::Pin;
 
 use async_nats::jetstream::consumer::{DeliverPolicy, pull};
 use chrono::{DateTime, Utc};
-use engram_schema::{Envelope, SubjectFilter};
+use engram_schema::subject::subject_matches;
+use engram_schema::{Envelope, SchemaError, SubjectFilter, subject_for};
 use engram_telemetry::metrics;
 use engram_telemetry::trace_context::{self, TraceContext};
 use futures::{Stream, StreamExt};
@@ -39,8 +40,9 @@ pub struct StoredEvent {
     pub event: Envelope,
 }
 
-/// Items of [`Bus::replay`] and [`Bus::tail`]. A `ReadError::Decode` item is one bad message;
-/// the stream goes on after it.
+/// Items of [`Bus::replay`] and [`Bus::tail`]. A `ReadError::Decode` item is one bad message
+/// (bytes that are no event, or an event on a subject that is not its own); the stream goes
+/// on after it.
 pub type EventStream = Pin<Box<dyn Stream<Item = Result<StoredEvent, ReadError>> + Send>>;
 
 impl Bus {
@@ -149,6 +151,12 @@ impl Bus {
             })
     }
 
+    /// The events stream's last sequence: one stream-info request, for lag samplers.
+    pub async fn stream_last_seq(&self) -> Result<u64, BusError> {
+        let stream = self.events_stream().await?;
+        Ok(stream.cached_info().state.last_sequence)
+    }
+
     /// Stream state and its consumers, for `engram streams` and health checks.
     pub async fn stream_summary(&self) -> Result<StreamSummary, BusError> {
         let mut stream = self.events_stream().await?;
@@ -234,6 +242,26 @@ pub(crate) fn decode_message(
         .and_then(|h| h.get(trace_context::HEADER))
         .and_then(|v| TraceContext::parse(v.as_str()));
     let result = match codec.decode(&message.payload) {
+        // Decoded, but published where it does not belong: the subject is what stream
+        // permissions, filters and optimistic concurrency went by, the envelope is what every
+        // reader trusts, and a message whose two disagree is neither's. Poison, never applied.
+        Ok(event) if !subject_matches(&event, &subject) => {
+            let expected = subject_for(&event);
+            metrics::EVENTS_READ
+                .with_label_values(&[mode, "subject_mismatch"])
+                .inc();
+            tracing::warn!(seq, subject = %subject, expected = %expected, "skipping event published on a subject that is not its own");
+            Err(ReadError::Decode {
+                seq,
+                subject,
+                source: SchemaError::InvalidField {
+                    field: "subject",
+                    reason: format!(
+                        "the envelope (tenant, scope, layer) belongs on {expected}; an event is only trusted on its own subject, so publish it there (the SDK and `engram append` do)"
+                    ),
+                },
+            })
+        }
         Ok(event) => {
             metrics::EVENTS_READ.with_label_values(&[mode, "ok"]).inc();
             Ok(StoredEvent {

@@ -22,6 +22,7 @@ pub mod model;
 pub mod snapshot;
 
 use std::collections::VecDeque;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -178,6 +179,20 @@ pub struct ProjectorSettings {
     /// a commit per batch (a new segment, an fsync, later merges) costs more CPU than the
     /// writes themselves. Read-your-writes waits see up to this much extra delay.
     pub tail_publish_gap: Duration,
+    /// How often `engram_projector_lag_events` is measured: the stream's last sequence minus
+    /// the visible one. Measured apart from deliveries, so a projector that receives nothing
+    /// (stalled, or its consumer gone) shows its lag growing instead of a frozen 0.
+    pub lag_sample_interval: Duration,
+    /// Tries at sending one dead letter (with the batch backoff in between) before it is
+    /// given up: logged, counted in `engram_projector_dead_letters_dropped_total`, and
+    /// skipped. The event itself stays in the events stream; a dead-letter stream that cannot
+    /// take it must not stop the read model.
+    pub dead_letter_attempts: u32,
+    /// Where the key that makes dead-letter message ids unguessable is kept
+    /// (`<dir>/<projector>.dlq-key`), so ids stay the same across restarts and a dead letter
+    /// sent again after a crash is still deduplicated. `None` uses a key for this process
+    /// only.
+    pub state_dir: Option<PathBuf>,
 }
 
 impl Default for ProjectorSettings {
@@ -189,6 +204,9 @@ impl Default for ProjectorSettings {
             max_backoff: Duration::from_secs(10),
             publish_interval: Duration::ZERO,
             tail_publish_gap: Duration::ZERO,
+            lag_sample_interval: Duration::from_secs(5),
+            dead_letter_attempts: 10,
+            state_dir: None,
         }
     }
 }
@@ -311,9 +329,11 @@ impl<P: Projection> Projector<P> {
             events = restored.events,
             "projector restored checkpoint"
         );
-        let mut state = LoopState::new(restored);
+        let key = self.dead_letter_key()?;
+        let mut state = LoopState::new(restored, key);
         self.ledger.send_replace(restored);
         self.publish_visible(restored.seq);
+        let _sampler = self.spawn_lag_sampler();
         tokio::pin!(shutdown);
         let mut backoff = Backoff::new(self.settings.max_backoff);
         'connect: loop {
@@ -426,7 +446,7 @@ impl<P: Projection> Projector<P> {
         self.projection.reset().await.map_err(projection_err)?;
         self.bus.delete_durable(name).await.map_err(bus_err)?;
         let target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
-        let mut state = LoopState::new(ApplyLedger::default());
+        let mut state = LoopState::new(ApplyLedger::default(), self.dead_letter_key()?);
         self.ledger.send_replace(state.ledger);
         self.publish_visible(0);
         if target > 0 {
@@ -509,7 +529,7 @@ impl<P: Projection> Projector<P> {
         let Some(last) = fresh.last() else {
             return Ok(());
         };
-        let (last_seq, pending) = (last.seq, last.pending);
+        let last_seq = last.seq;
 
         let mut events = Vec::with_capacity(fresh.len());
         let mut poison: Vec<(&Delivery, String)> = Vec::new();
@@ -553,42 +573,114 @@ impl<P: Projection> Projector<P> {
                 subject: delivery.subject().to_owned(),
                 payload: delivery.payload().to_vec(),
                 reason,
+                attempts: 0,
             }));
         self.ledger.send_replace(ledger);
         metrics::PROJECTOR_APPLIED
             .with_label_values(&[name])
             .inc_by(applied_count);
-        metrics::PROJECTOR_LAG
-            .with_label_values(&[name])
-            .set(pending as i64);
         metrics::PROJECTOR_BATCH_SECONDS
             .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
         self.send_dead_letters(state).await
     }
 
-    /// Sends the dead letters of applied batches, oldest first. The bus deduplicates them by
-    /// projector and sequence, so one sent twice across a retry is stored once.
+    /// Sends the dead letters of applied batches, oldest first. The stream deduplicates them
+    /// by message id, a keyed hash of projector and sequence, so one sent twice across a
+    /// retry is stored once. A letter that fails [`ProjectorSettings::dead_letter_attempts`]
+    /// times is dropped (logged and counted): the dead-letter stream is for inspection, and
+    /// waiting on it forever would stall the read model.
     async fn send_dead_letters(&self, state: &mut LoopState) -> Result<(), ProjectionError> {
         let name = self.projection.name();
-        while let Some(letter) = state.dead_letters.front() {
-            self.bus
+        while let Some(letter) = state.dead_letters.front_mut() {
+            let msg_id = dead_letter_id(&state.dead_letter_key, name, letter.seq);
+            let sent = self
+                .bus
                 .dead_letter(
                     name,
                     letter.seq,
+                    &msg_id,
                     &letter.subject,
                     &letter.payload,
                     &letter.reason,
                 )
-                .await
-                .map_err(|e| ProjectionError::Transient(format!("dead-lettering failed: {e}")))?;
-            metrics::PROJECTOR_DEAD_LETTERED
-                .with_label_values(&[name])
-                .inc();
-            tracing::warn!(projector = name, seq = letter.seq, reason = %letter.reason, "event dead-lettered and skipped");
+                .await;
+            match sent {
+                Ok(()) => {
+                    metrics::PROJECTOR_DEAD_LETTERED
+                        .with_label_values(&[name])
+                        .inc();
+                    tracing::warn!(projector = name, seq = letter.seq, reason = %letter.reason, "event dead-lettered and skipped");
+                }
+                Err(e) => {
+                    letter.attempts += 1;
+                    if letter.attempts < self.settings.dead_letter_attempts.max(1) {
+                        return Err(ProjectionError::Transient(format!(
+                            "dead-lettering seq {} failed (try {} of {}): {e}",
+                            letter.seq, letter.attempts, self.settings.dead_letter_attempts
+                        )));
+                    }
+                    metrics::PROJECTOR_DEAD_LETTERS_DROPPED
+                        .with_label_values(&[name])
+                        .inc();
+                    tracing::error!(
+                        projector = name,
+                        seq = letter.seq,
+                        subject = %letter.subject,
+                        attempts = letter.attempts,
+                        reason = %letter.reason,
+                        error = %e,
+                        "dead letter dropped: the dead-letter stream did not take it; the event is skipped and stays in the events stream at this seq"
+                    );
+                }
+            }
             state.dead_letters.pop_front();
         }
         Ok(())
+    }
+
+    /// The dead-letter id key: kept in the state directory, or made up for this process.
+    fn dead_letter_key(&self) -> Result<[u8; 32], ProjectorError> {
+        let name = self.projection.name();
+        let Some(dir) = &self.settings.state_dir else {
+            return Ok(rand::random());
+        };
+        load_or_create_key(dir, name).map_err(|source| ProjectorError::Projection {
+            projector: name,
+            source,
+        })
+    }
+
+    /// Measures the lag every [`ProjectorSettings::lag_sample_interval`] until dropped.
+    fn spawn_lag_sampler(&self) -> AbortOnDrop {
+        let (bus, name, visible) = (
+            self.bus.clone(),
+            self.projection.name(),
+            self.visible.subscribe(),
+        );
+        let interval = self
+            .settings
+            .lag_sample_interval
+            .max(Duration::from_millis(10));
+        AbortOnDrop(tokio::spawn(async move {
+            let mut tick = tokio::time::interval(interval);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match bus.stream_last_seq().await {
+                    Ok(last) => {
+                        let lag = last.saturating_sub(*visible.borrow());
+                        metrics::PROJECTOR_LAG
+                            .with_label_values(&[name])
+                            .set(i64::try_from(lag).unwrap_or(i64::MAX));
+                    }
+                    // The loop reports bus trouble; the gauge keeps its last value.
+                    Err(e) => {
+                        tracing::debug!(projector = name, error = %e, "lag sample failed");
+                    }
+                }
+            }
+        }))
     }
 
     async fn checkpoint(&self, state: &mut LoopState) -> Result<(), ProjectorError> {
@@ -657,6 +749,8 @@ impl<P: Projection> Projector<P> {
 struct LoopState {
     /// What the model's state includes: its sequence, and the events applied to it.
     ledger: ApplyLedger,
+    /// Keys [`dead_letter_id`]; fixed for the projector's state directory.
+    dead_letter_key: [u8; 32],
     /// Events the model rejected (or that do not decode), applied in the sense that the
     /// sequence has moved past them, still to be sent to the dead-letter stream.
     dead_letters: VecDeque<DeadLetter>,
@@ -678,12 +772,67 @@ struct DeadLetter {
     subject: String,
     payload: Vec<u8>,
     reason: String,
+    /// Failed tries at sending it.
+    attempts: u32,
+}
+
+/// The `Nats-Msg-Id` of `projector`'s dead letter for `seq`: the same on every try (so the
+/// stream deduplicates a resend), and not computable without the key (so a client cannot
+/// publish it first and have the real dead letter dropped as a duplicate).
+pub fn dead_letter_id(key: &[u8; 32], projector: &str, seq: Seq) -> String {
+    let mut hasher = blake3::Hasher::new_keyed(key);
+    hasher.update(projector.as_bytes());
+    hasher.update(&[0]);
+    hasher.update(&seq.to_le_bytes());
+    format!("dlq-{}", &hasher.finalize().to_hex()[..32])
+}
+
+/// Reads `<dir>/<projector>.dlq-key`, creating it with 32 random bytes the first time.
+fn load_or_create_key(dir: &Path, projector: &str) -> Result<[u8; 32], ProjectionError> {
+    let path = dir.join(format!("{projector}.dlq-key"));
+    match std::fs::read(&path) {
+        Ok(bytes) => bytes.try_into().map_err(|_| {
+            ProjectionError::Fatal(format!(
+                "dead-letter key {} is not 32 bytes; delete it and a new one is made",
+                path.display()
+            ))
+        }),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            let key: [u8; 32] = rand::random();
+            let io_err = |e: std::io::Error| {
+                ProjectionError::Fatal(format!(
+                    "cannot write dead-letter key {}: {e}; check the state directory's permissions",
+                    path.display()
+                ))
+            };
+            std::fs::create_dir_all(dir).map_err(io_err)?;
+            // Written aside and renamed, so a crash never leaves a short key behind.
+            let tmp = dir.join(format!("{projector}.dlq-key.tmp"));
+            std::fs::write(&tmp, key).map_err(io_err)?;
+            std::fs::rename(&tmp, &path).map_err(io_err)?;
+            Ok(key)
+        }
+        Err(e) => Err(ProjectionError::Fatal(format!(
+            "cannot read dead-letter key {}: {e}; check the state directory's permissions",
+            path.display()
+        ))),
+    }
+}
+
+/// Aborts a background task when its owner is done with it.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 impl LoopState {
-    fn new(restored: ApplyLedger) -> Self {
+    fn new(restored: ApplyLedger, dead_letter_key: [u8; 32]) -> Self {
         Self {
             ledger: restored,
+            dead_letter_key,
             dead_letters: VecDeque::new(),
             events_since_checkpoint: 0,
             last_checkpoint: Instant::now(),

@@ -49,6 +49,7 @@ fn settings() -> ProjectorSettings {
         max_backoff: Duration::from_millis(200),
         publish_interval: Duration::ZERO,
         tail_publish_gap: Duration::ZERO,
+        ..ProjectorSettings::default()
     }
 }
 

@@ -184,6 +184,16 @@ pub static PROJECTOR_LAG: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         &["projector"],
     )
 });
+/// Dead letters given up after repeated failures to store them (the dead-letter stream gone
+/// and not recreatable, full, or refusing): the event was skipped without a record in
+/// `ENGRAM_DLQ`, and is still in the events stream.
+pub static PROJECTOR_DEAD_LETTERS_DROPPED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_projector_dead_letters_dropped_total",
+        "poison events skipped without a dead letter, because the dead-letter stream did not take it",
+        &["projector"],
+    )
+});
 /// The last sequence whose effects queries can see.
 pub static PROJECTOR_VISIBLE_SEQ: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge(
@@ -237,6 +247,7 @@ pub static EMBEDDINGS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 pub fn touch_projector(projector: &str) {
     PROJECTOR_APPLIED.with_label_values(&[projector]);
     PROJECTOR_DEAD_LETTERED.with_label_values(&[projector]);
+    PROJECTOR_DEAD_LETTERS_DROPPED.with_label_values(&[projector]);
     PROJECTOR_FORGOTTEN.with_label_values(&[projector]);
     PROJECTOR_LAG.with_label_values(&[projector]);
     PROJECTOR_VISIBLE_SEQ.with_label_values(&[projector]);

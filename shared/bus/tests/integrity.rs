@@ -1,0 +1,273 @@
+//! The events stream keeps its integrity against a client with raw NATS access: readers trust
+//! no event published on a subject other than its own, the stream stores only event subjects,
+//! nobody can purge or delete it, and the dead-letter stream recovers from being deleted and
+//! stays bounded.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream;
+use engram_bus::{BusError, DLQ_STREAM, ReadError};
+use engram_schema::{SubjectFilter, subject_for};
+use engram_testkit::{TestNats, event, wait_until};
+use futures::StreamExt;
+
+async fn stream_messages(bus: &engram_bus::Bus) -> u64 {
+    bus.stream_summary().await.unwrap().messages
+}
+
+/// Publishes `payload` on `subject` as any NATS client could, bypassing the SDK's checks.
+async fn raw_publish(bus: &engram_bus::Bus, subject: &str, payload: Vec<u8>) -> u64 {
+    bus.jetstream()
+        .publish(subject.to_owned(), payload.into())
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .sequence
+}
+
+#[tokio::test]
+async fn an_event_on_another_tenants_subject_is_an_error_item_in_replay_and_tail() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let mut tail = bus.tail(&SubjectFilter::all()).await.unwrap();
+
+    // Given an envelope of tenant victim, published raw on the attacker's subject
+    let forged = event("victim", "mine", "planted in victim's memory");
+    let payload = bus.codec().encode(&forged).unwrap();
+    let forged_seq = raw_publish(&bus, "engram.evt.attacker.task.mine.episodic", payload).await;
+    // And an honest event after it
+    let honest = event("victim", "mine", "honest");
+    let honest_seq = bus.append(&honest, Default::default()).await.unwrap().seq;
+
+    // When the stream is replayed
+    let items: Vec<_> = bus
+        .replay(&SubjectFilter::all(), engram_bus::StartAt::Beginning)
+        .await
+        .unwrap()
+        .collect()
+        .await;
+
+    // Then the forged message is an error item naming the subject it belongs on, never an event
+    assert_eq!(items.len(), 2, "{items:?}");
+    match &items[0] {
+        Err(ReadError::Decode {
+            seq,
+            subject,
+            source,
+        }) => {
+            assert_eq!(*seq, forged_seq);
+            assert_eq!(subject, "engram.evt.attacker.task.mine.episodic");
+            assert!(
+                source.to_string().contains(&subject_for(&forged)),
+                "{source}"
+            );
+        }
+        other => panic!("the forged event was trusted: {other:?}"),
+    }
+    assert_eq!(items[1].as_ref().unwrap().seq, honest_seq);
+
+    // And so it is for a live tail
+    let first = tokio::time::timeout(Duration::from_secs(10), tail.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(first, Err(ReadError::Decode { seq, .. }) if seq == forged_seq),
+        "{first:?}"
+    );
+    let second = tokio::time::timeout(Duration::from_secs(10), tail.next())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(second.unwrap().seq, honest_seq);
+}
+
+#[tokio::test]
+async fn only_four_token_event_subjects_are_stored() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+
+    for subject in [
+        "engram.evt.x",
+        "engram.evt.a.b.c",
+        "engram.evt.a.b.c.d.e.f.g",
+    ] {
+        let ack = bus
+            .jetstream()
+            .publish(subject, "junk".into())
+            .await
+            .unwrap()
+            .await;
+        assert!(ack.is_err(), "{subject} was stored: {ack:?}");
+    }
+    assert_eq!(stream_messages(&bus).await, 0);
+
+    // An event's own subject is still stored.
+    bus.append(&event("acme", "t1", "kept"), Default::default())
+        .await
+        .unwrap();
+    assert_eq!(stream_messages(&bus).await, 1);
+}
+
+/// A JetStream API request as a raw client sends it; returns the error description, if any.
+async fn api_request(bus: &engram_bus::Bus, subject: String, body: &str) -> Option<String> {
+    let reply = bus
+        .client()
+        .request(subject, body.to_owned().into())
+        .await
+        .unwrap();
+    let body = String::from_utf8_lossy(&reply.payload).into_owned();
+    body.contains(r#""error""#).then_some(body)
+}
+
+/// Deleting the whole stream is not covered: nats-server (2.15) lets `STREAM.DELETE` through
+/// whatever the stream's config says, so only NATS permissions can deny it (see the README).
+#[tokio::test]
+async fn nobody_can_purge_the_events_stream_or_delete_its_messages() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    for i in 0..3 {
+        bus.append(
+            &event("acme", "t1", &format!("keep {i}")),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    let name = &bus.config().stream.name;
+
+    let purge = api_request(&bus, format!("$JS.API.STREAM.PURGE.{name}"), "").await;
+    let purge_filtered = api_request(
+        &bus,
+        format!("$JS.API.STREAM.PURGE.{name}"),
+        r#"{"filter":"engram.evt.acme.>"}"#,
+    )
+    .await;
+    let delete_msg = api_request(
+        &bus,
+        format!("$JS.API.STREAM.MSG.DELETE.{name}"),
+        r#"{"seq":1}"#,
+    )
+    .await;
+    let erase_msg = api_request(
+        &bus,
+        format!("$JS.API.STREAM.MSG.DELETE.{name}"),
+        r#"{"seq":2,"no_erase":false}"#,
+    )
+    .await;
+
+    for (what, error) in [
+        ("purge", purge),
+        ("filtered purge", purge_filtered),
+        ("message delete", delete_msg),
+        ("message erase", erase_msg),
+    ] {
+        assert!(error.is_some(), "{what} was allowed");
+    }
+    assert_eq!(stream_messages(&bus).await, 3);
+    let stream = bus.jetstream().get_stream(name).await.unwrap();
+    for seq in 1..=3 {
+        stream.get_raw_message(seq).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn an_unprotected_stream_from_an_older_version_is_reported_with_the_command_that_fixes_it() {
+    let nats = TestNats::start().await;
+    let client = async_nats::connect(nats.url()).await.unwrap();
+    let js = async_nats::jetstream::new(client);
+    let bus = engram_bus::Bus::connect(nats.bus_config()).await.unwrap();
+    // Given the events stream as an older engram made it
+    let wanted = bus.wanted_stream_config();
+    let old = stream::Config {
+        subjects: vec!["engram.evt.>".into()],
+        deny_delete: false,
+        deny_purge: false,
+        ..wanted.clone()
+    };
+    js.create_stream(old).await.unwrap();
+    js.publish("engram.evt.acme.task.t1.episodic", "old event".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+
+    // When this version provisions, it refuses, naming the fields and the command
+    let err = bus.provision().await.unwrap_err();
+    match &err {
+        BusError::ConfigDrift { diffs, .. } => {
+            let fields: Vec<_> = diffs.iter().map(|d| d.field).collect();
+            assert_eq!(fields, ["subjects", "deny_delete", "deny_purge"]);
+        }
+        other => panic!("expected drift, got {other:?}"),
+    }
+    let message = err.to_string();
+    assert!(
+        message.contains(&format!(
+            "nats stream edit {} --subjects 'engram.evt.*.*.*.*' --deny-delete --deny-purge",
+            wanted.name
+        )),
+        "{message}"
+    );
+
+    // Then making exactly those changes in place is accepted, keeps the events, and
+    // provisioning passes
+    js.update_stream(&wanted).await.unwrap();
+    bus.provision().await.unwrap();
+    assert_eq!(stream_messages(&bus).await, 1);
+}
+
+#[tokio::test]
+async fn a_deleted_dead_letter_stream_is_recreated_by_the_next_dead_letter() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    bus.jetstream().delete_stream(DLQ_STREAM).await.unwrap();
+
+    bus.dead_letter(
+        "p",
+        7,
+        "id-7",
+        "engram.evt.a.task.b.episodic",
+        b"bad",
+        "why",
+    )
+    .await
+    .expect("the dead-letter stream is recreated");
+    assert_eq!(bus.dead_letter_count("p").await.unwrap(), 1);
+    let mut dlq = bus.jetstream().get_stream(DLQ_STREAM).await.unwrap();
+    let config = dlq.info().await.unwrap().config.clone();
+    assert_eq!(config.max_bytes, bus.config().dead_letters.max_bytes);
+}
+
+#[tokio::test]
+async fn the_dead_letter_stream_is_bounded_and_drops_the_oldest() {
+    let nats = TestNats::start().await;
+    let mut config = nats.bus_config();
+    config.dead_letters.max_bytes = 16 * 1024;
+    let bus = nats.bus_with(config).await;
+
+    let payload = vec![b'x'; 1024];
+    for seq in 1..=64u64 {
+        bus.dead_letter(
+            "p",
+            seq,
+            &format!("id-{seq}"),
+            "engram.evt.a.task.b.episodic",
+            &payload,
+            "poison",
+        )
+        .await
+        .unwrap();
+    }
+    let mut dlq = bus.jetstream().get_stream(DLQ_STREAM).await.unwrap();
+    let info = dlq.info().await.unwrap().clone();
+    assert!(info.state.bytes <= 16 * 1024, "{} bytes", info.state.bytes);
+    assert!(info.state.messages < 64);
+    // The newest is kept: old ones make room.
+    assert_eq!(info.state.last_sequence, 64);
+    wait_until("dead letters counted", Duration::from_secs(5), || async {
+        bus.dead_letter_count("p").await.unwrap_or(0) == info.state.messages
+    })
+    .await;
+}
