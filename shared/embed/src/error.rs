@@ -33,9 +33,22 @@ pub enum EmbedError {
     )]
     Unavailable { url: String, message: String },
 
-    /// The embedding server answered with an error status.
-    #[error("embedding server {url} answered http {status}: {body}")]
+    /// The embedding server answered with an error status that is not the input's fault: a
+    /// bad or revoked key (401, 403), an unknown model or a wrong url (404), a rate limit, the
+    /// server's own trouble, or a 400 that even a one-word probe gets.
+    #[error("embedding server {url} answered http {status}: {body}; {hint}", hint = http_hint(*status))]
     Http {
+        url: String,
+        status: u16,
+        body: String,
+    },
+
+    /// The embedding server refused these texts (400, 413 or 422) while it embeds a one-word
+    /// probe: something in the input itself, say a text longer than the model takes.
+    #[error(
+        "embedding server {url} refused the input (http {status}): {body}; the text cannot be embedded as it is"
+    )]
+    InputRejected {
         url: String,
         status: u16,
         body: String,
@@ -81,10 +94,12 @@ impl EmbedError {
             // A download that failed is usually the network; the install is atomic, so a retry
             // starts clean.
             EmbedError::ModelFetch { .. } | EmbedError::Unavailable { .. } => true,
-            // 429: rate limited; 5xx: the server's own trouble. 4xx otherwise means our request is
-            // wrong (bad key, unknown model) and will stay wrong.
-            EmbedError::Http { status, .. } => *status == 429 || *status == 408 || *status >= 500,
-            EmbedError::ModelLoad { .. }
+            // Whatever the status, the request itself was fine (input faults are
+            // `InputRejected`): a key, a model name or a url an operator fixes, a rate limit, or
+            // the server's trouble. Rejecting the events for it would lose them to an outage.
+            EmbedError::Http { .. } => true,
+            EmbedError::InputRejected { .. }
+            | EmbedError::ModelLoad { .. }
             | EmbedError::Tokenizer(_)
             | EmbedError::Inference(_)
             | EmbedError::BadResponse { .. }
@@ -93,6 +108,59 @@ impl EmbedError {
             | EmbedError::Config(_)
             | EmbedError::Cache { .. }
             | EmbedError::TaskFailed(_) => false,
+        }
+    }
+
+    /// Whether the texts themselves are at fault, so that the same texts will never embed
+    /// (too long for the model, vectors required from the client). Only these may reject the
+    /// events that carry them; every other error is the embedder's, and events wait for it.
+    pub fn is_input_fault(&self) -> bool {
+        matches!(
+            self,
+            EmbedError::InputRejected { .. }
+                | EmbedError::VectorsRequired { .. }
+                | EmbedError::Tokenizer(_)
+        )
+    }
+
+    /// A short, stable name for why the embedder is failing: the `reason` label of
+    /// `engram_embedder_failing` and of the health state (see [`crate::health`]).
+    pub fn reason(&self) -> &'static str {
+        match self {
+            EmbedError::Http {
+                status: 401 | 403, ..
+            } => "auth",
+            EmbedError::Http { status: 404, .. } => "not_found",
+            EmbedError::Http { status: 429, .. } => "rate_limited",
+            EmbedError::Http { status, .. } if *status == 408 || *status >= 500 => "server",
+            EmbedError::Http { .. } => "refused",
+            EmbedError::InputRejected { .. } => "input_rejected",
+            EmbedError::Unavailable { .. } => "unreachable",
+            EmbedError::BadResponse { .. } => "bad_response",
+            EmbedError::DimensionMismatch { .. } => "dimension",
+            EmbedError::ModelFetch { .. } => "model_fetch",
+            EmbedError::ModelLoad { .. } => "model_load",
+            EmbedError::Tokenizer(_) => "tokenizer",
+            EmbedError::Inference(_) => "inference",
+            EmbedError::VectorsRequired { .. } => "vectors_required",
+            EmbedError::Config(_) => "config",
+            EmbedError::Cache { .. } => "cache",
+            EmbedError::TaskFailed(_) => "task_failed",
+        }
+    }
+}
+
+/// What an operator should check for an error status, appended to [`EmbedError::Http`].
+fn http_hint(status: u16) -> &'static str {
+    match status {
+        401 | 403 => {
+            "check the api key (the variable named by api_key_env) and that it may use this model"
+        }
+        404 => "check the model name and the url (it should reach /v1/embeddings)",
+        429 => "the server is rate limiting; raise the quota or embed less at once",
+        408 | 500.. => "the embedding server is in trouble; check its logs",
+        _ => {
+            "the server refuses even a one-word probe; check the url, the model name and the api key"
         }
     }
 }
@@ -108,18 +176,35 @@ mod tests {
     use super::*;
 
     #[test]
-    fn server_trouble_is_retryable_and_bad_requests_are_not() {
+    fn outages_are_retryable_and_only_input_faults_blame_the_input() {
         let http = |status| EmbedError::Http {
             url: "http://x".into(),
             status,
             body: String::new(),
         };
-        assert!(http(500).is_retryable());
-        assert!(http(503).is_retryable());
-        assert!(http(429).is_retryable());
-        assert!(!http(400).is_retryable());
-        assert!(!http(401).is_retryable());
-        assert!(!http(404).is_retryable());
+        // A key, model or url outage must not reject events: an operator fixes it and the
+        // same request then succeeds.
+        for status in [400, 401, 403, 404, 408, 429, 500, 503] {
+            assert!(http(status).is_retryable(), "{status}");
+            assert!(!http(status).is_input_fault(), "{status}");
+        }
+        assert_eq!(http(401).reason(), "auth");
+        assert_eq!(http(403).reason(), "auth");
+        assert_eq!(http(404).reason(), "not_found");
+        assert_eq!(http(502).reason(), "server");
+        assert!(http(401).to_string().contains("check the api key"));
+        assert!(
+            http(404)
+                .to_string()
+                .contains("check the model name and the url")
+        );
+        let too_long = EmbedError::InputRejected {
+            url: "http://x".into(),
+            status: 400,
+            body: "input too long".into(),
+        };
+        assert!(!too_long.is_retryable());
+        assert!(too_long.is_input_fault());
         assert!(
             EmbedError::Unavailable {
                 url: "http://x".into(),
@@ -133,14 +218,14 @@ mod tests {
                 expected: 3,
                 got: 4
             }
-            .is_retryable()
+            .is_input_fault()
         );
         assert!(
-            !EmbedError::VectorsRequired {
+            EmbedError::VectorsRequired {
                 model: "m".into(),
                 dim: 3
             }
-            .is_retryable()
+            .is_input_fault()
         );
     }
 }

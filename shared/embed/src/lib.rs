@@ -8,6 +8,7 @@
 //! # Layout
 //!
 //! - [`error`]: [`EmbedError`], sorted into retryable and fatal.
+//! - [`health`]: which embedders are failing and why, for health checks and metrics.
 //! - [`minilm`]: [`MiniLm`], all-MiniLM-L6-v2 run in-process with candle, and [`TokenCounter`],
 //!   its tokenizer, used to keep context within a token budget.
 //! - [`openai`]: [`OpenAiEmbedder`], any server that speaks OpenAI's `/v1/embeddings`.
@@ -25,6 +26,7 @@ pub mod config;
 pub mod error;
 #[cfg(feature = "test-util")]
 pub mod hash;
+pub mod health;
 pub mod minilm;
 pub mod openai;
 

@@ -1,14 +1,16 @@
 //! Embeddings from any server that speaks OpenAI's `POST /v1/embeddings`: OpenAI itself, or a
 //! local one (text-embeddings-inference, vLLM, Ollama, llama.cpp).
 //!
-//! This module owns the wire format and sorting HTTP failures into retryable and fatal. It does
-//! not retry: the caller (a projector, a query handler) knows whether waiting is worth it.
+//! This module owns the wire format and sorting HTTP failures into outages (retryable: a key,
+//! model or url problem, a rate limit, the server's trouble) and faults of the input itself
+//! ([`EmbedError::InputRejected`]). It does not retry: the caller (a projector, a query
+//! handler) knows whether waiting is worth it. It reports every call to [`health`].
 
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{EmbedError, Embedder, l2_normalize};
+use crate::{EmbedError, Embedder, health, l2_normalize};
 
 /// How long one request may take, connection included, before it counts as unavailable.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(60);
@@ -140,11 +142,14 @@ impl OpenAiEmbedder {
                 body.truncate(end);
                 body.push('…');
             }
-            return Err(EmbedError::Http {
-                url: self.endpoint.clone(),
-                status: status.as_u16(),
-                body,
-            });
+            let (url, status) = (self.endpoint.clone(), status.as_u16());
+            // These statuses say "your request is wrong", but a wrong model name or a proxy
+            // in the way can say it to every request. Only when a one-word probe embeds are
+            // the texts to blame; otherwise it is an outage and the texts must wait.
+            if matches!(status, 400 | 413 | 422) && self.probe_succeeds().await {
+                return Err(EmbedError::InputRejected { url, status, body });
+            }
+            return Err(EmbedError::Http { url, status, body });
         }
         let bytes = response.bytes().await.map_err(unavailable)?;
         let bad = |message: String| EmbedError::BadResponse {
@@ -182,7 +187,26 @@ impl OpenAiEmbedder {
         // Counts matched and no index repeated, so every slot is filled.
         Ok(slots.into_iter().flatten().collect())
     }
+
+    /// Whether the server embeds a one-word input: tells texts it cannot take apart from a
+    /// server that takes nothing.
+    async fn probe_succeeds(&self) -> bool {
+        let mut request = self.client.post(&self.endpoint).json(&EmbeddingsRequest {
+            model: &self.config.model,
+            input: &[PROBE.to_owned()],
+        });
+        if let Some(key) = &self.config.api_key {
+            request = request.bearer_auth(key);
+        }
+        request
+            .send()
+            .await
+            .is_ok_and(|response| response.status().is_success())
+    }
 }
+
+/// The probe's input: short enough for any model, plain enough for any filter.
+const PROBE: &str = "ok";
 
 #[async_trait::async_trait]
 impl Embedder for OpenAiEmbedder {
@@ -197,7 +221,16 @@ impl Embedder for OpenAiEmbedder {
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError> {
         let mut out = Vec::with_capacity(texts.len());
         for chunk in texts.chunks(self.config.batch) {
-            out.extend(self.embed_chunk(chunk).await?);
+            match self.embed_chunk(chunk).await {
+                Ok(vectors) => out.extend(vectors),
+                Err(e) => {
+                    health::record_failure(&self.endpoint, &self.config.model, &e);
+                    return Err(e);
+                }
+            }
+        }
+        if !texts.is_empty() {
+            health::record_success(&self.endpoint, &self.config.model);
         }
         Ok(out)
     }
@@ -249,7 +282,13 @@ mod tests {
         {
             return (StatusCode::UNAUTHORIZED, "bad api key").into_response();
         }
+        if model == "refuses-all" {
+            return (StatusCode::BAD_REQUEST, "model does not exist").into_response();
+        }
         let inputs: Vec<String> = serde_json::from_value(body["input"].clone()).unwrap();
+        if model == "short-inputs" && inputs.iter().any(|t| t.len() > 10) {
+            return (StatusCode::BAD_REQUEST, "input too long").into_response();
+        }
         let dim = if model == "wrong-dim" { DIM + 1 } else { DIM };
         let mut data: Vec<Value> = inputs
             .iter()
@@ -366,7 +405,7 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn sends_the_api_key_and_rejection_is_not_retryable() {
+    async fn sends_the_api_key_and_a_refused_key_is_an_outage_in_health() {
         let url = start(Arc::new(Server::default())).await;
         let without = OpenAiEmbedder::new(config(&url, "needs-key")).unwrap();
         let err = without.embed(&["x".to_string()]).await.unwrap_err();
@@ -374,14 +413,68 @@ mod tests {
             matches!(err, EmbedError::Http { status: 401, .. }),
             "{err:?}"
         );
-        assert!(!err.is_retryable());
+        // A key problem is the operator's to fix, not the events': they must wait for it.
+        assert!(err.is_retryable());
+        assert!(!err.is_input_fault());
+        assert!(err.to_string().contains("check the api key"), "{err}");
+        let failure = failure_of(without.endpoint(), "needs-key").expect("failure in health");
+        assert_eq!(failure.reason, "auth");
+        assert!(
+            engram_telemetry::metrics::EMBEDDER_FAILING
+                .with_label_values(&["auth"])
+                .get()
+                >= 1
+        );
         let with = OpenAiEmbedder::new(OpenAiConfig {
             api_key: Some("sesame".into()),
             ..config(&url, "needs-key")
         })
         .unwrap();
         with.embed(&["x".to_string()]).await.unwrap();
+        assert!(failure_of(with.endpoint(), "needs-key").is_none());
         assert!(!format!("{:?}", with).contains("sesame"));
+    }
+
+    fn failure_of(endpoint: &str, model: &str) -> Option<health::EmbedderFailure> {
+        health::failing()
+            .into_iter()
+            .find(|f| f.endpoint == endpoint && f.model == model)
+    }
+
+    #[tokio::test]
+    async fn an_input_the_server_cannot_take_is_the_inputs_fault() {
+        let url = start(Arc::new(Server::default())).await;
+        let embedder = OpenAiEmbedder::new(config(&url, "short-inputs")).unwrap();
+        let err = embedder
+            .embed(&["fine".to_string(), "far too long for it".to_string()])
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, EmbedError::InputRejected { status: 400, body, .. } if body == "input too long"),
+            "{err:?}"
+        );
+        assert!(err.is_input_fault());
+        assert!(!err.is_retryable());
+        // The embedder itself is healthy.
+        assert!(failure_of(embedder.endpoint(), "short-inputs").is_none());
+        embedder.embed(&["fine".to_string()]).await.unwrap();
+    }
+
+    #[tokio::test]
+    async fn a_400_for_every_request_is_an_outage() {
+        let url = start(Arc::new(Server::default())).await;
+        let embedder = OpenAiEmbedder::new(config(&url, "refuses-all")).unwrap();
+        let err = embedder.embed(&["x".to_string()]).await.unwrap_err();
+        assert!(
+            matches!(err, EmbedError::Http { status: 400, .. }),
+            "{err:?}"
+        );
+        assert!(err.is_retryable());
+        assert!(!err.is_input_fault());
+        assert_eq!(
+            failure_of(embedder.endpoint(), "refuses-all").map(|f| f.reason),
+            Some("refused")
+        );
     }
 
     #[tokio::test]

@@ -243,6 +243,24 @@ pub static EMBEDDINGS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// 1 for each reason an embedder's last call failed for (auth, not_found, unreachable, ...),
+/// 0 once it succeeds again: an embedding outage is visible here while events wait for it.
+pub static EMBEDDER_FAILING: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge(
+        "engram_embedder_failing",
+        "embedders whose last call failed, by reason; events wait until it succeeds",
+        &["reason"],
+    )
+});
+/// Failed embedder calls, by reason.
+pub static EMBEDDER_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_embedder_failures_total",
+        "embedder calls that failed, by reason",
+        &["reason"],
+    )
+});
+
 /// Creates a projector's series up front (see [`touch_all`]).
 pub fn touch_projector(projector: &str) {
     PROJECTOR_APPLIED.with_label_values(&[projector]);
