@@ -304,7 +304,7 @@ async fn projectors_part(
         .map_err(ProjectBenchError::InvalidConfig)?;
     let mut rebuilds = Vec::new();
     let mut vector_memory = None;
-    for name in ProjectorName::ALL {
+    for name in ProjectorName::all() {
         let dir = temp_dir()?;
         let rss_before = rss_bytes();
         let mut rss_end = rss_before;
@@ -329,7 +329,7 @@ async fn projectors_part(
             source,
         })?;
         let rate = meter.finish(applied);
-        if name == ProjectorName::Vector {
+        if name == ProjectorName::VECTOR {
             let memories = appended as u64;
             let (restart_loaded_secs, restart_built_secs) =
                 vector_restarts(&projector_config, dir.path()).await?;
@@ -359,7 +359,7 @@ async fn projectors_part(
         raw_ordered: raw,
         bus_replay: replay,
         rebuilds,
-        vector_memory: vector_memory.expect("ProjectorName::ALL includes the vector projector"),
+        vector_memory: vector_memory.expect("ProjectorName::all() includes the vector projector"),
     })
 }
 
@@ -374,7 +374,7 @@ async fn vector_restarts(
         let embedder = engram_projectors::embedder(config, dir)
             .await
             .map_err(|source| ProjectBenchError::Rebuild {
-                projector: ProjectorName::Vector,
+                projector: ProjectorName::VECTOR,
                 source,
             })?;
         let projection =
@@ -469,7 +469,7 @@ async fn embedder_part(
             let meter = Meter::start(pid);
             let mut progress = Progress::new(label);
             let (applied, _) = engram_projectors::rebuild(
-                ProjectorName::Vector,
+                ProjectorName::VECTOR,
                 projector_config,
                 dir,
                 bus,
@@ -477,7 +477,7 @@ async fn embedder_part(
             )
             .await
             .map_err(|source| ProjectBenchError::Rebuild {
-                projector: ProjectorName::Vector,
+                projector: ProjectorName::VECTOR,
                 source,
             })?;
             Ok::<_, ProjectBenchError>(meter.finish(applied))

@@ -188,7 +188,7 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
         toml::from_str::<File>(CONFIG).unwrap().projectors
     };
     let mut after_crash = Vec::new();
-    for name in ProjectorName::ALL {
+    for name in ProjectorName::all() {
         let status = status(&bus, name, last, &home.path().join("projector.log")).await;
         assert!(status.visible_seq >= last);
         after_crash.push((name, status));
@@ -211,14 +211,14 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
     process = spawn(home.path(), &nats.url());
     let again = status(
         &bus,
-        ProjectorName::Vector,
+        ProjectorName::VECTOR,
         last,
         &home.path().join("projector.log"),
     )
     .await;
     let vector_before = &after_crash
         .iter()
-        .find(|(name, _)| *name == ProjectorName::Vector)
+        .find(|(name, _)| *name == ProjectorName::VECTOR)
         .unwrap()
         .1;
     assert_eq!(again.state_hash, vector_before.state_hash);

@@ -7,7 +7,7 @@ use engram_projector::model::{SnapshotModel, SnapshotProjection};
 use engram_rpc::Failure;
 use engram_schema::Envelope;
 
-pub const NAME: &str = "facts";
+pub const NAME: &str = engram_memory::proto::read_models::FACTS;
 
 pub type FactsProjection = SnapshotProjection<Facts>;
 
@@ -79,4 +79,37 @@ pub fn query(
         })
         .collect::<Result<_, _>>()?;
     Ok(FactsResponse { facts, visible_seq })
+}
+
+/// The fact read model, as the registry runs it.
+pub struct FactsModel;
+
+#[async_trait::async_trait]
+impl crate::ReadModel for FactsModel {
+    const NAME: &'static str = NAME;
+    const ENDPOINT: (&'static str, &'static str) = ("query", "facts");
+    type Projection = FactsProjection;
+    type Request = FactsRequest;
+    type Response = FactsResponse;
+
+    async fn open(
+        _config: &crate::ProjectorsConfig,
+        dir: &std::path::Path,
+    ) -> Result<std::sync::Arc<FactsProjection>, crate::StartError> {
+        Ok(std::sync::Arc::new(FactsProjection::new(NAME, dir)))
+    }
+
+    fn check(
+        request: &FactsRequest,
+    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
+        request.validate().map(|()| request.consistency)
+    }
+
+    async fn answer(
+        projection: std::sync::Arc<FactsProjection>,
+        request: FactsRequest,
+        visible: Seq,
+    ) -> Result<FactsResponse, Failure> {
+        crate::off_runtime(move || query(&projection, &request, visible)).await
+    }
 }

@@ -26,7 +26,7 @@ use engram_schema::{EventId, EventKind};
 
 use crate::vector::Memory;
 
-pub const NAME: &str = "keyword";
+pub const NAME: &str = engram_memory::proto::read_models::KEYWORD;
 
 #[derive(Default)]
 struct Table {
@@ -427,5 +427,47 @@ impl Projection for KeywordProjection {
             .as_ref()
             .and_then(|i| i.state_hash().ok())
             .unwrap_or_default()
+    }
+}
+
+/// The keyword read model, as the registry runs it.
+pub struct Keyword;
+
+#[async_trait]
+impl crate::ReadModel for Keyword {
+    const NAME: &'static str = NAME;
+    const ENDPOINT: (&'static str, &'static str) = ("search", "keyword_search");
+    type Projection = KeywordProjection;
+    type Request = SearchRequest;
+    type Response = SearchResponse;
+
+    /// Publishing is a tantivy commit (a segment and an fsync), so it is spaced out.
+    fn settings(config: &crate::ProjectorsConfig) -> engram_projector::ProjectorSettings {
+        engram_projector::ProjectorSettings {
+            publish_interval: config.keyword_commit_interval,
+            tail_publish_gap: config.keyword_tail_commit_gap,
+            ..config.loop_settings()
+        }
+    }
+
+    async fn open(
+        _config: &crate::ProjectorsConfig,
+        dir: &std::path::Path,
+    ) -> Result<Arc<KeywordProjection>, crate::StartError> {
+        Ok(Arc::new(KeywordProjection::new(dir)))
+    }
+
+    fn check(
+        request: &SearchRequest,
+    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
+        request.validate().map(|()| request.consistency)
+    }
+
+    async fn answer(
+        projection: Arc<KeywordProjection>,
+        request: SearchRequest,
+        _visible: Seq,
+    ) -> Result<SearchResponse, Failure> {
+        projection.search(&request).await
     }
 }

@@ -19,73 +19,30 @@
 
 pub mod facts;
 pub mod keyword;
+pub mod registry;
 pub mod skills;
 pub mod vector;
 
 use std::collections::BTreeMap;
 use std::future::Future;
 use std::path::{Path, PathBuf};
-use std::str::FromStr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use engram_bus::{Bus, StreamHead};
 use engram_embed::{CacheConfig, CachedEmbedder, Embedder, EmbedderConfig};
 use engram_memory::Seq;
-use engram_memory::proto::{
-    self, Consistency, ErrorCode, FactsRequest, SearchRequest, SkillsRequest,
-};
+use engram_memory::proto::{self, Consistency, ErrorCode};
 use engram_projector::{
-    ApplyLedger, NotYetVisible, Projection, Projector, ProjectorError, ProjectorSettings,
-    Visibility,
+    ApplyLedger, NotYetVisible, Projection, ProjectorError, ProjectorSettings, Visibility,
 };
 use engram_rpc::Failure;
 use engram_vector::HnswParams;
+pub use registry::{ProjectorName, REGISTRY, ReadModel};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
-
-/// The projectors there are.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
-pub enum ProjectorName {
-    Vector,
-    Keyword,
-    Facts,
-    Skills,
-}
-
-impl ProjectorName {
-    pub const ALL: [ProjectorName; 4] = [Self::Vector, Self::Keyword, Self::Facts, Self::Skills];
-
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Vector => vector::NAME,
-            Self::Keyword => keyword::NAME,
-            Self::Facts => facts::NAME,
-            Self::Skills => skills::NAME,
-        }
-    }
-}
-
-impl std::fmt::Display for ProjectorName {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(self.as_str())
-    }
-}
-
-impl FromStr for ProjectorName {
-    type Err = String;
-    fn from_str(s: &str) -> Result<Self, Self::Err> {
-        Self::ALL
-            .into_iter()
-            .find(|p| p.as_str() == s)
-            .ok_or_else(|| {
-                format!("unknown projector {s:?}; expected one of: vector, keyword, facts, skills")
-            })
-    }
-}
 
 /// `[projectors]` in engram.toml.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -122,7 +79,7 @@ impl Default for ProjectorsConfig {
     fn default() -> Self {
         let settings = ProjectorSettings::default();
         Self {
-            run: ProjectorName::ALL.to_vec(),
+            run: ProjectorName::all(),
             batch: settings.batch,
             checkpoint_interval: settings.checkpoint_interval,
             checkpoint_every: settings.checkpoint_every,
@@ -160,21 +117,13 @@ impl ProjectorsConfig {
         }
     }
 
-    /// The loop settings of one projector.
-    fn settings(&self, name: ProjectorName) -> ProjectorSettings {
+    /// The loop settings every projector starts from; a model's [`ReadModel::settings`]
+    /// adjusts them.
+    pub fn loop_settings(&self) -> ProjectorSettings {
         ProjectorSettings {
             batch: self.batch,
             checkpoint_interval: self.checkpoint_interval,
             checkpoint_every: self.checkpoint_every,
-            // The other models apply in place, so publishing them is free.
-            publish_interval: match name {
-                ProjectorName::Keyword => self.keyword_commit_interval,
-                _ => Duration::ZERO,
-            },
-            tail_publish_gap: match name {
-                ProjectorName::Keyword => self.keyword_tail_commit_gap,
-                _ => Duration::ZERO,
-            },
             ..ProjectorSettings::default()
         }
     }
@@ -302,7 +251,6 @@ where
     };
     for name in config.run.iter().copied() {
         let projector = name.as_str();
-        let settings = config.settings(name);
         running._locks.push(lock_state(dir, projector)?);
         let bus = connect(projector)
             .await
@@ -321,70 +269,10 @@ where
             limits: config.endpoint_limits(),
             head: Arc::new(StreamHead::new(bus.clone())),
         };
-        let (visibility, task, status) = match name {
-            ProjectorName::Vector => {
-                let embedder = embedder(config, dir).await?;
-                let projection = Arc::new(vector::VectorProjection::new(
-                    dir,
-                    embedder,
-                    config.hnsw.clone(),
-                ));
-                launch(
-                    projection,
-                    bus,
-                    settings,
-                    &serving,
-                    ("search", "vector_search"),
-                    |r: &SearchRequest| r.validate().map(|()| r.consistency),
-                    |p, req, _| async move { p.search(&req).await },
-                    stop,
-                )
-                .await
-            }
-            ProjectorName::Keyword => {
-                let projection = Arc::new(keyword::KeywordProjection::new(dir));
-                launch(
-                    projection,
-                    bus,
-                    settings,
-                    &serving,
-                    ("search", "keyword_search"),
-                    |r: &SearchRequest| r.validate().map(|()| r.consistency),
-                    |p, req, _| async move { p.search(&req).await },
-                    stop,
-                )
-                .await
-            }
-            ProjectorName::Facts => {
-                let projection = Arc::new(facts::FactsProjection::new(facts::NAME, dir));
-                launch(
-                    projection,
-                    bus,
-                    settings,
-                    &serving,
-                    ("query", "facts"),
-                    |r: &FactsRequest| r.validate().map(|()| r.consistency),
-                    |p, req, seq| off_runtime(move || facts::query(&p, &req, seq)),
-                    stop,
-                )
-                .await
-            }
-            ProjectorName::Skills => {
-                let projection = Arc::new(skills::SkillsProjection::new(skills::NAME, dir));
-                launch(
-                    projection,
-                    bus,
-                    settings,
-                    &serving,
-                    ("search", "skills"),
-                    |r: &SkillsRequest| r.validate().map(|()| r.consistency),
-                    |p, req, seq| off_runtime(move || skills::query(&p, &req, seq)),
-                    stop,
-                )
-                .await
-            }
-        }
-        .map_err(service_err)?;
+        let (visibility, task, status) = name
+            .model()
+            .launch(config, dir, bus, &serving, Box::pin(stop))
+            .await?;
         let (v, head) = (visibility.clone(), serving.head.clone());
         engram_rpc::serve(
             &service,
@@ -445,66 +333,17 @@ where
 }
 
 /// A started projector: what queries wait on, its loop, and the model for status requests.
-type Launched = (
+pub type Launched = (
     Visibility,
     JoinHandle<Result<(), ProjectorError>>,
     Arc<dyn Projection>,
 );
 
 /// Where a projector's endpoints are served, and what bounds them.
-struct Serving<'a> {
+pub struct Serving<'a> {
     service: &'a async_nats::service::Service,
     limits: engram_rpc::EndpointLimits,
     head: Arc<StreamHead>,
-}
-
-/// Starts `projection`'s loop and serves `engram.p.<name>.<op>` (metrics label `label`,
-/// from `endpoint`) with `answer`, which runs once the request is checked (`check`, which
-/// also gives its read-your-writes token) and the token is visible, and gets the visible
-/// sequence.
-#[allow(clippy::too_many_arguments)]
-async fn launch<P, Req, Resp, A, Fut>(
-    projection: Arc<P>,
-    bus: Bus,
-    settings: ProjectorSettings,
-    serving: &Serving<'_>,
-    endpoint: (&'static str, &'static str),
-    check: fn(&Req) -> Result<Consistency, proto::InvalidField>,
-    answer: A,
-    stop: impl Future<Output = ()> + Send + 'static,
-) -> Result<Launched, engram_rpc::RpcError>
-where
-    P: Projection,
-    Req: serde::de::DeserializeOwned + Send + 'static,
-    Resp: Serialize + Send + 'static,
-    A: Fn(Arc<P>, Req, Seq) -> Fut + Send + Sync + 'static,
-    Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
-{
-    let (op, label) = endpoint;
-    let name = projection.name();
-    let projector = Projector::new(projection.clone(), bus, settings);
-    let visibility = projector.visibility();
-    let v = visibility.clone();
-    let status: Arc<dyn Projection> = projection.clone();
-    let answer = Arc::new(answer);
-    let head = serving.head.clone();
-    engram_rpc::serve(
-        serving.service,
-        &proto::projector_subject(name, op),
-        label,
-        serving.limits,
-        move |req: Req| {
-            let (projection, v, answer, head) =
-                (projection.clone(), v.clone(), answer.clone(), head.clone());
-            async move {
-                let consistency = check(&req).map_err(Failure::from)?;
-                wait_visible(&v, &head, &consistency).await?;
-                answer(projection, req, v.current()).await
-            }
-        },
-    )
-    .await?;
-    Ok((visibility, tokio::spawn(projector.run(stop)), status))
 }
 
 /// Rebuilds one projector's read model from sequence 1. The projector must not be running.
@@ -513,58 +352,10 @@ pub async fn rebuild(
     config: &ProjectorsConfig,
     dir: &Path,
     bus: Bus,
-    progress: impl FnMut(Seq, Seq),
+    mut progress: impl FnMut(Seq, Seq) + Send,
 ) -> Result<(Seq, [u8; 32]), StartError> {
     let _lock = lock_state(dir, name.as_str())?;
-    let settings = config.settings(name);
-    async fn go<P: Projection>(
-        projection: Arc<P>,
-        bus: Bus,
-        settings: ProjectorSettings,
-        progress: impl FnMut(Seq, Seq),
-    ) -> Result<(Seq, [u8; 32]), StartError> {
-        let projector = Projector::new(projection.clone(), bus, settings);
-        let applied = projector.rebuild(progress).await?;
-        Ok((applied.seq, projection.state_hash().await))
-    }
-    match name {
-        ProjectorName::Vector => {
-            let embedder = embedder(config, dir).await?;
-            let projection = Arc::new(vector::VectorProjection::new(
-                dir,
-                embedder,
-                config.hnsw.clone(),
-            ));
-            go(projection, bus, settings, progress).await
-        }
-        ProjectorName::Keyword => {
-            go(
-                Arc::new(keyword::KeywordProjection::new(dir)),
-                bus,
-                settings,
-                progress,
-            )
-            .await
-        }
-        ProjectorName::Facts => {
-            go(
-                Arc::new(facts::FactsProjection::new(facts::NAME, dir)),
-                bus,
-                settings,
-                progress,
-            )
-            .await
-        }
-        ProjectorName::Skills => {
-            go(
-                Arc::new(skills::SkillsProjection::new(skills::NAME, dir)),
-                bus,
-                settings,
-                progress,
-            )
-            .await
-        }
-    }
+    name.model().rebuild(config, dir, bus, &mut progress).await
 }
 
 /// What `engram.p.<projector>.status` answers.
@@ -604,7 +395,7 @@ pub struct ProjectorLedger {
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
 /// Waits for a read-your-writes token, refusing at once one that no append returned.
-async fn wait_visible(
+pub(crate) async fn wait_visible(
     visibility: &Visibility,
     head: &StreamHead,
     consistency: &Consistency,
@@ -627,7 +418,7 @@ async fn wait_visible(
 
 /// Runs a query that scans a table on a blocking thread: a scan of a large fact table or
 /// skill registry would otherwise hold up every other request on the runtime.
-async fn off_runtime<T: Send + 'static>(
+pub(crate) async fn off_runtime<T: Send + 'static>(
     query: impl FnOnce() -> Result<T, Failure> + Send + 'static,
 ) -> Result<T, Failure> {
     tokio::task::spawn_blocking(query)

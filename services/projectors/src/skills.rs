@@ -7,7 +7,7 @@ use engram_rpc::Failure;
 use engram_schema::Envelope;
 use engram_skills::SkillRegistry;
 
-pub const NAME: &str = "skills";
+pub const NAME: &str = engram_memory::proto::read_models::SKILLS;
 
 pub type SkillsProjection = SnapshotProjection<Skills>;
 
@@ -72,4 +72,37 @@ pub fn query(
         skills,
         visible_seq,
     })
+}
+
+/// The skill read model, as the registry runs it.
+pub struct SkillsModel;
+
+#[async_trait::async_trait]
+impl crate::ReadModel for SkillsModel {
+    const NAME: &'static str = NAME;
+    const ENDPOINT: (&'static str, &'static str) = ("search", "skills");
+    type Projection = SkillsProjection;
+    type Request = SkillsRequest;
+    type Response = SkillsResponse;
+
+    async fn open(
+        _config: &crate::ProjectorsConfig,
+        dir: &std::path::Path,
+    ) -> Result<std::sync::Arc<SkillsProjection>, crate::StartError> {
+        Ok(std::sync::Arc::new(SkillsProjection::new(NAME, dir)))
+    }
+
+    fn check(
+        request: &SkillsRequest,
+    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
+        request.validate().map(|()| request.consistency)
+    }
+
+    async fn answer(
+        projection: std::sync::Arc<SkillsProjection>,
+        request: SkillsRequest,
+        visible: Seq,
+    ) -> Result<SkillsResponse, Failure> {
+        crate::off_runtime(move || query(&projection, &request, visible)).await
+    }
 }

@@ -21,7 +21,7 @@ use engram_telemetry::metrics;
 use engram_vector::{HnswParams, RowLayout, VectorIndex};
 use serde::{Deserialize, Serialize};
 
-pub const NAME: &str = "vector";
+pub const NAME: &str = engram_memory::proto::read_models::VECTOR;
 
 /// Vectors inserted per hold of the state's write lock: about 30 ms of graph work on two
 /// cores, the longest a search waits behind a batch.
@@ -729,5 +729,43 @@ fn remove_graphs_except(dir: &std::path::Path, keep: Option<&str>) {
         {
             tracing::warn!(dir = %entry.path().display(), error = %e, "cannot remove an old vector graph directory");
         }
+    }
+}
+
+/// The vector read model, as the registry runs it.
+pub struct Vector;
+
+#[async_trait]
+impl crate::ReadModel for Vector {
+    const NAME: &'static str = NAME;
+    const ENDPOINT: (&'static str, &'static str) = ("search", "vector_search");
+    type Projection = VectorProjection;
+    type Request = SearchRequest;
+    type Response = SearchResponse;
+
+    async fn open(
+        config: &crate::ProjectorsConfig,
+        dir: &std::path::Path,
+    ) -> Result<Arc<VectorProjection>, crate::StartError> {
+        let embedder = crate::embedder(config, dir).await?;
+        Ok(Arc::new(VectorProjection::new(
+            dir,
+            embedder,
+            config.hnsw.clone(),
+        )))
+    }
+
+    fn check(
+        request: &SearchRequest,
+    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
+        request.validate().map(|()| request.consistency)
+    }
+
+    async fn answer(
+        projection: Arc<VectorProjection>,
+        request: SearchRequest,
+        _visible: Seq,
+    ) -> Result<SearchResponse, Failure> {
+        projection.search(&request).await
     }
 }

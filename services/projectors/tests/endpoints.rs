@@ -82,7 +82,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
         min_seq: Some(expected.seq),
         wait_ms: Some(10_000),
     };
-    for name in ProjectorName::ALL {
+    for name in ProjectorName::all() {
         let answer: ProjectorLedger = engram_rpc::call(
             bus.client(),
             &projector_subject(name.as_str(), "ledger"),
@@ -113,7 +113,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     // And a token beyond the stream is refused at once, not answered with the current ledger
     let beyond = engram_rpc::call::<_, ProjectorLedger>(
         bus.client(),
-        &projector_subject(ProjectorName::Facts.as_str(), "ledger"),
+        &projector_subject(ProjectorName::FACTS.as_str(), "ledger"),
         &Consistency {
             min_seq: Some(expected.seq + 1),
             wait_ms: Some(50),
@@ -140,7 +140,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     )
     .await
     .unwrap();
-    for name in ProjectorName::ALL {
+    for name in ProjectorName::all() {
         let answer: ProjectorLedger = engram_rpc::call(
             bus.client(),
             &projector_subject(name.as_str(), "ledger"),

@@ -22,7 +22,7 @@ use engram_embed::TokenCounter;
 use engram_memory::proto::{
     self, Consistency, Context, ContextRequest, ErrorCode, FactsRequest, FactsResponse, Ranking,
     RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest, SearchResponse, SkillsRequest,
-    SkillsResponse,
+    SkillsResponse, read_models,
 };
 use engram_rpc::{EndpointLimits, Failure};
 use serde::{Deserialize, Serialize};
@@ -221,23 +221,23 @@ impl Query {
         let mut visible = Vec::new();
         match request.mode {
             RetrievalMode::Dense => {
-                let r = self.search("vector", &search).await?;
-                visible.push(("vector".to_owned(), r.visible_seq));
+                let r = self.search(read_models::VECTOR, &search).await?;
+                visible.push((read_models::VECTOR.to_owned(), r.visible_seq));
                 dense.hits = r.hits;
             }
             RetrievalMode::Keyword => {
-                let r = self.search("keyword", &search).await?;
-                visible.push(("keyword".to_owned(), r.visible_seq));
+                let r = self.search(read_models::KEYWORD, &search).await?;
+                visible.push((read_models::KEYWORD.to_owned(), r.visible_seq));
                 keyword.hits = r.hits;
             }
             RetrievalMode::Hybrid => {
                 let (d, k) = tokio::join!(
-                    self.search("vector", &search),
-                    self.search("keyword", &search)
+                    self.search(read_models::VECTOR, &search),
+                    self.search(read_models::KEYWORD, &search)
                 );
                 let (d, k) = (d?, k?);
-                visible.push(("vector".to_owned(), d.visible_seq));
-                visible.push(("keyword".to_owned(), k.visible_seq));
+                visible.push((read_models::VECTOR.to_owned(), d.visible_seq));
+                visible.push((read_models::KEYWORD.to_owned(), k.visible_seq));
                 dense.hits = d.hits;
                 keyword.hits = k.hits;
                 if ranking.fusion == proto::Fusion::Score {
@@ -263,8 +263,8 @@ impl Query {
                     };
                     let (ask_dense, ask_keyword) = (ask(only_kw), ask(only_dense));
                     let (d, k) = tokio::join!(
-                        self.search("vector", &ask_dense),
-                        self.search("keyword", &ask_keyword)
+                        self.search(read_models::VECTOR, &ask_dense),
+                        self.search(read_models::KEYWORD, &ask_keyword)
                     );
                     dense.also = d?.also;
                     keyword.also = k?.also;
@@ -288,7 +288,7 @@ impl Query {
         self.check_visible_token(&request.consistency).await?;
         engram_rpc::call(
             &self.client,
-            &proto::projector_subject("facts", "query"),
+            &proto::projector_subject(read_models::FACTS, "query"),
             &request,
             self.timeout(request.consistency.wait_ms),
         )
@@ -303,7 +303,7 @@ impl Query {
         self.check_visible_token(&request.consistency).await?;
         engram_rpc::call(
             &self.client,
-            &proto::projector_subject("skills", "search"),
+            &proto::projector_subject(read_models::SKILLS, "search"),
             &request,
             self.timeout(request.consistency.wait_ms),
         )

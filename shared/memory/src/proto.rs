@@ -26,6 +26,15 @@ pub const CONTEXT: &str = "engram.q.context";
 pub const FACTS: &str = "engram.q.facts";
 pub const SKILLS: &str = "engram.q.skills";
 
+/// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
+/// module in the projector services uses the same constant.
+pub mod read_models {
+    pub const VECTOR: &str = "vector";
+    pub const KEYWORD: &str = "keyword";
+    pub const FACTS: &str = "facts";
+    pub const SKILLS: &str = "skills";
+}
+
 /// The subject of a projector service's endpoint.
 pub fn projector_subject(projector: &str, op: &str) -> String {
     format!("engram.p.{projector}.{op}")

@@ -1,0 +1,233 @@
+//! Every read model Engram can run, in one list.
+//!
+//! A read model is one module that implements [`ReadModel`] plus one line in [`REGISTRY`].
+//! Start-up, `engram projector <name>`, `engram rebuild <name>`, the query, status and ledger
+//! endpoints, their in-flight bounds and the read-your-writes checks all come from here; no
+//! other place names the models.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::path::Path;
+use std::str::FromStr;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use engram_bus::Bus;
+use engram_memory::Seq;
+use engram_memory::proto::{self, Consistency, InvalidField};
+use engram_projector::{Projection, Projector, ProjectorSettings};
+use engram_rpc::Failure;
+use futures::future::BoxFuture;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+
+use crate::{Launched, ProjectorsConfig, Serving, StartError, wait_visible};
+
+/// One read model: how it opens, how its loop is tuned, and the query it answers.
+#[async_trait]
+pub trait ReadModel: Send + Sync + 'static {
+    /// Names its durable consumer, state files, metrics and `engram.p.<name>.*` subjects.
+    const NAME: &'static str;
+    /// The query endpoint: `engram.p.<name>.<op>`, and its metrics label.
+    const ENDPOINT: (&'static str, &'static str);
+    type Projection: Projection;
+    type Request: DeserializeOwned + Send + 'static;
+    type Response: Serialize + Send + 'static;
+
+    /// How its loop batches, checkpoints and publishes. Models that apply in place keep the
+    /// default, which publishes every batch.
+    fn settings(config: &ProjectorsConfig) -> ProjectorSettings {
+        config.loop_settings()
+    }
+
+    /// The model, with its state under `dir` (loaded when the loop restores it).
+    async fn open(
+        config: &ProjectorsConfig,
+        dir: &Path,
+    ) -> Result<Arc<Self::Projection>, StartError>;
+
+    /// Checks a request before anything waits or runs; gives its read-your-writes token.
+    /// The endpoint is reachable without the query service, so this is not optional.
+    fn check(request: &Self::Request) -> Result<Consistency, InvalidField>;
+
+    /// Answers a checked request once its token is visible; `visible` is the sequence
+    /// queries can see. CPU-heavy work belongs on a blocking thread.
+    async fn answer(
+        projection: Arc<Self::Projection>,
+        request: Self::Request,
+        visible: Seq,
+    ) -> Result<Self::Response, Failure>;
+}
+
+/// The read models, in the order `engram up` starts them.
+pub static REGISTRY: &[&dyn Registered] = &[
+    &Entry::<crate::vector::Vector>(PhantomData),
+    &Entry::<crate::keyword::Keyword>(PhantomData),
+    &Entry::<crate::facts::FactsModel>(PhantomData),
+    &Entry::<crate::skills::SkillsModel>(PhantomData),
+];
+
+/// A registered read model, with the generic glue done once (object-safe, for the registry).
+#[async_trait]
+pub trait Registered: Send + Sync {
+    fn name(&self) -> &'static str;
+
+    /// Opens the model, serves its query endpoint on `serving` and spawns its loop.
+    async fn launch(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        bus: Bus,
+        serving: &Serving<'_>,
+        stop: BoxFuture<'static, ()>,
+    ) -> Result<Launched, StartError>;
+
+    /// Empties the model and replays the stream into it; returns the sequence reached and
+    /// the state hash.
+    async fn rebuild(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        bus: Bus,
+        progress: &mut (dyn FnMut(Seq, Seq) + Send),
+    ) -> Result<(Seq, [u8; 32]), StartError>;
+}
+
+struct Entry<M>(PhantomData<fn() -> M>);
+
+#[async_trait]
+impl<M: ReadModel> Registered for Entry<M> {
+    fn name(&self) -> &'static str {
+        M::NAME
+    }
+
+    async fn launch(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        bus: Bus,
+        serving: &Serving<'_>,
+        stop: BoxFuture<'static, ()>,
+    ) -> Result<Launched, StartError> {
+        let projection = M::open(config, dir).await?;
+        let projector = Projector::new(projection.clone(), bus, M::settings(config));
+        let visibility = projector.visibility();
+        let (v, head) = (visibility.clone(), serving.head.clone());
+        let (op, label) = M::ENDPOINT;
+        let answering = projection.clone();
+        engram_rpc::serve(
+            serving.service,
+            &proto::projector_subject(M::NAME, op),
+            label,
+            serving.limits,
+            move |request: M::Request| {
+                let (projection, v, head) = (answering.clone(), v.clone(), head.clone());
+                async move {
+                    let consistency = M::check(&request)?;
+                    wait_visible(&v, &head, &consistency).await?;
+                    M::answer(projection, request, v.current()).await
+                }
+            },
+        )
+        .await
+        .map_err(|source| StartError::Service {
+            projector: M::NAME,
+            source,
+        })?;
+        let status: Arc<dyn Projection> = projection;
+        Ok((visibility, tokio::spawn(projector.run(stop)), status))
+    }
+
+    async fn rebuild(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        bus: Bus,
+        progress: &mut (dyn FnMut(Seq, Seq) + Send),
+    ) -> Result<(Seq, [u8; 32]), StartError> {
+        let projection = M::open(config, dir).await?;
+        let projector = Projector::new(projection.clone(), bus, M::settings(config));
+        let applied = projector.rebuild(progress).await?;
+        Ok((applied.seq, projection.state_hash().await))
+    }
+}
+
+/// A registered read model's name: parsed against [`REGISTRY`], so an unknown name is an
+/// error listing the known ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ProjectorName(&'static str);
+
+impl ProjectorName {
+    pub const VECTOR: Self = Self(crate::vector::NAME);
+    pub const KEYWORD: Self = Self(crate::keyword::NAME);
+    pub const FACTS: Self = Self(crate::facts::NAME);
+    pub const SKILLS: Self = Self(crate::skills::NAME);
+
+    /// Every registered read model, in start order.
+    pub fn all() -> Vec<Self> {
+        REGISTRY.iter().map(|m| Self(m.name())).collect()
+    }
+
+    pub fn as_str(self) -> &'static str {
+        self.0
+    }
+
+    pub(crate) fn model(self) -> &'static dyn Registered {
+        *REGISTRY
+            .iter()
+            .find(|m| m.name() == self.0)
+            .expect("a ProjectorName is only made from the registry")
+    }
+}
+
+impl fmt::Display for ProjectorName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.0)
+    }
+}
+
+impl FromStr for ProjectorName {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        REGISTRY
+            .iter()
+            .find(|m| m.name() == s)
+            .map(|m| Self(m.name()))
+            .ok_or_else(|| {
+                let known: Vec<&str> = REGISTRY.iter().map(|m| m.name()).collect();
+                format!(
+                    "unknown projector {s:?}; expected one of: {}",
+                    known.join(", ")
+                )
+            })
+    }
+}
+
+impl Serialize for ProjectorName {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.serialize_str(self.0)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for ProjectorName {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_parse_back() {
+        let names = ProjectorName::all();
+        for name in &names {
+            assert_eq!(name.as_str().parse::<ProjectorName>().unwrap(), *name);
+            assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name}");
+        }
+        let err = "vectors".parse::<ProjectorName>().unwrap_err();
+        assert!(err.contains("vector, keyword, facts, skills"), "{err}");
+    }
+}
