@@ -20,9 +20,10 @@ verify: lint test
 up *ARGS:
     cargo run --release -p engram -- up {{ARGS}}
 
-# Regenerate schemas/json from the Rust types.
+# Regenerate schemas/json from the Rust types: the event envelope and the query protocol.
 schema:
     cargo run -p engram-schema --bin engram-schema-gen -- schemas/json/envelope.v1.json
+    cargo run -p engram-memory --bin engram-query-schema -- schemas/json/query.v1.json
 
 # The fleet load test: 300 simulated agent instances against `engram up` for two minutes,
 # every acknowledged write verified; report.md, report.json and SVG charts in target/loadtest.

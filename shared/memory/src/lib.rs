@@ -10,6 +10,7 @@ use std::fmt;
 
 use chrono::{DateTime, Utc};
 use engram_schema::{Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 /// A stream sequence number: the identity of a memory inside every read model.
@@ -17,7 +18,7 @@ pub type Seq = u64;
 
 /// One tenant's scope. Two keys are the same scope only if every part is equal: there is no
 /// prefix or case-insensitive matching anywhere (a peer store leaked memory that way).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
 pub struct ScopeKey {
     pub tenant: Ident,
     pub kind: ScopeKind,
@@ -59,7 +60,7 @@ impl fmt::Display for ScopeKey {
 
 /// What the read models keep about a text memory besides its text and vector: enough to
 /// filter, rank by time and importance, and point back at the event.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryMeta {
     pub seq: Seq,
     pub event_id: EventId,
@@ -99,7 +100,7 @@ pub fn is_text_memory(event: &Envelope) -> bool {
 
 /// Restrictions on which memories a query may return, beyond its scopes. Empty lists mean
 /// "any"; `tags` matches a memory carrying at least one of them.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct MemoryFilter {
     pub layers: Vec<Layer>,
@@ -123,7 +124,7 @@ impl MemoryFilter {
 
 /// A scored memory from one retriever. Higher is better; scores of different retrievers are
 /// not comparable, which is why fusion works on ranks and normalised scores.
-#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Hit {
     pub seq: Seq,
     pub score: f32,

@@ -16,6 +16,7 @@
 
 use chrono::{DateTime, Utc};
 use engram_schema::{EventId, EventKind, Ident, Layer, Scope};
+use schemars::JsonSchema;
 use serde::{Deserialize, Serialize};
 
 use crate::{Hit, MemoryFilter, MemoryMeta, ScopeKey, Seq};
@@ -150,7 +151,7 @@ fn check_limit(field: &'static str, value: usize, max: usize) -> Result<(), Inva
 }
 
 /// Which retrievers a retrieval fuses.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum RetrievalMode {
     #[default]
@@ -165,7 +166,7 @@ pub enum RetrievalMode {
 /// strictly wider kind than the own scope (org > team > user > agent > task > session) and
 /// of the same tenant; a sibling (same kind, other id) or anything of another tenant is
 /// refused, never silently read.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ScopeRequest {
     pub tenant: Ident,
     pub scope: Scope,
@@ -177,15 +178,16 @@ pub struct ScopeRequest {
 /// `wait_ms` (default 5000, at most [`limits::MAX_WAIT_MS`]). A timeout is a typed error,
 /// never stale results; a `min_seq` beyond the stream's last sequence is refused at once, since
 /// no append returned it.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 pub struct Consistency {
     #[serde(default)]
     pub min_seq: Option<Seq>,
     #[serde(default)]
+    #[schemars(range(max = limits::MAX_WAIT_MS))]
     pub wait_ms: Option<u64>,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RetrieveRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -194,7 +196,9 @@ pub struct RetrieveRequest {
     /// client-supplied vectors).
     #[serde(default)]
     pub vector: Option<Vec<f32>>,
+    /// At most the deployment's `query.max_top_k` (1000 by default, never more).
     #[serde(default = "default_top_k")]
+    #[schemars(range(min = 1, max = limits::MAX_TOP_K))]
     pub top_k: usize,
     #[serde(default)]
     pub filter: MemoryFilter,
@@ -213,7 +217,7 @@ fn default_top_k() -> usize {
 
 /// How hybrid results are ranked. Every weight is configurable, per deployment and per
 /// request.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default, deny_unknown_fields)]
 pub struct Ranking {
     /// How the dense and keyword lists are combined.
@@ -222,7 +226,9 @@ pub struct Ranking {
     pub keyword_weight: f32,
     /// Reciprocal-rank-fusion constant.
     pub rrf_k: f32,
-    /// Candidates fetched from each retriever, as a multiple of `top_k` (at least 50).
+    /// Candidates fetched from each retriever, as a multiple of `top_k` (at least 50, at
+    /// most [`limits::MAX_SEARCH_K`] in all).
+    #[schemars(range(min = 1, max = limits::MAX_CANDIDATES_FACTOR))]
     pub candidates_factor: usize,
     /// Half-life of the recency boost, in hours; 0 disables it.
     pub recency_half_life_hours: f64,
@@ -299,7 +305,7 @@ impl Default for Ranking {
 }
 
 /// Ways to fuse the dense and keyword lists.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum Fusion {
     /// Weighted reciprocal-rank fusion: `w / (rrf_k + rank)` summed over the lists.
@@ -312,7 +318,7 @@ pub enum Fusion {
 }
 
 /// How one result's score was made.
-#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ScoreParts {
     /// Cosine similarity and 1-based rank on the dense side, if it found this memory.
     pub dense: Option<f32>,
@@ -327,7 +333,7 @@ pub struct ScoreParts {
 }
 
 /// One retrieved memory with its provenance.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryResult {
     pub seq: Seq,
     pub event_id: EventId,
@@ -344,7 +350,7 @@ pub struct MemoryResult {
     pub parts: ScoreParts,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RetrieveResponse {
     pub results: Vec<MemoryResult>,
     /// The sequence each projector read from had made visible when it answered.
@@ -352,7 +358,7 @@ pub struct RetrieveResponse {
 }
 
 /// A search of one projector's text index (internal).
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SearchRequest {
     pub scopes: Vec<ScopeKey>,
     pub query: String,
@@ -370,14 +376,14 @@ pub struct SearchRequest {
 }
 
 /// A text memory as a projector holds it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryHit {
     pub hit: Hit,
     pub meta: MemoryMeta,
     pub text: String,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SearchResponse {
     pub hits: Vec<MemoryHit>,
     /// Scores of `score_also` memories (those in scope), in no particular order.
@@ -387,7 +393,7 @@ pub struct SearchResponse {
 }
 
 /// Facts as they are now, or as they stood.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FactsRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -408,19 +414,20 @@ pub struct FactsRequest {
     #[serde(default)]
     pub history: bool,
     #[serde(default = "default_top_k")]
+    #[schemars(range(min = 1, max = limits::MAX_LIMIT))]
     pub limit: usize,
     #[serde(default, flatten)]
     pub consistency: Consistency,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct FactsResponse {
     /// Facts as JSON objects, in the fact table's own shape.
     pub facts: Vec<serde_json::Value>,
     pub visible_seq: Seq,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SkillsRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -430,12 +437,13 @@ pub struct SkillsRequest {
     #[serde(default)]
     pub name: Option<String>,
     #[serde(default = "default_top_k")]
+    #[schemars(range(min = 1, max = limits::MAX_LIMIT))]
     pub limit: usize,
     #[serde(default, flatten)]
     pub consistency: Consistency,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct SkillsResponse {
     /// Skills as JSON objects with a `score`, in the registry's own shape.
     pub skills: Vec<serde_json::Value>,
@@ -443,7 +451,7 @@ pub struct SkillsResponse {
 }
 
 /// What an agent asks for at the start of each step.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ContextRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -454,13 +462,14 @@ pub struct ContextRequest {
     #[serde(default)]
     pub vector: Option<Vec<f32>>,
     /// Most tokens the assembled context may take, counted with the model's tokenizer.
+    #[schemars(range(min = 1, max = limits::MAX_TOKEN_BUDGET))]
     pub token_budget: usize,
     #[serde(default, flatten)]
     pub consistency: Consistency,
 }
 
 /// One item of an assembled context.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ContextItem {
     /// working, episodic, semantic (memories and facts) or procedural.
     pub layer: Layer,
@@ -471,7 +480,7 @@ pub struct ContextItem {
     pub score: f32,
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct Context {
     pub items: Vec<ContextItem>,
     pub tokens: usize,
@@ -483,7 +492,7 @@ pub struct Context {
 }
 
 /// Error codes of the query protocol.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
 #[serde(rename_all = "snake_case")]
 pub enum ErrorCode {
     /// The request is malformed or refers to scopes it may not read (400).
@@ -520,7 +529,7 @@ impl ErrorCode {
     }
 }
 
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ErrorBody {
     pub code: ErrorCode,
     pub message: String,
@@ -689,6 +698,27 @@ mod tests {
         }
     }
 
+    /// Clients in other languages read the published copy; a stale one would mislead them.
+    #[test]
+    fn committed_query_schema_is_current() {
+        let mut text = serde_json::to_string_pretty(&json_schema()).unwrap();
+        text.push('\n');
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../schemas/json/query.v1.json");
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == text,
+            "{path} is stale; run `just schema` (cargo run -p engram-memory --bin engram-query-schema -- schemas/json/query.v1.json)"
+        );
+    }
+
+    #[test]
+    fn the_query_schema_states_the_limits() {
+        let schema = json_schema().to_string();
+        assert!(schema.contains("\"maximum\":60000"), "wait_ms bound missing");
+        assert!(schema.contains("engram.q.retrieve"));
+        assert!(schema.contains("\"status\":429"));
+    }
+
     #[test]
     fn grants_must_be_strict_ancestors() {
         let keys = request("task:t1", &["team:a", "org:o"]).resolve().unwrap();
@@ -707,4 +737,93 @@ mod tests {
             "two teams"
         );
     }
+}
+
+/// The query protocol as one JSON document, published as `schemas/json/query.v1.json`: every
+/// endpoint's subject with its request and response types, the error codes, and the types
+/// under `$defs`. What JSON Schema cannot say (byte limits of texts, scope grant rules) is in
+/// the descriptions and checked by the `validate` methods.
+pub fn json_schema() -> serde_json::Value {
+    let mut generator = schemars::generate::SchemaSettings::draft2020_12().into_generator();
+    let endpoint = |subject: &str, served_by: &str, request, response| {
+        serde_json::json!({
+            "subject": subject,
+            "served_by": served_by,
+            "request": request,
+            "response": response,
+        })
+    };
+    let projector = |name: &str, op: &str| projector_subject(name, op);
+    let public = vec![
+        endpoint(
+            RETRIEVE,
+            QUERY_SERVICE,
+            generator.subschema_for::<RetrieveRequest>(),
+            generator.subschema_for::<RetrieveResponse>(),
+        ),
+        endpoint(
+            CONTEXT,
+            QUERY_SERVICE,
+            generator.subschema_for::<ContextRequest>(),
+            generator.subschema_for::<Context>(),
+        ),
+        endpoint(
+            FACTS,
+            QUERY_SERVICE,
+            generator.subschema_for::<FactsRequest>(),
+            generator.subschema_for::<FactsResponse>(),
+        ),
+        endpoint(
+            SKILLS,
+            QUERY_SERVICE,
+            generator.subschema_for::<SkillsRequest>(),
+            generator.subschema_for::<SkillsResponse>(),
+        ),
+    ];
+    let internal = vec![
+        endpoint(
+            &projector(read_models::VECTOR, "search"),
+            "engram-vector",
+            generator.subschema_for::<SearchRequest>(),
+            generator.subschema_for::<SearchResponse>(),
+        ),
+        endpoint(
+            &projector(read_models::KEYWORD, "search"),
+            "engram-keyword",
+            generator.subschema_for::<SearchRequest>(),
+            generator.subschema_for::<SearchResponse>(),
+        ),
+        endpoint(
+            &projector(read_models::FACTS, "query"),
+            "engram-facts",
+            generator.subschema_for::<FactsRequest>(),
+            generator.subschema_for::<FactsResponse>(),
+        ),
+        endpoint(
+            &projector(read_models::SKILLS, "search"),
+            "engram-skills",
+            generator.subschema_for::<SkillsRequest>(),
+            generator.subschema_for::<SkillsResponse>(),
+        ),
+    ];
+    let errors: Vec<serde_json::Value> = [
+        ErrorCode::Invalid,
+        ErrorCode::NotYetVisible,
+        ErrorCode::Busy,
+        ErrorCode::Unavailable,
+        ErrorCode::Internal,
+    ]
+    .into_iter()
+    .map(|code| serde_json::json!({"code": code, "status": code.http_status()}))
+    .collect();
+    let error_code = generator.subschema_for::<ErrorCode>();
+    serde_json::json!({
+        "$schema": "https://json-schema.org/draft/2020-12/schema",
+        "title": "engram query protocol v1",
+        "description": "JSON request/reply over NATS (the NATS services convention). A failure is a reply with the header Nats-Service-Error-Code (the status below) and Nats-Service-Error (the message). Send Engram-Timeout-Ms with your own timeout so the service drops work you no longer wait for.",
+        "endpoints": public,
+        "internal_endpoints": internal,
+        "errors": {"codes": errors, "code": error_code},
+        "$defs": generator.take_definitions(true),
+    })
 }
