@@ -18,7 +18,9 @@ pub type Seq = u64;
 
 /// One tenant's scope. Two keys are the same scope only if every part is equal: there is no
 /// prefix or case-insensitive matching anywhere (a peer store leaked memory that way).
-#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema)]
+#[derive(
+    Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize, JsonSchema,
+)]
 pub struct ScopeKey {
     pub tenant: Ident,
     pub kind: ScopeKind,

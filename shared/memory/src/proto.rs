@@ -684,61 +684,6 @@ impl ScopeRequest {
     }
 }
 
-#[cfg(test)]
-mod tests {
-    use engram_schema::ScopeKind;
-
-    use super::*;
-
-    fn request(scope: &str, grants: &[&str]) -> ScopeRequest {
-        ScopeRequest {
-            tenant: Ident::parse("tenant", "acme").unwrap(),
-            scope: scope.parse().unwrap(),
-            grants: grants.iter().map(|g| g.parse().unwrap()).collect(),
-        }
-    }
-
-    /// Clients in other languages read the published copy; a stale one would mislead them.
-    #[test]
-    fn committed_query_schema_is_current() {
-        let mut text = serde_json::to_string_pretty(&json_schema()).unwrap();
-        text.push('\n');
-        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../../schemas/json/query.v1.json");
-        let committed = std::fs::read_to_string(path).unwrap_or_default();
-        assert!(
-            committed == text,
-            "{path} is stale; run `just schema` (cargo run -p engram-memory --bin engram-query-schema -- schemas/json/query.v1.json)"
-        );
-    }
-
-    #[test]
-    fn the_query_schema_states_the_limits() {
-        let schema = json_schema().to_string();
-        assert!(schema.contains("\"maximum\":60000"), "wait_ms bound missing");
-        assert!(schema.contains("engram.q.retrieve"));
-        assert!(schema.contains("\"status\":429"));
-    }
-
-    #[test]
-    fn grants_must_be_strict_ancestors() {
-        let keys = request("task:t1", &["team:a", "org:o"]).resolve().unwrap();
-        assert_eq!(keys.len(), 3);
-        assert_eq!(keys[1].kind, ScopeKind::Team);
-        assert!(
-            request("task:t1", &["task:t2"]).resolve().is_err(),
-            "sibling"
-        );
-        assert!(
-            request("team:a", &["task:t1"]).resolve().is_err(),
-            "narrower"
-        );
-        assert!(
-            request("task:t1", &["team:a", "team:b"]).resolve().is_err(),
-            "two teams"
-        );
-    }
-}
-
 /// The query protocol as one JSON document, published as `schemas/json/query.v1.json`: every
 /// endpoint's subject with its request and response types, the error codes, and the types
 /// under `$defs`. What JSON Schema cannot say (byte limits of texts, scope grant rules) is in
@@ -826,4 +771,65 @@ pub fn json_schema() -> serde_json::Value {
         "errors": {"codes": errors, "code": error_code},
         "$defs": generator.take_definitions(true),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use engram_schema::ScopeKind;
+
+    use super::*;
+
+    fn request(scope: &str, grants: &[&str]) -> ScopeRequest {
+        ScopeRequest {
+            tenant: Ident::parse("tenant", "acme").unwrap(),
+            scope: scope.parse().unwrap(),
+            grants: grants.iter().map(|g| g.parse().unwrap()).collect(),
+        }
+    }
+
+    /// Clients in other languages read the published copy; a stale one would mislead them.
+    #[test]
+    fn committed_query_schema_is_current() {
+        let mut text = serde_json::to_string_pretty(&json_schema()).unwrap();
+        text.push('\n');
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../../schemas/json/query.v1.json"
+        );
+        let committed = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            committed == text,
+            "{path} is stale; run `just schema` (cargo run -p engram-memory --bin engram-query-schema -- schemas/json/query.v1.json)"
+        );
+    }
+
+    #[test]
+    fn the_query_schema_states_the_limits() {
+        let schema = json_schema().to_string();
+        assert!(
+            schema.contains("\"maximum\":60000"),
+            "wait_ms bound missing"
+        );
+        assert!(schema.contains("engram.q.retrieve"));
+        assert!(schema.contains("\"status\":429"));
+    }
+
+    #[test]
+    fn grants_must_be_strict_ancestors() {
+        let keys = request("task:t1", &["team:a", "org:o"]).resolve().unwrap();
+        assert_eq!(keys.len(), 3);
+        assert_eq!(keys[1].kind, ScopeKind::Team);
+        assert!(
+            request("task:t1", &["task:t2"]).resolve().is_err(),
+            "sibling"
+        );
+        assert!(
+            request("team:a", &["task:t1"]).resolve().is_err(),
+            "narrower"
+        );
+        assert!(
+            request("task:t1", &["team:a", "team:b"]).resolve().is_err(),
+            "two teams"
+        );
+    }
 }
