@@ -14,6 +14,8 @@ struct AppState {
 }
 
 pub fn router(bus: Bus, nats_url: String) -> Router {
+    // Served to anyone who can reach the port: the URL's credentials must not be.
+    let nats_url = engram_bus::config::redact_url(&nats_url);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))

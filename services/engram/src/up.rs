@@ -212,7 +212,7 @@ pub async fn run(
     let running = start(&config).await?;
     println!(
         "engram is up  nats={}  http=http://{}  home={}  (ctrl-c to stop)",
-        running.nats_url,
+        engram_bus::config::redact_url(&running.nats_url),
         running.http_addr,
         config.home.display()
     );

@@ -177,3 +177,77 @@ fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm
     unsafe { libc::kill(again.0.id() as libc::pid_t, libc::SIGINT) };
     assert!(again.0.wait().unwrap().success());
 }
+
+#[test]
+fn up_against_a_server_with_a_password_never_shows_the_password() {
+    // Given a nats-server that requires a user and password
+    let dir = tempfile::tempdir().unwrap();
+    let conf = dir.path().join("auth.conf");
+    std::fs::write(
+        &conf,
+        "authorization { user: engram, password: s3cret-pass }\n",
+    )
+    .unwrap();
+    let runtime = tokio::runtime::Runtime::new().unwrap();
+    let server = runtime.block_on(async {
+        let bin = engram_natsd::locate().unwrap();
+        let mut opts =
+            engram_natsd::ServerOptions::new(bin, dir.path().join("store"), dir.path().join("run"));
+        opts.config_file = Some(conf);
+        engram_natsd::NatsServer::start(opts).await.unwrap()
+    });
+    let port = server.port();
+
+    // When engram up connects with the credentials in its --nats URL
+    let home = dir.path().join("home");
+    let mut child = KillOnDrop(
+        Command::new(ENGRAM)
+            .args([
+                "up",
+                "--nats",
+                &format!("nats://engram:s3cret-pass@127.0.0.1:{port}"),
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .env("ENGRAM_HOME", &home)
+            .env_remove("ENGRAM_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
+    let mut ready = String::new();
+    while !ready.contains("engram is up") {
+        ready.clear();
+        if stdout.read_line(&mut ready).unwrap() == 0 {
+            let mut logs = String::new();
+            let _ = child.0.stderr.take().unwrap().read_to_string(&mut logs);
+            panic!("engram up exited before it was ready: {logs}");
+        }
+    }
+
+    // Then the banner and /healthz show where it connects, without the credentials
+    let shown = format!("nats://***@127.0.0.1:{port}");
+    assert_eq!(token(&ready, "nats="), shown);
+    let (status, body) = http_get(token(&ready, "http=http://"), "/healthz");
+    assert_eq!(status, 200, "{body}");
+    let health: serde_json::Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(health["nats"]["url"], shown.as_str(), "{body}");
+    assert!(!body.contains("s3cret"), "{body}");
+
+    // And neither do its logs
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    let mut logs = String::new();
+    child
+        .0
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut logs)
+        .unwrap();
+    assert!(child.0.wait().unwrap().success(), "{logs}");
+    assert!(!logs.contains("s3cret"), "{logs}");
+    drop(server);
+}

@@ -173,3 +173,134 @@ impl BusConfig {
         Ok(())
     }
 }
+
+/// `urls` (one NATS URL or several, comma-separated) with any user info replaced by `***`:
+/// `nats://user:pass@host:4222` becomes `nats://***@host:4222`, `token@host` becomes
+/// `***@host`. Scheme, host and port stay, so the result still says where Engram connects.
+///
+/// Use it wherever a URL is shown, logged or served (banners, `/healthz`, errors): a URL given
+/// with `--nats` may carry the credentials of the whole NATS account.
+pub fn redact_url(urls: &str) -> String {
+    urls.split(',')
+        .map(|url| {
+            let (scheme, rest) = match url.find("://") {
+                Some(at) => url.split_at(at + 3),
+                None => ("", url),
+            };
+            // The last `@`: a password may hold an unescaped `@`, and hiding a little too much
+            // is the safe way to be wrong.
+            match rest.rfind('@') {
+                Some(at) => format!("{scheme}***{}", &rest[at..]),
+                None => url.to_owned(),
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+/// What a NATS URL's user info says: `user:pass@host` or `token@host`.
+#[derive(Clone, PartialEq, Eq)]
+pub enum UrlCredentials {
+    UserPassword { user: String, password: String },
+    Token(String),
+}
+
+impl std::fmt::Debug for UrlCredentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Secrets never reach a log line, even through `{:?}`.
+        match self {
+            UrlCredentials::UserPassword { user, .. } => {
+                write!(f, "UserPassword {{ user: {user:?}, password: *** }}")
+            }
+            UrlCredentials::Token(_) => write!(f, "Token(***)"),
+        }
+    }
+}
+
+/// The credentials in `urls` (comma-separated), from the first URL that carries any,
+/// percent-decoded. async-nats reads only the host and port of a URL, so without this a
+/// `--nats nats://user:pass@host:4222` would connect anonymously and be refused.
+pub fn url_credentials(urls: &str) -> Option<UrlCredentials> {
+    urls.split(',').find_map(|url| {
+        let rest = url.find("://").map_or(url, |at| &url[at + 3..]);
+        let userinfo = &rest[..rest.rfind('@')?];
+        Some(match userinfo.split_once(':') {
+            Some((user, password)) => UrlCredentials::UserPassword {
+                user: percent_decode(user.trim()),
+                password: percent_decode(password),
+            },
+            None => UrlCredentials::Token(percent_decode(userinfo.trim())),
+        })
+    })
+}
+
+/// `%XX` escapes decoded; anything that is not a valid escape is kept as it is.
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let escaped = (bytes[i] == b'%')
+            .then(|| text.get(i + 1..i + 3))
+            .flatten()
+            .and_then(|hex| u8::from_str_radix(hex, 16).ok());
+        match escaped {
+            Some(byte) => {
+                out.push(byte);
+                i += 3;
+            }
+            None => {
+                out.push(bytes[i]);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{UrlCredentials, redact_url, url_credentials};
+
+    #[test]
+    fn reads_credentials_from_the_first_url_that_has_them() {
+        assert_eq!(url_credentials("nats://127.0.0.1:4222"), None);
+        assert_eq!(
+            url_credentials("nats://h1:4222,nats://engram:p%40ss:w@h2:4222"),
+            Some(UrlCredentials::UserPassword {
+                user: "engram".into(),
+                password: "p@ss:w".into()
+            })
+        );
+        assert_eq!(
+            url_credentials("s3cret@127.0.0.1:4222"),
+            Some(UrlCredentials::Token("s3cret".into()))
+        );
+        let shown = format!("{:?}", url_credentials("nats://u:hidden@h").unwrap());
+        assert!(!shown.contains("hidden"), "{shown}");
+    }
+
+    #[test]
+    fn redacts_user_info_and_keeps_where_it_connects() {
+        for (url, shown) in [
+            ("nats://127.0.0.1:4222", "nats://127.0.0.1:4222"),
+            ("nats://user:pass@host:4222", "nats://***@host:4222"),
+            ("nats://s3cret-token@host:4222", "nats://***@host:4222"),
+            ("token@host:4222", "***@host:4222"),
+            (
+                "tls://u:p@ss@nats.example.com",
+                "tls://***@nats.example.com",
+            ),
+            ("host:4222", "host:4222"),
+            ("", ""),
+            (
+                "nats://a:b@h1:4222, nats://h2:4222,nats://tok@h3:4222",
+                "nats://***@h1:4222, nats://h2:4222,nats://***@h3:4222",
+            ),
+            ("ws://user:pass@[::1]:8080/path", "ws://***@[::1]:8080/path"),
+        ] {
+            assert_eq!(redact_url(url), shown, "{url}");
+            assert!(!redact_url(url).contains("pass"));
+        }
+    }
+}

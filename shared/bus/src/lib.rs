@@ -54,8 +54,19 @@ impl Bus {
         // The client reports the first connection as `Connected` too; only later ones are
         // recoveries worth an info line.
         let was_connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let server = url.clone();
-        let client = async_nats::ConnectOptions::new()
+        // Logs and errors show where, never with which credentials.
+        let server = config::redact_url(&url);
+        let server_shown = server.clone();
+        let options = match config::url_credentials(&url) {
+            Some(config::UrlCredentials::UserPassword { user, password }) => {
+                async_nats::ConnectOptions::with_user_and_password(user, password)
+            }
+            Some(config::UrlCredentials::Token(token)) => {
+                async_nats::ConnectOptions::with_token(token)
+            }
+            None => async_nats::ConnectOptions::new(),
+        };
+        let client = options
             .name(&config.client_name)
             .connection_timeout(config.connect_timeout)
             // Appends wait for their ack; the client keeps reconnecting forever in the
@@ -85,7 +96,7 @@ impl Bus {
             .connect(&url)
             .await
             .map_err(|source| BusError::Connect {
-                url: url.clone(),
+                url: server_shown.clone(),
                 reason: source.to_string(),
             })?;
         metrics::NATS_CONNECTED.set(1);
