@@ -1,5 +1,9 @@
 //! `/healthz` and `/metrics`.
 
+use std::collections::BTreeMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
 use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
@@ -11,19 +15,110 @@ use engram_bus::Bus;
 struct AppState {
     bus: Bus,
     nats_url: String,
+    lag: Arc<LagCheck>,
 }
 
-pub fn router(bus: Bus, nats_url: String) -> Router {
+/// When a projector counts as stalled for `/healthz`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LagLimits {
+    /// Events a projector's visible sequence may trail the stream's last sequence by...
+    pub max_lag_events: u64,
+    /// ...for at most this long, before `/healthz` answers 503 naming it. A projector
+    /// catching up after a restart trails briefly; one that receives nothing keeps trailing.
+    pub grace: Duration,
+}
+
+/// The running projectors' lag against the stream, tracked between samples so that
+/// `/healthz` can say how long each has been behind. A projector that stopped receiving
+/// events (its consumer or dead-letter stream gone) looks idle from the inside; only the
+/// stream's last sequence shows that it is not.
+pub struct LagCheck {
+    projectors: Vec<(&'static str, VisibleSeq)>,
+    limits: LagLimits,
+    /// Since when each projector has trailed by more than `max_lag_events`, at every sample.
+    behind_since: Mutex<BTreeMap<&'static str, Instant>>,
+}
+
+/// Reads one projector's visible sequence (`Visibility::current`).
+pub type VisibleSeq = Box<dyn Fn() -> u64 + Send + Sync>;
+
+/// One projector's place against the stream, as `/healthz` reports it.
+struct Trailing {
+    projector: &'static str,
+    visible: u64,
+    lag: u64,
+    behind_for: Option<Duration>,
+}
+
+impl LagCheck {
+    pub fn new(projectors: Vec<(&'static str, VisibleSeq)>, limits: LagLimits) -> Arc<Self> {
+        Arc::new(Self {
+            projectors,
+            limits,
+            behind_since: Mutex::new(BTreeMap::new()),
+        })
+    }
+
+    /// Samples the lag every quarter of the grace period (between 100 ms and 5 s) until the
+    /// returned task is aborted, so that a stall is seen even when nobody asks `/healthz`.
+    pub fn spawn_sampler(self: &Arc<Self>, bus: Bus) -> tokio::task::JoinHandle<()> {
+        let check = self.clone();
+        let every =
+            (self.limits.grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(every);
+            tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                tick.tick().await;
+                match bus.stream_last_seq().await {
+                    Ok(last) => {
+                        check.observe(last);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "lag sample failed"),
+                }
+            }
+        })
+    }
+
+    /// Compares every projector with the stream's `last_seq` and updates how long each has
+    /// been behind.
+    fn observe(&self, last_seq: u64) -> Vec<Trailing> {
+        let now = Instant::now();
+        let mut since = self.behind_since.lock().expect("lag check lock poisoned");
+        self.projectors
+            .iter()
+            .map(|(projector, visible)| {
+                let (projector, visible) = (*projector, visible());
+                let lag = last_seq.saturating_sub(visible);
+                let behind_for = if lag > self.limits.max_lag_events {
+                    Some(now - *since.entry(projector).or_insert(now))
+                } else {
+                    since.remove(projector);
+                    None
+                };
+                Trailing {
+                    projector,
+                    visible,
+                    lag,
+                    behind_for,
+                }
+            })
+            .collect()
+    }
+}
+
+pub fn router(bus: Bus, nats_url: String, lag: Arc<LagCheck>) -> Router {
     // Served to anyone who can reach the port: the URL's credentials must not be.
     let nats_url = engram_bus::config::redact_url(&nats_url);
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
-        .with_state(AppState { bus, nats_url })
+        .with_state(AppState { bus, nats_url, lag })
 }
 
-/// 200 when the NATS connection is up and the events stream answers; 503 otherwise, with the
-/// reason, so a load balancer and a human both learn something.
+/// 200 when the NATS connection is up, the events stream answers and no projector has trailed
+/// the stream by more than the configured number of events for longer than the grace period;
+/// 503 otherwise, with the reason, so a load balancer and a human both learn something.
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     let connected = state.bus.is_connected();
     let stream = if connected {
@@ -32,14 +127,50 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
         Err("nats connection is down".to_owned())
     };
     let (status, body) = match stream {
-        Ok(s) => (
-            StatusCode::OK,
-            serde_json::json!({
-                "status": "ok",
+        Ok(s) => {
+            let trailing = state.lag.observe(s.last_seq);
+            let projectors: serde_json::Map<String, serde_json::Value> = trailing
+                .iter()
+                .map(|t| {
+                    let value = serde_json::json!({
+                        "visible_seq": t.visible,
+                        "lag": t.lag,
+                        "behind_secs": t.behind_for.map(|d| d.as_secs_f64()),
+                    });
+                    (t.projector.to_owned(), value)
+                })
+                .collect();
+            let stalled: Vec<String> = trailing
+                .iter()
+                .filter(|t| t.behind_for.is_some_and(|d| d >= state.lag.limits.grace))
+                .map(|t| {
+                    format!(
+                        "projector {} trails the stream by {} events (visible seq {}, stream last seq {}) and has been more than {} behind for {:.0?}; see its logs and engram_projector_lag_events",
+                        t.projector,
+                        t.lag,
+                        t.visible,
+                        s.last_seq,
+                        state.lag.limits.max_lag_events,
+                        t.behind_for.unwrap_or_default(),
+                    )
+                })
+                .collect();
+            let status = if stalled.is_empty() {
+                StatusCode::OK
+            } else {
+                StatusCode::SERVICE_UNAVAILABLE
+            };
+            let mut body = serde_json::json!({
+                "status": if stalled.is_empty() { "ok" } else { "unavailable" },
                 "nats": {"url": state.nats_url, "connected": true},
                 "stream": {"name": s.name, "messages": s.messages, "last_seq": s.last_seq},
-            }),
-        ),
+                "projectors": projectors,
+            });
+            if !stalled.is_empty() {
+                body["reason"] = stalled.join("; ").into();
+            }
+            (status, body)
+        }
         Err(reason) => (
             StatusCode::SERVICE_UNAVAILABLE,
             serde_json::json!({

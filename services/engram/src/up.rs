@@ -57,6 +57,8 @@ pub struct Running {
     _query_service: async_nats::service::Service,
     http_stop: oneshot::Sender<()>,
     http_task: tokio::task::JoinHandle<()>,
+    /// Samples projector lag for `/healthz`; aborted with the http server.
+    lag_sampler: tokio::task::JoinHandle<()>,
 }
 
 /// Starts every component and returns once all are ready.
@@ -114,7 +116,23 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         source,
     })?;
     let (http_stop, stopped) = oneshot::channel();
-    let app = crate::http::router(bus.clone(), nats_url.clone());
+    let lag = crate::http::LagCheck::new(
+        projectors
+            .visibility
+            .values()
+            .map(|v| {
+                let (name, v) = (v.projector(), v.clone());
+                let seq: crate::http::VisibleSeq = Box::new(move || v.current());
+                (name, seq)
+            })
+            .collect(),
+        crate::http::LagLimits {
+            max_lag_events: config.http.health_max_lag_events,
+            grace: config.http.health_lag_grace,
+        },
+    );
+    let lag_sampler = lag.spawn_sampler(bus.clone());
+    let app = crate::http::router(bus.clone(), nats_url.clone(), lag);
     let http_task = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(async {
             let _ = stopped.await;
@@ -133,6 +151,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         _query_service: query_service,
         http_stop,
         http_task,
+        lag_sampler,
     })
 }
 
@@ -177,10 +196,12 @@ impl Running {
             projectors_stop,
             http_stop,
             mut http_task,
+            lag_sampler,
             bus,
             ..
         } = self;
         tracing::info!("shutting down");
+        lag_sampler.abort();
         let _ = http_stop.send(());
         if tokio::time::timeout(Duration::from_secs(5), &mut http_task)
             .await

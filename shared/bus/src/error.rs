@@ -16,7 +16,6 @@ pub enum BusError {
     )]
     ConfigDrift {
         resource: String,
-        name: String,
         diffs: Vec<ConfigDiff>,
         /// What the operator should do, with the command when there is one.
         fix: String,

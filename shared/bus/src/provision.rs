@@ -137,7 +137,6 @@ impl Bus {
                 if !diffs.is_empty() {
                     return Err(BusError::ConfigDrift {
                         resource: format!("stream {}", wanted.name),
-                        name: wanted.name.clone(),
                         fix: stream_fix(&wanted.name, &diffs),
                         diffs,
                     });
@@ -187,7 +186,6 @@ impl Bus {
                         fix: format!(
                             "either align engram's config with it, or remove it (`nats stream rm {stream_name}`) if its data can go"
                         ),
-                        name: stream_name,
                         diffs,
                     });
                 }

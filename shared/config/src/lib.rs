@@ -48,6 +48,12 @@ pub struct NatsConfig {
 pub struct HttpConfig {
     /// Where `/healthz` and `/metrics` are served.
     pub listen: SocketAddr,
+    /// `/healthz` answers 503 when a projector's visible sequence trails the stream's last
+    /// sequence by more than this many events...
+    pub health_max_lag_events: u64,
+    /// ...for longer than this.
+    #[serde(with = "humantime_serde")]
+    pub health_lag_grace: std::time::Duration,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -85,6 +91,10 @@ impl Default for HttpConfig {
     fn default() -> Self {
         Self {
             listen: SocketAddr::from(([127, 0, 0, 1], 7077)),
+            // A projector restarted on a backlog catches up at thousands of events a second,
+            // so a thousand events behind for two minutes is a stall, not a catch-up.
+            health_max_lag_events: 1000,
+            health_lag_grace: std::time::Duration::from_secs(120),
         }
     }
 }

@@ -104,6 +104,13 @@ pub trait Projection: Send + Sync + 'static {
     /// Names the durable consumer, metrics, state directory and dead-letter subject.
     fn name(&self) -> &'static str;
 
+    /// The directory the model keeps its state in, if any. The projector keeps its
+    /// dead-letter id key there too (unless [`ProjectorSettings::state_dir`] names another),
+    /// so that a dead letter sent again after a restart is still deduplicated.
+    fn state_dir(&self) -> Option<&Path> {
+        None
+    }
+
     /// Loads the last checkpoint and returns the ledger saved with it (the default: empty).
     async fn restore(&self) -> Result<ApplyLedger, ProjectionError>;
 
@@ -190,8 +197,8 @@ pub struct ProjectorSettings {
     pub dead_letter_attempts: u32,
     /// Where the key that makes dead-letter message ids unguessable is kept
     /// (`<dir>/<projector>.dlq-key`), so ids stay the same across restarts and a dead letter
-    /// sent again after a crash is still deduplicated. `None` uses a key for this process
-    /// only.
+    /// sent again after a crash is still deduplicated. `None` uses the projection's
+    /// [`Projection::state_dir`], and failing that a key for this process only.
     pub state_dir: Option<PathBuf>,
 }
 
@@ -642,7 +649,8 @@ impl<P: Projection> Projector<P> {
     /// The dead-letter id key: kept in the state directory, or made up for this process.
     fn dead_letter_key(&self) -> Result<[u8; 32], ProjectorError> {
         let name = self.projection.name();
-        let Some(dir) = &self.settings.state_dir else {
+        let dir = self.settings.state_dir.as_deref();
+        let Some(dir) = dir.or_else(|| self.projection.state_dir()) else {
             return Ok(rand::random());
         };
         load_or_create_key(dir, name).map_err(|source| ProjectorError::Projection {

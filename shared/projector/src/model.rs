@@ -54,6 +54,10 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
         self.name
     }
 
+    fn state_dir(&self) -> Option<&std::path::Path> {
+        self.path.parent()
+    }
+
     async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
         let (path, name) = (self.path.clone(), self.name);
         let loaded = tokio::task::spawn_blocking(move || snapshot::load::<M>(&path, name))

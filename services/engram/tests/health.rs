@@ -1,0 +1,116 @@
+//! `/healthz` of `engram up` tells a stalled projector from an idle one: a projector that
+//! cannot apply what the stream holds turns it 503, naming the projector, once it has trailed
+//! by more than the configured number of events for longer than the grace period.
+
+use std::time::Duration;
+
+use engram_config::{Config, HttpConfig, NatsConfig};
+use engram_embed::EmbedderConfig;
+use engram_projectors::{ProjectorName, ProjectorsConfig};
+use engram_testkit::{TestNats, event, wait_until};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// A local port nothing listens on: an embedding server that is down.
+fn closed_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_503() {
+    let nats = TestNats::start().await;
+    let home = tempfile::tempdir().unwrap();
+    // Given engram up whose vector projector embeds through a server that is down
+    let config = Config {
+        home: home.path().to_owned(),
+        nats: NatsConfig {
+            url: Some(nats.url()),
+            ..NatsConfig::default()
+        },
+        http: HttpConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            health_max_lag_events: 2,
+            health_lag_grace: Duration::from_millis(500),
+        },
+        projectors: ProjectorsConfig {
+            run: vec!["vector".parse::<ProjectorName>().unwrap()],
+            embedder: EmbedderConfig::OpenAi {
+                url: format!("http://127.0.0.1:{}", closed_port()),
+                model: "down".into(),
+                api_key_env: None,
+                dim: 4,
+            },
+            embed_cache_memory_mb: 4,
+            embed_cache_disk_mb: 8,
+            ..ProjectorsConfig::default()
+        },
+        ..Config::default()
+    };
+    let running = engram::up::start(&config).await.unwrap();
+    let (status, body) = http_get(running.http_addr, "/healthz").await;
+    assert_eq!(status, 200, "{body}");
+
+    // When fewer events than the threshold wait, it stays healthy
+    let bus = &running.bus;
+    for i in 0..2 {
+        bus.append(
+            &event("acme", "t1", &format!("memory {i}")),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let (status, body) = http_get(running.http_addr, "/healthz").await;
+    assert_eq!(status, 200, "{body}");
+
+    // And when more wait than the threshold for longer than the grace period, it is not
+    bus.append(&event("acme", "t1", "memory 2"), Default::default())
+        .await
+        .unwrap();
+    let addr = running.http_addr;
+    wait_until(
+        "healthz to report the stalled projector",
+        Duration::from_secs(30),
+        || async move {
+            let (status, body) = http_get(addr, "/healthz").await;
+            status == 503 && body.contains("projector vector trails the stream by 3 events")
+        },
+    )
+    .await;
+
+    // And the lag metric counts what the stream holds, though nothing was delivered or applied
+    wait_until(
+        "the lag metric to count the waiting events",
+        Duration::from_secs(30),
+        || async {
+            engram_telemetry::metrics::PROJECTOR_LAG
+                .with_label_values(&["vector"])
+                .get()
+                == 3
+        },
+    )
+    .await;
+    running.shutdown().await;
+}
