@@ -187,9 +187,25 @@ async fn an_unprotected_stream_from_an_older_version_is_reported_with_the_comman
         ..wanted.clone()
     };
     js.create_stream(old).await.unwrap();
-    js.publish("engram.evt.acme.task.t1.episodic", "old event".into())
+    let old_event = bus
+        .codec()
+        .encode(&event("acme", "t1", "old event"))
+        .unwrap();
+    js.publish("engram.evt.acme.task.t1.episodic", old_event.into())
         .await
         .unwrap()
+        .await
+        .unwrap();
+    // And a projector's consumer as an older engram made it
+    js.get_stream(&wanted.name)
+        .await
+        .unwrap()
+        .create_consumer(async_nats::jetstream::consumer::pull::Config {
+            durable_name: Some("old-projector".into()),
+            filter_subject: "engram.evt.>".into(),
+            ack_policy: async_nats::jetstream::consumer::AckPolicy::All,
+            ..Default::default()
+        })
         .await
         .unwrap();
 
@@ -216,6 +232,26 @@ async fn an_unprotected_stream_from_an_older_version_is_reported_with_the_comman
     js.update_stream(&wanted).await.unwrap();
     bus.provision().await.unwrap();
     assert_eq!(stream_messages(&bus).await, 1);
+
+    // And the old consumer is replaced by one on the new subjects, from the same point
+    let mut reader = bus.durable_reader("old-projector", 0, 10).await.unwrap();
+    let batch = tokio::time::timeout(Duration::from_secs(10), reader.next_batch(10))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    assert_eq!(batch[0].seq, 1);
+    assert_eq!(
+        batch[0].event.as_ref().unwrap().event.content.text,
+        "old event"
+    );
+    let summary = bus.stream_summary().await.unwrap();
+    let consumer = summary
+        .consumers
+        .iter()
+        .find(|c| c.name == "old-projector")
+        .unwrap();
+    assert_eq!(consumer.filter, engram_schema::STREAM_SUBJECTS);
 }
 
 #[tokio::test]
