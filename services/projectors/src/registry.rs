@@ -110,7 +110,7 @@ impl<M: ReadModel> Registered for Entry<M> {
         stop: BoxFuture<'static, ()>,
     ) -> Result<Launched, StartError> {
         let projection = M::open(config, dir).await?;
-        let projector = Projector::new(projection.clone(), bus, M::settings(config));
+        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir));
         let visibility = projector.visibility();
         let (v, head) = (visibility.clone(), serving.head.clone());
         let (op, label) = M::ENDPOINT;
@@ -146,9 +146,18 @@ impl<M: ReadModel> Registered for Entry<M> {
         progress: &mut (dyn FnMut(Seq, Seq) + Send),
     ) -> Result<(Seq, [u8; 32]), StartError> {
         let projection = M::open(config, dir).await?;
-        let projector = Projector::new(projection.clone(), bus, M::settings(config));
+        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir));
         let applied = projector.rebuild(progress).await?;
         Ok((applied.seq, projection.state_hash().await))
+    }
+}
+
+/// A model's loop settings, with the state dir that keeps its dead-letter id key: the same
+/// key after a restart is what deduplicates a dead letter sent again after a crash.
+fn settings<M: ReadModel>(config: &ProjectorsConfig, dir: &Path) -> ProjectorSettings {
+    ProjectorSettings {
+        state_dir: Some(dir.to_owned()),
+        ..M::settings(config)
     }
 }
 

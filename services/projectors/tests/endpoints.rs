@@ -126,6 +126,14 @@ async fn ledger_and_status_report_what_each_projector_applied() {
         "answered {beyond:?}"
     );
 
+    // And every projector keeps its dead-letter id key in the state dir, so ids survive a
+    // restart (a dead letter sent again after a crash is deduplicated)
+    let key_of = |name: ProjectorName| {
+        std::fs::read(dir.path().join(format!("{name}.dlq-key")))
+            .unwrap_or_else(|e| panic!("{name} has no dead-letter key: {e}"))
+    };
+    let keys: Vec<Vec<u8>> = ProjectorName::all().into_iter().map(key_of).collect();
+
     // And after a restart every projector holds the same ledger (restored from its
     // checkpoint, and replayed from there if the checkpoint lagged)
     stop.send(true).unwrap();
@@ -151,6 +159,8 @@ async fn ledger_and_status_report_what_each_projector_applied() {
         .unwrap_or_else(|e| panic!("{name} ledger after restart: {e}"));
         assert_eq!(answer.ledger, expected, "{name} after restart");
     }
+    let after: Vec<Vec<u8>> = ProjectorName::all().into_iter().map(key_of).collect();
+    assert_eq!(keys, after, "dead-letter keys changed across a restart");
     stop.send(true).unwrap();
     running.join().await.unwrap();
 }

@@ -18,6 +18,7 @@ pub mod append;
 pub mod config;
 pub mod durable;
 pub mod error;
+pub mod head;
 pub mod provision;
 pub mod read;
 pub mod working;
@@ -32,9 +33,10 @@ pub use append::{AppendOptions, AppendReceipt};
 pub use config::{BusConfig, DeadLetterSettings, StreamSettings, WorkingMemorySettings};
 pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};
+pub use head::StreamHead;
 pub use provision::{ConfigDiff, ProvisionReport};
 pub use read::{EventStream, StartAt, StoredEvent};
-pub use working::WorkingMemory;
+pub use working::{Entries, EntryBounds, WorkingMemory};
 
 /// A connection to NATS plus the JetStream context and codec the bus uses.
 ///
