@@ -222,6 +222,7 @@ impl Config {
             )));
         }
         self.projectors.validate().map_err(ConfigError::Invalid)?;
+        self.query.validate().map_err(ConfigError::Invalid)?;
         if self.log.filter.trim().is_empty() {
             return Err(ConfigError::Invalid(
                 "log.filter is empty; use e.g. \"info\"".into(),
