@@ -3,39 +3,12 @@
 use engram_facts::FactTable;
 use engram_memory::Seq;
 use engram_memory::proto::{FactsRequest, FactsResponse};
-use engram_projector::model::{SnapshotModel, SnapshotProjection};
+use engram_projector::model::SnapshotProjection;
 use engram_rpc::Failure;
-use engram_schema::Envelope;
 
 pub const NAME: &str = engram_memory::proto::read_models::FACTS;
 
-pub type FactsProjection = SnapshotProjection<Facts>;
-
-/// The model as a projection sees it (a local type, so that it can implement
-/// [`SnapshotModel`]).
-#[derive(Default, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
-pub struct Facts(pub FactTable);
-
-impl std::ops::Deref for Facts {
-    type Target = FactTable;
-    fn deref(&self) -> &FactTable {
-        &self.0
-    }
-}
-
-impl SnapshotModel for Facts {
-    fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
-        self.0
-            .apply(seq, event)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    fn hash(&self) -> [u8; 32] {
-        self.0.state_hash()
-    }
-}
+pub type FactsProjection = SnapshotProjection<FactTable>;
 
 /// Answers a facts query over already-resolved scopes.
 pub fn query(

@@ -2,40 +2,13 @@
 
 use engram_memory::Seq;
 use engram_memory::proto::{ErrorCode, SkillsRequest, SkillsResponse};
-use engram_projector::model::{SnapshotModel, SnapshotProjection};
+use engram_projector::model::SnapshotProjection;
 use engram_rpc::Failure;
-use engram_schema::Envelope;
 use engram_skills::SkillRegistry;
 
 pub const NAME: &str = engram_memory::proto::read_models::SKILLS;
 
-pub type SkillsProjection = SnapshotProjection<Skills>;
-
-/// The model as a projection sees it (a local type, so that it can implement
-/// [`SnapshotModel`]).
-#[derive(Default, serde::Serialize, serde::Deserialize)]
-#[serde(transparent)]
-pub struct Skills(pub SkillRegistry);
-
-impl std::ops::Deref for Skills {
-    type Target = SkillRegistry;
-    fn deref(&self) -> &SkillRegistry {
-        &self.0
-    }
-}
-
-impl SnapshotModel for Skills {
-    fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
-        self.0
-            .apply(seq, event)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
-    }
-
-    fn hash(&self) -> [u8; 32] {
-        self.0.state_hash()
-    }
-}
+pub type SkillsProjection = SnapshotProjection<SkillRegistry>;
 
 /// Answers a skills query: one skill by name, or the best matches for a task description.
 pub fn query(

@@ -6,25 +6,18 @@ use std::time::Instant;
 use chrono::{DateTime, Duration, Utc};
 use engram_facts::FactTable;
 use engram_memory::ScopeKey;
-use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_memory::testing::{self, t};
+use engram_schema::{Envelope, EventKind, Layer};
 use serde_json::json;
 
 fn event(scope: &ScopeKey, data: serde_json::Value, at: DateTime<Utc>) -> Envelope {
-    let mut event = Envelope::new(
-        scope.tenant.clone(),
-        scope.scope(),
-        Ident::parse("agent_id", "agent").unwrap(),
-        Ident::parse("instance_id", "inst").unwrap(),
+    testing::event(
+        scope,
         Layer::Semantic,
         EventKind::FactAsserted,
-        Content {
-            text: String::new(),
-            data: Some(data),
-        },
-    );
-    event.occurred_at = at;
-    event.recorded_at = at;
-    event
+        Some(data),
+        at,
+    )
 }
 
 fn main() {
@@ -39,18 +32,8 @@ fn main() {
 }
 
 fn run(distinct: bool) {
-    let tenant = Ident::parse("tenant", "acme").unwrap();
-    let scopes: Vec<ScopeKey> = (0..10)
-        .map(|i| {
-            ScopeKey::new(
-                tenant.clone(),
-                Scope::new(ScopeKind::Team, &format!("team-{i}")).unwrap(),
-            )
-        })
-        .collect();
-    let start = DateTime::parse_from_rfc3339("2024-01-01T00:00:00Z")
-        .unwrap()
-        .with_timezone(&Utc);
+    let scopes = testing::teams("acme", 10);
+    let start = t("2024-01-01");
     let n: u64 = 200_000;
     let events: Vec<Envelope> = (0..n)
         .map(|i| {

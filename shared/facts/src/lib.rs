@@ -11,7 +11,10 @@
 //! - `fact`: the rows: [`Fact`], its [`Source`]s and their [`Provenance`].
 //! - `group`: the versions of one subject's predicate: where validity ends, who supersedes whom.
 //! - `payload`: reading event payloads through the contract's types before anything changes.
-//! - `canon`: the canonical encoding behind the state hash.
+//!
+//! What the fact table shares with the skill registry is [`engram_memory::model`]'s: the
+//! applied seq and the rule that skips events at or below it, the snapshot shape, the
+//! prologue of the state hash, and [`FactError`].
 //!
 //! # Payloads (`content.data`)
 //!
@@ -93,16 +96,16 @@
 //! `as_of` with a `known_at` makes the same pass per matching predicate; `search` scans the
 //! current facts of the scopes it is given.
 
-mod error;
 mod fact;
 mod group;
-mod pairs;
 mod payload;
 mod table;
 mod text;
 
+/// Why an event could not be applied: a payload the contract refuses. A failed apply leaves
+/// the table exactly as it was.
+pub use engram_memory::model::PayloadRefused as FactError;
 pub use engram_schema::Cardinality;
 pub use engram_schema::payload::MAX_TERM_CHARS;
-pub use error::FactError;
 pub use fact::{Fact, FactId, Provenance, Source};
 pub use table::{Applied, FactTable};

@@ -10,7 +10,10 @@ use engram_schema::payload::PayloadError;
 use engram_schema::{Cardinality, Envelope, FactAsserted, FactRetracted};
 use serde_json::Value;
 
-use crate::error::FactError;
+use crate::FactError;
+
+/// What to send when an event has no payload object at all.
+const HINT: &str = r#"send the fact there, for example {"subject": "alice", "predicate": "lives_in", "object": "paris"}"#;
 
 /// A checked `fact_asserted` payload, with its defaults filled in.
 pub(crate) struct Assertion {
@@ -42,18 +45,5 @@ pub(crate) fn retraction(seq: Seq, event: &Envelope) -> Result<FactRetracted, Fa
 }
 
 fn refused(seq: Seq, event: &Envelope, e: PayloadError) -> FactError {
-    match e.payload_field() {
-        Some(field) => FactError::InvalidField {
-            seq,
-            event_id: event.event_id.clone(),
-            kind: event.kind,
-            field,
-            reason: e.reason,
-        },
-        None => FactError::MissingData {
-            seq,
-            event_id: event.event_id.clone(),
-            kind: event.kind,
-        },
-    }
+    FactError::of(seq, event, e, HINT)
 }

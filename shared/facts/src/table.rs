@@ -3,16 +3,17 @@
 use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
+use engram_memory::canon::Canon;
+use engram_memory::model::{EventModel, ScopedModel, ScopesMut};
 use engram_memory::{ScopeKey, Seq};
 use engram_schema::{Cardinality, Envelope, EventKind, FactRetracted};
 use serde::{Deserialize, Serialize};
 
-use crate::error::FactError;
+use crate::FactError;
 use crate::fact::{Fact, FactId, Provenance, Source};
 use crate::group::Group;
 use crate::payload::{self, Assertion};
 use crate::text;
-use engram_memory::canon::Canon;
 
 /// What [`FactTable::apply`] did with an event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -34,16 +35,12 @@ type Subjects = BTreeMap<String, BTreeMap<String, Group>>;
 
 /// The bi-temporal fact table of every scope. See the crate docs for the semantics.
 ///
-/// Everything is kept in ordered maps, so the snapshot encoding and [`FactTable::state_hash`]
-/// do not depend on hash-map iteration order.
+/// A [`ScopedModel`] counting fact versions: it owns the applied seq, the snapshot shape and
+/// the order everything is hashed in.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct FactTable {
-    /// The highest seq applied (or ignored) so far; events at or below it are skipped.
-    applied_seq: Option<Seq>,
-    #[serde(with = "crate::pairs")]
-    scopes: BTreeMap<ScopeKey, Subjects>,
-    /// Fact versions held, kept so that `len` needs no walk.
-    len: usize,
+    model: ScopedModel<Subjects>,
 }
 
 impl FactTable {
@@ -54,7 +51,7 @@ impl FactTable {
     /// The highest seq applied so far, `None` for a new table. Snapshots store it so that
     /// replay resumes after it.
     pub fn applied_seq(&self) -> Option<Seq> {
-        self.applied_seq
+        self.model.applied_seq()
     }
 
     /// Applies the event at stream sequence `seq`.
@@ -65,90 +62,21 @@ impl FactTable {
     /// an error and leaves the table unchanged, the applied seq included. The result
     /// depends only on `seq` and `event`, never on the clock.
     pub fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<Applied, FactError> {
-        if self.applied_seq.is_some_and(|applied| seq <= applied) {
-            return Ok(Applied::AlreadyApplied);
-        }
-        // Parse everything before touching the table, so that a failure changes nothing.
-        let applied = match event.kind {
-            EventKind::FactAsserted => {
-                let assertion = payload::assertion(seq, event)?;
-                self.assert(seq, event, assertion)
-            }
-            EventKind::FactRetracted => {
-                let retraction = payload::retraction(seq, event)?;
-                self.retract(seq, event, retraction)
-            }
-            _ => Applied::Ignored,
-        };
-        self.applied_seq = Some(seq);
-        Ok(applied)
-    }
-
-    fn assert(&mut self, seq: Seq, event: &Envelope, assertion: Assertion) -> Applied {
-        let scope = ScopeKey::of(event);
-        let group = self
-            .scopes
-            .entry(scope.clone())
-            .or_default()
-            .entry(assertion.subject.clone())
-            .or_default()
-            .entry(assertion.predicate.clone())
-            .or_default();
-        let source = Source {
-            provenance: Provenance::of(seq, event),
-            valid_from: assertion.valid_from,
-            valid_to: assertion.valid_to,
-            valid_until: assertion.valid_to,
-            confidence: assertion.confidence,
-            cardinality: assertion.cardinality,
-        };
-        let applied = match group.find(|fact| is_same_claim(fact, &assertion)) {
-            Some(index) => {
-                group.push_source(index, source);
-                Applied::Merged(group.facts()[index].id)
-            }
-            None => {
-                let id = FactId(seq);
-                group.push_fact(Fact {
-                    id,
-                    scope,
-                    subject: assertion.subject,
-                    predicate: assertion.predicate,
-                    object: assertion.object,
-                    cardinality: assertion.cardinality,
-                    valid_from: assertion.valid_from,
-                    valid_to: assertion.valid_to,
-                    recorded_at: event.recorded_at,
-                    retracted_at: None,
-                    retracted_by: None,
-                    confidence: assertion.confidence,
-                    sources: vec![source],
-                    superseded_by: None,
-                });
-                self.len += 1;
-                Applied::Created(id)
-            }
-        };
-        group.refresh();
-        applied
-    }
-
-    fn retract(&mut self, seq: Seq, event: &Envelope, retraction: FactRetracted) -> Applied {
-        let scope = ScopeKey::of(event);
-        let Some(group) = self
-            .scopes
-            .get_mut(&scope)
-            .and_then(|subjects| subjects.get_mut(&retraction.subject))
-            .and_then(|predicates| predicates.get_mut(&retraction.predicate))
-        else {
-            return Applied::Retracted(Vec::new());
-        };
-        let retracted = group.retract(
-            retraction.object.as_ref(),
-            event.recorded_at,
-            &Provenance::of(seq, event),
-        );
-        Applied::Retracted(retracted)
+        let applied = self.model.apply(seq, |table| {
+            // Parse everything before touching the table, so that a failure changes nothing.
+            Ok(match event.kind {
+                EventKind::FactAsserted => {
+                    let assertion = payload::assertion(seq, event)?;
+                    apply_assertion(table, seq, event, assertion)
+                }
+                EventKind::FactRetracted => {
+                    let retraction = payload::retraction(seq, event)?;
+                    apply_retraction(table, seq, event, retraction)
+                }
+                _ => Applied::Ignored,
+            })
+        })?;
+        Ok(applied.unwrap_or(Applied::AlreadyApplied))
     }
 
     /// Facts valid now (by the wall clock) per the latest knowledge, not retracted. For a
@@ -248,21 +176,17 @@ impl FactTable {
 
     /// Fact versions held, superseded and retracted ones included.
     pub fn len(&self) -> usize {
-        self.len
+        self.model.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.model.is_empty()
     }
 
     /// A blake3 digest of the whole state, applied seq included, over a canonical encoding:
     /// equal tables give equal hashes however they were built or restored.
     pub fn state_hash(&self) -> [u8; 32] {
-        let mut canon = Canon::new("engram-facts/v1");
-        canon.opt_u64(self.applied_seq);
-        canon.len(self.scopes.len());
-        for (scope, subjects) in &self.scopes {
-            canon.scope(scope);
+        self.model.state_hash("engram-facts/v1", |canon, subjects| {
             canon.len(subjects.len());
             for (subject, predicates) in subjects {
                 canon.str(subject);
@@ -271,12 +195,11 @@ impl FactTable {
                     canon.str(predicate);
                     canon.len(group.facts().len());
                     for fact in group.facts() {
-                        hash_fact(&mut canon, fact);
+                        hash_fact(canon, fact);
                     }
                 }
             }
-        }
-        canon.finish()
+        })
     }
 
     /// The groups of `scope` matching the optional subject and predicate, in key order.
@@ -286,7 +209,7 @@ impl FactTable {
         subject: Option<&str>,
         predicate: Option<&str>,
     ) -> Vec<&Group> {
-        let Some(subjects) = self.scopes.get(scope) else {
+        let Some(subjects) = self.model.scope(scope) else {
             return Vec::new();
         };
         let by_subject: Vec<&BTreeMap<String, Group>> = match subject {
@@ -302,6 +225,86 @@ impl FactTable {
             })
             .collect()
     }
+}
+
+/// Adds an assertion: a new fact, or one more source of the believed fact it repeats.
+fn apply_assertion(
+    table: ScopesMut<'_, Subjects>,
+    seq: Seq,
+    event: &Envelope,
+    assertion: Assertion,
+) -> Applied {
+    let scope = ScopeKey::of(event);
+    let group = table
+        .scopes
+        .entry(scope.clone())
+        .or_default()
+        .entry(assertion.subject.clone())
+        .or_default()
+        .entry(assertion.predicate.clone())
+        .or_default();
+    let source = Source {
+        provenance: Provenance::of(seq, event),
+        valid_from: assertion.valid_from,
+        valid_to: assertion.valid_to,
+        valid_until: assertion.valid_to,
+        confidence: assertion.confidence,
+        cardinality: assertion.cardinality,
+    };
+    let applied = match group.find(|fact| is_same_claim(fact, &assertion)) {
+        Some(index) => {
+            group.push_source(index, source);
+            Applied::Merged(group.facts()[index].id)
+        }
+        None => {
+            let id = FactId(seq);
+            group.push_fact(Fact {
+                id,
+                scope,
+                subject: assertion.subject,
+                predicate: assertion.predicate,
+                object: assertion.object,
+                cardinality: assertion.cardinality,
+                valid_from: assertion.valid_from,
+                valid_to: assertion.valid_to,
+                recorded_at: event.recorded_at,
+                retracted_at: None,
+                retracted_by: None,
+                confidence: assertion.confidence,
+                sources: vec![source],
+                superseded_by: None,
+            });
+            *table.len += 1;
+            Applied::Created(id)
+        }
+    };
+    group.refresh();
+    applied
+}
+
+/// Ends the belief in the matching facts of the event's scope. Creates nothing, not even an
+/// empty scope: a retraction that matches nothing changes only the applied seq.
+fn apply_retraction(
+    table: ScopesMut<'_, Subjects>,
+    seq: Seq,
+    event: &Envelope,
+    retraction: FactRetracted,
+) -> Applied {
+    let scope = ScopeKey::of(event);
+    let Some(group) = table
+        .scopes
+        .get_mut(&scope)
+        .and_then(|subjects| subjects.get_mut(&retraction.subject))
+        .and_then(|predicates| predicates.get_mut(&retraction.predicate))
+    else {
+        return Applied::Retracted(Vec::new());
+    };
+    let retracted = group.retract(
+        retraction.object.as_ref(),
+        event.recorded_at,
+        &Provenance::of(seq, event),
+    );
+    Applied::Retracted(retracted)
 }
 
 /// Whether an assertion repeats `fact`: believed, the same object, and validity that
@@ -370,4 +373,17 @@ fn hash_provenance(canon: &mut Canon, provenance: &Provenance) {
     canon.str(provenance.agent_id.as_str());
     canon.time(provenance.occurred_at);
     canon.time(provenance.recorded_at);
+}
+
+impl EventModel for FactTable {
+    type Applied = Applied;
+    type Error = FactError;
+
+    fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<Applied, FactError> {
+        FactTable::apply(self, seq, event)
+    }
+
+    fn state_hash(&self) -> [u8; 32] {
+        FactTable::state_hash(self)
+    }
 }

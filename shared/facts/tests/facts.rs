@@ -33,8 +33,8 @@ fn identical_assertions_merge_with_provenance_and_max_confidence() {
 
     assert_eq!(merged, Ok(Applied::Merged(FactId(1))));
     assert_eq!(lower, Ok(Applied::Merged(FactId(1))));
-    assert_eq!(given.table.len(), 1);
-    let current = given.table.current(&team, Some("alice"), Some("likes"));
+    assert_eq!(given.model.len(), 1);
+    let current = given.model.current(&team, Some("alice"), Some("likes"));
     assert_eq!(current.len(), 1);
     let fact = current[0];
     let seqs: Vec<_> = fact.sources.iter().map(|s| s.provenance.seq).collect();
@@ -54,7 +54,7 @@ fn a_different_object_is_not_merged() {
     let applied = given.apply(&asserted(&team, lives_in("Paris"), "2024-02-01"));
 
     assert_eq!(applied, Ok(Applied::Created(FactId(2))), "case matters");
-    assert_eq!(given.table.len(), 2);
+    assert_eq!(given.model.len(), 2);
 }
 
 #[test]
@@ -66,9 +66,9 @@ fn a_later_assertion_supersedes_a_single_valued_fact() {
         .apply(&asserted(&team, lives_in("paris"), "2024-06-01"))
         .unwrap();
 
-    let current = given.table.current(&team, Some("alice"), Some("lives_in"));
+    let current = given.model.current(&team, Some("alice"), Some("lives_in"));
     assert_eq!(objects(&current), [json!("paris")]);
-    let history = given.table.history(&team, "alice", "lives_in");
+    let history = given.model.history(&team, "alice", "lives_in");
     assert_eq!(objects(&history), [json!("london"), json!("paris")]);
     assert_eq!(history[0].valid_to, Some(t("2024-06-01")));
     assert_eq!(history[0].superseded_by, Some(FactId(2)));
@@ -85,10 +85,10 @@ fn equal_occurred_at_goes_to_the_higher_seq() {
             asserted(&team, lives_in(second), "2024-01-01"),
         ]);
 
-        let current = given.table.current(&team, Some("alice"), Some("lives_in"));
+        let current = given.model.current(&team, Some("alice"), Some("lives_in"));
 
         assert_eq!(objects(&current), [json!(second)]);
-        let history = given.table.history(&team, "alice", "lives_in");
+        let history = given.model.history(&team, "alice", "lives_in");
         let earlier = history.iter().find(|f| f.object == json!(first)).unwrap();
         assert_eq!(earlier.superseded_by, Some(FactId(2)));
         assert_eq!(
@@ -108,15 +108,15 @@ fn an_older_assertion_arriving_late_stays_in_history() {
     let applied = given.apply(&asserted(&team, lives_in("london"), "2024-01-01"));
 
     assert_eq!(applied, Ok(Applied::Created(FactId(2))));
-    let current = given.table.current(&team, Some("alice"), Some("lives_in"));
+    let current = given.model.current(&team, Some("alice"), Some("lives_in"));
     assert_eq!(objects(&current), [json!("paris")]);
-    let history = given.table.history(&team, "alice", "lives_in");
+    let history = given.model.history(&team, "alice", "lives_in");
     assert_eq!(objects(&history), [json!("london"), json!("paris")]);
     assert_eq!(history[0].valid_to, Some(t("2024-06-01")));
     assert_eq!(history[0].superseded_by, Some(FactId(1)));
     assert_eq!(history[1].valid_to, None);
     let past = given
-        .table
+        .model
         .as_of(&team, t("2024-03-01"), None, Some("alice"), None);
     assert_eq!(objects(&past), [json!("london")]);
 }
@@ -131,7 +131,7 @@ fn a_late_assertion_between_two_others_cuts_both_ways_as_if_in_order() {
     let in_order = Stream::given(&[london, paris, berlin]);
 
     for given in [&late, &in_order] {
-        let history = given.table.history(&team, "alice", "lives_in");
+        let history = given.model.history(&team, "alice", "lives_in");
         let spans: Vec<_> = history
             .iter()
             .map(|f| (f.object.clone(), f.valid_from, f.valid_to))
@@ -144,7 +144,7 @@ fn a_late_assertion_between_two_others_cuts_both_ways_as_if_in_order() {
                 (json!("berlin"), t("2024-09-01"), None),
             ]
         );
-        let current = given.table.current(&team, Some("alice"), Some("lives_in"));
+        let current = given.model.current(&team, Some("alice"), Some("lives_in"));
         assert_eq!(objects(&current), [json!("berlin")]);
         let by_object = |o: &str| history.iter().find(|f| f.object == json!(o)).unwrap();
         assert_eq!(
@@ -175,10 +175,10 @@ fn a_later_assertion_starting_earlier_overrides_the_earlier_one_entirely() {
     ]);
 
     for year in ["2021-01-01", "2023-01-01"] {
-        let then = given.table.as_of(&team, t(year), None, Some("alice"), None);
+        let then = given.model.as_of(&team, t(year), None, Some("alice"), None);
         assert_eq!(objects(&then), [json!("paris")], "{year}");
     }
-    let london = given.table.history(&team, "alice", "lives_in")[1];
+    let london = given.model.history(&team, "alice", "lives_in")[1];
     assert_eq!(london.object, json!("london"));
     assert!(london.valid_to.unwrap() <= london.valid_from);
 }
@@ -195,9 +195,9 @@ fn a_future_value_takes_over_only_from_its_valid_from() {
         ),
     ]);
 
-    let current = given.table.current(&team, Some("alice"), Some("lives_in"));
+    let current = given.model.current(&team, Some("alice"), Some("lives_in"));
     assert_eq!(objects(&current), [json!("london")]);
-    let later = given.table.as_of(&team, t("2999-06-01"), None, None, None);
+    let later = given.model.as_of(&team, t("2999-06-01"), None, None, None);
     assert_eq!(objects(&later), [json!("berlin")]);
 }
 
@@ -210,8 +210,8 @@ fn a_fact_whose_valid_to_has_passed_is_not_current() {
         "2024-01-01",
     )]);
 
-    assert!(given.table.current(&team, None, None).is_empty());
-    let then = given.table.as_of(&team, t("2024-02-01"), None, None, None);
+    assert!(given.model.current(&team, None, None).is_empty());
+    let then = given.model.as_of(&team, t("2024-02-01"), None, None, None);
     assert_eq!(objects(&then), [json!("acme")]);
 }
 
@@ -224,7 +224,7 @@ fn multi_valued_assertions_accumulate_until_a_single_valued_one() {
         asserted(&team, speaks("french", "multi"), "2024-02-01"),
         asserted(&team, speaks("german", "multi"), "2024-03-01"),
     ]);
-    let current = given.table.current(&team, Some("bob"), Some("speaks"));
+    let current = given.model.current(&team, Some("bob"), Some("speaks"));
     assert_eq!(
         objects(&current),
         [json!("english"), json!("french"), json!("german")]
@@ -235,9 +235,9 @@ fn multi_valued_assertions_accumulate_until_a_single_valued_one() {
         .apply(&asserted(&team, speaks("spanish", "single"), "2024-04-01"))
         .unwrap();
 
-    let current = given.table.current(&team, Some("bob"), Some("speaks"));
+    let current = given.model.current(&team, Some("bob"), Some("speaks"));
     assert_eq!(objects(&current), [json!("spanish")]);
-    assert_eq!(given.table.history(&team, "bob", "speaks").len(), 4);
+    assert_eq!(given.model.history(&team, "bob", "speaks").len(), 4);
 }
 
 #[test]
@@ -255,18 +255,18 @@ fn retracting_the_superseding_value_reopens_the_previous_one() {
     ));
 
     assert_eq!(applied, Ok(Applied::Retracted(vec![FactId(2)])));
-    let current = given.table.current(&team, Some("alice"), Some("lives_in"));
+    let current = given.model.current(&team, Some("alice"), Some("lives_in"));
     assert_eq!(objects(&current), [json!("london")]);
     assert_eq!(current[0].valid_to, None);
     assert_eq!(current[0].superseded_by, None);
-    let history = given.table.history(&team, "alice", "lives_in");
+    let history = given.model.history(&team, "alice", "lives_in");
     let paris = history[1];
     assert_eq!(paris.retracted_at, Some(t("2024-08-01")));
     assert_eq!(paris.retracted_by.as_ref().map(|p| p.seq), Some(3));
     assert_eq!(paris.valid_to, None, "retraction leaves valid time alone");
     let believed_then =
         given
-            .table
+            .model
             .as_of(&team, t("2024-07-01"), Some(t("2024-07-01")), None, None);
     assert_eq!(objects(&believed_then), [json!("paris")]);
 }
@@ -288,9 +288,9 @@ fn a_retraction_without_object_retracts_every_believed_object() {
     ));
 
     assert_eq!(applied, Ok(Applied::Retracted(vec![FactId(1), FactId(2)])));
-    assert!(given.table.current(&team, Some("bob"), None).is_empty());
-    assert_eq!(given.table.current(&team, Some("alice"), None).len(), 1);
-    let history = given.table.history(&team, "bob", "speaks");
+    assert!(given.model.current(&team, Some("bob"), None).is_empty());
+    assert_eq!(given.model.current(&team, Some("alice"), None).len(), 1);
+    let history = given.model.history(&team, "bob", "speaks");
     assert_eq!(history.len(), 2);
     assert!(history.iter().all(|f| f.is_retracted()));
 }
@@ -310,7 +310,7 @@ fn a_reassertion_after_retraction_is_a_new_fact() {
     let applied = given.apply(&asserted(&team, lives_in("london"), "2024-03-01"));
 
     assert_eq!(applied, Ok(Applied::Created(FactId(3))));
-    let current = given.table.current(&team, Some("alice"), None);
+    let current = given.model.current(&team, Some("alice"), None);
     assert_eq!(
         current.iter().map(|f| f.id).collect::<Vec<_>>(),
         [FactId(3)]
@@ -321,7 +321,7 @@ fn a_reassertion_after_retraction_is_a_new_fact() {
 fn a_retraction_matching_nothing_changes_no_fact() {
     let team = scope("acme", "team-a");
     let mut given = Stream::given(&[asserted(&team, lives_in("london"), "2024-01-01")]);
-    let before = given.table.history(&team, "alice", "lives_in")[0].clone();
+    let before = given.model.history(&team, "alice", "lives_in")[0].clone();
 
     let other_object = given.apply(&retracted(
         &team,
@@ -336,7 +336,7 @@ fn a_retraction_matching_nothing_changes_no_fact() {
 
     assert_eq!(other_object, Ok(Applied::Retracted(vec![])));
     assert_eq!(other_subject, Ok(Applied::Retracted(vec![])));
-    assert_eq!(given.table.history(&team, "alice", "lives_in"), [&before]);
+    assert_eq!(given.model.history(&team, "alice", "lives_in"), [&before]);
 }
 
 #[test]
@@ -369,7 +369,7 @@ fn as_of_answers_for_each_valid_time_and_known_time() {
     ];
 
     for (valid_at, known_at, expected) in cases {
-        let found = given.table.as_of(
+        let found = given.model.as_of(
             &team,
             t(valid_at),
             known_at.map(t),
@@ -385,7 +385,7 @@ fn as_of_answers_for_each_valid_time_and_known_time() {
         if known_at.is_none() {
             let known_later =
                 given
-                    .table
+                    .model
                     .as_of(&team, t(valid_at), Some(t("2999-01-01")), None, None);
             assert_eq!(
                 objects(&known_later),
@@ -420,23 +420,23 @@ fn scopes_never_mix_even_with_prefix_or_tenant_collisions() {
         Ok(Applied::Created(FactId(3))),
         "no merge across tenants"
     );
-    let in_a = given.table.current(&team_a, None, None);
+    let in_a = given.model.current(&team_a, None, None);
     assert_eq!(objects(&in_a), [json!("london")]);
     assert_eq!(in_a[0].id, FactId(1));
     assert!(in_a[0].superseded_by.is_none());
-    assert!(given.table.current(&team_ab, None, None).is_empty());
+    assert!(given.model.current(&team_ab, None, None).is_empty());
     assert_eq!(
-        given.table.current(&other_tenant, None, None)[0].id,
+        given.model.current(&other_tenant, None, None)[0].id,
         FactId(3)
     );
     let found = given
-        .table
+        .model
         .search(std::slice::from_ref(&team_a), "alice paris london", 10);
     assert_eq!(
         found.iter().map(|(f, _)| f.id).collect::<Vec<_>>(),
         [FactId(1)]
     );
-    assert!(given.table.history(&team_a, "alice", "lives_in").len() == 1);
+    assert!(given.model.history(&team_a, "alice", "lives_in").len() == 1);
 }
 
 #[test]
@@ -531,13 +531,13 @@ fn malformed_payloads_are_rejected_and_change_nothing() {
         (EventKind::FactRetracted, None, None),
     ];
     let mut given = Stream::given(&[asserted(&team, lives_in("london"), "2024-01-01")]);
-    let before = given.table.clone();
+    let before = given.model.clone();
 
     for (kind, data, field) in cases {
         let mut bad = event(&team, kind, json!({}), "2024-06-01");
         bad.content.data = data.clone();
 
-        let result = given.table.apply(2, &bad);
+        let result = given.model.apply(2, &bad);
 
         let err = result.expect_err(&format!("{data:?} must be rejected"));
         assert_eq!(err.field(), field, "{data:?}: {err}");
@@ -545,13 +545,13 @@ fn malformed_payloads_are_rejected_and_change_nothing() {
         if let FactError::InvalidField { reason, .. } = &err {
             assert!(!reason.is_empty());
         }
-        assert_eq!(given.table, before, "{data:?} changed the table");
-        assert_eq!(given.table.state_hash(), before.state_hash());
+        assert_eq!(given.model, before, "{data:?} changed the table");
+        assert_eq!(given.model.state_hash(), before.state_hash());
     }
     // The seq was not consumed: a good event can still take it.
     assert!(
         given
-            .table
+            .model
             .apply(2, &asserted(&team, lives_in("paris"), "2024-06-01"))
             .is_ok()
     );
@@ -569,14 +569,14 @@ fn terms_are_trimmed_and_limited_in_characters_not_bytes() {
 
     assert_eq!(
         given
-            .table
+            .model
             .current(&team, Some(&subject), Some("Likes"))
             .len(),
         1
     );
     assert!(
         given
-            .table
+            .model
             .current(&team, Some(&subject), Some("likes"))
             .is_empty()
     );
@@ -644,7 +644,7 @@ fn search_ranks_current_facts_by_word_overlap() {
         ),
     ]);
 
-    let found = given.table.search(
+    let found = given.model.search(
         std::slice::from_ref(&team),
         "Where does Alice live? Paris?",
         10,
@@ -658,12 +658,12 @@ fn search_ranks_current_facts_by_word_overlap() {
     assert_eq!(ranked[1].0, "works_at");
     assert!(ranked[0].1 > ranked[1].1);
     let by_key = given
-        .table
+        .model
         .search(std::slice::from_ref(&team), "company", 10);
     assert_eq!(by_key.len(), 1, "object keys count");
     assert_eq!(
         given
-            .table
+            .model
             .search(std::slice::from_ref(&team), "alice", 1)
             .len(),
         1,
@@ -671,7 +671,7 @@ fn search_ranks_current_facts_by_word_overlap() {
     );
     assert!(
         given
-            .table
+            .model
             .search(std::slice::from_ref(&team), "?!", 10)
             .is_empty()
     );
@@ -681,7 +681,7 @@ fn search_ranks_current_facts_by_word_overlap() {
         .unwrap();
 
     assert!(
-        given.table.search(&[team], "paris", 10).is_empty(),
+        given.model.search(&[team], "paris", 10).is_empty(),
         "superseded facts are not searched"
     );
 }
@@ -702,7 +702,7 @@ fn a_repeated_assertion_with_narrower_validity_neither_splits_nor_shortens_the_f
     ));
 
     assert_eq!(applied, Ok(Applied::Merged(FactId(1))));
-    let current = given.table.current(&team, Some("alice"), Some("lives_in"));
+    let current = given.model.current(&team, Some("alice"), Some("lives_in"));
     assert_eq!(objects(&current), [json!("london")]);
     assert_eq!(
         current[0].valid_to, None,

@@ -3,9 +3,9 @@
 
 mod common;
 
-use chrono::Duration;
 use common::*;
 use engram_facts::FactTable;
+use engram_memory::testing::{self, day};
 use engram_schema::{Envelope, EventKind};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -48,43 +48,9 @@ fn scenario(confidence: f64) -> Vec<Envelope> {
     ]
 }
 
+/// A table fed `events` at seqs 1, 2, 3, … in one pass.
 fn one_pass(events: &[Envelope]) -> FactTable {
-    let mut table = FactTable::new();
-    for (i, event) in events.iter().enumerate() {
-        let _ = table.apply(i as u64 + 1, event);
-    }
-    table
-}
-
-/// Applies `events[..split]`, round-trips the table through `codec`, applies the rest.
-fn in_two_halves(
-    events: &[Envelope],
-    split: usize,
-    codec: impl Fn(&FactTable) -> FactTable,
-) -> FactTable {
-    let mut table = FactTable::new();
-    for (i, event) in events.iter().enumerate() {
-        if i == split {
-            table = codec(&table);
-        }
-        let _ = table.apply(i as u64 + 1, event);
-    }
-    if split == events.len() {
-        table = codec(&table);
-    }
-    table
-}
-
-fn named(table: &FactTable) -> FactTable {
-    rmp_serde::from_slice(&rmp_serde::to_vec_named(table).unwrap()).unwrap()
-}
-
-fn compact(table: &FactTable) -> FactTable {
-    rmp_serde::from_slice(&rmp_serde::to_vec(table).unwrap()).unwrap()
-}
-
-fn as_json(table: &FactTable) -> FactTable {
-    serde_json::from_str(&serde_json::to_string(table).unwrap()).unwrap()
+    testing::one_pass(events)
 }
 
 #[test]
@@ -93,13 +59,7 @@ fn a_rebuild_in_one_pass_hashes_like_two_halves_with_a_snapshot_between() {
     let whole = one_pass(&events);
     assert!(whole.len() >= 5, "the scenario exercises the table");
 
-    for split in 0..=events.len() {
-        for codec in [named, compact, as_json] {
-            let halves = in_two_halves(&events, split, codec);
-            assert_eq!(halves.state_hash(), whole.state_hash(), "split at {split}");
-            assert_eq!(halves, whole, "split at {split}");
-        }
-    }
+    testing::assert_rebuild_equals_incremental::<FactTable>(&events);
 }
 
 #[test]
@@ -159,10 +119,6 @@ fn op() -> impl Strategy<Value = Op> {
         )
 }
 
-fn day(n: i64) -> String {
-    (t("2024-01-01") + Duration::days(n)).to_rfc3339()
-}
-
 fn envelope(op: &Op) -> Envelope {
     let team = if op.scope {
         scope("acme", "team-a")
@@ -208,7 +164,7 @@ proptest! {
         let events: Vec<Envelope> = ops.iter().map(envelope).collect();
         let split = split.min(events.len());
         let whole = one_pass(&events);
-        let halves = in_two_halves(&events, split, named);
+        let halves: FactTable = testing::in_two_halves(&events, split, testing::named);
         prop_assert_eq!(halves.state_hash(), whole.state_hash());
         prop_assert_eq!(&halves, &whole);
     }

@@ -4,7 +4,10 @@
 //! from is unique, totally ordered, and what read-your-writes tokens speak of.
 
 pub mod canon;
+pub mod model;
 pub mod proto;
+#[cfg(feature = "test-util")]
+pub mod testing;
 
 use std::fmt;
 

@@ -1,13 +1,16 @@
 //! Projections of small in-memory models (fact table, skill registry), checkpointed as one
 //! snapshot file.
+//!
+//! Any [`EventModel`] that can be serialised is a [`SnapshotModel`] as it is: the models
+//! need no wrapper type to be projected.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, RwLock, RwLockReadGuard};
+use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_memory::Seq;
+use engram_memory::model::{AppliedSeq, EventModel};
 use engram_schema::Envelope;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -23,13 +26,30 @@ pub trait SnapshotModel: Default + Serialize + DeserializeOwned + Send + Sync + 
     fn hash(&self) -> [u8; 32];
 }
 
+impl<M> SnapshotModel for M
+where
+    M: EventModel + Default + Serialize + DeserializeOwned + Send + Sync + 'static,
+{
+    fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
+        EventModel::apply(self, seq, event)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    }
+
+    fn hash(&self) -> [u8; 32] {
+        self.state_hash()
+    }
+}
+
 /// A [`Projection`] of a [`SnapshotModel`], saved to `<dir>/<name>.snap`.
 pub struct SnapshotProjection<M> {
     name: &'static str,
     path: PathBuf,
     model: Arc<RwLock<M>>,
-    /// The sequence the model includes; events at or below it are skipped.
-    applied: AtomicU64,
+    /// The sequence the model includes, refused events too; events at or below it are
+    /// skipped, since a [`SnapshotModel`] need not skip them itself. Locked only while the
+    /// model is locked for writing.
+    applied: Mutex<AppliedSeq>,
 }
 
 impl<M: SnapshotModel> SnapshotProjection<M> {
@@ -38,13 +58,17 @@ impl<M: SnapshotModel> SnapshotProjection<M> {
             name,
             path: dir.into().join(format!("{name}.snap")),
             model: Arc::new(RwLock::new(M::default())),
-            applied: AtomicU64::new(0),
+            applied: Mutex::new(AppliedSeq::NONE),
         }
     }
 
     /// Read access for queries. Hold it briefly: the projector waits for it to apply.
     pub fn read(&self) -> RwLockReadGuard<'_, M> {
         self.model.read().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set_applied(&self, applied: AppliedSeq) {
+        *self.applied.lock().unwrap_or_else(|p| p.into_inner()) = applied;
     }
 }
 
@@ -70,21 +94,23 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
             }
             None => ApplyLedger::default(),
         };
-        self.applied.store(ledger.seq, Ordering::SeqCst);
+        self.set_applied(AppliedSeq::through(ledger.seq));
         Ok(ledger)
     }
 
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
         let mut model = self.model.write().unwrap_or_else(|p| p.into_inner());
+        let mut applied = self.applied.lock().unwrap_or_else(|p| p.into_inner());
         let mut rejected = Vec::new();
         for (index, stored) in events.iter().enumerate() {
-            if stored.seq <= self.applied.load(Ordering::SeqCst) {
+            if applied.holds(stored.seq) {
                 continue;
             }
             if let Err(reason) = model.apply_event(stored.seq, &stored.event) {
                 rejected.push(Rejected { index, reason });
             }
-            self.applied.store(stored.seq, Ordering::SeqCst);
+            // A refused event is dead-lettered, not retried: the sequence moves past it.
+            applied.advance(stored.seq);
         }
         Ok(rejected)
     }
@@ -101,7 +127,7 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
 
     async fn reset(&self) -> Result<(), ProjectionError> {
         *self.model.write().unwrap_or_else(|p| p.into_inner()) = M::default();
-        self.applied.store(0, Ordering::SeqCst);
+        self.set_applied(AppliedSeq::NONE);
         snapshot::remove(&self.path)
     }
 

@@ -5,7 +5,8 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use engram_memory::ScopeKey;
-use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_memory::testing::{self, t};
+use engram_schema::{Envelope, EventKind, Layer};
 use engram_skills::SkillRegistry;
 use serde_json::json;
 
@@ -44,21 +45,7 @@ fn event(
     data: serde_json::Value,
     at: DateTime<Utc>,
 ) -> Envelope {
-    let mut event = Envelope::new(
-        scope.tenant.clone(),
-        scope.scope(),
-        Ident::parse("agent_id", "agent").unwrap(),
-        Ident::parse("instance_id", "inst").unwrap(),
-        Layer::Procedural,
-        kind,
-        Content {
-            text: String::new(),
-            data: Some(data),
-        },
-    );
-    event.occurred_at = at;
-    event.recorded_at = at;
-    event
+    testing::event(scope, Layer::Procedural, kind, Some(data), at)
 }
 
 fn phrase(seed: usize, len: usize) -> String {
@@ -69,18 +56,8 @@ fn phrase(seed: usize, len: usize) -> String {
 }
 
 fn main() {
-    let tenant = Ident::parse("tenant", "acme").unwrap();
-    let scopes: Vec<ScopeKey> = (0..10)
-        .map(|i| {
-            ScopeKey::new(
-                tenant.clone(),
-                Scope::new(ScopeKind::Team, &format!("team-{i}")).unwrap(),
-            )
-        })
-        .collect();
-    let start = DateTime::parse_from_rfc3339("2024-01-01T00:00:00Z")
-        .unwrap()
-        .with_timezone(&Utc);
+    let scopes = testing::teams("acme", 10);
+    let start = t("2024-01-01");
     let skills = 10_000usize;
     let outcomes = 100_000usize;
     let mut events = Vec::new();

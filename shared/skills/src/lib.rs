@@ -12,7 +12,10 @@
 //! - `skill`: the rows: [`Skill`], its [`Provenance`], and [`PendingOutcomes`].
 //! - `payload`: reading event payloads through the contract's types before anything changes.
 //! - `text`: the terms search matches on.
-//! - `canon`: the canonical encoding behind the state hash.
+//!
+//! What the skill registry shares with the fact table is [`engram_memory::model`]'s: the
+//! applied seq and the rule that skips events at or below it, the snapshot shape, the
+//! prologue of the state hash, and [`SkillError`].
 //!
 //! # Payloads (`content.data`)
 //!
@@ -72,14 +75,14 @@
 //! Cost: search computes IDF over the latest skills of the scopes it is given, so it is
 //! linear in their number and text.
 
-mod error;
-mod pairs;
 mod payload;
 mod registry;
 mod skill;
 mod text;
 
+/// Why an event could not be applied: a payload the contract refuses. A failed apply leaves
+/// the registry exactly as it was.
+pub use engram_memory::model::PayloadRefused as SkillError;
 pub use engram_schema::payload::MAX_NAME_CHARS;
-pub use error::SkillError;
 pub use registry::{Applied, SkillRegistry};
 pub use skill::{PendingOutcomes, Provenance, Skill, Usage};

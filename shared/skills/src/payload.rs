@@ -7,7 +7,11 @@ use engram_memory::Seq;
 use engram_schema::payload::PayloadError;
 use engram_schema::{Envelope, SkillOutcome, SkillRecorded};
 
-use crate::error::SkillError;
+use crate::SkillError;
+
+/// What to send when an event has no payload object at all.
+const HINT: &str =
+    r#"send the skill there, for example {"name": "deploy-service", "description": "…"}"#;
 
 /// A checked `skill_recorded` payload; the version is resolved later, against the registry.
 pub(crate) fn recording(seq: Seq, event: &Envelope) -> Result<SkillRecorded, SkillError> {
@@ -20,18 +24,5 @@ pub(crate) fn outcome(seq: Seq, event: &Envelope) -> Result<Option<SkillOutcome>
 }
 
 fn refused(seq: Seq, event: &Envelope, e: PayloadError) -> SkillError {
-    match e.payload_field() {
-        Some(field) => SkillError::InvalidField {
-            seq,
-            event_id: event.event_id.clone(),
-            kind: event.kind,
-            field,
-            reason: e.reason,
-        },
-        None => SkillError::MissingData {
-            seq,
-            event_id: event.event_id.clone(),
-            kind: event.kind,
-        },
-    }
+    SkillError::of(seq, event, e, HINT)
 }

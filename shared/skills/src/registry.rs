@@ -2,15 +2,16 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use engram_memory::canon::Canon;
+use engram_memory::model::{EventModel, ScopedModel, ScopesMut};
 use engram_memory::{ScopeKey, Seq};
 use engram_schema::{Envelope, EventKind, SkillOutcome, SkillRecorded};
 use serde::{Deserialize, Serialize};
 
-use crate::error::SkillError;
+use crate::SkillError;
 use crate::payload;
 use crate::skill::{PendingOutcomes, Provenance, Skill, Usage};
 use crate::text;
-use engram_memory::canon::Canon;
 
 /// What [`SkillRegistry::apply`] did with an event.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -94,18 +95,17 @@ impl Entry {
     }
 }
 
+/// name -> everything known under it.
+type Names = BTreeMap<String, Entry>;
+
 /// The skill registry of every scope. See the crate docs for the semantics.
 ///
-/// Everything is kept in ordered maps, so the snapshot encoding and
-/// [`SkillRegistry::state_hash`] do not depend on hash-map iteration order.
+/// A [`ScopedModel`] counting skills (scope and name) with at least one recorded version: it
+/// owns the applied seq, the snapshot shape and the order everything is hashed in.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
 pub struct SkillRegistry {
-    /// The highest seq applied (or ignored) so far; events at or below it are skipped.
-    applied_seq: Option<Seq>,
-    #[serde(with = "crate::pairs")]
-    scopes: BTreeMap<ScopeKey, BTreeMap<String, Entry>>,
-    /// Skills (scope and name) with at least one recorded version.
-    len: usize,
+    model: ScopedModel<Names>,
 }
 
 /// How much reliability can move a score: the factor runs from `1 - SPREAD` (always
@@ -120,7 +120,7 @@ impl SkillRegistry {
     /// The highest seq applied so far, `None` for a new registry. Snapshots store it so that
     /// replay resumes after it.
     pub fn applied_seq(&self) -> Option<Seq> {
-        self.applied_seq
+        self.model.applied_seq()
     }
 
     /// Applies the event at stream sequence `seq`.
@@ -132,135 +132,27 @@ impl SkillRegistry {
     /// unchanged, the applied seq included. The result depends only on `seq` and `event`,
     /// never on the clock.
     pub fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<Applied, SkillError> {
-        if self.applied_seq.is_some_and(|applied| seq <= applied) {
-            return Ok(Applied::AlreadyApplied);
-        }
-        // Parse and resolve everything before touching the registry, so that a failure
-        // changes nothing.
-        let applied = match event.kind {
-            EventKind::SkillRecorded => {
-                let recording = payload::recording(seq, event)?;
-                let version = self.resolve_version(seq, event, &recording)?;
-                self.record(seq, event, recording, version)
-            }
-            EventKind::Outcome => match payload::outcome(seq, event)? {
-                Some(outcome) => self.count(event, outcome),
-                None => Applied::Ignored,
-            },
-            _ => Applied::Ignored,
-        };
-        self.applied_seq = Some(seq);
-        Ok(applied)
-    }
-
-    /// The explicit version, or one above the highest recorded (1 for a new skill).
-    fn resolve_version(
-        &self,
-        seq: Seq,
-        event: &Envelope,
-        recording: &SkillRecorded,
-    ) -> Result<u32, SkillError> {
-        if let Some(version) = recording.version {
-            return Ok(version);
-        }
-        let highest = self
-            .entry(&ScopeKey::of(event), &recording.name)
-            .and_then(|entry| entry.versions.last())
-            .map_or(0, |skill| skill.version);
-        highest
-            .checked_add(1)
-            .ok_or_else(|| SkillError::InvalidField {
-                seq,
-                event_id: event.event_id.clone(),
-                kind: event.kind,
-                field: "version",
-                reason: format!(
-                    "the highest recorded version is {highest}, so the next one would overflow; record it under a new name"
-                ),
+        let applied = self.model.apply(seq, |registry| {
+            // Parse and resolve everything before touching the registry, so that a failure
+            // changes nothing.
+            Ok(match event.kind {
+                EventKind::SkillRecorded => {
+                    let recording = payload::recording(seq, event)?;
+                    let version = resolve_version(registry.scopes, seq, event, &recording)?;
+                    record(registry, seq, event, recording, version)
+                }
+                EventKind::Outcome => match payload::outcome(seq, event)? {
+                    Some(outcome) => count(registry, event, outcome),
+                    None => Applied::Ignored,
+                },
+                _ => Applied::Ignored,
             })
-    }
-
-    fn record(
-        &mut self,
-        seq: Seq,
-        event: &Envelope,
-        recording: SkillRecorded,
-        version: u32,
-    ) -> Applied {
-        let scope = ScopeKey::of(event);
-        let entry = self
-            .scopes
-            .entry(scope.clone())
-            .or_default()
-            .entry(recording.name.clone())
-            .or_default();
-        let first_version = entry.versions.is_empty();
-        let new_version = entry.holder(version).is_none();
-        let latest = entry.versions.last().is_none_or(|s| version > s.version);
-        let mut skill = Skill {
-            scope,
-            name: recording.name,
-            version,
-            description: recording.description,
-            steps: recording.steps.unwrap_or_default(),
-            script: recording.script,
-            preconditions: recording.preconditions.unwrap_or_default(),
-            successes: 0,
-            failures: 0,
-            last_used: None,
-            recorded_at: event.recorded_at,
-            source: Provenance::of(seq, event),
-        };
-        if new_version && let Some(usage) = entry.pending.by_version.remove(&version) {
-            skill.count(&usage);
-        }
-        if first_version {
-            skill.count(&std::mem::take(&mut entry.pending.unversioned));
-        }
-        // Seqs only grow, so this lands after every earlier record of the same version.
-        let at = entry.versions.partition_point(|s| s.version <= version);
-        entry.versions.insert(at, skill);
-        if latest {
-            entry.index_terms();
-        }
-        if first_version {
-            self.len += 1;
-        }
-        Applied::Recorded { version, latest }
-    }
-
-    fn count(&mut self, event: &Envelope, outcome: SkillOutcome) -> Applied {
-        let entry = self
-            .scopes
-            .entry(ScopeKey::of(event))
-            .or_default()
-            .entry(outcome.skill)
-            .or_default();
-        let holder = match outcome.version {
-            Some(version) => entry.holder(version),
-            None => entry.latest(),
-        };
-        if let Some(index) = holder {
-            let skill = &mut entry.versions[index];
-            let mut usage = Usage::default();
-            usage.count(outcome.success, event.occurred_at);
-            skill.count(&usage);
-            return Applied::OutcomeCounted {
-                version: skill.version,
-            };
-        }
-        let usage = match outcome.version {
-            Some(version) => entry.pending.by_version.entry(version).or_default(),
-            None => &mut entry.pending.unversioned,
-        };
-        usage.count(outcome.success, event.occurred_at);
-        Applied::OutcomePending {
-            version: outcome.version,
-        }
+        })?;
+        Ok(applied.unwrap_or(Applied::AlreadyApplied))
     }
 
     fn entry(&self, scope: &ScopeKey, name: &str) -> Option<&Entry> {
-        self.scopes.get(scope)?.get(name.trim())
+        entry(self.model.scope(scope)?, name)
     }
 
     /// The latest version of a skill: the highest version number, and of equal numbers the
@@ -310,7 +202,7 @@ impl SkillRegistry {
         let unique: BTreeSet<&ScopeKey> = scopes.iter().collect();
         let candidates: Vec<(&Skill, &Entry)> = unique
             .into_iter()
-            .filter_map(|scope| self.scopes.get(scope))
+            .filter_map(|scope| self.model.scope(scope))
             .flat_map(|names| names.values())
             .filter_map(|entry| entry.latest().map(|index| (&entry.versions[index], entry)))
             .collect();
@@ -356,39 +248,145 @@ impl SkillRegistry {
 
     /// Skills (scope and name) with at least one recorded version.
     pub fn len(&self) -> usize {
-        self.len
+        self.model.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.model.is_empty()
     }
 
     /// A blake3 digest of the whole state, applied seq and pending outcomes included, over a
     /// canonical encoding: equal registries give equal hashes however they were built or
     /// restored.
     pub fn state_hash(&self) -> [u8; 32] {
-        let mut canon = Canon::new("engram-skills/v1");
-        canon.opt_u64(self.applied_seq);
-        canon.len(self.scopes.len());
-        for (scope, names) in &self.scopes {
-            canon.scope(scope);
+        self.model.state_hash("engram-skills/v1", |canon, names| {
             canon.len(names.len());
             for (name, entry) in names {
                 canon.str(name);
                 canon.len(entry.versions.len());
                 for skill in &entry.versions {
-                    hash_skill(&mut canon, skill);
+                    hash_skill(canon, skill);
                 }
-                hash_usage(&mut canon, &entry.pending.unversioned);
+                hash_usage(canon, &entry.pending.unversioned);
                 canon.len(entry.pending.by_version.len());
                 for (version, usage) in &entry.pending.by_version {
                     canon.u64(u64::from(*version));
-                    hash_usage(&mut canon, usage);
+                    hash_usage(canon, usage);
                 }
             }
-        }
-        canon.finish()
+        })
     }
+}
+
+/// The explicit version, or one above the highest recorded (1 for a new skill).
+fn resolve_version(
+    scopes: &BTreeMap<ScopeKey, Names>,
+    seq: Seq,
+    event: &Envelope,
+    recording: &SkillRecorded,
+) -> Result<u32, SkillError> {
+    if let Some(version) = recording.version {
+        return Ok(version);
+    }
+    let highest = scopes
+        .get(&ScopeKey::of(event))
+        .and_then(|names| entry(names, &recording.name))
+        .and_then(|entry| entry.versions.last())
+        .map_or(0, |skill| skill.version);
+    highest
+        .checked_add(1)
+        .ok_or_else(|| SkillError::InvalidField {
+            seq,
+            event_id: event.event_id.clone(),
+            kind: event.kind,
+            field: "version",
+            reason: format!(
+                "the highest recorded version is {highest}, so the next one would overflow; record it under a new name"
+            ),
+        })
+}
+
+fn record(
+    registry: ScopesMut<'_, Names>,
+    seq: Seq,
+    event: &Envelope,
+    recording: SkillRecorded,
+    version: u32,
+) -> Applied {
+    let scope = ScopeKey::of(event);
+    let entry = registry
+        .scopes
+        .entry(scope.clone())
+        .or_default()
+        .entry(recording.name.clone())
+        .or_default();
+    let first_version = entry.versions.is_empty();
+    let new_version = entry.holder(version).is_none();
+    let latest = entry.versions.last().is_none_or(|s| version > s.version);
+    let mut skill = Skill {
+        scope,
+        name: recording.name,
+        version,
+        description: recording.description,
+        steps: recording.steps.unwrap_or_default(),
+        script: recording.script,
+        preconditions: recording.preconditions.unwrap_or_default(),
+        successes: 0,
+        failures: 0,
+        last_used: None,
+        recorded_at: event.recorded_at,
+        source: Provenance::of(seq, event),
+    };
+    if new_version && let Some(usage) = entry.pending.by_version.remove(&version) {
+        skill.count(&usage);
+    }
+    if first_version {
+        skill.count(&std::mem::take(&mut entry.pending.unversioned));
+    }
+    // Seqs only grow, so this lands after every earlier record of the same version.
+    let at = entry.versions.partition_point(|s| s.version <= version);
+    entry.versions.insert(at, skill);
+    if latest {
+        entry.index_terms();
+    }
+    if first_version {
+        *registry.len += 1;
+    }
+    Applied::Recorded { version, latest }
+}
+
+fn count(registry: ScopesMut<'_, Names>, event: &Envelope, outcome: SkillOutcome) -> Applied {
+    let entry = registry
+        .scopes
+        .entry(ScopeKey::of(event))
+        .or_default()
+        .entry(outcome.skill)
+        .or_default();
+    let holder = match outcome.version {
+        Some(version) => entry.holder(version),
+        None => entry.latest(),
+    };
+    if let Some(index) = holder {
+        let skill = &mut entry.versions[index];
+        let mut usage = Usage::default();
+        usage.count(outcome.success, event.occurred_at);
+        skill.count(&usage);
+        return Applied::OutcomeCounted {
+            version: skill.version,
+        };
+    }
+    let usage = match outcome.version {
+        Some(version) => entry.pending.by_version.entry(version).or_default(),
+        None => &mut entry.pending.unversioned,
+    };
+    usage.count(outcome.success, event.occurred_at);
+    Applied::OutcomePending {
+        version: outcome.version,
+    }
+}
+
+fn entry<'a>(names: &'a Names, name: &str) -> Option<&'a Entry> {
+    names.get(name.trim())
 }
 
 fn skill_terms(skill: &Skill) -> BTreeSet<String> {
@@ -423,4 +421,17 @@ fn hash_usage(canon: &mut Canon, usage: &Usage) {
     canon.u64(usage.successes);
     canon.u64(usage.failures);
     canon.opt_time(usage.last_used);
+}
+
+impl EventModel for SkillRegistry {
+    type Applied = Applied;
+    type Error = SkillError;
+
+    fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<Applied, SkillError> {
+        SkillRegistry::apply(self, seq, event)
+    }
+
+    fn state_hash(&self) -> [u8; 32] {
+        SkillRegistry::state_hash(self)
+    }
 }

@@ -32,10 +32,7 @@ fn a_recorded_skill_can_be_read_back() {
             latest: true
         })
     );
-    let skill = given
-        .registry
-        .get(&team, "deploy-service")
-        .expect("recorded");
+    let skill = given.model.get(&team, "deploy-service").expect("recorded");
     assert_eq!(skill.name, "deploy-service");
     assert_eq!(skill.version, 1);
     assert_eq!(skill.description, "Deploy the web service");
@@ -50,9 +47,9 @@ fn a_recorded_skill_can_be_read_back() {
     assert_eq!(skill.source.seq, 1);
     assert_eq!(skill.scope, team);
     assert_eq!(skill.success_rate(), 0.5);
-    assert_eq!(given.registry.len(), 1);
+    assert_eq!(given.model.len(), 1);
     assert!(
-        given.registry.get(&team, "Deploy-Service").is_none(),
+        given.model.get(&team, "Deploy-Service").is_none(),
         "case matters"
     );
 }
@@ -73,11 +70,8 @@ fn versions_default_to_one_above_the_highest() {
             latest: true
         }))
     );
-    assert_eq!(
-        given.registry.get(&team, "lint").map(|s| s.version),
-        Some(3)
-    );
-    assert_eq!(given.registry.len(), 1, "one skill, three versions");
+    assert_eq!(given.model.get(&team, "lint").map(|s| s.version), Some(3));
+    assert_eq!(given.model.len(), 1, "one skill, three versions");
 }
 
 #[test]
@@ -118,7 +112,7 @@ fn a_lower_or_equal_version_is_history_and_does_not_replace_the_latest() {
         })
     );
     let history: Vec<_> = given
-        .registry
+        .model
         .versions(&team, "lint")
         .iter()
         .map(|s| (s.version, s.description.as_str()))
@@ -134,7 +128,7 @@ fn a_lower_or_equal_version_is_history_and_does_not_replace_the_latest() {
         ]
     );
     assert_eq!(
-        given.registry.get(&team, "lint").unwrap().description,
+        given.model.get(&team, "lint").unwrap().description,
         "fourth"
     );
 }
@@ -158,7 +152,7 @@ fn of_two_records_of_one_version_the_first_stays_latest_and_gets_the_counts() {
     let counted = given.apply(&used(&team, "lint", true, "2024-01-03"));
 
     assert_eq!(counted, Ok(Applied::OutcomeCounted { version: 2 }));
-    let versions = given.registry.versions(&team, "lint");
+    let versions = given.model.versions(&team, "lint");
     assert_eq!(
         (versions[0].description.as_str(), versions[0].successes),
         ("first", 1)
@@ -167,10 +161,7 @@ fn of_two_records_of_one_version_the_first_stays_latest_and_gets_the_counts() {
         (versions[1].description.as_str(), versions[1].successes),
         ("second", 0)
     );
-    assert_eq!(
-        given.registry.get(&team, "lint").unwrap().description,
-        "first"
-    );
+    assert_eq!(given.model.get(&team, "lint").unwrap().description, "first");
 }
 
 #[test]
@@ -199,7 +190,7 @@ fn outcomes_count_for_the_latest_or_the_named_version() {
             Ok(Applied::OutcomeCounted { version: 1 }),
         ]
     );
-    let versions = given.registry.versions(&team, "lint");
+    let versions = given.model.versions(&team, "lint");
     assert_eq!((versions[0].successes, versions[0].failures), (0, 1));
     assert_eq!((versions[1].successes, versions[1].failures), (1, 1));
     assert_eq!(
@@ -232,9 +223,9 @@ fn outcomes_before_their_skill_wait_and_then_count() {
             Ok(Applied::OutcomePending { version: Some(2) }),
         ]
     );
-    assert!(given.registry.get(&team, "lint").is_none());
-    assert!(given.registry.is_empty(), "pending outcomes are not skills");
-    let pending = given.registry.pending(&team, "lint").expect("pending");
+    assert!(given.model.get(&team, "lint").is_none());
+    assert!(given.model.is_empty(), "pending outcomes are not skills");
+    let pending = given.model.pending(&team, "lint").expect("pending");
     assert_eq!(pending.unversioned.successes, 2);
     assert_eq!(pending.by_version[&2].failures, 1);
 
@@ -242,11 +233,11 @@ fn outcomes_before_their_skill_wait_and_then_count() {
         .apply(&skill(&team, "lint", "Run the linter", "2024-01-04"))
         .unwrap();
 
-    let first = given.registry.get(&team, "lint").unwrap();
+    let first = given.model.get(&team, "lint").unwrap();
     assert_eq!((first.version, first.successes, first.failures), (1, 2, 0));
     assert_eq!(first.last_used, Some(t("2024-01-03")));
     let pending = given
-        .registry
+        .model
         .pending(&team, "lint")
         .expect("version 2 still waits");
     assert!(pending.unversioned.is_empty());
@@ -255,13 +246,13 @@ fn outcomes_before_their_skill_wait_and_then_count() {
         .apply(&skill(&team, "lint", "Run the linter faster", "2024-01-05"))
         .unwrap();
 
-    let second = given.registry.get(&team, "lint").unwrap();
+    let second = given.model.get(&team, "lint").unwrap();
     assert_eq!(
         (second.version, second.successes, second.failures),
         (2, 0, 1)
     );
     assert_eq!(second.last_used, Some(t("2024-01-02")));
-    assert!(given.registry.pending(&team, "lint").is_none());
+    assert!(given.model.pending(&team, "lint").is_none());
 }
 
 #[test]
@@ -283,7 +274,7 @@ fn an_outcome_naming_an_unrecorded_version_of_a_known_skill_waits_for_it() {
         .unwrap();
 
     assert_eq!(applied, Ok(Applied::OutcomePending { version: Some(3) }));
-    let versions = given.registry.versions(&team, "lint");
+    let versions = given.model.versions(&team, "lint");
     assert_eq!((versions[0].successes, versions[1].successes), (0, 1));
 }
 
@@ -303,7 +294,7 @@ fn outcomes_in_either_order_end_with_the_same_counts() {
     let skill_last = Stream::given(&[outcomes[0].clone(), outcomes[1].clone(), record]);
 
     let counts = |stream: &Stream| {
-        let skill = stream.registry.get(&team, "lint").unwrap();
+        let skill = stream.model.get(&team, "lint").unwrap();
         (skill.successes, skill.failures, skill.last_used)
     };
     assert_eq!(counts(&skill_first), (1, 1, Some(t("2024-01-03"))));
@@ -314,7 +305,7 @@ fn outcomes_in_either_order_end_with_the_same_counts() {
 fn outcomes_naming_no_skill_are_ignored() {
     let team = scope("acme", "team-a");
     let mut given = Stream::given(&[skill(&team, "lint", "Run the linter", "2024-01-01")]);
-    let before = given.registry.versions(&team, "lint")[0].clone();
+    let before = given.model.versions(&team, "lint")[0].clone();
 
     let results = [
         given.apply(&outcome(&team, json!({"success": true}), "2024-01-02")),
@@ -342,9 +333,9 @@ fn outcomes_naming_no_skill_are_ignored() {
         results.iter().all(|r| *r == Ok(Applied::Ignored)),
         "{results:?}"
     );
-    assert_eq!(given.registry.versions(&team, "lint"), [&before]);
-    assert!(given.registry.pending(&team, "lint").is_none());
-    assert_eq!(given.registry.applied_seq(), Some(6));
+    assert_eq!(given.model.versions(&team, "lint"), [&before]);
+    assert!(given.model.pending(&team, "lint").is_none());
+    assert_eq!(given.model.applied_seq(), Some(6));
 }
 
 #[test]
@@ -376,7 +367,7 @@ fn search_ranks_by_relevance() {
         ),
     ]);
 
-    let found = given.registry.search(
+    let found = given.model.search(
         std::slice::from_ref(&team),
         "Deploy the web service to Kubernetes",
         10,
@@ -397,7 +388,7 @@ fn search_ranks_by_relevance() {
     assert!(found.iter().all(|(_, score)| *score <= 1.2));
     assert_eq!(
         given
-            .registry
+            .model
             .search(std::slice::from_ref(&team), "deploy", 1)
             .len(),
         1,
@@ -405,14 +396,14 @@ fn search_ranks_by_relevance() {
     );
     assert!(
         given
-            .registry
+            .model
             .search(std::slice::from_ref(&team), "the to a of", 10)
             .is_empty(),
         "stop words alone match nothing"
     );
     assert!(
         given
-            .registry
+            .model
             .search(std::slice::from_ref(&team), "deploy", 0)
             .is_empty()
     );
@@ -439,7 +430,7 @@ fn search_weighs_rare_terms_above_common_ones() {
     ]);
 
     let found = given
-        .registry
+        .model
         .search(std::slice::from_ref(&team), "database on kubernetes", 10);
 
     assert_eq!(found[0].0.name, "helm", "{found:?}");
@@ -469,12 +460,11 @@ fn search_prefers_the_more_reliable_of_equally_relevant_skills_but_not_over_rele
     let given = Stream::given(&events);
 
     let backups = given
-        .registry
+        .model
         .search(std::slice::from_ref(&team), "back up", 10);
-    let restore =
-        given
-            .registry
-            .search(std::slice::from_ref(&team), "restore database snapshot", 10);
+    let restore = given
+        .model
+        .search(std::slice::from_ref(&team), "restore database snapshot", 10);
 
     let names: Vec<_> = backups.iter().map(|(s, _)| s.name.as_str()).collect();
     assert_eq!(names, ["backup-safe", "backup-fast"]);
@@ -508,18 +498,18 @@ fn scopes_never_mix_even_with_prefix_or_tenant_collisions() {
         .apply(&used(&team_a, "lint", true, "2024-01-04"))
         .unwrap();
 
-    let a = given.registry.get(&team_a, "lint").unwrap();
+    let a = given.model.get(&team_a, "lint").unwrap();
     assert_eq!((a.successes, a.failures, a.version), (1, 0, 1));
-    let ab = given.registry.get(&team_ab, "lint").unwrap();
+    let ab = given.model.get(&team_ab, "lint").unwrap();
     assert_eq!(
         (ab.successes, ab.failures, ab.version),
         (0, 1, 1),
         "team-ab's own early outcome"
     );
-    assert!(given.registry.get(&other_tenant, "lint").is_none());
+    assert!(given.model.get(&other_tenant, "lint").is_none());
     assert_eq!(
         given
-            .registry
+            .model
             .pending(&other_tenant, "lint")
             .unwrap()
             .unversioned
@@ -527,11 +517,11 @@ fn scopes_never_mix_even_with_prefix_or_tenant_collisions() {
         1
     );
     let found = given
-        .registry
+        .model
         .search(std::slice::from_ref(&team_a), "linter", 10);
     assert_eq!(found.len(), 1);
     assert_eq!(found[0].0.scope, team_a);
-    let both = given.registry.search(
+    let both = given.model.search(
         &[team_a.clone(), team_ab.clone(), team_a.clone()],
         "linter",
         10,
@@ -655,7 +645,7 @@ fn malformed_payloads_are_rejected_and_change_nothing() {
         skill(&team, "lint", "Run the linter", "2024-01-01"),
         used(&team, "pending-skill", true, "2024-01-01"),
     ]);
-    let mut registry = given.registry.clone();
+    let mut registry = given.model.clone();
 
     for ((kind, data), field) in cases {
         let bad = event(&team, kind, data.clone(), "2024-06-01");
@@ -666,8 +656,8 @@ fn malformed_payloads_are_rejected_and_change_nothing() {
 
         assert_eq!(err.field(), field, "{data:?}: {err}");
         assert_eq!(err.seq(), 3);
-        assert_eq!(registry, given.registry, "{data:?} changed the registry");
-        assert_eq!(registry.state_hash(), given.registry.state_hash());
+        assert_eq!(registry, given.model, "{data:?} changed the registry");
+        assert_eq!(registry.state_hash(), given.model.state_hash());
     }
     assert!(
         registry
@@ -685,14 +675,14 @@ fn a_version_that_would_overflow_is_rejected() {
         json!({"name": "lint", "version": u32::MAX, "description": "d"}),
         "2024-01-01",
     )]);
-    let before = given.registry.clone();
+    let before = given.model.clone();
 
     let err = given
         .apply(&skill(&team, "lint", "next", "2024-01-02"))
         .unwrap_err();
 
     assert_eq!(err.field(), Some("version"));
-    assert_eq!(given.registry, before);
+    assert_eq!(given.model, before);
 }
 
 #[test]

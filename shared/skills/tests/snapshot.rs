@@ -3,8 +3,8 @@
 
 mod common;
 
-use chrono::Duration;
 use common::*;
+use engram_memory::testing::{self, day};
 use engram_schema::{Envelope, EventKind};
 use engram_skills::SkillRegistry;
 use proptest::prelude::*;
@@ -48,42 +48,9 @@ fn scenario(last_success: bool) -> Vec<Envelope> {
     ]
 }
 
+/// A registry fed `events` at seqs 1, 2, 3, … in one pass.
 fn one_pass(events: &[Envelope]) -> SkillRegistry {
-    let mut registry = SkillRegistry::new();
-    for (i, event) in events.iter().enumerate() {
-        let _ = registry.apply(i as u64 + 1, event);
-    }
-    registry
-}
-
-fn in_two_halves(
-    events: &[Envelope],
-    split: usize,
-    codec: impl Fn(&SkillRegistry) -> SkillRegistry,
-) -> SkillRegistry {
-    let mut registry = SkillRegistry::new();
-    for (i, event) in events.iter().enumerate() {
-        if i == split {
-            registry = codec(&registry);
-        }
-        let _ = registry.apply(i as u64 + 1, event);
-    }
-    if split == events.len() {
-        registry = codec(&registry);
-    }
-    registry
-}
-
-fn named(registry: &SkillRegistry) -> SkillRegistry {
-    rmp_serde::from_slice(&rmp_serde::to_vec_named(registry).unwrap()).unwrap()
-}
-
-fn compact(registry: &SkillRegistry) -> SkillRegistry {
-    rmp_serde::from_slice(&rmp_serde::to_vec(registry).unwrap()).unwrap()
-}
-
-fn as_json(registry: &SkillRegistry) -> SkillRegistry {
-    serde_json::from_str(&serde_json::to_string(registry).unwrap()).unwrap()
+    testing::one_pass(events)
 }
 
 #[test]
@@ -93,13 +60,7 @@ fn a_rebuild_in_one_pass_hashes_like_two_halves_with_a_snapshot_between() {
     assert_eq!(whole.len(), 2, "the scenario exercises the registry");
     assert!(whole.pending(&scope("acme", "team-ab"), "deploy").is_some());
 
-    for split in 0..=events.len() {
-        for codec in [named, compact, as_json] {
-            let halves = in_two_halves(&events, split, codec);
-            assert_eq!(halves.state_hash(), whole.state_hash(), "split at {split}");
-            assert_eq!(halves, whole, "split at {split}");
-        }
-    }
+    testing::assert_rebuild_equals_incremental::<SkillRegistry>(&events);
 }
 
 #[test]
@@ -113,10 +74,6 @@ fn the_hash_tells_different_states_apart() {
         whole.state_hash()
     );
     assert_eq!(one_pass(&events).state_hash(), whole.state_hash());
-}
-
-fn day(n: i64) -> String {
-    (t("2024-01-01") + Duration::days(n)).to_rfc3339()
 }
 
 fn envelope(
@@ -160,7 +117,7 @@ proptest! {
         let events: Vec<Envelope> = ops.into_iter().map(envelope).collect();
         let split = split.min(events.len());
         let whole = one_pass(&events);
-        let halves = in_two_halves(&events, split, named);
+        let halves: SkillRegistry = testing::in_two_halves(&events, split, testing::named);
         prop_assert_eq!(halves.state_hash(), whole.state_hash());
         prop_assert_eq!(&halves, &whole);
     }
