@@ -12,7 +12,7 @@ pub mod locomo;
 pub mod query;
 
 use anyhow::Context as _;
-use engram_config::Config;
+use engram::config::Config;
 use indicatif::{ProgressBar, ProgressStyle};
 
 /// `config` moved into a new temporary home, with a managed nats-server and the HTTP
@@ -42,7 +42,7 @@ pub mod cli {
     use std::process::ExitCode;
 
     use clap::{Parser, Subcommand};
-    use engram_config::Config;
+    use engram::config::Config;
 
     #[derive(Debug, Parser)]
     #[command(

@@ -18,7 +18,7 @@ use std::time::{Duration, Instant};
 use crate::progress;
 use anyhow::Context as _;
 use chrono::Duration as ChronoDuration;
-use engram_config::Config;
+use engram::config::Config;
 use engram_locomo::{Dataset, DiaId, Evaluator};
 use engram_memory::proto::{
     Consistency, Fusion, Ranking, RetrievalMode, RetrieveRequest, ScopeRequest,

@@ -15,7 +15,7 @@ use std::time::Instant;
 
 use crate::progress;
 use anyhow::Context as _;
-use engram_config::Config;
+use engram::config::Config;
 use engram_embed::EmbedderConfig;
 use engram_memory::proto::{Consistency, RetrievalMode, RetrieveRequest, ScopeRequest};
 use engram_schema::{Content, Embedding, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};

@@ -1,12 +1,12 @@
-//! Command-line interface. Flags are the last configuration layer (see `engram-config`).
+//! Command-line interface. Flags are the last configuration layer (see [`crate::config`]).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use crate::config::{Config, FlagOverrides};
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use engram_config::{Config, FlagOverrides};
 use engram_schema::{Layer, Scope, SubjectFilter};
 use engram_telemetry::LogFormat;
 

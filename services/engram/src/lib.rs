@@ -2,6 +2,8 @@
 //!
 //! # Layout
 //! - [`cli`]: flag definitions and dispatch; each subcommand lives in [`commands`].
+//! - [`config`]: the layered configuration of the binary (defaults, TOML, `ENGRAM_*`,
+//!   flags). It lives here, not in a shared crate, because it names every service.
 //! - [`up`]: `engram up`, which runs every service in one process around a managed (or
 //!   given) nats-server. `run` takes its shutdown as a future, so tests pass their own.
 //! - [`http`]: `/healthz` and `/metrics`.
@@ -10,6 +12,7 @@
 
 pub mod cli;
 pub mod commands;
+pub mod config;
 pub mod demo;
 pub mod http;
 pub mod output;

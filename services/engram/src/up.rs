@@ -9,8 +9,8 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+use crate::config::Config;
 use engram_bus::{Bus, BusError};
-use engram_config::Config;
 use engram_natsd::{NatsServer, NatsdError, ServerOptions};
 use tokio::sync::oneshot;
 

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use engram_config::{Config, HttpConfig, NatsConfig};
+use engram::config::{Config, HttpConfig, NatsConfig};
 use engram_embed::EmbedderConfig;
 use engram_projectors::{ProjectorName, ProjectorsConfig};
 use engram_testkit::{TestNats, event, wait_until};

@@ -3,8 +3,8 @@
 use std::io::BufRead;
 use std::process::ExitCode;
 
+use crate::config::Config;
 use anyhow::Context;
-use engram_config::Config;
 use engram_schema::{Codec, Content, Envelope, EventKind, Ident, Layer, SchemaError, Scope};
 use engram_sdk::AppendOptions;
 

@@ -6,7 +6,7 @@ pub mod query;
 pub mod read;
 pub mod streams;
 
-use engram_config::Config;
+use crate::config::Config;
 use engram_sdk::{Client, RetryPolicy};
 
 /// Connects to the configured NATS without provisioning: only `engram up` creates resources.

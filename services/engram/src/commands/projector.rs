@@ -2,8 +2,8 @@
 
 use std::process::ExitCode;
 
+use crate::config::Config;
 use engram_bus::Bus;
-use engram_config::Config;
 use engram_projectors::ProjectorName;
 use indicatif::{ProgressBar, ProgressStyle};
 

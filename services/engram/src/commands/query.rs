@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use engram_config::Config;
+use crate::config::Config;
 use engram_memory::MemoryFilter;
 use engram_memory::proto::{
     Consistency, ContextRequest, RetrievalMode, RetrieveRequest, ScopeRequest,

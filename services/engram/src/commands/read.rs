@@ -3,8 +3,8 @@
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use crate::config::Config;
 use engram_bus::{ReadError, StartAt};
-use engram_config::Config;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 

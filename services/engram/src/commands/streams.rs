@@ -2,7 +2,7 @@
 
 use std::process::ExitCode;
 
-use engram_config::Config;
+use crate::config::Config;
 
 pub async fn run(config: &Config, json: bool) -> anyhow::Result<ExitCode> {
     let client = super::connect(config).await?;
