@@ -3,8 +3,9 @@
 use std::fmt;
 
 use chrono::{DateTime, Utc};
+use engram_memory::model::Provenance;
 use engram_memory::{ScopeKey, Seq};
-use engram_schema::{Cardinality, Envelope, EventId, Ident};
+use engram_schema::Cardinality;
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 
@@ -17,36 +18,6 @@ pub struct FactId(pub Seq);
 impl fmt::Display for FactId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "fact@{}", self.0)
-    }
-}
-
-/// Which event said something, and when.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Provenance {
-    pub event_id: EventId,
-    pub seq: Seq,
-    pub agent_id: Ident,
-    /// When it happened, by the agent's clock: orders competing assertions.
-    pub occurred_at: DateTime<Utc>,
-    /// When Engram was told: transaction time.
-    pub recorded_at: DateTime<Utc>,
-}
-
-impl Provenance {
-    pub fn of(seq: Seq, event: &Envelope) -> Self {
-        Self {
-            event_id: event.event_id.clone(),
-            seq,
-            agent_id: event.agent_id.clone(),
-            occurred_at: event.occurred_at,
-            recorded_at: event.recorded_at,
-        }
-    }
-
-    /// The order in which assertions compete: the latest `occurred_at` wins, ties go to the
-    /// higher seq. Unique, because seqs are.
-    pub fn position(&self) -> (DateTime<Utc>, Seq) {
-        (self.occurred_at, self.seq)
     }
 }
 

@@ -14,7 +14,8 @@ use engram_schema::Cardinality;
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 use serde_json::Value;
 
-use crate::fact::{Fact, FactId, Provenance, Source};
+use crate::Provenance;
+use crate::fact::{Fact, FactId, Source};
 
 /// One group's facts in order of creation, with derived indexes that snapshots leave out.
 #[derive(Clone, Debug, Default, PartialEq)]

@@ -8,13 +8,13 @@
 //!
 //! # Layout
 //! - `table`: [`FactTable`], applying events and the queries.
-//! - `fact`: the rows: [`Fact`], its [`Source`]s and their [`Provenance`].
+//! - `fact`: the rows: [`Fact`] and its [`Source`]s.
 //! - `group`: the versions of one subject's predicate: where validity ends, who supersedes whom.
 //! - `payload`: reading event payloads through the contract's types before anything changes.
 //!
 //! What the fact table shares with the skill registry is [`engram_memory::model`]'s: the
 //! applied seq and the rule that skips events at or below it, the snapshot shape, the
-//! prologue of the state hash, and [`FactError`].
+//! prologue of the state hash, [`Provenance`] and [`FactError`].
 //!
 //! # Payloads (`content.data`)
 //!
@@ -105,7 +105,8 @@ mod text;
 /// Why an event could not be applied: a payload the contract refuses. A failed apply leaves
 /// the table exactly as it was.
 pub use engram_memory::model::PayloadRefused as FactError;
+pub use engram_memory::model::Provenance;
 pub use engram_schema::Cardinality;
 pub use engram_schema::payload::MAX_TERM_CHARS;
-pub use fact::{Fact, FactId, Provenance, Source};
+pub use fact::{Fact, FactId, Source};
 pub use table::{Applied, FactTable};

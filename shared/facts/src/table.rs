@@ -10,7 +10,8 @@ use engram_schema::{Cardinality, Envelope, EventKind, FactRetracted};
 use serde::{Deserialize, Serialize};
 
 use crate::FactError;
-use crate::fact::{Fact, FactId, Provenance, Source};
+use crate::Provenance;
+use crate::fact::{Fact, FactId, Source};
 use crate::group::Group;
 use crate::payload::{self, Assertion};
 use crate::text;
@@ -343,13 +344,13 @@ fn hash_fact(canon: &mut Canon, fact: &Fact) {
         None => canon.u8(0),
         Some(provenance) => {
             canon.u8(1);
-            hash_provenance(canon, provenance);
+            provenance.write_to(canon);
         }
     }
     canon.f64(fact.confidence);
     canon.len(fact.sources.len());
     for source in &fact.sources {
-        hash_provenance(canon, &source.provenance);
+        source.provenance.write_to(canon);
         canon.time(source.valid_from);
         canon.opt_time(source.valid_to);
         canon.opt_time(source.valid_until);
@@ -365,14 +366,6 @@ fn cardinality_code(cardinality: Cardinality) -> u8 {
         Cardinality::Single => 0,
         Cardinality::Multi => 1,
     }
-}
-
-fn hash_provenance(canon: &mut Canon, provenance: &Provenance) {
-    canon.str(provenance.event_id.as_str());
-    canon.u64(provenance.seq);
-    canon.str(provenance.agent_id.as_str());
-    canon.time(provenance.occurred_at);
-    canon.time(provenance.recorded_at);
 }
 
 impl EventModel for FactTable {

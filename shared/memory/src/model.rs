@@ -10,8 +10,9 @@
 use std::collections::BTreeMap;
 use std::fmt;
 
+use chrono::{DateTime, Utc};
 use engram_schema::payload::PayloadError;
-use engram_schema::{Envelope, EventId, EventKind};
+use engram_schema::{Envelope, EventId, EventKind, Ident};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -154,6 +155,45 @@ impl<T> ScopedModel<T> {
             hash_scope(&mut canon, state);
         }
         canon.finish()
+    }
+}
+
+/// Which event said something (asserted a fact, recorded a skill), and when.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Provenance {
+    pub event_id: EventId,
+    pub seq: Seq,
+    pub agent_id: Ident,
+    /// When it happened, by the agent's clock: orders competing claims.
+    pub occurred_at: DateTime<Utc>,
+    /// When Engram was told: transaction time.
+    pub recorded_at: DateTime<Utc>,
+}
+
+impl Provenance {
+    pub fn of(seq: Seq, event: &Envelope) -> Self {
+        Self {
+            event_id: event.event_id.clone(),
+            seq,
+            agent_id: event.agent_id.clone(),
+            occurred_at: event.occurred_at,
+            recorded_at: event.recorded_at,
+        }
+    }
+
+    /// The order in which claims compete: the latest `occurred_at` wins, ties go to the
+    /// higher seq. Unique, because seqs are.
+    pub fn position(&self) -> (DateTime<Utc>, Seq) {
+        (self.occurred_at, self.seq)
+    }
+
+    /// Writes every field into a state hash, in declaration order.
+    pub fn write_to(&self, canon: &mut Canon) {
+        canon.str(self.event_id.as_str());
+        canon.u64(self.seq);
+        canon.str(self.agent_id.as_str());
+        canon.time(self.occurred_at);
+        canon.time(self.recorded_at);
     }
 }
 

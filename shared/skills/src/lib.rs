@@ -9,13 +9,13 @@
 //!
 //! # Layout
 //! - `registry`: [`SkillRegistry`], applying events and the queries.
-//! - `skill`: the rows: [`Skill`], its [`Provenance`], and [`PendingOutcomes`].
+//! - `skill`: the rows: [`Skill`] and [`PendingOutcomes`].
 //! - `payload`: reading event payloads through the contract's types before anything changes.
 //! - `text`: the terms search matches on.
 //!
 //! What the skill registry shares with the fact table is [`engram_memory::model`]'s: the
 //! applied seq and the rule that skips events at or below it, the snapshot shape, the
-//! prologue of the state hash, and [`SkillError`].
+//! prologue of the state hash, [`Provenance`] and [`SkillError`].
 //!
 //! # Payloads (`content.data`)
 //!
@@ -83,6 +83,7 @@ mod text;
 /// Why an event could not be applied: a payload the contract refuses. A failed apply leaves
 /// the registry exactly as it was.
 pub use engram_memory::model::PayloadRefused as SkillError;
+pub use engram_memory::model::Provenance;
 pub use engram_schema::payload::MAX_NAME_CHARS;
 pub use registry::{Applied, SkillRegistry};
-pub use skill::{PendingOutcomes, Provenance, Skill, Usage};
+pub use skill::{PendingOutcomes, Skill, Usage};

@@ -8,9 +8,10 @@ use engram_memory::{ScopeKey, Seq};
 use engram_schema::{Envelope, EventKind, SkillOutcome, SkillRecorded};
 use serde::{Deserialize, Serialize};
 
+use crate::Provenance;
 use crate::SkillError;
 use crate::payload;
-use crate::skill::{PendingOutcomes, Provenance, Skill, Usage};
+use crate::skill::{PendingOutcomes, Skill, Usage};
 use crate::text;
 
 /// What [`SkillRegistry::apply`] did with an event.
@@ -410,11 +411,7 @@ fn hash_skill(canon: &mut Canon, skill: &Skill) {
     canon.u64(skill.failures);
     canon.opt_time(skill.last_used);
     canon.time(skill.recorded_at);
-    canon.str(skill.source.event_id.as_str());
-    canon.u64(skill.source.seq);
-    canon.str(skill.source.agent_id.as_str());
-    canon.time(skill.source.occurred_at);
-    canon.time(skill.source.recorded_at);
+    skill.source.write_to(canon);
 }
 
 fn hash_usage(canon: &mut Canon, usage: &Usage) {

@@ -3,31 +3,9 @@
 use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
-use engram_memory::{ScopeKey, Seq};
-use engram_schema::{Envelope, EventId, Ident};
+use engram_memory::ScopeKey;
+use engram_memory::model::Provenance;
 use serde::{Deserialize, Serialize};
-
-/// Which event recorded a skill version, and when.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Provenance {
-    pub event_id: EventId,
-    pub seq: Seq,
-    pub agent_id: Ident,
-    pub occurred_at: DateTime<Utc>,
-    pub recorded_at: DateTime<Utc>,
-}
-
-impl Provenance {
-    pub fn of(seq: Seq, event: &Envelope) -> Self {
-        Self {
-            event_id: event.event_id.clone(),
-            seq,
-            agent_id: event.agent_id.clone(),
-            occurred_at: event.occurred_at,
-            recorded_at: event.recorded_at,
-        }
-    }
-}
 
 /// One recorded version of a skill, with the outcomes counted for it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
