@@ -287,3 +287,63 @@ mod pairs {
         Ok(pairs.into_iter().collect())
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_applied_seq_holds_everything_at_or_below_it() {
+        let mut applied = AppliedSeq::through(0);
+        assert_eq!(applied, AppliedSeq::NONE);
+        assert!(!applied.holds(1));
+
+        applied.advance(5);
+        assert!(applied.holds(4) && applied.holds(5));
+        assert!(!applied.holds(6));
+        assert_eq!(applied, AppliedSeq::through(5));
+    }
+
+    #[test]
+    fn a_scoped_model_skips_what_it_holds_and_keeps_its_seq_when_apply_fails() {
+        let mut model = ScopedModel::<u32>::default();
+        let bump = |changes: ScopesMut<'_, u32>| {
+            *changes.len += 1;
+            Ok::<_, ()>("applied")
+        };
+        assert_eq!(model.apply(3, bump), Ok(Some("applied")));
+        assert_eq!(model.apply(3, bump), Ok(None));
+        assert_eq!(model.apply(2, bump), Ok(None));
+        assert_eq!(model.apply(4, |_| Err::<(), _>("refused")), Err("refused"));
+        assert_eq!((model.applied_seq(), model.len()), (Some(3), 1));
+    }
+
+    #[test]
+    fn the_snapshot_shape_is_the_one_facts_and_skills_always_wrote() {
+        // Checkpoints on disk hold this shape: a bare optional seq, scopes as pairs, a count.
+        let mut model = ScopedModel::<u32>::default();
+        assert_eq!(
+            serde_json::to_string(&model).unwrap(),
+            r#"{"applied_seq":null,"scopes":[],"len":0}"#
+        );
+        let scope = ScopeKey::new(
+            Ident::parse("tenant", "acme").unwrap(),
+            engram_schema::Scope::new(engram_schema::ScopeKind::Team, "core").unwrap(),
+        );
+        model
+            .apply(7, |changes| {
+                changes.scopes.insert(scope.clone(), 42);
+                Ok::<_, ()>(())
+            })
+            .unwrap();
+        let json = serde_json::to_string(&model).unwrap();
+        assert_eq!(
+            json,
+            r#"{"applied_seq":7,"scopes":[[{"tenant":"acme","kind":"team","id":"core"},42]],"len":0}"#
+        );
+        assert_eq!(
+            serde_json::from_str::<ScopedModel<u32>>(&json).unwrap(),
+            model
+        );
+    }
+}
