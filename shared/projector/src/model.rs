@@ -47,8 +47,8 @@ pub struct SnapshotProjection<M> {
     path: PathBuf,
     model: Arc<RwLock<M>>,
     /// The sequence the model includes, refused events too; events at or below it are
-    /// skipped, since a [`SnapshotModel`] need not skip them itself. Locked only while the
-    /// model is locked for writing.
+    /// skipped, since a [`SnapshotModel`] need not skip them itself. Set from the ledger by
+    /// `restore` and `reset`; `apply` locks it after the model, never the other way round.
     applied: Mutex<AppliedSeq>,
 }
 
