@@ -2,6 +2,10 @@
 //!
 //! Read models are keyed by sequence number: the stream sequence of the event a memory came
 //! from is unique, totally ordered, and what read-your-writes tokens speak of.
+//!
+//! [`model`] is the base of the scope-keyed models (fact table, skill registry): the applied
+//! seq and the rule that skips events at or below it, their snapshot shape, provenance and
+//! payload errors. With the `test-util` feature, `testing` has their given/when/then helpers.
 
 pub mod canon;
 pub mod model;
