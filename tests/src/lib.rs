@@ -10,7 +10,7 @@ use engram_projectors::{ProjectorsConfig, RunningProjectors};
 use engram_query::{Query, QueryConfig};
 use engram_sdk::{Client, RetryPolicy};
 use engram_testkit::TestNats;
-use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// Vectors in tests are client-supplied from this model: the real MiniLM is exercised by the
 /// embed crate's tests and the LoCoMo benchmark.
@@ -41,9 +41,15 @@ pub fn embedder_model() -> String {
 pub struct Engram {
     pub client: Client,
     pub dir: tempfile::TempDir,
-    stop: watch::Sender<bool>,
+    /// Stops the projectors and the query service; cancelled on drop too.
+    stop: CancellationToken,
     projectors: Option<RunningProjectors>,
-    _service: async_nats::service::Service,
+}
+
+impl Drop for Engram {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
 }
 
 impl Engram {
@@ -59,30 +65,29 @@ impl Engram {
     ) -> Self {
         let dir = tempfile::tempdir().unwrap();
         let bus = nats.bus().await;
-        let (stop, rx) = watch::channel(false);
+        let stop = CancellationToken::new();
         let config = nats.bus_config();
         let projectors = engram_projectors::start(
             &projectors,
             dir.path(),
             move |_| Bus::connect(config.clone()),
-            rx,
+            stop.clone(),
         )
         .await
         .unwrap();
         let query: Arc<Query> = Query::new(bus.clone(), query).await.unwrap();
-        let service = query.serve().await.unwrap();
+        query.serve(stop.clone()).await.unwrap();
         Self {
             client: Client::from_bus(bus, RetryPolicy::default()),
             dir,
             stop,
             projectors: Some(projectors),
-            _service: service,
         }
     }
 
     /// Stops the projectors (each checkpoints).
     pub async fn stop(mut self) {
-        let _ = self.stop.send(true);
+        self.stop.cancel();
         if let Some(p) = self.projectors.take() {
             p.join().await.unwrap();
         }

@@ -17,7 +17,6 @@ use engram_memory::proto::{Consistency, projector_subject};
 use engram_projectors::{ProjectorLedger, ProjectorName, ProjectorsConfig};
 use engram_testkit::{TestNats, event};
 use serde_json::{Value, json};
-use tokio::sync::watch;
 
 const DIM: usize = 4;
 /// Longest text the fake server embeds.
@@ -103,13 +102,13 @@ async fn a_refused_api_key_delays_events_and_rejects_none() {
         embed_cache_disk_mb: 8,
         ..ProjectorsConfig::default()
     };
-    let (stop, stopped) = watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let bus_config = nats.bus_config();
     let running = engram_projectors::start(
         &config,
         dir.path(),
         move |_| Bus::connect(bus_config.clone()),
-        stopped,
+        stop.clone(),
     )
     .await
     .unwrap();
@@ -132,7 +131,7 @@ async fn a_refused_api_key_delays_events_and_rejects_none() {
         engram_embed::health::failing()
     );
 
-    stop.send(true).unwrap();
+    stop.cancel();
     running.join().await.unwrap();
 }
 

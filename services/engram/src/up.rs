@@ -5,14 +5,13 @@
 //! stop serving HTTP, stop the projectors (each checkpoints), drain the NATS connection
 //! (flushes pending publishes), stop the child server with SIGTERM, and return.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::time::Duration;
 
 use crate::config::Config;
 use engram_bus::{Bus, BusError};
 use engram_natsd::{NatsServer, NatsdError, ServerOptions};
-use tokio::sync::oneshot;
+use tokio_util::sync::CancellationToken;
 
 /// The nats-server config shipped in `deploy/`, written into the data dir for the managed server.
 const NATS_CONF: &str = include_str!("../../../deploy/nats-server.conf");
@@ -53,9 +52,11 @@ pub struct Running {
     /// The managed server; `None` when `--nats` pointed at an external one.
     server: Option<NatsServer>,
     pub projectors: engram_projectors::RunningProjectors,
-    projectors_stop: tokio::sync::watch::Sender<bool>,
-    _query_service: async_nats::service::Service,
-    http_stop: oneshot::Sender<()>,
+    /// Each part stops on its own token, in the order [`Running::shutdown`] cancels them.
+    projectors_stop: CancellationToken,
+    query_stop: CancellationToken,
+    query_task: tokio::task::JoinHandle<()>,
+    http_stop: CancellationToken,
     http_task: tokio::task::JoinHandle<()>,
     /// Samples projector lag for `/healthz`; aborted with the http server.
     lag_sampler: tokio::task::JoinHandle<()>,
@@ -83,7 +84,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         created = report.stream_created,
         "events stream ready"
     );
-    let (projectors_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let projectors_stop = CancellationToken::new();
     let state_dir = engram_projectors::state_dir(&config.home);
     let bus_config = config.bus_config(nats_url.clone());
     let projectors = engram_projectors::start(
@@ -94,14 +95,15 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
             c.client_name = format!("engram-projector-{name}");
             Bus::connect(c)
         },
-        stop_rx,
+        projectors_stop.clone(),
     )
     .await?;
     let query = engram_query::Query::new(bus.clone(), config.query.clone())
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
-    let query_service = query
-        .serve()
+    let query_stop = CancellationToken::new();
+    let query_task = query
+        .serve(query_stop.clone())
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
     tracing::info!(projectors = ?config.projectors.run, "projectors and query service ready");
@@ -115,7 +117,8 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         addr: config.http.listen,
         source,
     })?;
-    let (http_stop, stopped) = oneshot::channel();
+    let http_stop = CancellationToken::new();
+    let stopped = http_stop.clone().cancelled_owned();
     let lag = crate::http::LagCheck::new(
         projectors
             .visibility
@@ -134,9 +137,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     let lag_sampler = lag.spawn_sampler(bus.clone());
     let app = crate::http::router(bus.clone(), nats_url.clone(), lag);
     let http_task = tokio::spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(async {
-            let _ = stopped.await;
-        });
+        let serve = axum::serve(listener, app).with_graceful_shutdown(stopped);
         if let Err(e) = serve.await {
             tracing::error!(error = %e, "http server failed");
         }
@@ -148,7 +149,8 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         server,
         projectors,
         projectors_stop,
-        _query_service: query_service,
+        query_stop,
+        query_task,
         http_stop,
         http_task,
         lag_sampler,
@@ -194,6 +196,8 @@ impl Running {
             server,
             projectors,
             projectors_stop,
+            query_stop,
+            query_task,
             http_stop,
             mut http_task,
             lag_sampler,
@@ -202,14 +206,16 @@ impl Running {
         } = self;
         tracing::info!("shutting down");
         lag_sampler.abort();
-        let _ = http_stop.send(());
+        http_stop.cancel();
         if tokio::time::timeout(Duration::from_secs(5), &mut http_task)
             .await
             .is_err()
         {
             http_task.abort();
         }
-        let _ = projectors_stop.send(true);
+        query_stop.cancel();
+        let _ = query_task.await;
+        projectors_stop.cancel();
         if let Err(e) = projectors.join().await {
             tracing::warn!(error = %e, "a projector stopped with an error");
         }
@@ -224,12 +230,8 @@ impl Running {
     }
 }
 
-/// Runs until `shutdown` resolves, then stops in order.
-pub async fn run(
-    config: Config,
-    demo: bool,
-    shutdown: impl Future<Output = ()>,
-) -> Result<(), UpError> {
+/// Runs until `shutdown` is cancelled, then stops in order.
+pub async fn run(config: Config, demo: bool, shutdown: CancellationToken) -> Result<(), UpError> {
     let running = start(&config).await?;
     println!(
         "engram is up  nats={}  http=http://{}  home={}  (ctrl-c to stop)",
@@ -237,7 +239,6 @@ pub async fn run(
         running.http_addr,
         config.home.display()
     );
-    tokio::pin!(shutdown);
     if demo {
         tokio::select! {
             result = crate::demo::run(&running.bus) => {
@@ -251,33 +252,31 @@ pub async fn run(
                     running.http_addr
                 );
             }
-            () = &mut shutdown => {
+            () = shutdown.cancelled() => {
                 running.shutdown().await;
                 return Ok(());
             }
         }
     }
-    shutdown.await;
+    shutdown.cancelled().await;
     running.shutdown().await;
     Ok(())
 }
 
 /// [`run`] with SIGINT/SIGTERM: the first starts an orderly shutdown, a second exits at once.
 pub async fn run_until_signalled(config: Config, demo: bool) -> Result<(), UpError> {
-    let (tx, rx) = oneshot::channel::<()>();
+    let shutdown = CancellationToken::new();
+    let signalled = shutdown.clone();
     tokio::spawn(async move {
         wait_for_signal().await;
-        let _ = tx.send(());
+        signalled.cancel();
         eprintln!("stopping (press ctrl-c again to exit at once)");
         wait_for_signal().await;
         eprintln!("exiting at once");
         // The managed nats-server dies with us (PR_SET_PDEATHSIG); its store is crash-safe.
         std::process::exit(130);
     });
-    run(config, demo, async {
-        let _ = rx.await;
-    })
-    .await
+    run(config, demo, shutdown).await
 }
 
 pub(crate) async fn wait_for_signal() {

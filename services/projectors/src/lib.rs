@@ -41,8 +41,8 @@ use engram_vector::HnswParams;
 pub use registry::{ProjectorName, REGISTRY, ReadModel};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
-use tokio::sync::watch;
 use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 
 /// `[projectors]` in engram.toml.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -232,12 +232,13 @@ impl RunningProjectors {
 
 /// Starts the configured projectors: each gets its own NATS connection (a consumer sharing a
 /// connection with a busy publisher can stall), its projector loop and its query endpoint.
-/// State lives under `dir`. They stop when `shutdown` turns true.
+/// State lives under `dir`. They stop (each checkpointing) when `shutdown` is cancelled;
+/// [`RunningProjectors::join`] waits for that.
 pub async fn start<F, Fut>(
     config: &ProjectorsConfig,
     dir: &Path,
     connect: F,
-    shutdown: watch::Receiver<bool>,
+    shutdown: CancellationToken,
 ) -> Result<RunningProjectors, StartError>
 where
     F: Fn(&'static str) -> Fut,
@@ -263,7 +264,6 @@ where
         .await
         .map_err(|source| StartError::Service { projector, source })?;
         let service_err = |source| StartError::Service { projector, source };
-        let stop = wait_true(shutdown.clone());
         let serving = Serving {
             service: &service,
             limits: config.endpoint_limits(),
@@ -271,7 +271,7 @@ where
         };
         let (visibility, task, status) = name
             .model()
-            .launch(config, dir, bus, &serving, Box::pin(stop))
+            .launch(config, dir, bus, &serving, shutdown.clone())
             .await?;
         let (v, head) = (visibility.clone(), serving.head.clone());
         engram_rpc::serve(
@@ -424,10 +424,6 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     tokio::task::spawn_blocking(query)
         .await
         .map_err(|e| Failure::new(ErrorCode::Internal, format!("query failed: {e}")))?
-}
-
-async fn wait_true(mut rx: watch::Receiver<bool>) {
-    let _ = rx.wait_for(|stop| *stop).await;
 }
 
 /// Where a projector keeps its state under an engram home.

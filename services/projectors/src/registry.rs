@@ -17,9 +17,9 @@ use engram_memory::Seq;
 use engram_memory::proto::{self, Consistency, InvalidField};
 use engram_projector::{Projection, Projector, ProjectorSettings};
 use engram_rpc::Failure;
-use futures::future::BoxFuture;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tokio_util::sync::CancellationToken;
 
 use crate::{Launched, ProjectorsConfig, Serving, StartError, wait_visible};
 
@@ -79,7 +79,7 @@ pub trait Registered: Send + Sync {
         dir: &Path,
         bus: Bus,
         serving: &Serving<'_>,
-        stop: BoxFuture<'static, ()>,
+        stop: CancellationToken,
     ) -> Result<Launched, StartError>;
 
     /// Empties the model and replays the stream into it; returns the sequence reached and
@@ -107,7 +107,7 @@ impl<M: ReadModel> Registered for Entry<M> {
         dir: &Path,
         bus: Bus,
         serving: &Serving<'_>,
-        stop: BoxFuture<'static, ()>,
+        stop: CancellationToken,
     ) -> Result<Launched, StartError> {
         let projection = M::open(config, dir).await?;
         let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir));

@@ -12,7 +12,6 @@ use engram_projector::{ApplyLedger, Projection, ProjectionError, ledger_entry};
 use engram_projectors::{ProjectorLedger, ProjectorName, ProjectorStatus, ProjectorsConfig};
 use engram_schema::{Embedding, Envelope, EventKind, Layer};
 use engram_testkit::{TestNats, event};
-use tokio::sync::watch;
 
 const DIM: usize = 16;
 
@@ -66,13 +65,13 @@ async fn ledger_and_status_report_what_each_projector_applied() {
             .digest
             .wrapping_add(ledger_entry(seq, event.event_id.as_str()));
     }
-    let (stop, stopped) = watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let bus_config = nats.bus_config();
     let running = engram_projectors::start(
         &config(),
         dir.path(),
         move |_| Bus::connect(bus_config.clone()),
-        stopped,
+        stop.clone(),
     )
     .await
     .unwrap();
@@ -136,15 +135,15 @@ async fn ledger_and_status_report_what_each_projector_applied() {
 
     // And after a restart every projector holds the same ledger (restored from its
     // checkpoint, and replayed from there if the checkpoint lagged)
-    stop.send(true).unwrap();
+    stop.cancel();
     running.join().await.unwrap();
-    let (stop, stopped) = watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let bus_config = nats.bus_config();
     let running = engram_projectors::start(
         &config(),
         dir.path(),
         move |_| Bus::connect(bus_config.clone()),
-        stopped,
+        stop.clone(),
     )
     .await
     .unwrap();
@@ -161,7 +160,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     }
     let after: Vec<Vec<u8>> = ProjectorName::all().into_iter().map(key_of).collect();
     assert_eq!(keys, after, "dead-letter keys changed across a restart");
-    stop.send(true).unwrap();
+    stop.cancel();
     running.join().await.unwrap();
 }
 

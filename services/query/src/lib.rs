@@ -26,6 +26,7 @@ use engram_memory::proto::{
 };
 use engram_rpc::{EndpointLimits, Failure};
 use serde::{Deserialize, Serialize};
+use tokio_util::sync::CancellationToken;
 
 use crate::fusion::Side;
 
@@ -104,10 +105,12 @@ impl Query {
         }))
     }
 
-    /// Registers the service's endpoints; they run until the connection closes.
+    /// Registers the service's endpoints and serves them until `shutdown` is cancelled (or
+    /// the connection closes); the returned task ends once they are stopped.
     pub async fn serve(
         self: &Arc<Self>,
-    ) -> Result<async_nats::service::Service, engram_rpc::RpcError> {
+        shutdown: CancellationToken,
+    ) -> Result<tokio::task::JoinHandle<()>, engram_rpc::RpcError> {
         let service = engram_rpc::start_service(
             &self.client,
             proto::QUERY_SERVICE,
@@ -163,7 +166,12 @@ impl Query {
             },
         )
         .await?;
-        Ok(service)
+        Ok(tokio::spawn(async move {
+            shutdown.cancelled().await;
+            if let Err(e) = service.stop().await {
+                tracing::debug!(error = %e, "query service did not stop cleanly");
+            }
+        }))
     }
 
     /// Refuses a `wait_ms` beyond the protocol's bound and a `min_seq` that no append can

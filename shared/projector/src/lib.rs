@@ -33,6 +33,7 @@ use engram_telemetry::metrics;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
+use tokio_util::sync::CancellationToken;
 
 /// What a projector has applied: how many events, and an order-independent digest of their
 /// (seq, event id) pairs. Saved with the model's state, so a crash and replay can be checked
@@ -314,13 +315,11 @@ impl<P: Projection> Projector<P> {
         &self.projection
     }
 
-    /// Restores the checkpoint and applies the stream until `shutdown` resolves, then
+    /// Restores the checkpoint and applies the stream until `shutdown` is cancelled, then
     /// checkpoints and returns. Bus outages are waited out; only a fatal projection error
     /// ends the loop early.
-    pub async fn run(
-        self,
-        shutdown: impl std::future::Future<Output = ()>,
-    ) -> Result<(), ProjectorError> {
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), ProjectorError> {
+        let shutdown = shutdown.cancelled_owned();
         let name = self.projection.name();
         let restored =
             self.projection

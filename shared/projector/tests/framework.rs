@@ -56,7 +56,7 @@ fn settings() -> ProjectorSettings {
 struct Running {
     projection: Arc<SnapshotProjection<Ledger>>,
     visibility: engram_projector::Visibility,
-    stop: tokio::sync::oneshot::Sender<()>,
+    stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<Result<(), engram_projector::ProjectorError>>,
 }
 
@@ -64,10 +64,8 @@ async fn start(bus: &Bus, dir: &std::path::Path) -> Running {
     let projection = Arc::new(SnapshotProjection::<Ledger>::new("ledger", dir));
     let projector = Projector::new(projection.clone(), bus.clone(), settings());
     let visibility = projector.visibility();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(projector.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(projector.run(stop.clone()));
     Running {
         projection,
         visibility,
@@ -109,7 +107,7 @@ async fn applies_in_order_resumes_from_checkpoint_and_waits_for_tokens() {
         .unwrap_err();
     assert_eq!((err.wanted, err.visible), (last + 1, last));
 
-    running.stop.send(()).unwrap();
+    running.stop.cancel();
     running.task.await.unwrap().unwrap();
 
     // Written while the projector is down; a restart resumes from its checkpoint.
@@ -178,7 +176,7 @@ async fn rebuild_gives_the_same_state_as_incremental_application() {
         .await
         .unwrap();
     let incremental = running.projection.state_hash().await;
-    running.stop.send(()).unwrap();
+    running.stop.cancel();
     running.task.await.unwrap().unwrap();
 
     let projection = Arc::new(SnapshotProjection::<Ledger>::new("ledger", dir.path()));
@@ -263,10 +261,8 @@ async fn a_backlog_is_published_at_the_interval_and_at_the_tail_not_every_batch(
         },
     );
     let visibility = projector.visibility();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(projector.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(projector.run(stop.clone()));
 
     // Then the tail becomes visible, and the backlog cost no publish of its own
     visibility
@@ -286,7 +282,7 @@ async fn a_backlog_is_published_at_the_interval_and_at_the_tail_not_every_batch(
         .wait_for(more, Duration::from_secs(5))
         .await
         .expect("an event at the tail is visible without waiting an hour");
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
     // The final checkpoint held nothing unpublished.
     assert_eq!(
@@ -365,7 +361,7 @@ async fn the_ledger_counts_every_applied_event_once_across_restarts_and_rebuild(
     assert_eq!(running.visibility.current(), ledger.seq);
 
     // When it stops, misses events (a refused one last), restarts from its checkpoint...
-    running.stop.send(()).unwrap();
+    running.stop.cancel();
     running.task.await.unwrap().unwrap();
     append_noted(&bus, &good("while down", 30), &mut applied).await;
     let refused_last = bus
@@ -413,7 +409,7 @@ async fn the_ledger_counts_every_applied_event_once_across_restarts_and_rebuild(
         running.projection.read().times.values().all(|&n| n == 1),
         "an event applied twice"
     );
-    running.stop.send(()).unwrap();
+    running.stop.cancel();
     running.task.await.unwrap().unwrap();
 
     // And a rebuild arrives at the same ledger, and saves it
@@ -447,10 +443,8 @@ async fn a_trickle_at_the_tail_is_published_at_most_once_per_tail_gap() {
         },
     );
     let visibility = projector.visibility();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(projector.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(projector.run(stop.clone()));
 
     // Given 30 single events appended 20 ms apart (600 ms: about two gaps)
     let started = std::time::Instant::now();
@@ -472,6 +466,6 @@ async fn a_trickle_at_the_tail_is_published_at_most_once_per_tail_gap() {
         publishes <= most,
         "{publishes} publishes in {elapsed:?} with a {gap:?} gap"
     );
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
 }

@@ -54,7 +54,7 @@ fn settings(dir: &std::path::Path) -> ProjectorSettings {
 struct Running {
     projection: Arc<SnapshotProjection<Texts>>,
     visibility: engram_projector::Visibility,
-    stop: tokio::sync::oneshot::Sender<()>,
+    stop: tokio_util::sync::CancellationToken,
     task: tokio::task::JoinHandle<Result<(), engram_projector::ProjectorError>>,
 }
 
@@ -67,10 +67,8 @@ fn start(
     let projection = Arc::new(SnapshotProjection::<Texts>::new(name, dir));
     let projector = Projector::new(projection.clone(), bus.clone(), settings);
     let visibility = projector.visibility();
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(projector.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(projector.run(stop.clone()));
     Running {
         projection,
         visibility,
@@ -88,7 +86,7 @@ impl Running {
     }
 
     async fn stop(self) {
-        self.stop.send(()).unwrap();
+        self.stop.cancel();
         self.task.await.unwrap().unwrap();
     }
 }
@@ -329,10 +327,8 @@ async fn the_lag_metric_counts_stream_events_a_stalled_projector_has_not_made_vi
     let bus = nats.bus().await;
     let dir = tempfile::tempdir().unwrap();
     let projector = Projector::new(Arc::new(Stuck), bus.clone(), settings(dir.path()));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let task = tokio::spawn(projector.run(async {
-        let _ = stopped.await;
-    }));
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(projector.run(stop.clone()));
 
     let last = append(
         &bus,
@@ -348,6 +344,6 @@ async fn the_lag_metric_counts_stream_events_a_stalled_projector_has_not_made_vi
         || async { metrics::PROJECTOR_LAG.with_label_values(&["stuck"]).get() == last as i64 },
     )
     .await;
-    stop.send(()).unwrap();
+    stop.cancel();
     task.await.unwrap().unwrap();
 }

@@ -15,7 +15,7 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
         projectors.run = names;
     }
     let url = config.client_url();
-    let (stop, stop_rx) = tokio::sync::watch::channel(false);
+    let stop = tokio_util::sync::CancellationToken::new();
     let bus_config = config.bus_config(url.clone());
     let running = engram_projectors::start(
         &projectors,
@@ -25,12 +25,12 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
             c.client_name = format!("engram-projector-{name}");
             Bus::connect(c)
         },
-        stop_rx,
+        stop.clone(),
     )
     .await?;
-    tracing::info!(projectors = ?projectors.run, nats = %url, "projectors running");
+    tracing::info!(projectors = ?projectors.run, nats = %engram_bus::config::redact_url(&url), "projectors running");
     crate::up::wait_for_signal().await;
-    let _ = stop.send(true);
+    stop.cancel();
     running.join().await?;
     Ok(ExitCode::SUCCESS)
 }
