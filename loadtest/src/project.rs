@@ -369,7 +369,7 @@ async fn vector_restarts(
     config: &ProjectorsConfig,
     dir: &Path,
 ) -> Result<(f64, f64), ProjectBenchError> {
-    use engram_projector::Projection as _;
+    use engram_projection_runtime::Projection as _;
     let restore = || async {
         let embedder = engram_projectors::embedder(config, dir)
             .await

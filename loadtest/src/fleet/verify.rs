@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use engram_bus::Bus;
-use engram_projector::ApplyLedger;
+use engram_projection_runtime::ApplyLedger;
 use futures::StreamExt;
 use serde::Serialize;
 use tokio::time::Instant;

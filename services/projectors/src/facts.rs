@@ -3,7 +3,7 @@
 use engram_facts::FactTable;
 use engram_memory::Seq;
 use engram_memory::proto::{FactsRequest, FactsResponse};
-use engram_projector::model::SnapshotProjection;
+use engram_projection_runtime::model::SnapshotProjection;
 use engram_rpc::Failure;
 
 pub const NAME: &str = engram_memory::proto::read_models::FACTS;

@@ -20,7 +20,7 @@ use engram_bus::StoredEvent;
 use engram_keyword::{KeywordIndex, KeywordReader};
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{MemoryMeta, ScopeKey, Seq, is_text_memory};
-use engram_projector::{ApplyLedger, Projection, ProjectionError, Rejected};
+use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected};
 use engram_rpc::Failure;
 use engram_schema::{EventId, EventKind};
 
@@ -442,8 +442,8 @@ impl crate::ReadModel for Keyword {
     type Response = SearchResponse;
 
     /// Publishing is a tantivy commit (a segment and an fsync), so it is spaced out.
-    fn settings(config: &crate::ProjectorsConfig) -> engram_projector::ProjectorSettings {
-        engram_projector::ProjectorSettings {
+    fn settings(config: &crate::ProjectorsConfig) -> engram_projection_runtime::ProjectorSettings {
+        engram_projection_runtime::ProjectorSettings {
             publish_interval: config.keyword_commit_interval,
             tail_publish_gap: config.keyword_tail_commit_gap,
             ..config.loop_settings()

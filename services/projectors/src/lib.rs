@@ -33,7 +33,7 @@ use engram_bus::{Bus, StreamHead};
 use engram_embed::{CacheConfig, CachedEmbedder, Embedder, EmbedderConfig};
 use engram_memory::Seq;
 use engram_memory::proto::{self, Consistency, ErrorCode};
-use engram_projector::{
+use engram_projection_runtime::{
     ApplyLedger, NotYetVisible, Projection, ProjectorError, ProjectorSettings, Visibility,
 };
 use engram_rpc::Failure;
@@ -382,7 +382,7 @@ pub struct ProjectorLedger {
     /// The sequence queries can see.
     pub visible_seq: Seq,
     /// What the projector has applied (counted and digested with
-    /// [`engram_projector::ledger_entry`]), read after `visible_seq`, so
+    /// [`engram_projection_runtime::ledger_entry`]), read after `visible_seq`, so
     /// `ledger.seq >= visible_seq`. It is ahead while a batch is applied but not yet
     /// published (the keyword projector commits at most every `keyword_commit_interval`
     /// while behind). It is the ledger of the model in memory, not of its last checkpoint:

@@ -15,7 +15,7 @@ use async_trait::async_trait;
 use engram_bus::Bus;
 use engram_memory::Seq;
 use engram_memory::proto::{self, Consistency, InvalidField};
-use engram_projector::{Projection, Projector, ProjectorSettings};
+use engram_projection_runtime::{Projection, Projector, ProjectorSettings};
 use engram_rpc::Failure;
 use serde::Serialize;
 use serde::de::DeserializeOwned;

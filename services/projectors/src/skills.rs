@@ -2,7 +2,7 @@
 
 use engram_memory::Seq;
 use engram_memory::proto::{ErrorCode, SkillsRequest, SkillsResponse};
-use engram_projector::model::SnapshotProjection;
+use engram_projection_runtime::model::SnapshotProjection;
 use engram_rpc::Failure;
 use engram_skills::SkillRegistry;
 

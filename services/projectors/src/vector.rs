@@ -14,7 +14,7 @@ use engram_bus::StoredEvent;
 use engram_embed::Embedder;
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
-use engram_projector::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
+use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
 use engram_schema::{EventId, EventKind};
 use engram_telemetry::metrics;

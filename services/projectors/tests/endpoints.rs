@@ -8,7 +8,7 @@ use engram_embed::{EmbedderConfig, HashEmbedder};
 use engram_keyword::KeywordIndex;
 use engram_memory::Seq;
 use engram_memory::proto::{Consistency, ErrorCode, projector_subject};
-use engram_projector::{ApplyLedger, Projection, ProjectionError, ledger_entry};
+use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, ledger_entry};
 use engram_projectors::{ProjectorLedger, ProjectorName, ProjectorStatus, ProjectorsConfig};
 use engram_schema::{Embedding, Envelope, EventKind, Layer};
 use engram_testkit::{TestNats, event};

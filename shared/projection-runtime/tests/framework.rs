@@ -9,8 +9,8 @@ use std::time::Duration;
 use engram_bus::Bus;
 use engram_bus::StoredEvent;
 use engram_memory::Seq;
-use engram_projector::model::{SnapshotModel, SnapshotProjection};
-use engram_projector::{
+use engram_projection_runtime::model::{SnapshotModel, SnapshotProjection};
+use engram_projection_runtime::{
     ApplyLedger, Projection, ProjectionError, Projector, ProjectorSettings, Rejected, ledger_entry,
 };
 use engram_schema::Envelope;
@@ -55,9 +55,9 @@ fn settings() -> ProjectorSettings {
 
 struct Running {
     projection: Arc<SnapshotProjection<Ledger>>,
-    visibility: engram_projector::Visibility,
+    visibility: engram_projection_runtime::Visibility,
     stop: tokio_util::sync::CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), engram_projector::ProjectorError>>,
+    task: tokio::task::JoinHandle<Result<(), engram_projection_runtime::ProjectorError>>,
 }
 
 async fn start(bus: &Bus, dir: &std::path::Path) -> Running {

@@ -10,8 +10,8 @@ use async_nats::HeaderMap;
 use async_trait::async_trait;
 use engram_bus::{Bus, DLQ_STREAM, DLQ_SUBJECT_PREFIX, StoredEvent};
 use engram_memory::Seq;
-use engram_projector::model::{SnapshotModel, SnapshotProjection};
-use engram_projector::{
+use engram_projection_runtime::model::{SnapshotModel, SnapshotProjection};
+use engram_projection_runtime::{
     ApplyLedger, Projection, ProjectionError, Projector, ProjectorSettings, Rejected,
 };
 use engram_schema::Envelope;
@@ -53,9 +53,9 @@ fn settings(dir: &std::path::Path) -> ProjectorSettings {
 
 struct Running {
     projection: Arc<SnapshotProjection<Texts>>,
-    visibility: engram_projector::Visibility,
+    visibility: engram_projection_runtime::Visibility,
     stop: tokio_util::sync::CancellationToken,
-    task: tokio::task::JoinHandle<Result<(), engram_projector::ProjectorError>>,
+    task: tokio::task::JoinHandle<Result<(), engram_projection_runtime::ProjectorError>>,
 }
 
 fn start(

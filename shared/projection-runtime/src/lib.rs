@@ -1,4 +1,4 @@
-//! The projector framework: turns the event stream into a read model, in order, exactly once
+//! The projection runtime: turns the event stream into a read model, in order, exactly once
 //! per model state, across crashes.
 //!
 //! # Layout
