@@ -72,12 +72,6 @@ impl crate::ReadModel for FactsModel {
         Ok(std::sync::Arc::new(FactsProjection::new(NAME, dir)))
     }
 
-    fn check(
-        request: &FactsRequest,
-    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
-        request.validate().map(|()| request.consistency)
-    }
-
     async fn answer(
         projection: std::sync::Arc<FactsProjection>,
         request: FactsRequest,

@@ -457,12 +457,6 @@ impl crate::ReadModel for Keyword {
         Ok(Arc::new(KeywordProjection::new(dir)))
     }
 
-    fn check(
-        request: &SearchRequest,
-    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
-        request.validate().map(|()| request.consistency)
-    }
-
     async fn answer(
         projection: Arc<KeywordProjection>,
         request: SearchRequest,

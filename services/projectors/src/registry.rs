@@ -14,7 +14,7 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use engram_bus::Bus;
 use engram_memory::Seq;
-use engram_memory::proto::{self, Consistency, InvalidField};
+use engram_memory::proto::{self, ProjectorRequest};
 use engram_projection_runtime::{Projection, Projector, ProjectorSettings};
 use engram_rpc::Failure;
 use serde::Serialize;
@@ -31,7 +31,7 @@ pub trait ReadModel: Send + Sync + 'static {
     /// The query endpoint: `engram.p.<name>.<op>`, and its metrics label.
     const ENDPOINT: (&'static str, &'static str);
     type Projection: Projection;
-    type Request: DeserializeOwned + Send + 'static;
+    type Request: ProjectorRequest + DeserializeOwned + Send + 'static;
     type Response: Serialize + Send + 'static;
 
     /// How its loop batches, checkpoints and publishes. Models that apply in place keep the
@@ -45,10 +45,6 @@ pub trait ReadModel: Send + Sync + 'static {
         config: &ProjectorsConfig,
         dir: &Path,
     ) -> Result<Arc<Self::Projection>, StartError>;
-
-    /// Checks a request before anything waits or runs; gives its read-your-writes token.
-    /// The endpoint is reachable without the query service, so this is not optional.
-    fn check(request: &Self::Request) -> Result<Consistency, InvalidField>;
 
     /// Answers a checked request once its token is visible; `visible` is the sequence
     /// queries can see. CPU-heavy work belongs on a blocking thread.
@@ -123,8 +119,8 @@ impl<M: ReadModel> Registered for Entry<M> {
             move |request: M::Request| {
                 let (projection, v, head) = (answering.clone(), v.clone(), head.clone());
                 async move {
-                    let consistency = M::check(&request)?;
-                    wait_visible(&v, &head, &consistency).await?;
+                    request.validate()?;
+                    wait_visible(&v, &head, &request.consistency()).await?;
                     M::answer(projection, request, v.current()).await
                 }
             },

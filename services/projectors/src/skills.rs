@@ -65,12 +65,6 @@ impl crate::ReadModel for SkillsModel {
         Ok(std::sync::Arc::new(SkillsProjection::new(NAME, dir)))
     }
 
-    fn check(
-        request: &SkillsRequest,
-    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
-        request.validate().map(|()| request.consistency)
-    }
-
     async fn answer(
         projection: std::sync::Arc<SkillsProjection>,
         request: SkillsRequest,

@@ -755,12 +755,6 @@ impl crate::ReadModel for Vector {
         )))
     }
 
-    fn check(
-        request: &SearchRequest,
-    ) -> Result<engram_memory::proto::Consistency, engram_memory::proto::InvalidField> {
-        request.validate().map(|()| request.consistency)
-    }
-
     async fn answer(
         projection: Arc<VectorProjection>,
         request: SearchRequest,

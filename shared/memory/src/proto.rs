@@ -535,6 +535,29 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// A request a projector answers: checked in full before anything waits or runs (the
+/// projector endpoints are reachable without the query service), carrying its
+/// read-your-writes token.
+pub trait ProjectorRequest {
+    fn validate(&self) -> Result<(), InvalidField>;
+    fn consistency(&self) -> Consistency;
+}
+
+macro_rules! projector_request {
+    ($($t:ty),+) => {$(
+        impl ProjectorRequest for $t {
+            fn validate(&self) -> Result<(), InvalidField> {
+                <$t>::validate(self)
+            }
+            fn consistency(&self) -> Consistency {
+                self.consistency
+            }
+        }
+    )+};
+}
+
+projector_request!(SearchRequest, FactsRequest, SkillsRequest);
+
 impl Consistency {
     pub fn validate(&self) -> Result<(), InvalidField> {
         if let Some(wait) = self.wait_ms
