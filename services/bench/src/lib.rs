@@ -26,6 +26,29 @@ pub(crate) fn temporary_home(config: &Config) -> anyhow::Result<(tempfile::TempD
     Ok((home, local))
 }
 
+/// Retrieves with `request`'s read-your-writes token, asking again while the projectors are
+/// still behind, for at most `total`: a benchmark's first query waits for the whole ingest
+/// to be projected, longer than one request may wait.
+pub(crate) async fn retrieve_when_visible(
+    client: &engram_sdk::Client,
+    mut request: engram_memory::proto::RetrieveRequest,
+    total: std::time::Duration,
+) -> anyhow::Result<engram_memory::proto::RetrieveResponse> {
+    let started = std::time::Instant::now();
+    request.consistency.wait_ms = Some(engram_memory::proto::limits::MAX_WAIT_MS);
+    loop {
+        match client.retrieve(&request).await {
+            Err(e)
+                if e.code() == engram_memory::proto::ErrorCode::NotYetVisible
+                    && started.elapsed() < total =>
+            {
+                continue;
+            }
+            other => return other.context("waiting for the projectors to apply the ingest"),
+        }
+    }
+}
+
 /// A progress bar with rate and ETA, as every benchmark phase shows one.
 pub(crate) fn progress(len: u64, message: &'static str) -> ProgressBar {
     let bar = ProgressBar::new(len);

@@ -188,17 +188,22 @@ async fn bench(
                         filter: Default::default(),
                         consistency: Consistency {
                             min_seq: Some(last_seq),
-                            // The first query may wait for the whole ingest to be embedded.
-                            wait_ms: Some(if first { 600_000 } else { 5_000 }),
+                            wait_ms: Some(5_000),
                         },
                         mode: *mode,
                         ranking: mode_ranking.clone(),
                     };
                     let started = Instant::now();
-                    let response = client
-                        .retrieve(&request)
-                        .await
-                        .with_context(|| format!("retrieving for {:?}", question.question))?;
+                    let response = if first {
+                        // The first query waits for the whole ingest to be embedded.
+                        crate::retrieve_when_visible(&client, request, Duration::from_secs(3600))
+                            .await?
+                    } else {
+                        client
+                            .retrieve(&request)
+                            .await
+                            .with_context(|| format!("retrieving for {:?}", question.question))?
+                    };
                     let latency = if first {
                         // The first query includes the wait for projection; not a query
                         // latency.

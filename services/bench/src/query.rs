@@ -294,21 +294,23 @@ async fn bench(client: &Client, args: &QueryArgs, hnsw: &HnswParams) -> anyhow::
         filter: Default::default(),
         consistency: Consistency {
             min_seq,
-            wait_ms: Some(3_600_000),
+            wait_ms: None,
         },
         mode,
         ranking: None,
     };
     let waited = Instant::now();
-    client
-        .retrieve(&request(
+    crate::retrieve_when_visible(
+        &client,
+        request(
             "deploy".into(),
             mixture.sample(&mut rng),
             RetrievalMode::Hybrid,
             Some(last_seq),
-        ))
-        .await
-        .context("waiting for the projectors to apply the memories")?;
+        ),
+        std::time::Duration::from_secs(3600),
+    )
+    .await?;
     let projection_seconds = waited.elapsed().as_secs_f64();
     eprintln!("projected in {projection_seconds:.1} s after the last append");
 
