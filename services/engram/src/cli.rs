@@ -69,6 +69,19 @@ pub enum Command {
     Retrieve(RetrieveArgs),
     /// Assemble the context an agent gets at the start of a step, within a token budget.
     Context(ContextArgs),
+    /// Facts as they are now, as they stood at a valid time (--as-of), as Engram knew them at
+    /// a transaction time (--known-at), or one fact's history (--history).
+    Facts(FactsArgs),
+    /// Skills: one by --name, or the ones best matching a --task description.
+    Skills(SkillsArgs),
+    /// Withdraw memories of one scope from retrieval: appends a `forgotten` event naming their
+    /// event ids. The events stay in the stream (it is the audit log); only memories recorded
+    /// in this tenant and scope are withdrawn, other ids are ignored. Prints the receipt: wait
+    /// on its seq (--min-seq) to see the memories gone.
+    Forget(ForgetArgs),
+    /// Dead letters: events a projector could not apply (stream ENGRAM_DLQ).
+    #[command(subcommand)]
+    Dlq(DlqCommand),
     /// Run projectors as a process of their own (a deployment's projector service), until
     /// SIGINT/SIGTERM. Default: those in `projectors.run`.
     Projector {
@@ -139,6 +152,105 @@ pub struct ContextArgs {
     /// Token budget, counted with the embedding model's tokenizer.
     #[arg(long, default_value_t = 1024)]
     pub budget: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct FactsArgs {
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    /// Only facts about this subject (exact; case matters).
+    #[arg(long)]
+    pub subject: Option<String>,
+    /// Only this predicate (exact; case matters).
+    #[arg(long)]
+    pub predicate: Option<String>,
+    /// Free-text match over subject, predicate and object (current facts only).
+    #[arg(long, conflicts_with_all = ["as_of", "known_at", "history"])]
+    pub text: Option<String>,
+    /// Valid time: the facts true in the world at this RFC 3339 time (default: now).
+    #[arg(long, value_name = "RFC3339")]
+    pub as_of: Option<chrono::DateTime<chrono::Utc>>,
+    /// Transaction time: the facts as Engram knew them at this RFC 3339 time (default: latest
+    /// knowledge).
+    #[arg(long, value_name = "RFC3339")]
+    pub known_at: Option<chrono::DateTime<chrono::Utc>>,
+    /// Every version of one fact, superseded and retracted ones included (needs --subject and
+    /// --predicate).
+    #[arg(long, requires_all = ["subject", "predicate"], conflicts_with_all = ["as_of", "known_at"])]
+    pub history: bool,
+    /// At most this many facts (1..=1000).
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct SkillsArgs {
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+    /// A task description to match skills against.
+    #[arg(long, required_unless_present = "name", conflicts_with = "name")]
+    pub task: Option<String>,
+    /// One skill by name (its latest version).
+    #[arg(long)]
+    pub name: Option<String>,
+    /// At most this many skills (1..=1000).
+    #[arg(long, default_value_t = 5)]
+    pub limit: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct ForgetArgs {
+    /// The event ids of the memories to withdraw (1 to 1000).
+    #[arg(required = true, value_name = "EVENT_ID")]
+    pub event_ids: Vec<String>,
+    #[arg(long)]
+    pub tenant: String,
+    /// The scope the memories were recorded in, as kind:id.
+    #[arg(long)]
+    pub scope: String,
+    /// The layer the `forgotten` event is appended on; memories of every layer of the scope
+    /// are withdrawn.
+    #[arg(long, default_value = "episodic")]
+    pub layer: String,
+    /// Why: kept as the event's text, in the audit log.
+    #[arg(long)]
+    pub reason: String,
+    #[arg(long, default_value = "cli")]
+    pub agent: String,
+    #[arg(long, default_value = "cli")]
+    pub instance: String,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DlqCommand {
+    /// List dead letters, oldest first: their dlq seq, projector, event seq, subject and reason.
+    List {
+        /// Only this projector's (vector, keyword, facts or skills).
+        #[arg(long)]
+        projector: Option<engram_projectors::ProjectorName>,
+        /// At most this many (1..=10000).
+        #[arg(long, default_value_t = engram_bus::dlq::DEFAULT_LIST_LIMIT)]
+        limit: usize,
+    },
+    /// Show one dead letter: why it failed, where it came from, and the event (or the size of
+    /// its bytes when they are no event).
+    Show {
+        /// Its sequence in ENGRAM_DLQ, as `engram dlq list` shows it.
+        dlq_seq: u64,
+    },
+    /// Re-drive a projector's dead letters after a fix (a projector bug fixed, an embedder
+    /// restored). The projector must be stopped (`engram up` or `engram projector`): like
+    /// `engram rebuild`, this takes its state lock and fails if it is running. It counts the
+    /// projector's dead letters and removes them from ENGRAM_DLQ (subject
+    /// engram.dlq.<projector>), deletes its dead-letter id key `<state dir>/<projector>.dlq-key`
+    /// (so that letters the rebuild sends again get fresh ids instead of being dropped as
+    /// duplicates of the removed ones), rebuilds the projector from sequence 1 with a progress
+    /// bar, and reports how many were re-driven and how many were dead-lettered again (those
+    /// still fail). The events themselves never leave the events stream.
+    Redrive {
+        /// vector, keyword, facts or skills.
+        projector: engram_projectors::ProjectorName,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -278,6 +390,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Streams => commands::streams::run(&config, json).await,
         Command::Retrieve(args) => commands::query::retrieve(&config, args, json).await,
         Command::Context(args) => commands::query::context(&config, args, json).await,
+        Command::Facts(args) => commands::facts::run(&config, args, json).await,
+        Command::Skills(args) => commands::skills::run(&config, args, json).await,
+        Command::Forget(args) => commands::forget::run(&config, args, json).await,
+        Command::Dlq(command) => commands::dlq::run(&config, command, json).await,
         Command::Projector { names } => commands::projector::run(&config, names).await,
         Command::Rebuild { projector } => {
             commands::projector::rebuild(&config, projector, json).await

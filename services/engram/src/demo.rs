@@ -1,13 +1,20 @@
-//! The walk-through `engram up --demo` prints: three instances of one agent share a task,
-//! a retry is deduplicated, a stale writer is stopped, a fresh instance rebuilds its memory by
-//! replay, and working memory expires.
+//! The walk-through `engram up --demo` prints, against the services `engram up` started: three
+//! instances of one agent append to a shared task (a retry is deduplicated, a stale writer is
+//! stopped), then retrieval with its score parts, the context a new step starts with, the
+//! fact table after two agents contradict each other (current value and history), a fresh
+//! instance replaying the task, and working memory expiring. Every query waits for the
+//! demo's own writes (`min_seq`), so what it prints does not depend on projector timing.
 
 use std::time::Duration;
 
 use anyhow::Context;
 use bytes::Bytes;
 use engram_bus::Bus;
-use engram_schema::{EventKind, Layer, Scope, ScopeKind, SubjectFilter};
+use engram_memory::MemoryFilter;
+use engram_memory::proto::{
+    Consistency, ContextRequest, FactsRequest, RetrievalMode, RetrieveRequest, ScopeRequest,
+};
+use engram_schema::{EventKind, Ident, Layer, Scope, ScopeKind, SubjectFilter};
 use engram_sdk::{AppendError, AppendOptions, Client, RetryPolicy, StartAt};
 use futures::StreamExt;
 use serde_json::{Value, json};
@@ -74,15 +81,42 @@ fn steps() -> [(&'static str, EventKind, Layer, &'static str, Option<Value>); 6]
     ]
 }
 
+/// Section headings, in the order the demo prints them; the demo test checks each appears.
+pub const SECTIONS: [&str; 6] = [
+    "== append:",
+    "== retrieve:",
+    "== build_context:",
+    "== facts:",
+    "== replay:",
+    "== working memory:",
+];
+
+/// How long each query waits for the demo's own writes (the first embedding may load the
+/// model).
+const WAIT_MS: u64 = 30_000;
+
 pub async fn run(bus: &Bus) -> anyhow::Result<()> {
     let client = Client::from_bus(bus.clone(), RetryPolicy::default());
+    let tenant = Ident::parse("tenant", "acme")?;
     let task = Scope::new(ScopeKind::Task, "fix-login-bug")?;
     let run_id = chrono::Utc::now().format("%H%M%S").to_string();
-    println!(
-        "\n== demo: three instances of agent \"coder\" share task:fix-login-bug (tenant acme) =="
-    );
+    // Every query reads the task scope, after the demo's latest write: read-your-writes.
+    let scopes = ScopeRequest {
+        tenant: tenant.clone(),
+        scope: task.clone(),
+        grants: Vec::new(),
+    };
+    let after = |seq: u64| Consistency {
+        min_seq: Some(seq),
+        wait_ms: Some(WAIT_MS),
+    };
 
+    println!(
+        "\n{} three instances of agent \"coder\" share task:fix-login-bug (tenant acme) ==",
+        SECTIONS[0]
+    );
     let mut first = None;
+    let mut last_seq = 0;
     for (instance, kind, layer, text, data) in steps() {
         let agent = client.agent("acme", "coder", &format!("{instance}-{run_id}"))?;
         let mut builder = agent
@@ -104,18 +138,15 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
             receipt.seq,
             one_line(text, 70)
         );
+        last_seq = receipt.seq;
         first.get_or_insert((event, receipt));
     }
     let (first_event, first_receipt) = first.context("no demo event")?;
-
-    println!("\n== a retry after a lost ack reuses the event id, so it is stored once ==");
     let retry = client.append(&first_event).await?;
     println!(
-        "  retry of seq={}: duplicate={} seq={}",
+        "  a retry of seq={} after a lost ack reuses its event id: duplicate={} seq={} (stored once)",
         first_receipt.seq, retry.duplicate, retry.seq
     );
-
-    println!("\n== optimistic concurrency: a writer that read an old position is refused ==");
     let agent = client.agent("acme", "coder", &format!("i-9-{run_id}"))?;
     let stale = agent
         .event(
@@ -135,15 +166,116 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
         )
         .await
     {
-        Err(AppendError::Conflict { subject, expected }) => {
-            println!("  conflict on {subject} (expected last seq {expected}): nothing written");
-        }
+        Err(AppendError::Conflict { subject, expected }) => println!(
+            "  a writer that read an old position (seq {expected}) is refused: conflict on {subject}, nothing written"
+        ),
         other => println!("  unexpected: {other:?}"),
     }
 
-    println!("\n== a fresh instance rebuilds its memory by replaying the task scope ==");
+    let query = "why does login fail when the password has a quote";
+    println!("\n{} {query:?} (hybrid: dense + BM25) ==", SECTIONS[1]);
+    let found = client
+        .retrieve(&RetrieveRequest {
+            scopes: scopes.clone(),
+            query: query.into(),
+            vector: None,
+            top_k: 3,
+            filter: MemoryFilter::default(),
+            consistency: after(last_seq),
+            mode: RetrievalMode::Hybrid,
+            ranking: None,
+        })
+        .await?;
+    for (i, r) in found.results.iter().enumerate() {
+        let p = &r.parts;
+        println!("  {}. [{:.3}] {}", i + 1, r.score, one_line(&r.text, 70));
+        println!(
+            "     dense {}  bm25 {}  fusion {:.4}  recency +{:.4}  importance +{:.4}  (seq {}, {})",
+            p.dense.map_or("-".into(), |d| format!("{d:.3}")),
+            p.keyword.map_or("-".into(), |k| format!("{k:.2}")),
+            p.fused,
+            p.recency_boost,
+            p.importance_boost,
+            r.seq,
+            r.agent_id,
+        );
+    }
+
+    println!(
+        "\n{} what a new step of agent \"coder\" starts with ==",
+        SECTIONS[2]
+    );
+    let context = client
+        .build_context(&ContextRequest {
+            scopes: scopes.clone(),
+            agent_id: Ident::parse("agent", "coder")?,
+            task: task.id.to_string(),
+            query: "how do I fix the login bug".into(),
+            vector: None,
+            token_budget: 256,
+            consistency: after(last_seq),
+        })
+        .await?;
+    for line in context.rendered.lines() {
+        println!("  | {line}");
+    }
+    println!(
+        "  {} items, {} tokens of a {}-token budget ({} left out)",
+        context.items.len(),
+        context.tokens,
+        context.token_budget,
+        context.dropped
+    );
+
+    let reviewer = client.agent("acme", "reviewer", &format!("r-1-{run_id}"))?;
+    let contradiction = reviewer
+        .event(
+            task.clone(),
+            Layer::Semantic,
+            EventKind::FactAsserted,
+            "the auth service now builds its SQL with parameterised statements",
+        )
+        .tag("demo")
+        .data(json!({
+            "subject": "auth-service",
+            "predicate": "builds_sql_by",
+            "object": "parameterised statements",
+        }))
+        .append()
+        .await?;
+    println!(
+        "\n{} agent \"reviewer\" contradicts \"coder\" (seq={}): auth-service builds_sql_by \"parameterised statements\" ==",
+        SECTIONS[3], contradiction.seq
+    );
+    let fact = |history: bool| FactsRequest {
+        scopes: scopes.clone(),
+        subject: Some("auth-service".into()),
+        predicate: Some("builds_sql_by".into()),
+        text: None,
+        valid_at: None,
+        known_at: None,
+        history,
+        limit: 20,
+        consistency: after(contradiction.seq),
+    };
+    let now = chrono::Utc::now();
+    let current = client.facts(&fact(false)).await?;
+    println!("  current (single-valued: the later assertion wins)");
+    for line in crate::commands::facts::table(&current.facts, now).lines() {
+        println!("    {line}");
+    }
+    let history = client.facts(&fact(true)).await?;
+    println!("  history (nothing is lost: the old value is superseded, not deleted)");
+    for line in crate::commands::facts::table(&history.facts, now).lines() {
+        println!("    {line}");
+    }
+
+    println!(
+        "\n{} a fresh instance rebuilds its memory of the task ==",
+        SECTIONS[4]
+    );
     let filter = SubjectFilter::all()
-        .tenant(engram_schema::Ident::parse("tenant", "acme")?)
+        .tenant(tenant.clone())
         .scope(task.kind, task.id.clone());
     let mut replay = client
         .replay(&filter, StartAt::Seq(first_receipt.seq))
@@ -153,18 +285,18 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
         let stored = item?;
         n += 1;
         println!(
-            "  seq {:<5} {:<11} {:<15} {}",
+            "  seq {:<5} {:<11} {:<15} {:<9} {}",
             stored.seq,
             stored.event.layer.as_str(),
             stored.event.kind.as_str(),
-            one_line(&stored.event.content.text, 60)
+            stored.event.agent_id.as_str(),
+            one_line(&stored.event.content.text, 55)
         );
     }
     println!("  replayed {n} events");
 
-    println!("\n== working memory: per-scope keys with a TTL ==");
+    println!("\n{} per-scope keys with a TTL ==", SECTIONS[5]);
     let wm = client.working_memory().await?;
-    let tenant = engram_schema::Ident::parse("tenant", "acme")?;
     wm.put(
         &tenant,
         &task,
@@ -195,7 +327,7 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
 
 #[cfg(test)]
 mod tests {
-    use engram_schema::{Content, Envelope, Ident, Payload};
+    use engram_schema::{Content, Envelope, Payload};
 
     use super::*;
 

@@ -16,6 +16,7 @@
 
 pub mod append;
 pub mod config;
+pub mod dlq;
 pub mod durable;
 pub mod error;
 pub mod head;

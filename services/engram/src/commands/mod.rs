@@ -1,9 +1,13 @@
 //! One module per subcommand that talks to a running Engram.
 
 pub mod append;
+pub mod dlq;
+pub mod facts;
+pub mod forget;
 pub mod projector;
 pub mod query;
 pub mod read;
+pub mod skills;
 pub mod streams;
 
 use crate::config::Config;

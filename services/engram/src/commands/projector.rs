@@ -38,6 +38,37 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
 /// Rebuilds one projector from sequence 1, with a progress bar.
 pub async fn rebuild(config: &Config, name: ProjectorName, json: bool) -> anyhow::Result<ExitCode> {
     let bus = Bus::connect(config.bus_config(config.client_url())).await?;
+    let rebuilt = rebuild_with_progress(config, name, bus, json).await?;
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({"projector": name, "applied_seq": rebuilt.applied_seq, "state_hash": rebuilt.state_hash, "seconds": rebuilt.seconds})
+        );
+    } else {
+        println!(
+            "rebuilt {name} up to seq {} in {:.1}s; state hash {}",
+            rebuilt.applied_seq, rebuilt.seconds, rebuilt.state_hash
+        );
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// What a rebuild reached.
+pub(crate) struct Rebuilt {
+    pub applied_seq: u64,
+    /// Hex digest of the rebuilt read model.
+    pub state_hash: String,
+    pub seconds: f64,
+}
+
+/// [`engram_projectors::rebuild`] behind a progress bar on stderr (hidden with `--json`).
+/// It takes the projector's state lock, so it fails while the projector runs.
+pub(crate) async fn rebuild_with_progress(
+    config: &Config,
+    name: ProjectorName,
+    bus: Bus,
+    json: bool,
+) -> anyhow::Result<Rebuilt> {
     let bar = if json {
         ProgressBar::hidden()
     } else {
@@ -62,17 +93,9 @@ pub async fn rebuild(config: &Config, name: ProjectorName, json: bool) -> anyhow
     )
     .await?;
     bar.finish_and_clear();
-    let hash: String = hash.iter().map(|b| format!("{b:02x}")).collect();
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({"projector": name, "applied_seq": applied, "state_hash": hash, "seconds": started.elapsed().as_secs_f64()})
-        );
-    } else {
-        println!(
-            "rebuilt {name} up to seq {applied} in {:.1}s; state hash {hash}",
-            started.elapsed().as_secs_f64()
-        );
-    }
-    Ok(ExitCode::SUCCESS)
+    Ok(Rebuilt {
+        applied_seq: applied,
+        state_hash: hash.iter().map(|b| format!("{b:02x}")).collect(),
+        seconds: started.elapsed().as_secs_f64(),
+    })
 }

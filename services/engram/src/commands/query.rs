@@ -24,7 +24,7 @@ impl ScopeArgs {
         })
     }
 
-    fn consistency(&self) -> Consistency {
+    pub(crate) fn consistency(&self) -> Consistency {
         Consistency {
             min_seq: self.min_seq,
             wait_ms: self.wait_ms,

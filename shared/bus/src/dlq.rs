@@ -1,0 +1,311 @@
+//! Reading and clearing the dead-letter stream: what `engram dlq` lists and shows, and what
+//! a redrive removes before it rebuilds a projector.
+//!
+//! A dead letter (see [`Bus::dead_letter`]) is the original event bytes on
+//! `engram.dlq.<projector>`, with headers saying which event it was (`Engram-Dlq-Seq`,
+//! `Engram-Dlq-Subject`) and why it failed (`Engram-Dlq-Reason`). This module only reads
+//! them and purges one projector's letters; it never writes one and never touches the events
+//! stream, which keeps every event whatever happens here.
+
+use async_nats::HeaderMap;
+use async_nats::jetstream::consumer::{DeliverPolicy, pull};
+use async_nats::jetstream::stream::{self, RawMessageErrorKind};
+use bytes::Bytes;
+use chrono::{DateTime, Utc};
+use engram_schema::{Codec, Envelope, SchemaError};
+use futures::StreamExt;
+use thiserror::Error;
+
+use crate::provision::is_not_found;
+use crate::{Bus, BusError, DLQ_STREAM, DLQ_SUBJECT_PREFIX};
+
+/// How many dead letters a listing returns when the caller names no limit.
+pub const DEFAULT_LIST_LIMIT: usize = 100;
+/// The most a listing returns: a listing holds every letter (payload included) in memory.
+pub const MAX_LIST_LIMIT: usize = 10_000;
+
+/// One message of the dead-letter stream.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetter {
+    /// Its sequence in the dead-letter stream: what `engram dlq show` takes.
+    pub dlq_seq: u64,
+    /// The projector that could not apply the event (the last token of its subject).
+    pub projector: String,
+    /// The event's sequence in the events stream; `None` if the header is missing.
+    pub event_seq: Option<u64>,
+    /// The subject the event was published on; `None` if the header is missing.
+    pub subject: Option<String>,
+    /// Why the projector refused it.
+    pub reason: String,
+    /// When the dead-letter stream stored it.
+    pub stored_at: DateTime<Utc>,
+    /// The original event bytes, as published.
+    pub payload: Bytes,
+}
+
+impl DeadLetter {
+    /// Decodes the original bytes as an event; an error says why they are no event (the
+    /// usual reason it was dead-lettered).
+    pub fn decode(&self, codec: &Codec) -> Result<Envelope, SchemaError> {
+        codec.decode(&self.payload)
+    }
+
+    fn from_parts(
+        dlq_seq: u64,
+        subject: &str,
+        headers: Option<&HeaderMap>,
+        stored_at: DateTime<Utc>,
+        payload: Bytes,
+    ) -> Option<Self> {
+        let projector = subject
+            .strip_prefix(DLQ_SUBJECT_PREFIX)?
+            .strip_prefix('.')?
+            .to_owned();
+        let header = |name: &str| {
+            headers
+                .and_then(|h| h.get(name))
+                .map(|v| v.as_str().to_owned())
+        };
+        Some(Self {
+            dlq_seq,
+            projector,
+            event_seq: header("Engram-Dlq-Seq").and_then(|s| s.parse().ok()),
+            subject: header("Engram-Dlq-Subject"),
+            reason: header("Engram-Dlq-Reason").unwrap_or_default(),
+            stored_at,
+            payload,
+        })
+    }
+}
+
+/// A page of dead letters, oldest first.
+#[derive(Clone, Debug, PartialEq)]
+pub struct DeadLetters {
+    pub letters: Vec<DeadLetter>,
+    /// Matching letters in the stream when the listing started; more than `letters.len()`
+    /// when the limit cut the listing short.
+    pub total: u64,
+}
+
+/// Why reading or purging dead letters failed.
+#[derive(Debug, Error)]
+pub enum DlqError {
+    #[error("limit {limit} is out of range; use 1 to {MAX_LIST_LIMIT}")]
+    LimitOutOfRange { limit: usize },
+    #[error(
+        "projector name {name:?} cannot name a dead-letter subject; use a projector name such as vector, keyword, facts or skills"
+    )]
+    InvalidProjector { name: String },
+    #[error(
+        "the dead-letter stream {DLQ_STREAM} does not exist; `engram up` creates it (and a projector recreates it when it dead-letters an event)"
+    )]
+    StreamMissing,
+    #[error(
+        "no dead letter at seq {dlq_seq} in {DLQ_STREAM}; `engram dlq list` shows the ones there are"
+    )]
+    NotFound { dlq_seq: u64 },
+    #[error(
+        "message {dlq_seq} in {DLQ_STREAM} is on {subject}, not engram.dlq.<projector>; it was not written by a projector"
+    )]
+    NotADeadLetter { dlq_seq: u64, subject: String },
+    #[error("nats is unavailable: {0}; try again once the server answers")]
+    Unavailable(String),
+    #[error("jetstream request on {DLQ_STREAM} failed: {0}")]
+    JetStream(String),
+}
+
+impl DlqError {
+    /// True when trying again later can succeed without any change by the user.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Unavailable(_))
+    }
+}
+
+impl From<BusError> for DlqError {
+    fn from(e: BusError) -> Self {
+        if e.is_retryable() {
+            Self::Unavailable(e.to_string())
+        } else {
+            Self::JetStream(e.to_string())
+        }
+    }
+}
+
+/// The subject of one projector's dead letters, or of all of them.
+fn subject_of(projector: Option<&str>) -> Result<String, DlqError> {
+    match projector {
+        None => Ok(format!("{DLQ_SUBJECT_PREFIX}.>")),
+        Some(name) => {
+            // A subject token: `.`, `*`, `>` or whitespace would widen or break the filter.
+            engram_schema::Ident::parse("projector", name).map_err(|_| {
+                DlqError::InvalidProjector {
+                    name: name.to_owned(),
+                }
+            })?;
+            Ok(format!("{DLQ_SUBJECT_PREFIX}.{name}"))
+        }
+    }
+}
+
+fn published(t: time::OffsetDateTime) -> DateTime<Utc> {
+    DateTime::<Utc>::from_timestamp_nanos(
+        i64::try_from(t.unix_timestamp_nanos()).unwrap_or_default(),
+    )
+}
+
+impl Bus {
+    async fn dead_letter_stream(&self) -> Result<stream::Stream, DlqError> {
+        self.js.get_stream(DLQ_STREAM).await.map_err(|e| {
+            if is_not_found(&e) {
+                DlqError::StreamMissing
+            } else {
+                DlqError::Unavailable(e.to_string())
+            }
+        })
+    }
+
+    /// The oldest `limit` dead letters (1..=[`MAX_LIST_LIMIT`]), of one projector or of all.
+    pub async fn dead_letters(
+        &self,
+        projector: Option<&str>,
+        limit: usize,
+    ) -> Result<DeadLetters, DlqError> {
+        if !(1..=MAX_LIST_LIMIT).contains(&limit) {
+            return Err(DlqError::LimitOutOfRange { limit });
+        }
+        let filter = subject_of(projector)?;
+        let stream = self.dead_letter_stream().await?;
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: filter,
+                deliver_policy: DeliverPolicy::All,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| DlqError::JetStream(e.to_string()))?;
+        let total = consumer.cached_info().num_pending;
+        let mut letters = Vec::new();
+        if total == 0 {
+            return Ok(DeadLetters { letters, total });
+        }
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| DlqError::JetStream(e.to_string()))?;
+        while letters.len() < limit {
+            let Some(message) = messages.next().await else {
+                break;
+            };
+            let message = message.map_err(|e| DlqError::Unavailable(e.to_string()))?;
+            let info = message
+                .info()
+                .map_err(|e| DlqError::JetStream(format!("message without jetstream info: {e}")))?;
+            let (seq, pending, stored_at) = (
+                info.stream_sequence,
+                info.pending,
+                published(info.published),
+            );
+            // The filter only matches engram.dlq.<token>, so every message parses.
+            if let Some(letter) = DeadLetter::from_parts(
+                seq,
+                message.subject.as_str(),
+                message.headers.as_ref(),
+                stored_at,
+                message.payload.clone(),
+            ) {
+                letters.push(letter);
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok(DeadLetters { letters, total })
+    }
+
+    /// One dead letter by its sequence in the dead-letter stream.
+    pub async fn dead_letter_at(&self, dlq_seq: u64) -> Result<DeadLetter, DlqError> {
+        let stream = self.dead_letter_stream().await?;
+        let message = stream
+            .get_raw_message(dlq_seq)
+            .await
+            .map_err(|e| match e.kind() {
+                RawMessageErrorKind::NoMessageFound => DlqError::NotFound { dlq_seq },
+                RawMessageErrorKind::JetStream(_) | RawMessageErrorKind::InvalidSubject => {
+                    DlqError::JetStream(e.to_string())
+                }
+                RawMessageErrorKind::Other => DlqError::Unavailable(e.to_string()),
+            })?;
+        DeadLetter::from_parts(
+            message.sequence,
+            message.subject.as_str(),
+            Some(&message.headers),
+            published(message.time),
+            message.payload,
+        )
+        .ok_or_else(|| DlqError::NotADeadLetter {
+            dlq_seq,
+            subject: message.subject.to_string(),
+        })
+    }
+
+    /// Removes every dead letter of `projector`; returns how many there were. Only a redrive
+    /// should call this, with the projector stopped: the events themselves stay in the events
+    /// stream, and the rebuild that follows dead-letters again whatever still fails.
+    pub async fn purge_dead_letters(&self, projector: &str) -> Result<u64, DlqError> {
+        let filter = subject_of(Some(projector))?;
+        let stream = self.dead_letter_stream().await?;
+        let response = stream
+            .purge()
+            .filter(filter)
+            .await
+            .map_err(|e| DlqError::JetStream(e.to_string()))?;
+        Ok(response.purged)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_projector_name_is_one_subject_token() {
+        assert_eq!(subject_of(None).unwrap(), "engram.dlq.>");
+        assert_eq!(subject_of(Some("facts")).unwrap(), "engram.dlq.facts");
+        for bad in ["", "a.b", "*", ">", "a b"] {
+            assert!(
+                matches!(
+                    subject_of(Some(bad)),
+                    Err(DlqError::InvalidProjector { .. })
+                ),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn headers_become_fields_and_other_subjects_are_no_dead_letters() {
+        let mut headers = HeaderMap::new();
+        headers.insert("Engram-Dlq-Seq", "42");
+        headers.insert("Engram-Dlq-Subject", "engram.evt.acme.task.t1.episodic");
+        headers.insert("Engram-Dlq-Reason", "not a msgpack event map");
+        let letter = DeadLetter::from_parts(
+            7,
+            "engram.dlq.keyword",
+            Some(&headers),
+            Utc::now(),
+            Bytes::from_static(b"junk"),
+        )
+        .unwrap();
+        assert_eq!(letter.projector, "keyword");
+        assert_eq!(letter.event_seq, Some(42));
+        assert_eq!(
+            letter.subject.as_deref(),
+            Some("engram.evt.acme.task.t1.episodic")
+        );
+        assert_eq!(letter.reason, "not a msgpack event map");
+        assert!(
+            DeadLetter::from_parts(7, "engram.dlqx.keyword", None, Utc::now(), Bytes::new())
+                .is_none()
+        );
+    }
+}
