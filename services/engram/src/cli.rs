@@ -240,13 +240,14 @@ pub enum DlqCommand {
     },
     /// Re-drive a projector's dead letters after a fix (a projector bug fixed, an embedder
     /// restored). The projector must be stopped (`engram up` or `engram projector`): like
-    /// `engram rebuild`, this takes its state lock and fails if it is running. It counts the
-    /// projector's dead letters and removes them from ENGRAM_DLQ (subject
-    /// engram.dlq.<projector>), deletes its dead-letter id key `<state dir>/<projector>.dlq-key`
+    /// `engram rebuild`, this takes its state lock and fails if it is running, changing
+    /// nothing. It deletes the projector's dead-letter id key `<state dir>/<projector>.dlq-key`
     /// (so that letters the rebuild sends again get fresh ids instead of being dropped as
-    /// duplicates of the removed ones), rebuilds the projector from sequence 1 with a progress
-    /// bar, and reports how many were re-driven and how many were dead-lettered again (those
-    /// still fail). The events themselves never leave the events stream.
+    /// duplicates of the old ones), rebuilds the projector from sequence 1 with a progress
+    /// bar, then counts and removes its old dead letters from ENGRAM_DLQ (subject
+    /// engram.dlq.<projector>, those stored before the rebuild), and reports how many were
+    /// re-driven and how many were dead-lettered again (those still fail). If the rebuild
+    /// fails, the old letters stay. The events themselves never leave the events stream.
     Redrive {
         /// vector, keyword, facts or skills.
         projector: engram_projectors::ProjectorName,

@@ -519,7 +519,7 @@ async fn dlq_redrive_needs_the_projector_stopped_then_purges_and_rebuilds() {
     // The text report says both numbers
     let text = setup.ok(&["dlq", "redrive", "keyword"]);
     assert!(
-        text.contains("re-drove 1 dead letters of keyword")
+        text.contains("re-drove 1 dead letter of keyword")
             && text.contains("1 dead-lettered again"),
         "{text}"
     );

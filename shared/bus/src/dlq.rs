@@ -248,15 +248,34 @@ impl Bus {
         })
     }
 
-    /// Removes every dead letter of `projector`; returns how many there were. Only a redrive
-    /// should call this, with the projector stopped: the events themselves stay in the events
-    /// stream, and the rebuild that follows dead-letters again whatever still fails.
-    pub async fn purge_dead_letters(&self, projector: &str) -> Result<u64, DlqError> {
+    /// The dead-letter stream's last sequence (0 when it is empty or missing): a boundary
+    /// between the letters sent so far and the ones sent after.
+    pub async fn dead_letters_last_seq(&self) -> Result<u64, DlqError> {
+        match self.dead_letter_stream().await {
+            Ok(stream) => Ok(stream.cached_info().state.last_sequence),
+            Err(DlqError::StreamMissing) => Ok(0),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Removes the dead letters of `projector` stored at or before `through` (a sequence of
+    /// the dead-letter stream); returns how many there were. Only a redrive should call this,
+    /// once a rebuild has dead-lettered again whatever still fails: the events themselves
+    /// stay in the events stream.
+    pub async fn purge_dead_letters(&self, projector: &str, through: u64) -> Result<u64, DlqError> {
         let filter = subject_of(Some(projector))?;
-        let stream = self.dead_letter_stream().await?;
+        if through == 0 {
+            return Ok(0);
+        }
+        let stream = match self.dead_letter_stream().await {
+            Err(DlqError::StreamMissing) => return Ok(0),
+            other => other?,
+        };
+        // `sequence` purges up to, not including, the one given.
         let response = stream
             .purge()
             .filter(filter)
+            .sequence(through + 1)
             .await
             .map_err(|e| DlqError::JetStream(e.to_string()))?;
         Ok(response.purged)

@@ -132,6 +132,9 @@ async fn show(bus: &Bus, dlq_seq: u64, json: bool) -> anyhow::Result<ExitCode> {
 }
 
 /// See the `Redrive` help in [`crate::cli::DlqCommand`] for the steps and why each is there.
+/// The old letters are removed only after the rebuild succeeded: the rebuild must drop the
+/// state lock this takes first (a second lock in one process is refused), and a projector
+/// started in between makes the rebuild fail with every letter still in place.
 async fn redrive(
     config: &Config,
     bus: Bus,
@@ -140,12 +143,10 @@ async fn redrive(
 ) -> anyhow::Result<ExitCode> {
     let projector = name.as_str();
     let dir = engram_projectors::state_dir(&config.home);
-    // Stopped first: nothing is removed while the projector could be dead-lettering.
+    // Stopped first: nothing changes while the projector could be dead-lettering.
     let lock = engram_projectors::lock_state(&dir, projector)?;
-    let redriven = match bus.purge_dead_letters(projector).await {
-        Err(DlqError::StreamMissing) => 0,
-        other => other?,
-    };
+    // Letters up to here are the ones to re-drive; the rebuild's own come after.
+    let boundary = bus.dead_letters_last_seq().await?;
     let key = dir.join(format!("{projector}.dlq-key"));
     match std::fs::remove_file(&key) {
         Ok(()) => {}
@@ -153,21 +154,21 @@ async fn redrive(
         Err(e) => {
             return Err(e).with_context(|| {
                 format!(
-                    "removed {redriven} dead letters of {projector} but cannot delete its dead-letter key {}; delete it by hand, then run `engram rebuild {projector}`",
+                    "cannot delete the dead-letter key {} of {projector}; nothing was re-driven. delete it by hand and run `engram dlq redrive {projector}` again",
                     key.display()
                 )
             });
         }
     }
-    // The rebuild takes the lock itself (a second lock in this process would be refused).
     drop(lock);
     let rebuilt = super::projector::rebuild_with_progress(config, name, bus.clone(), json)
         .await
         .with_context(|| {
             format!(
-                "removed {redriven} dead letters of {projector}, but the rebuild failed; fix the cause and run `engram dlq redrive {projector}` again (the events are still in the events stream)"
+                "the rebuild of {projector} failed and its dead letters are left in place; fix the cause and run `engram dlq redrive {projector}` again"
             )
         })?;
+    let redriven = bus.purge_dead_letters(projector, boundary).await?;
     let again = match bus.dead_letters(Some(projector), 1).await {
         Err(DlqError::StreamMissing) => 0,
         other => other?.total,
@@ -186,8 +187,10 @@ async fn redrive(
         );
     } else {
         println!(
-            "re-drove {redriven} dead letters of {projector}: rebuilt up to seq {} in {:.1}s; {again} dead-lettered again",
-            rebuilt.applied_seq, rebuilt.seconds
+            "re-drove {redriven} {} of {projector}: rebuilt up to seq {} in {:.1}s; {again} dead-lettered again",
+            plural(redriven, "dead letter", "dead letters"),
+            rebuilt.applied_seq,
+            rebuilt.seconds
         );
         if again > 0 {
             println!(
@@ -196,4 +199,8 @@ async fn redrive(
         }
     }
     Ok(ExitCode::SUCCESS)
+}
+
+fn plural<'a>(n: u64, one: &'a str, many: &'a str) -> &'a str {
+    if n == 1 { one } else { many }
 }

@@ -34,10 +34,11 @@ pub async fn run(config: &Config, args: ForgetArgs, json: bool) -> anyhow::Resul
         );
     } else {
         println!(
-            "forgotten  seq={}  id={}  {} memories of {}/{}  (queries with --min-seq {} no longer see them)",
+            "forgotten  seq={}  id={}  {} {} of {}/{}  (queries with --min-seq {} no longer see them)",
             receipt.seq,
             receipt.event_id,
             ids.len(),
+            if ids.len() == 1 { "memory" } else { "memories" },
             args.tenant,
             scope,
             receipt.seq
