@@ -230,6 +230,7 @@ async fn oversized_and_out_of_range_requests_are_refused_on_every_endpoint() {
         filter: Default::default(),
         consistency: Consistency::default(),
         score_also: Vec::new(),
+        rest: 0,
     };
     for projector in ["vector", "keyword"] {
         let subject = proto::projector_subject(projector, "search");

@@ -451,3 +451,61 @@ async fn a_forgotten_memory_leaves_every_index_and_a_scope_forgets_only_its_own(
     assert!(err.to_string().contains("content.data.event_ids"), "{err}");
     engram.stop().await;
 }
+
+/// Hybrid score fusion asks the keyword side for its hits plus the scores of the memories
+/// ranked after them (`rest`), in one search. Those must be exactly the next ranks of a
+/// deeper search, or fusion would score dense-only candidates wrongly.
+#[tokio::test]
+async fn the_keyword_ranks_after_the_hits_are_those_of_a_deeper_search() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let scope = Scope::new(ScopeKind::Task, "rest").unwrap();
+    let mut last = 0;
+    for i in 0..12 {
+        // Different term frequencies give distinct BM25 scores.
+        let text = format!("{} filler words number {i}", "needle ".repeat(i % 6 + 1));
+        last = engram
+            .client
+            .append(&memory("acme", scope.clone(), &text))
+            .await
+            .unwrap()
+            .seq;
+    }
+    let bus = nats.bus().await;
+    let search = |k: usize, rest: usize| engram_memory::proto::SearchRequest {
+        scopes: vec![engram_memory::ScopeKey::new(ident("acme"), scope.clone())],
+        query: "needle".into(),
+        vector: None,
+        k,
+        filter: Default::default(),
+        consistency: Consistency {
+            min_seq: Some(last),
+            wait_ms: Some(10_000),
+        },
+        score_also: Vec::new(),
+        rest,
+    };
+    let ask = |request: engram_memory::proto::SearchRequest| {
+        let client = bus.client().clone();
+        async move {
+            engram_rpc::call::<_, engram_memory::proto::SearchResponse>(
+                &client,
+                "engram.p.keyword.search",
+                &request,
+                std::time::Duration::from_secs(15),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let deep = ask(search(12, 0)).await;
+    let split = ask(search(4, 9)).await;
+    let seqs =
+        |hits: &[engram_memory::Hit]| hits.iter().map(|h| (h.seq, h.score)).collect::<Vec<_>>();
+    let deep_hits: Vec<_> = deep.hits.iter().map(|h| h.hit).collect();
+    let split_hits: Vec<_> = split.hits.iter().map(|h| h.hit).collect();
+    assert_eq!(seqs(&split_hits), seqs(&deep_hits[..4]));
+    assert_eq!(seqs(&split.also), seqs(&deep_hits[4..9]));
+    assert!(deep.also.is_empty(), "{:?}", deep.also);
+    engram.stop().await;
+}

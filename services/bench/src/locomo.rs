@@ -170,6 +170,7 @@ async fn bench(
     let per_question: usize = passes.iter().map(Vec::len).sum();
     let bar = progress((asked * per_question) as u64, "asking questions");
     let mut evaluator = Evaluator::default();
+    let mut breakdown = Breakdown::default();
     let mut first = true;
     for modes in &passes {
         for conv in &conversations {
@@ -193,10 +194,11 @@ async fn bench(
                         mode: *mode,
                         ranking: mode_ranking.clone(),
                     };
+                    let before = Timers::read();
                     let started = Instant::now();
                     let response = if first {
                         // The first query waits for the whole ingest to be embedded.
-                        crate::retrieve_when_visible(&client, request, Duration::from_secs(3600))
+                        crate::retrieve_when_visible(client, request, Duration::from_secs(3600))
                             .await?
                     } else {
                         client
@@ -217,6 +219,9 @@ async fn bench(
                         .iter()
                         .filter_map(|r| dia_of_seq.get(&r.seq).copied())
                         .collect();
+                    if !latency.is_zero() {
+                        breakdown.add(mode_name, latency, Timers::read().since(&before));
+                    }
                     evaluator.record(mode_name, question, &ranked, latency);
                     bar.inc(1);
                 }
@@ -224,7 +229,95 @@ async fn bench(
         }
     }
     bar.finish_and_clear();
+    breakdown.print();
     Ok(evaluator)
+}
+
+/// Cumulative seconds of the service's own timers, read around each query: the benchmark
+/// asks one question at a time, so the difference is that query's share. Only the embedded
+/// services (no --nats) report into this process.
+#[derive(Clone, Copy, Default)]
+struct Timers([f64; 6]);
+
+impl Timers {
+    const NAMES: [&'static str; 6] = [
+        "service",
+        "to vector",
+        "to keyword",
+        "fuse",
+        "vector handler",
+        "keyword handler",
+    ];
+
+    fn read() -> Self {
+        use engram_telemetry::metrics::{QUERY_SECONDS, RETRIEVE_STAGE_SECONDS};
+        let op = |name: &str| QUERY_SECONDS.with_label_values(&[name]).get_sample_sum();
+        let stage = |name: &str| {
+            RETRIEVE_STAGE_SECONDS
+                .with_label_values(&[name])
+                .get_sample_sum()
+        };
+        Self([
+            op("retrieve"),
+            stage("vector"),
+            stage("keyword"),
+            stage("fuse"),
+            op("vector_search"),
+            op("keyword_search"),
+        ])
+    }
+
+    fn since(&self, before: &Self) -> Self {
+        let mut d = Self::default();
+        for (i, v) in d.0.iter_mut().enumerate() {
+            *v = self.0[i] - before.0[i];
+        }
+        d
+    }
+}
+
+/// Where each mode's query time goes, in mean milliseconds.
+#[derive(Default)]
+struct Breakdown(Vec<(&'static str, usize, f64, Timers)>);
+
+impl Breakdown {
+    fn add(&mut self, mode: &'static str, latency: Duration, timers: Timers) {
+        let at = match self.0.iter().position(|(m, ..)| *m == mode) {
+            Some(at) => at,
+            None => {
+                self.0.push((mode, 0, 0.0, Timers::default()));
+                self.0.len() - 1
+            }
+        };
+        let (_, count, total, sums) = &mut self.0[at];
+        *count += 1;
+        *total += latency.as_secs_f64();
+        for (sum, v) in sums.0.iter_mut().zip(timers.0) {
+            *sum += v;
+        }
+    }
+
+    fn print(&self) {
+        if self.0.iter().all(|(_, _, _, t)| t.0[0] == 0.0) {
+            return;
+        }
+        eprintln!(
+            "where the time goes (mean ms per query; `to X` is the request to projector X as the query service waits for it, `X handler` the time X spends answering):"
+        );
+        let mut header = format!("{:<12} {:>8}", "mode", "client");
+        for name in Timers::NAMES {
+            header.push_str(&format!(" {name:>15}"));
+        }
+        eprintln!("{header}");
+        for (mode, count, total, sums) in &self.0 {
+            let n = *count as f64;
+            let mut line = format!("{mode:<12} {:>8.3}", total * 1e3 / n);
+            for v in sums.0 {
+                line.push_str(&format!(" {:>15.3}", v * 1e3 / n));
+            }
+            eprintln!("{line}");
+        }
+    }
 }
 
 fn uuid_hex() -> String {

@@ -14,7 +14,6 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use crate::progress;
-use anyhow::Context as _;
 use engram::config::Config;
 use engram_embed::EmbedderConfig;
 use engram_memory::proto::{Consistency, RetrievalMode, RetrieveRequest, ScopeRequest};
@@ -301,7 +300,7 @@ async fn bench(client: &Client, args: &QueryArgs, hnsw: &HnswParams) -> anyhow::
     };
     let waited = Instant::now();
     crate::retrieve_when_visible(
-        &client,
+        client,
         request(
             "deploy".into(),
             mixture.sample(&mut rng),

@@ -144,28 +144,28 @@ impl KeywordProjection {
         let request = request.clone();
         let table = self.table.clone();
         tokio::task::spawn_blocking(move || {
+            // One search, as deep as the hits, the ranks after them (`rest`) and the scoring
+            // of specific memories need. BM25 of a memory beyond the depth is absent, which is
+            // what it is to BM25.
+            let score_depth = if request.score_also.is_empty() {
+                0
+            } else {
+                request.k.saturating_mul(4).max(200)
+            };
+            let depth = request.k.max(request.rest).max(score_depth);
             let mut hits = reader
-                .search(&request.query, &request.scopes, &request.filter, request.k)
+                .search(&request.query, &request.scopes, &request.filter, depth)
                 .map_err(|e| Failure::invalid(e.to_string()))?;
             let table = table.read().unwrap_or_else(|p| p.into_inner());
-            let also = if request.score_also.is_empty() {
-                Vec::new()
-            } else {
-                // BM25 of specific memories: search deeper and keep the asked-for ones.
-                // Memories beyond this depth score as absent, which is what they are to BM25.
-                let deep = reader
-                    .search(
-                        &request.query,
-                        &request.scopes,
-                        &request.filter,
-                        (request.k * 4).max(200),
-                    )
-                    .map_err(|e| Failure::invalid(e.to_string()))?;
-                let wanted: HashSet<Seq> = request.score_also.iter().copied().collect();
-                deep.into_iter()
-                    .filter(|h| wanted.contains(&h.seq))
-                    .collect()
-            };
+            let wanted: HashSet<Seq> = request.score_also.iter().copied().collect();
+            let ranked_after = hits.split_off(request.k.min(hits.len()));
+            let also = ranked_after
+                .into_iter()
+                .enumerate()
+                .filter(|(i, h)| request.k + i < request.rest || wanted.contains(&h.seq))
+                .map(|(_, h)| h)
+                .chain(hits.iter().filter(|h| wanted.contains(&h.seq)).copied())
+                .collect();
             hits.retain(|h| table.memories.contains_key(&h.seq));
             Ok(SearchResponse {
                 hits: hits

@@ -25,6 +25,7 @@ use engram_memory::proto::{
     SkillsResponse, read_models,
 };
 use engram_rpc::{EndpointLimits, Failure};
+use engram_telemetry::metrics;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
@@ -191,17 +192,22 @@ impl Query {
 
     async fn search(
         &self,
-        projector: &str,
+        projector: &'static str,
         request: &SearchRequest,
     ) -> Result<SearchResponse, Failure> {
-        engram_rpc::call(
+        let started = std::time::Instant::now();
+        let answer = engram_rpc::call(
             &self.client,
             &proto::projector_subject(projector, "search"),
             request,
             self.timeout(request.consistency.wait_ms),
         )
         .await
-        .map_err(Failure::from)
+        .map_err(Failure::from);
+        metrics::RETRIEVE_STAGE_SECONDS
+            .with_label_values(&[projector])
+            .observe(started.elapsed().as_secs_f64());
+        answer
     }
 
     /// Hybrid retrieval. See [`RetrieveRequest`].
@@ -224,6 +230,7 @@ impl Query {
             filter: request.filter.clone(),
             consistency: request.consistency,
             score_also: Vec::new(),
+            rest: 0,
         };
         let (mut dense, mut keyword) = (Side::default(), Side::default());
         let mut visible = Vec::new();
@@ -238,6 +245,43 @@ impl Query {
                 visible.push((read_models::KEYWORD.to_owned(), r.visible_seq));
                 keyword.hits = r.hits;
             }
+            RetrievalMode::Hybrid if ranking.fusion == proto::Fusion::Score => {
+                // Score fusion compares both retrievers on every candidate of either list.
+                // Keyword first: its answer also carries the BM25 scores of the memories
+                // ranked after its hits (down to `rest`), which covers the dense-only
+                // candidates; then the vector side searches and scores the keyword hits in
+                // the same request. Two projector requests instead of two rounds of two.
+                let k = self
+                    .search(
+                        read_models::KEYWORD,
+                        &SearchRequest {
+                            rest: rescore_depth(depth),
+                            ..search.clone()
+                        },
+                    )
+                    .await?;
+                let d = self
+                    .search(
+                        read_models::VECTOR,
+                        &SearchRequest {
+                            score_also: k.hits.iter().map(|h| h.hit.seq).collect(),
+                            ..search.clone()
+                        },
+                    )
+                    .await?;
+                visible.push((read_models::VECTOR.to_owned(), d.visible_seq));
+                visible.push((read_models::KEYWORD.to_owned(), k.visible_seq));
+                // Fusion takes an `also` score only for a candidate the side did not rank,
+                // so the lists need no trimming.
+                dense = Side {
+                    hits: d.hits,
+                    also: d.also,
+                };
+                keyword = Side {
+                    hits: k.hits,
+                    also: k.also,
+                };
+            }
             RetrievalMode::Hybrid => {
                 let (d, k) = tokio::join!(
                     self.search(read_models::VECTOR, &search),
@@ -248,37 +292,9 @@ impl Query {
                 visible.push((read_models::KEYWORD.to_owned(), k.visible_seq));
                 dense.hits = d.hits;
                 keyword.hits = k.hits;
-                if ranking.fusion == proto::Fusion::Score {
-                    // Score each side's candidates on the other side too, so fusion compares
-                    // like with like. Both projectors have already applied min_seq.
-                    let only_kw: Vec<_> = keyword
-                        .hits
-                        .iter()
-                        .map(|h| h.hit.seq)
-                        .filter(|s| !dense.hits.iter().any(|d| d.hit.seq == *s))
-                        .collect();
-                    let only_dense: Vec<_> = dense
-                        .hits
-                        .iter()
-                        .map(|h| h.hit.seq)
-                        .filter(|s| !keyword.hits.iter().any(|k| k.hit.seq == *s))
-                        .collect();
-                    let ask = |score_also: Vec<u64>| SearchRequest {
-                        k: 0,
-                        score_also,
-                        consistency: Default::default(),
-                        ..search.clone()
-                    };
-                    let (ask_dense, ask_keyword) = (ask(only_kw), ask(only_dense));
-                    let (d, k) = tokio::join!(
-                        self.search(read_models::VECTOR, &ask_dense),
-                        self.search(read_models::KEYWORD, &ask_keyword)
-                    );
-                    dense.also = d?.also;
-                    keyword.also = k?.also;
-                }
             }
         }
+        let fusing = std::time::Instant::now();
         let results = fusion::fuse(
             &dense,
             &keyword,
@@ -286,6 +302,9 @@ impl Query {
             chrono::Utc::now(),
             request.top_k,
         );
+        metrics::RETRIEVE_STAGE_SECONDS
+            .with_label_values(&["fuse"])
+            .observe(fusing.elapsed().as_secs_f64());
         Ok(RetrieveResponse { results, visible })
     }
 
@@ -331,6 +350,12 @@ impl Query {
     pub(crate) fn bus(&self) -> &Bus {
         &self.bus
     }
+}
+
+/// How deep the keyword side ranks to give BM25 scores of dense-only candidates: memories
+/// beyond it score as absent, which is what they are to BM25.
+fn rescore_depth(depth: usize) -> usize {
+    depth.saturating_mul(4).max(200)
 }
 
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> Failure {

@@ -373,6 +373,10 @@ pub struct SearchRequest {
     /// (so that fusion can compare both retrievers on the same candidates).
     #[serde(default)]
     pub score_also: Vec<Seq>,
+    /// Keyword side only: also return, in `also`, the scores of the memories ranked after
+    /// the `k` hits, down to this rank (without their text). 0 for none.
+    #[serde(default)]
+    pub rest: usize,
 }
 
 /// A text memory as a projector holds it.
@@ -631,6 +635,7 @@ impl SearchRequest {
         check_text("query", &self.query, limits::MAX_QUERY_BYTES)?;
         check_vector("vector", self.vector.as_ref())?;
         check_range("k", self.k, 0, limits::MAX_SEARCH_K)?;
+        check_range("rest", self.rest, 0, 4 * limits::MAX_SEARCH_K)?;
         check_range(
             "score_also",
             self.score_also.len(),

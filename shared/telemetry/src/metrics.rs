@@ -234,6 +234,17 @@ pub static QUERY_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         prometheus::exponential_buckets(0.0001, 2.0, 18).unwrap(),
     )
 });
+/// Where a retrieval's time goes inside the query service: `search` (the first requests to
+/// the projectors), `rescore` (hybrid score fusion asking each side to score the other's
+/// candidates), `fuse` (ranking in the service).
+pub static RETRIEVE_STAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram(
+        "engram_retrieve_stage_seconds",
+        "query service retrieval time by stage",
+        &["stage"],
+        prometheus::exponential_buckets(0.0001, 2.0, 18).unwrap(),
+    )
+});
 /// Embedding requests by source: cache hits, model calls, client-supplied vectors.
 pub static EMBEDDINGS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter(
