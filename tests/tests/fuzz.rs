@@ -6,9 +6,10 @@
 //! What must hold: no panic, no hang (each live request answers within a bound), every live
 //! request gets a reply (a result or a typed error, never silence), and memory stays bounded.
 //!
-//! Cases per target come from `PROPTEST_CASES`; the defaults keep the file under a minute in a
-//! debug build on two cores. For a long run:
-//! `PROPTEST_CASES=100000 cargo test --release -p engram-tests --test fuzz`.
+//! Cases per decoder target come from `PROPTEST_CASES`, bodies per live endpoint from
+//! `ENGRAM_FUZZ_LIVE_BODIES`; the defaults keep the file under a minute in a debug build on two
+//! cores. For a long run:
+//! `PROPTEST_CASES=100000 ENGRAM_FUZZ_LIVE_BODIES=2000 cargo test --release -p engram-tests --test fuzz`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -30,16 +31,20 @@ use serde_json::{Value, json};
 
 /// Cases per decoder target unless `PROPTEST_CASES` says otherwise.
 const DEFAULT_CASES: u32 = 256;
-/// Bodies sent to each live endpoint unless `PROPTEST_CASES` says otherwise (a few thousand
-/// in all, over the endpoints).
+/// Bodies sent to each live endpoint unless `ENGRAM_FUZZ_LIVE_BODIES` says otherwise (a few
+/// thousand in all, over the endpoints).
 const DEFAULT_LIVE_BODIES: u32 = 150;
-/// Resident memory the test process may hold after the live run. The stack (four projectors,
-/// the query service, their caches) sits near 200 MiB in a debug build; a reader that
-/// allocated what a hostile length field asked for would blow far past this.
+/// Resident memory the test process may hold after the live run. With the stack (four
+/// projectors, the query service, their caches) it sits near 100 MiB in a debug build; a reader
+/// that allocated what a hostile length field asked for would blow far past this.
 const MAX_RSS_MIB: f64 = 512.0;
 
 fn cases(default: u32) -> u32 {
-    std::env::var("PROPTEST_CASES")
+    env_count("PROPTEST_CASES", default)
+}
+
+fn env_count(var: &str, default: u32) -> u32 {
+    std::env::var(var)
         .ok()
         .and_then(|s| s.parse().ok())
         .unwrap_or(default)
@@ -558,11 +563,15 @@ fn on_codec_stack<T: Send>(decode: impl FnOnce() -> T + Send) -> T {
     })
 }
 
-/// Decoding anything must end in an envelope or a typed error; a decoded envelope is then
-/// validated (payload included), and if that passes it must survive a round trip.
+/// Decoding anything must end in a valid envelope or a typed error; a decoded envelope's
+/// payload is then read and validated, and if that passes it must survive a round trip.
 fn check_decoded(result: Result<Envelope, engram_schema::SchemaError>) {
     if let Ok(event) = result {
+        event
+            .validate_envelope()
+            .expect("decode returned an envelope that does not validate");
         let _ = event.forgotten_ids();
+        let _ = engram_schema::payload::Payload::of(&event);
         if event.validate().is_ok()
             && let Ok(bytes) = codec().encode(&event)
         {
@@ -970,6 +979,7 @@ proptest! {
         for (seq, (kind, data, scope)) in events.into_iter().enumerate() {
             let event = payload_event(kind, data, scope);
             let seq = seq as u64 + 1;
+            let _ = engram_schema::payload::Payload::of(&event);
             let _ = facts.apply(seq, &event);
             let _ = skills.apply(seq, &event);
             let _ = event.forgotten_ids();
@@ -1077,7 +1087,7 @@ async fn every_endpoint_answers_every_body() {
     let rss_before = rss_mib();
 
     // When every endpoint gets arbitrary bodies
-    let per_endpoint = cases(DEFAULT_LIVE_BODIES) as usize;
+    let per_endpoint = env_count("ENGRAM_FUZZ_LIVE_BODIES", DEFAULT_LIVE_BODIES) as usize;
     let subjects = endpoints();
     let total = subjects.len() * per_endpoint;
     // Bodies are made as they are sent, not up front: thousands of bodies of up to 900 KiB
