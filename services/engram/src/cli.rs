@@ -400,6 +400,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             commands::projector::rebuild(&config, projector, json).await
         }
         Command::Config(ConfigCommand::Dump) => {
+            let config = config.redacted();
             if json {
                 println!(
                     "{}",

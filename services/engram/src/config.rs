@@ -251,6 +251,17 @@ impl Config {
     pub fn to_toml(&self) -> String {
         toml::to_string_pretty(self).expect("config always serialises to toml")
     }
+
+    /// The config as it may be shown: credentials in `nats.url` replaced by `***`.
+    pub fn redacted(&self) -> Self {
+        let mut shown = self.clone();
+        shown.nats.url = shown
+            .nats
+            .url
+            .as_deref()
+            .map(engram_bus::config::redact_url);
+        shown
+    }
 }
 
 #[cfg(test)]
@@ -327,5 +338,14 @@ mod tests {
             assert!(matches!(missing, Err(ConfigError::MissingFile(_))));
             Ok(())
         });
+    }
+
+    #[test]
+    fn a_dump_never_shows_credentials() {
+        let mut config = Config::default();
+        config.nats.url = Some("nats://alice:s3cret@10.0.0.1:4222".into());
+        let shown = config.redacted();
+        assert_eq!(shown.nats.url.as_deref(), Some("nats://***@10.0.0.1:4222"));
+        assert!(!shown.to_toml().contains("s3cret"));
     }
 }
