@@ -207,7 +207,9 @@ pub struct RunningProjectors {
     pub visibility: BTreeMap<ProjectorName, Visibility>,
     _locks: Vec<StateLock>,
     tasks: Vec<(ProjectorName, JoinHandle<Result<(), ProjectorError>>)>,
-    _services: Vec<async_nats::service::Service>,
+    /// Each projector's NATS service and the connection it came from: stopped and drained
+    /// once the loops are done, so that nothing is left to lose its server at shutdown.
+    services: Vec<(async_nats::service::Service, async_nats::Client)>,
 }
 
 impl RunningProjectors {
@@ -224,6 +226,15 @@ impl RunningProjectors {
                     }
                 }
                 Err(e) => tracing::error!(projector = %name, error = %e, "projector task panicked"),
+            }
+        }
+        for (service, client) in self.services {
+            if let Err(e) = service.stop().await {
+                tracing::debug!(error = %e, "projector service did not stop cleanly");
+            }
+            let drained = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
+            if !matches!(drained, Ok(Ok(()))) {
+                tracing::debug!("projector connection did not drain in time");
             }
         }
         first
@@ -248,7 +259,7 @@ where
         visibility: BTreeMap::new(),
         _locks: Vec::new(),
         tasks: Vec::new(),
-        _services: Vec::new(),
+        services: Vec::new(),
     };
     for name in config.run.iter().copied() {
         let projector = name.as_str();
@@ -256,6 +267,7 @@ where
         let bus = connect(projector)
             .await
             .map_err(|source| StartError::Bus { projector, source })?;
+        let client = bus.client().clone();
         let service = engram_rpc::start_service(
             bus.client(),
             &format!("engram-{projector}"),
@@ -327,7 +339,7 @@ where
         .map_err(service_err)?;
         running.visibility.insert(name, visibility);
         running.tasks.push((name, task));
-        running._services.push(service);
+        running.services.push((service, client));
     }
     Ok(running)
 }
