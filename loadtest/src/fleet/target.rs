@@ -217,10 +217,13 @@ impl Target {
     }
 
     async fn wait_for_projector(&self, proc: &mut Proc) -> Result<(), FleetError> {
-        let client = async_nats::connect(&self.url).await.map_err(|e| {
-            let url = engram_bus::config::redact_url(&self.url);
-            FleetError::Setup(format!("cannot connect to {url}: {e}"))
-        })?;
+        let client = engram_bus::config::connect_options(&self.url)
+            .connect(&self.url)
+            .await
+            .map_err(|e| {
+                let url = engram_bus::config::redact_url(&self.url);
+                FleetError::Setup(format!("cannot connect to {url}: {e}"))
+            })?;
         let deadline = tokio::time::Instant::now() + Duration::from_secs(300);
         loop {
             if super::sampler::projector_ledger(&client, &proc.name)

@@ -234,6 +234,18 @@ pub fn url_credentials(urls: &str) -> Option<UrlCredentials> {
     })
 }
 
+/// Connect options carrying the credentials of `urls`, if it has any: for callers that open
+/// their own connection rather than a [`crate::Bus`].
+pub fn connect_options(urls: &str) -> async_nats::ConnectOptions {
+    match url_credentials(urls) {
+        Some(UrlCredentials::UserPassword { user, password }) => {
+            async_nats::ConnectOptions::with_user_and_password(user, password)
+        }
+        Some(UrlCredentials::Token(token)) => async_nats::ConnectOptions::with_token(token),
+        None => async_nats::ConnectOptions::new(),
+    }
+}
+
 /// `%XX` escapes decoded; anything that is not a valid escape is kept as it is.
 fn percent_decode(text: &str) -> String {
     let bytes = text.as_bytes();
