@@ -1,31 +1,117 @@
-//! The verification itself must catch what it exists to catch: an acknowledged event missing
-//! from the stream, an ack whose sequence is wrong, and projectors that cannot vouch for
-//! what they applied.
+//! The verification itself must catch what it exists to catch, and only that: an acknowledged
+//! event missing from the stream, an ack whose sequence is wrong, a projector that skipped an
+//! event, applied one twice or applied the wrong one, and projectors that cannot vouch for
+//! what they applied; but not an event a projector dead-lettered, nor events other clients
+//! append after a projector's final ledger.
+//!
+//! The projectors here are stand-ins: each answers `engram.p.<name>.ledger` with a ledger this
+//! test computes from what it appended, with one known defect or none. A real projector cannot
+//! be made to miscount on purpose; its ledger is tested in the projection runtime's own tests.
 
+use engram_bus::Bus;
 use engram_loadtest::fleet::Acked;
-use engram_loadtest::fleet::verify::{Baseline, verify};
+use engram_loadtest::fleet::target::PROJECTORS;
+use engram_loadtest::fleet::verify::{Baseline, Verification, verify};
+use engram_memory::proto::projector_subject;
+use engram_projection_runtime::ApplyLedger;
+use engram_projectors::ProjectorLedger;
 use engram_schema::Envelope;
 use engram_testkit::TestNats;
+use futures::StreamExt;
 
 fn event(i: usize) -> Envelope {
     engram_testkit::event("bench", "t1", &format!("observation {i}"))
+}
+
+async fn append(bus: &Bus, range: std::ops::Range<usize>) -> Vec<Acked> {
+    let mut acked = Vec::new();
+    for i in range {
+        let receipt = bus.append(&event(i), Default::default()).await.unwrap();
+        acked.push(Acked {
+            event_id: receipt.event_id,
+            seq: receipt.seq,
+            bytes: receipt.bytes as u32,
+        });
+    }
+    acked
+}
+
+/// The ledger of applying exactly `events`.
+fn ledger_of<'a>(events: impl IntoIterator<Item = &'a Acked>) -> ApplyLedger {
+    let mut ledger = ApplyLedger::default();
+    for a in events {
+        ledger.add(a.seq, &a.event_id);
+    }
+    ledger
+}
+
+/// Answers `name`'s ledger requests with `ledger`, visible up to its own sequence, until the
+/// returned task is dropped.
+async fn stand_in(bus: &Bus, name: &str, ledger: ApplyLedger) -> tokio::task::JoinHandle<()> {
+    let client = bus.client().clone();
+    let mut requests = client
+        .subscribe(projector_subject(name, "ledger"))
+        .await
+        .unwrap();
+    client.flush().await.unwrap();
+    let answer = serde_json::to_vec(&ProjectorLedger {
+        projector: name.to_owned(),
+        visible_seq: ledger.seq,
+        ledger,
+    })
+    .unwrap();
+    tokio::spawn(async move {
+        while let Some(request) = requests.next().await {
+            if let Some(reply) = request.reply {
+                let _ = client.publish(reply, answer.clone().into()).await;
+            }
+        }
+    })
+}
+
+/// Every projector answers with `correct`, but the one `wrong` names, which answers with its
+/// ledger.
+async fn stand_ins(
+    bus: &Bus,
+    correct: ApplyLedger,
+    wrong: Option<(&str, ApplyLedger)>,
+) -> Vec<AbortOnDrop> {
+    let mut out = Vec::new();
+    for p in PROJECTORS {
+        let ledger = match wrong {
+            Some((name, ledger)) if name == p => ledger,
+            _ => correct,
+        };
+        out.push(AbortOnDrop(stand_in(bus, p, ledger).await));
+    }
+    out
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+fn check<'a>(
+    v: &'a Verification,
+    name: &str,
+) -> &'a engram_loadtest::fleet::verify::ProjectorCheck {
+    v.projectors.iter().find(|p| p.projector == name).unwrap()
+}
+
+fn clean(v: &Verification, name: &str) -> bool {
+    let p = check(v, name);
+    p.error.is_none() && p.digest_matches && p.lost == 0 && p.duplicated == 0
 }
 
 #[tokio::test]
 async fn given_a_ledger_with_a_lost_and_a_misplaced_event_verification_counts_both() {
     let nats = TestNats::start().await;
     let bus = nats.bus().await;
-    bus.provision().await.unwrap();
-    let mut ledger = Vec::new();
-    for i in 0..5 {
-        let e = event(i);
-        let receipt = bus.append(&e, Default::default()).await.unwrap();
-        ledger.push(Acked {
-            event_id: receipt.event_id,
-            seq: receipt.seq,
-            bytes: receipt.bytes as u32,
-        });
-    }
+    let mut ledger = append(&bus, 0..5).await;
     // Never stored, but "acknowledged".
     ledger.push(Acked {
         event_id: event(99).event_id.as_str().to_owned(),
@@ -49,16 +135,197 @@ async fn given_a_ledger_with_a_lost_and_a_misplaced_event_verification_counts_bo
     assert_eq!(v.failures(), 1 + 1 + 4);
 }
 
+#[tokio::test]
+async fn a_projector_that_skipped_an_event_is_short_by_one() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let acked = append(&bus, 0..8).await;
+    let mut skipped = ledger_of(acked.iter().filter(|a| a.seq != 4));
+    skipped.seq = acked.last().unwrap().seq;
+    let _projectors = stand_ins(&bus, ledger_of(&acked), Some(("vector", skipped))).await;
+
+    let v = verify(&bus, &acked, "bench", &Baseline::default())
+        .await
+        .unwrap();
+    let p = check(&v, "vector");
+    assert_eq!((p.expected_events, p.applied_events), (8, 7), "{p:?}");
+    assert_eq!((p.lost, p.duplicated, p.digest_matches), (1, 0, false));
+    for name in ["keyword", "facts", "skills"] {
+        assert!(clean(&v, name), "{:?}", check(&v, name));
+    }
+    assert_eq!(v.failures(), 1);
+}
+
+#[tokio::test]
+async fn a_projector_that_applied_an_event_twice_is_over_by_one() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let acked = append(&bus, 0..8).await;
+    let mut twice = ledger_of(&acked);
+    twice.add(acked[2].seq, &acked[2].event_id);
+    let _projectors = stand_ins(&bus, ledger_of(&acked), Some(("keyword", twice))).await;
+
+    let v = verify(&bus, &acked, "bench", &Baseline::default())
+        .await
+        .unwrap();
+    let p = check(&v, "keyword");
+    assert_eq!((p.expected_events, p.applied_events), (8, 9), "{p:?}");
+    assert_eq!((p.lost, p.duplicated, p.digest_matches), (0, 1, false));
+    assert_eq!(v.failures(), 1);
+}
+
+/// Equal counts, different events: one skipped and another applied twice, or one applied
+/// under the wrong id. Only the digest can tell.
+#[tokio::test]
+async fn a_projector_with_the_right_count_of_the_wrong_events_fails_on_its_digest() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let acked = append(&bus, 0..8).await;
+    let mut swapped: Vec<Acked> = acked.clone();
+    swapped[5].event_id = event(1000).event_id.as_str().to_owned();
+    let _projectors = stand_ins(
+        &bus,
+        ledger_of(&acked),
+        Some(("facts", ledger_of(&swapped))),
+    )
+    .await;
+
+    let v = verify(&bus, &acked, "bench", &Baseline::default())
+        .await
+        .unwrap();
+    let p = check(&v, "facts");
+    assert_eq!((p.expected_events, p.applied_events), (8, 8), "{p:?}");
+    assert!(!p.digest_matches);
+    assert_eq!((p.lost, p.duplicated), (0, 1));
+    assert_eq!(v.failures(), 1);
+}
+
+/// An event a projector refused is in the dead-letter stream, not in its ledger: that is not
+/// a loss. One it neither applied nor dead-lettered is.
+#[tokio::test]
+async fn dead_lettered_events_are_expected_of_no_projector_and_silently_skipped_ones_are_lost() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let baseline = Baseline::take(&bus).await.unwrap();
+    let acked = append(&bus, 0..6).await;
+    // Given the skills projector dead-lettered seq 3 (as the projection runtime does)
+    let payload = bus.codec().encode(&event(3)).unwrap();
+    bus.dead_letter(
+        "skills",
+        3,
+        "dlq-test-3",
+        "engram.evt.bench.task.t1.episodic",
+        &payload,
+        "no skill payload",
+    )
+    .await
+    .unwrap();
+    // ...and a message that is no event is in the stream, which every projector must
+    // dead-letter; only skills did.
+    let garbage_seq = bus
+        .jetstream()
+        .publish("engram.evt.bench.task.t1.episodic", "not msgpack".into())
+        .await
+        .unwrap()
+        .await
+        .unwrap()
+        .sequence;
+    bus.dead_letter(
+        "skills",
+        garbage_seq,
+        "dlq-test-garbage",
+        "engram.evt.bench.task.t1.episodic",
+        b"not msgpack",
+        "does not decode",
+    )
+    .await
+    .unwrap();
+    let mut all = ledger_of(&acked);
+    all.seq = garbage_seq;
+    let mut without_3 = ledger_of(acked.iter().filter(|a| a.seq != 3));
+    without_3.seq = garbage_seq;
+    let _projectors = stand_ins(&bus, all, Some(("skills", without_3))).await;
+
+    let v = verify(&bus, &acked, "bench", &baseline).await.unwrap();
+    // Then skills is clean: its two letters account for the two messages it did not apply
+    let p = check(&v, "skills");
+    assert!(clean(&v, "skills"), "{p:?}");
+    assert_eq!((p.expected_events, p.dead_lettered), (5, 2), "{p:?}");
+    // And the others, which have no letter for the garbage, lost it
+    for name in ["vector", "keyword", "facts"] {
+        let p = check(&v, name);
+        assert_eq!(
+            (p.expected_events, p.lost, p.duplicated),
+            (6, 1, 0),
+            "{p:?}"
+        );
+        assert!(
+            p.digest_matches,
+            "the events they did apply are right: {p:?}"
+        );
+    }
+    assert!(
+        v.examples.iter().any(|e| e.contains("do not decode")),
+        "{:?}",
+        v.examples
+    );
+    assert_eq!(v.failures(), 3);
+}
+
+/// Another client keeps appending after the projectors' final ledgers were read: its events
+/// are neither expected of a projector nor counted as duplicates.
+#[tokio::test]
+async fn events_appended_after_the_final_ledgers_are_not_held_against_the_projectors() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let acked = append(&bus, 0..6).await;
+    let _projectors = stand_ins(&bus, ledger_of(&acked), None).await;
+    let other = append(&bus, 100..110).await;
+    assert!(other[0].seq > acked.last().unwrap().seq);
+
+    let v = verify(&bus, &acked, "bench", &Baseline::default())
+        .await
+        .unwrap();
+    for name in PROJECTORS {
+        let p = check(&v, name);
+        assert!(clean(&v, name), "{p:?}");
+        assert_eq!((p.through_seq, p.expected_events), (6, 6), "{p:?}");
+    }
+    assert_eq!(v.failures(), 0);
+}
+
+#[tokio::test]
+async fn a_projector_behind_the_last_acknowledged_write_cannot_be_verified() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let acked = append(&bus, 0..6).await;
+    let _projectors = stand_ins(
+        &bus,
+        ledger_of(&acked),
+        Some(("vector", ledger_of(&acked[..4]))),
+    )
+    .await;
+
+    let v = verify(&bus, &acked, "bench", &Baseline::default())
+        .await
+        .unwrap();
+    let p = check(&v, "vector");
+    assert!(
+        p.error
+            .as_deref()
+            .is_some_and(|e| e.contains("only up to seq 4")),
+        "{p:?}"
+    );
+    assert_eq!(v.failures(), 1);
+}
+
 /// A remote deployment's stream holds history from before the run, and retention may already
 /// have removed the oldest of it: only what came after the baseline is checked.
 #[tokio::test]
 async fn given_history_partly_purged_before_the_run_only_the_run_is_verified() {
     let nats = TestNats::start().await;
     let bus = nats.bus().await;
-    bus.provision().await.unwrap();
-    for i in 0..10 {
-        bus.append(&event(i), Default::default()).await.unwrap();
-    }
+    append(&bus, 0..10).await;
     // Retention removed seqs 1..=6. (The stream refuses purges: a message limit does it.)
     let mut limited = bus.wanted_stream_config();
     limited.max_messages = 4;
@@ -73,15 +340,33 @@ async fn given_history_partly_purged_before_the_run_only_the_run_is_verified() {
     assert_eq!(baseline.stream_seq, 10);
     assert!(baseline.projectors.is_empty());
     // When the run appends three events and acknowledges them
-    let mut ledger = Vec::new();
-    for i in 10..13 {
-        let receipt = bus.append(&event(i), Default::default()).await.unwrap();
-        ledger.push(Acked {
-            event_id: receipt.event_id,
-            seq: receipt.seq,
-            bytes: receipt.bytes as u32,
-        });
-    }
+    let ledger = append(&bus, 10..13).await;
+    // And each projector, started from nothing, applied what the stream still holds
+    // (seqs 7..=13): all but vector, which missed seq 8
+    let left: Vec<Acked> = {
+        let mut replayed = Vec::new();
+        let mut events = bus
+            .replay(
+                &engram_schema::SubjectFilter::all(),
+                engram_bus::StartAt::Beginning,
+            )
+            .await
+            .unwrap();
+        while let Some(e) = events.next().await {
+            let e = e.unwrap();
+            replayed.push(Acked {
+                event_id: e.event.event_id.as_str().to_owned(),
+                seq: e.seq,
+                bytes: 0,
+            });
+        }
+        replayed
+    };
+    assert_eq!(left.first().map(|a| a.seq), Some(7));
+    let mut missed_8 = ledger_of(left.iter().filter(|a| a.seq != 8));
+    missed_8.seq = 13;
+    let _projectors = stand_ins(&bus, ledger_of(&left), Some(("vector", missed_8))).await;
+
     // Then exactly those are the run's stream events, all found where their acks said
     let v = verify(&bus, &ledger, "bench", &baseline).await.unwrap();
     assert_eq!(v.baseline_seq, 10);
@@ -89,9 +374,11 @@ async fn given_history_partly_purged_before_the_run_only_the_run_is_verified() {
     assert_eq!((v.lost, v.duplicated, v.seq_mismatch), (0, 0, 0));
     assert_eq!(v.stored_unacked, 0);
     // And a projector without a baseline is checked against what is left of the stream
-    // (seqs 7..=13), which is not verifiable here: nothing answers.
     for p in &v.projectors {
         assert_eq!((p.baseline_seq, p.expected_events), (0, 7), "{p:?}");
-        assert!(p.error.is_some());
     }
+    for name in ["keyword", "facts", "skills"] {
+        assert!(clean(&v, name), "{:?}", check(&v, name));
+    }
+    assert_eq!(check(&v, "vector").lost, 1);
 }

@@ -54,6 +54,16 @@ struct Cli {
     #[arg(long, env = "ENGRAM_LOADTEST_FACT_CHECK")]
     fact_check: Option<f64>,
 
+    /// Share of skill records checked at once with their token. [default: 0.5]
+    #[arg(long, env = "ENGRAM_LOADTEST_SKILL_CHECK")]
+    skill_check: Option<f64>,
+
+    /// Share of an operation's requests (appends, recalls, queries, ...) that may fail with a
+    /// retryable error (busy, unavailable, timed out) outside chaos outages before the run
+    /// fails. Errors retrying cannot fix always fail it. [default: 0.01]
+    #[arg(long, env = "ENGRAM_LOADTEST_ERROR_BUDGET")]
+    error_budget: Option<f64>,
+
     /// Every n-th step of an instance starts with build_context. [default: 5]
     #[arg(long, env = "ENGRAM_LOADTEST_CONTEXT_EVERY")]
     context_every: Option<u64>,
@@ -157,6 +167,8 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
         churn,
         recall,
         fact_check,
+        skill_check,
+        error_budget,
         context_every,
         query,
         wait,

@@ -10,9 +10,13 @@
 //!
 //! A step appends one event, then, as the agent needs it:
 //! - recalls the write it just made with its consistency token (read-your-writes) and checks
-//!   it is there, in both the dense and the keyword index;
+//!   it is there, in both the dense and the keyword index. It asks with the write's marker,
+//!   which the write's text and tags carry, so that both indexes must match it: a miss is a
+//!   violation, never a question that happened to share no word with the text;
 //! - after a fact assertion, asks for that fact's history with the token and checks the
 //!   assertion is in it;
+//! - after a skill record, asks for the skill by name with the token and checks the record
+//!   is the version the registry serves (or that a later record superseded it);
 //! - builds its context for the next step with its latest token;
 //! - asks its memory an ordinary question (no token).
 
@@ -22,7 +26,7 @@ use std::time::Duration;
 use engram_memory::MemoryFilter;
 use engram_memory::proto::{
     Consistency, ContextRequest, ErrorCode, FactsRequest, RetrievalMode, RetrieveRequest,
-    ScopeRequest,
+    ScopeRequest, SkillsRequest,
 };
 use engram_rpc::RpcError;
 use engram_schema::{Embedding, Envelope, EventKind, Ident, Layer, SubjectFilter};
@@ -32,8 +36,9 @@ use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
-use super::record::{Acked, Metric, Recorder};
-use super::target::{CLIENT_DIM, CLIENT_MODEL, EmbedderChoice};
+use super::record::{Acked, Check, Metric, Recorder};
+use super::sampler::projector_ledger;
+use super::target::{CLIENT_DIM, CLIENT_MODEL, EmbedderChoice, PROJECTORS};
 use crate::workload::{AgentProfile, AgentWorkload};
 
 /// What every instance shares.
@@ -50,6 +55,7 @@ pub(crate) struct Shared {
     pub(crate) churn: f64,
     pub(crate) recall: f64,
     pub(crate) fact_check: f64,
+    pub(crate) skill_check: f64,
     pub(crate) context_every: u64,
     pub(crate) query: f64,
     pub(crate) wait: Duration,
@@ -59,14 +65,28 @@ pub(crate) struct Shared {
     pub(crate) stop: tokio::sync::watch::Receiver<bool>,
 }
 
+/// Identity `index`'s seed in a run seeded with `seed`.
+fn identity_seed(seed: u64, index: usize) -> u64 {
+    seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15)
+}
+
+/// The content identity `index` of a run seeded with `seed` generates, exactly as the run
+/// does: to reproduce what a run wrote.
+pub fn workload_of(seed: u64, index: usize, team_size: usize) -> AgentWorkload {
+    AgentWorkload::new(
+        AgentProfile::new(index, team_size),
+        identity_seed(seed, index),
+    )
+}
+
 /// Runs identity `index` until the end of the load.
 pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
-    let seed = shared.seed ^ (index as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    let seed = identity_seed(shared.seed, index);
     let mut rng = SmallRng::seed_from_u64(seed.rotate_left(17));
     let profile = AgentProfile::new(index, shared.team_size);
     let mut agent = Instance {
         client: shared.clients[index % shared.clients.len()].clone(),
-        workload: AgentWorkload::new(profile.clone(), seed),
+        workload: workload_of(shared.seed, index, shared.team_size),
         profile,
         last_seq: None,
         context_phase: rng.random_range(0..shared.context_every.max(1)),
@@ -76,20 +96,24 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
     };
     let offset = shared.period.mul_f64(rng.random::<f64>());
     let run_for = shared.end.saturating_duration_since(shared.start);
+    let due_at = |step: u64| shared.start + offset + shared.period * step as u32;
+    let steps_due = (0u64..)
+        .take_while(|&step| due_at(step) < shared.end)
+        .count() as u64;
+    shared.recorder.steps_due(steps_due);
     // Successions happen in the middle of the run, so both generations do real work.
     let mut dies_at = rng
         .random_bool(shared.churn.clamp(0.0, 1.0))
         .then(|| shared.start + run_for.mul_f64(rng.random_range(0.2..0.8)));
-    for step in 0u64.. {
-        let due = shared.start + offset + shared.period * step as u32;
-        if due >= shared.end || *shared.stop.borrow() {
+    for step in 0..steps_due {
+        let due = due_at(step);
+        if *shared.stop.borrow() {
             break;
         }
         if Instant::now() >= shared.end {
             // Fallen so far behind that the load is over: the steps still owed are missed,
             // not run late, so an overloaded run ends on time and says how far short it fell.
-            let owed = (shared.end - due).as_secs_f64() / shared.period.as_secs_f64();
-            shared.recorder.missed(owed.ceil() as u64);
+            shared.recorder.missed(steps_due - step);
             break;
         }
         tokio::time::sleep_until(due).await;
@@ -142,6 +166,7 @@ impl Instance {
 
     async fn step(&mut self, step: u64, due: Instant) {
         let recorder = self.shared.recorder.clone();
+        recorder.step_run();
         // How late the step started: its earlier steps ran over, or the runtime was starved.
         // It counts towards the append's latency, which is the open-loop correction; the
         // step's own context build before the append does not.
@@ -160,10 +185,11 @@ impl Instance {
         }
         self.attach_vector(&mut event);
         let sent = Instant::now();
+        recorder.attempt("append");
         let receipt = match self.client.append(&event).await {
             Ok(receipt) => receipt,
             Err(e) => {
-                recorder.error("append", e.kind(), &e.to_string());
+                recorder.error("append", e.kind(), e.is_retryable(), &e.to_string());
                 return;
             }
         };
@@ -192,6 +218,9 @@ impl Instance {
         if event.kind == EventKind::FactAsserted && self.rng.random_bool(self.shared.fact_check) {
             self.check_fact(&event, receipt.seq).await;
         }
+        if event.kind == EventKind::SkillRecorded && self.rng.random_bool(self.shared.skill_check) {
+            self.check_skill(&event, receipt.seq).await;
+        }
         if self.rng.random_bool(self.shared.query) {
             self.ask().await;
         }
@@ -200,9 +229,15 @@ impl Instance {
     /// Read-your-writes: the write must come back, from both indexes, once the token is
     /// visible. A wait that runs out is retried (an agent would); results without the write
     /// are a violation.
+    ///
+    /// The query is the write's marker: the text ends with it and the tag filter names it, so
+    /// the keyword index must match it by construction (a workload question shares words with
+    /// the text only by chance) and the dense side must rank the one memory the filter lets
+    /// through.
     async fn recall_own_write(&mut self, event: &Envelope, marker: &str, seq: u64, acked: Instant) {
         let recorder = self.shared.recorder.clone();
-        let query = self.workload.question();
+        recorder.check_due(Check::Recall);
+        let query = marker.to_owned();
         let request = RetrieveRequest {
             scopes: self.scopes(),
             vector: self.vector(&query),
@@ -217,7 +252,7 @@ impl Instance {
             ranking: None,
         };
         let Some(response) = self
-            .until_answered("recall", |client| {
+            .until_answered("recall", Check::Recall, |client| {
                 let request = request.clone();
                 async move { client.retrieve(&request).await }
             })
@@ -230,24 +265,49 @@ impl Instance {
             .results
             .iter()
             .find(|r| r.event_id.as_str() == event.event_id.as_str());
-        match found {
+        let what = match found {
             Some(hit) if hit.parts.dense.is_some() && hit.parts.keyword.is_some() => {
                 recorder.latency(Metric::Visibility, now - acked, now);
+                recorder.check_passed(Check::Recall);
+                return;
             }
-            Some(hit) => recorder.invisible(format!(
-                "{} (seq {seq}) came back from only one index: dense {:?}, keyword {:?}",
-                event.event_id, hit.parts.dense, hit.parts.keyword
-            )),
-            None => recorder.invisible(format!(
-                "{} (seq {seq}, {}) missing from a read-your-writes retrieve that saw {:?}",
-                event.event_id, event.scope, response.visible
-            )),
+            Some(hit) => format!(
+                "came back from only one index: dense {:?}, keyword {:?}",
+                hit.parts.dense, hit.parts.keyword
+            ),
+            None => format!(
+                "missing from a read-your-writes retrieve that returned {} results",
+                response.results.len()
+            ),
+        };
+        let projectors = self.visible_now().await;
+        recorder.invisible(
+            Check::Recall,
+            format!(
+                "{} (seq {seq}, {}) {what}; query {:?}; text {:?}; the retrieve read {:?}; projectors' visible seqs just after: {projectors}",
+                event.event_id, event.scope, request.query, event.content.text, response.visible
+            ),
+        );
+    }
+
+    /// Each projector's visible sequence at this moment, for a report of a violation.
+    async fn visible_now(&self) -> String {
+        let mut out = Vec::with_capacity(PROJECTORS.len());
+        for name in PROJECTORS {
+            out.push(
+                match projector_ledger(self.client.bus().client(), name).await {
+                    Ok(l) => format!("{name} {}", l.visible_seq),
+                    Err(e) => format!("{name} not answering ({e})"),
+                },
+            );
         }
+        out.join(", ")
     }
 
     /// The fact just asserted must be in its (subject, predicate) history.
     async fn check_fact(&mut self, event: &Envelope, seq: u64) {
         let recorder = self.shared.recorder.clone();
+        recorder.check_due(Check::Fact);
         let data = event.content.data.as_ref();
         let field = |name: &str| {
             data.and_then(|d| d.get(name))
@@ -267,7 +327,7 @@ impl Instance {
         };
         let started = Instant::now();
         let Some(response) = self
-            .until_answered("facts", |client| {
+            .until_answered("facts", Check::Fact, |client| {
                 let request = request.clone();
                 async move { client.facts(&request).await }
             })
@@ -289,11 +349,82 @@ impl Instance {
                     })
                 })
         });
-        if !found {
-            recorder.invisible(format!(
-                "fact {id} (seq {seq}) missing from its history ({} versions)",
-                response.facts.len()
-            ));
+        if found {
+            recorder.check_passed(Check::Fact);
+        } else {
+            let projectors = self.visible_now().await;
+            recorder.invisible(
+                Check::Fact,
+                format!(
+                    "fact {id} (seq {seq}) missing from its history ({} versions, facts visible seq {}); asked {:?}; projectors' visible seqs just after: {projectors}",
+                    response.facts.len(),
+                    response.visible_seq,
+                    (&request.subject, &request.predicate),
+                ),
+            );
+        }
+    }
+
+    /// The skill just recorded must be what the registry serves under its name, unless a
+    /// later record of that name (a teammate's) has superseded it: then the version served
+    /// must come from a later sequence, which the registry can only hold if it applied this
+    /// one in order before it.
+    async fn check_skill(&mut self, event: &Envelope, seq: u64) {
+        let recorder = self.shared.recorder.clone();
+        recorder.check_due(Check::Skill);
+        let name = event
+            .content
+            .data
+            .as_ref()
+            .and_then(|d| d.get("name"))
+            .and_then(|v| v.as_str())
+            .map(str::to_owned);
+        let request = SkillsRequest {
+            scopes: ScopeRequest {
+                tenant: self.profile.tenant.clone(),
+                scope: event.scope.clone(),
+                grants: Vec::new(),
+            },
+            task: None,
+            name,
+            limit: 10,
+            consistency: self.consistency(Some(seq)),
+        };
+        let started = Instant::now();
+        let Some(response) = self
+            .until_answered("skills", Check::Skill, |client| {
+                let request = request.clone();
+                async move { client.skills(&request).await }
+            })
+            .await
+        else {
+            return;
+        };
+        let now = Instant::now();
+        recorder.latency(Metric::Skills, now - started, now);
+        let id = event.event_id.as_str();
+        let served = response.skills.first().and_then(|skill| {
+            let source = skill.get("source")?;
+            Some((
+                source.get("seq")?.as_u64()?,
+                source.get("event_id")?.as_str()?.to_owned(),
+            ))
+        });
+        match served {
+            Some((s, served_id)) if s == seq && served_id == id => {
+                recorder.check_passed(Check::Skill)
+            }
+            Some((s, _)) if s > seq => recorder.check_superseded(Check::Skill),
+            other => {
+                let projectors = self.visible_now().await;
+                recorder.invisible(
+                    Check::Skill,
+                    format!(
+                        "skill record {id} (seq {seq}, {}) is not what the registry serves under {:?}: it serves {other:?} (seq, event id), skills visible seq {}; projectors' visible seqs just after: {projectors}",
+                        event.scope, request.name, response.visible_seq
+                    ),
+                );
+            }
         }
     }
 
@@ -310,12 +441,13 @@ impl Instance {
             consistency: self.consistency(self.last_seq),
         };
         let started = Instant::now();
+        recorder.attempt("context");
         match self.client.build_context(&request).await {
             Ok(_) => {
                 let now = Instant::now();
                 recorder.latency(Metric::Context, now - started, now);
             }
-            Err(e) => recorder.error("context", error_kind(&e), &e.to_string()),
+            Err(e) => recorder.error("context", error_kind(&e), e.is_retryable(), &e.to_string()),
         }
     }
 
@@ -333,12 +465,13 @@ impl Instance {
             ranking: None,
         };
         let started = Instant::now();
+        recorder.attempt("query");
         match self.client.retrieve(&request).await {
             Ok(_) => {
                 let now = Instant::now();
                 recorder.latency(Metric::Query, now - started, now);
             }
-            Err(e) => recorder.error("query", error_kind(&e), &e.to_string()),
+            Err(e) => recorder.error("query", error_kind(&e), e.is_retryable(), &e.to_string()),
         }
     }
 
@@ -351,28 +484,31 @@ impl Instance {
 
     /// Calls until an answer comes back: a read-your-writes timeout or an unavailable
     /// service (a restarting server or projector) is retried until the run's give-up point.
-    /// `None` if it never answered or the request was refused.
-    async fn until_answered<T, F, Fut>(&self, operation: &str, call: F) -> Option<T>
+    /// `None` if it never answered or the request was refused; either way the check counts
+    /// as unchecked, which fails the run.
+    async fn until_answered<T, F, Fut>(&self, operation: &str, check: Check, call: F) -> Option<T>
     where
         F: Fn(Client) -> Fut,
         Fut: std::future::Future<Output = Result<T, RpcError>>,
     {
         let recorder = &self.shared.recorder;
         loop {
+            recorder.attempt(operation);
             match call(self.client.clone()).await {
                 Ok(answer) => return Some(answer),
                 Err(e) => {
                     if e.code() == ErrorCode::NotYetVisible {
                         recorder.visibility_timeout();
                     } else {
-                        recorder.error(operation, error_kind(&e), &e.to_string());
-                        if e.code() == ErrorCode::Invalid {
+                        recorder.error(operation, error_kind(&e), e.is_retryable(), &e.to_string());
+                        if !e.is_retryable() {
+                            recorder.unchecked(Some(check));
                             return None;
                         }
                         tokio::time::sleep(Duration::from_millis(250)).await;
                     }
                     if Instant::now() >= self.shared.give_up {
-                        recorder.unchecked();
+                        recorder.unchecked(Some(check));
                         return None;
                     }
                 }
@@ -402,30 +538,11 @@ impl Instance {
         self.last_seq = None;
 
         let recorder = self.shared.recorder.clone();
-        let scope = &self.profile.private_scope;
-        let filter = SubjectFilter::all()
-            .tenant(self.profile.tenant.clone())
-            .scope(scope.kind, scope.id.clone());
         let started = Instant::now();
-        let mut seen = std::collections::HashSet::new();
-        let mut max_seq = 0;
-        match self.client.replay(&filter, StartAt::Beginning).await {
-            Ok(mut events) => {
-                while let Some(event) = events.next().await {
-                    match event {
-                        Ok(stored) => {
-                            max_seq = max_seq.max(stored.seq);
-                            seen.insert(stored.event.event_id.as_str().to_owned());
-                        }
-                        Err(e) => recorder.error("takeover", "decode", &e.to_string()),
-                    }
-                }
-            }
-            Err(e) => {
-                recorder.error("takeover", "bus", &e.to_string());
-                return;
-            }
-        }
+        let Some((seen, max_seq)) = self.replay_private().await else {
+            recorder.unchecked(None);
+            return;
+        };
         let now = Instant::now();
         recorder.latency(Metric::Takeover, now - started, now);
         let missing = self
@@ -436,6 +553,58 @@ impl Instance {
         recorder.takeover(self.private_acked.len() as u64, missing);
         // The successor reads with what it replayed as its token.
         self.last_seq = (max_seq > 0).then_some(max_seq);
+    }
+
+    /// The successor's replay of the private scope: every event id in it and the highest
+    /// sequence. A replay cut short by an outage starts again, until the run's give-up point;
+    /// `None` if none completed.
+    async fn replay_private(&self) -> Option<(std::collections::HashSet<String>, u64)> {
+        let recorder = &self.shared.recorder;
+        let scope = &self.profile.private_scope;
+        let filter = SubjectFilter::all()
+            .tenant(self.profile.tenant.clone())
+            .scope(scope.kind, scope.id.clone());
+        loop {
+            recorder.attempt("takeover");
+            let failed = match self.client.replay(&filter, StartAt::Beginning).await {
+                Ok(mut events) => {
+                    let mut seen = std::collections::HashSet::new();
+                    let mut max_seq = 0;
+                    let mut failed = None;
+                    while let Some(event) = events.next().await {
+                        match event {
+                            Ok(stored) => {
+                                max_seq = max_seq.max(stored.seq);
+                                seen.insert(stored.event.event_id.as_str().to_owned());
+                            }
+                            // An event refused by the reader is in the stream but not the
+                            // scope's: nothing retrying changes.
+                            Err(e @ engram_bus::ReadError::Decode { .. }) => {
+                                recorder.error("takeover", "refused_event", false, &e.to_string());
+                            }
+                            Err(e) => {
+                                failed = Some(e.to_string());
+                                break;
+                            }
+                        }
+                    }
+                    match failed {
+                        None => return Some((seen, max_seq)),
+                        Some(e) => e,
+                    }
+                }
+                Err(e) if !e.is_retryable() => {
+                    recorder.error("takeover", "bus", false, &e.to_string());
+                    return None;
+                }
+                Err(e) => e.to_string(),
+            };
+            recorder.error("takeover", "unavailable", true, &failed);
+            if Instant::now() >= self.shared.give_up {
+                return None;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
     }
 }
 

@@ -36,7 +36,7 @@ use futures::future::try_join_all;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-pub use self::instance::hash_vector;
+pub use self::instance::{hash_vector, workload_of};
 pub use self::record::Acked;
 use self::record::{Metric, Recorder};
 use self::report::{ChaosEvent, FleetReport, Ratios};
@@ -70,6 +70,11 @@ pub struct FleetConfig {
     pub recall: f64,
     /// Share of fact assertions the writer checks with its token.
     pub fact_check: f64,
+    /// Share of skill records the writer checks with its token.
+    pub skill_check: f64,
+    /// Share of an operation's requests that may fail with a retryable error outside chaos
+    /// outages; beyond it the run fails. Errors no retry can fix always fail it.
+    pub error_budget: f64,
     /// Every n-th step starts with `build_context`.
     pub context_every: u64,
     /// Share of steps that end with an ordinary retrieve.
@@ -107,6 +112,8 @@ impl Default for FleetConfig {
             churn: 0.1,
             recall: 0.3,
             fact_check: 0.5,
+            skill_check: 0.5,
+            error_budget: 0.01,
             context_every: 5,
             query: 0.2,
             wait: Duration::from_secs(10),
@@ -160,6 +167,8 @@ impl FleetConfig {
             ("--churn", self.churn),
             ("--recall", self.recall),
             ("--fact-check", self.fact_check),
+            ("--skill-check", self.skill_check),
+            ("--error-budget", self.error_budget),
             ("--query", self.query),
         ] {
             if !(0.0..=1.0).contains(&share) {
@@ -259,6 +268,7 @@ async fn load_and_verify(
         churn: config.churn,
         recall: config.recall,
         fact_check: config.fact_check,
+        skill_check: config.skill_check,
         context_every: config.context_every,
         query: config.query,
         wait: config.wait,
@@ -416,6 +426,7 @@ fn metric_name(metric: Metric) -> &'static str {
         Metric::Query => "query",
         Metric::Context => "context",
         Metric::Facts => "facts",
+        Metric::Skills => "skills",
         Metric::Takeover => "takeover_replay",
     }
 }
@@ -434,8 +445,10 @@ async fn chaos(
     let mut events = Vec::new();
     for (share, victim) in [(0.3, "vector"), (0.6, "nats-server")] {
         tokio::time::sleep_until(start + duration.mul_f64(share)).await;
+        let stream_seq_at_kill = monitor.stream_summary().await.ok().map(|s| s.last_seq);
         let killed = Instant::now();
         eprintln!("[chaos] kill -9 {victim}");
+        recorder.outage(true);
         target.kill(victim).await;
         // A dead projector does not stop appends, so they are watched from the kill; a dead
         // server does, and an ack that raced the kill must not count as a resumption.
@@ -452,8 +465,11 @@ async fn chaos(
             victim: victim.to_owned(),
             at_secs: (killed - start).as_secs_f64(),
             down_secs: (serving - killed).as_secs_f64(),
+            stream_seq_at_kill,
+            appends_while_down: recorder.acks_between(killed, serving),
             appends_resumed_secs: None,
             caught_up_secs: None,
+            caught_up_to_seq: None,
             error: restart.err().map(|e| e.to_string()),
         };
         if event.error.is_none() {
@@ -490,12 +506,14 @@ async fn chaos(
                     }
                     if all {
                         event.caught_up_secs = Some(killed.elapsed().as_secs_f64());
+                        event.caught_up_to_seq = Some(wanted);
                         break;
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                 }
             }
         }
+        recorder.outage(false);
         eprintln!(
             "[chaos] {victim}: back after {:.2}s, appends resumed after {}, projectors caught up after {}",
             event.down_secs,

@@ -6,6 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -63,26 +64,73 @@ pub(crate) enum Metric {
     Context,
     /// A facts query with the token of the fact just asserted.
     Facts,
+    /// A skills query with the token of the skill just recorded.
+    Skills,
     /// A successor instance replaying its predecessor's private scope.
     Takeover,
 }
 
 impl Metric {
-    const ALL: [Metric; 7] = [
+    const ALL: [Metric; 8] = [
         Metric::Ack,
         Metric::AckService,
         Metric::Visibility,
         Metric::Query,
         Metric::Context,
         Metric::Facts,
+        Metric::Skills,
         Metric::Takeover,
     ];
 
     fn is_query(self) -> bool {
         matches!(
             self,
-            Metric::Visibility | Metric::Query | Metric::Context | Metric::Facts
+            Metric::Visibility | Metric::Query | Metric::Context | Metric::Facts | Metric::Skills
         )
+    }
+}
+
+/// The read-your-writes checks a step makes of its own write.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Check {
+    /// A text memory, recalled from both indexes.
+    Recall,
+    /// A fact assertion, in its history.
+    Fact,
+    /// A skill record, in the skill registry.
+    Skill,
+}
+
+impl Check {
+    fn name(self) -> &'static str {
+        match self {
+            Check::Recall => "recall",
+            Check::Fact => "fact",
+            Check::Skill => "skill",
+        }
+    }
+}
+
+/// What became of the read-your-writes checks of one kind. `due` equals the sum of the others
+/// once the run is over: a check that vanished without an outcome would break that.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct CheckOutcomes {
+    /// Writes chosen for the check.
+    pub due: u64,
+    /// The write was found where it belongs.
+    pub passed: u64,
+    /// The answer came without the write: a violation.
+    pub invisible: u64,
+    /// No answer came before the run gave up, or the request was refused.
+    pub unchecked: u64,
+    /// Skills only: a later record of the same skill had superseded the write by the time it
+    /// was read, so only its having been applied in order was checked.
+    pub superseded: u64,
+}
+
+impl CheckOutcomes {
+    pub fn settled(&self) -> u64 {
+        self.passed + self.invisible + self.unchecked + self.superseded
     }
 }
 
@@ -98,8 +146,19 @@ pub struct Acked {
 /// Counters of things that went wrong, by kind.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Problems {
-    /// Failed operations by `operation:error kind`.
+    /// Requests made, by operation (append, recall, facts, skills, context, query, takeover);
+    /// each try of a retried request counts.
+    pub attempts: BTreeMap<String, u64>,
+    /// Failed requests that retrying cannot fix (refused as invalid, failed inside the
+    /// service, a reply that does not decode), by `operation:error kind`. Any fails the run.
+    pub hard_errors: BTreeMap<String, u64>,
+    /// Failed requests that may succeed later (busy, unavailable, timed out), outside chaos
+    /// outages, by `operation:error kind`. More than the error budget of an operation's
+    /// attempts fails the run.
     pub errors: BTreeMap<String, u64>,
+    /// Retryable failures while a chaos kill was in progress (from the kill until every
+    /// projector had caught up): expected, shown, and not held against the budget.
+    pub outage_errors: BTreeMap<String, u64>,
     /// The first message of each error kind, to say what happened.
     pub first_errors: BTreeMap<String, String>,
     /// Read-your-writes retrieves that returned results without the write.
@@ -109,8 +168,15 @@ pub struct Problems {
     /// Read-your-writes waits that timed out (the retrieve was retried until it succeeded
     /// or the run ended).
     pub visibility_timeouts: u64,
-    /// Writes whose read-your-writes check never got an answer before the run ended.
+    /// Writes whose read-your-writes check never got an answer before the run ended, or whose
+    /// request was refused, and takeovers whose replay never succeeded.
     pub unchecked: u64,
+    /// Every read-your-writes check, by kind (recall, fact, skill), from due to outcome.
+    pub checks: BTreeMap<String, CheckOutcomes>,
+    /// Steps due before the end of the load, over all instances; each ran or was missed.
+    pub steps_due: u64,
+    /// Steps that ran; each appended or recorded an append error.
+    pub steps_run: u64,
     /// Events a successor did not find when replaying its predecessor's private scope.
     pub takeover_missing: u64,
     /// Steps due before the end of the load that never started: their instance was still
@@ -120,6 +186,8 @@ pub struct Problems {
 
 pub(crate) struct Recorder {
     started: Instant,
+    /// Set by chaos mode from a kill until the system has recovered.
+    outage: AtomicBool,
     inner: Mutex<Inner>,
 }
 
@@ -142,6 +210,7 @@ impl Recorder {
     pub(crate) fn new(started: Instant) -> Self {
         Self {
             started,
+            outage: AtomicBool::new(false),
             inner: Mutex::new(Inner {
                 total: Metric::ALL.iter().map(|&m| (m, histogram())).collect(),
                 per_second: Vec::new(),
@@ -206,18 +275,75 @@ impl Recorder {
         inner.ack_times.push(at);
     }
 
-    pub(crate) fn error(&self, operation: &str, kind: &str, message: &str) {
-        let key = format!("{operation}:{kind}");
-        let mut inner = self.lock();
-        *inner.problems.errors.entry(key.clone()).or_default() += 1;
-        inner
+    /// Marks the start (true) or end (false) of a chaos outage.
+    pub(crate) fn outage(&self, on: bool) {
+        self.outage.store(on, Ordering::SeqCst);
+    }
+
+    /// Counts a request about to be made.
+    pub(crate) fn attempt(&self, operation: &str) {
+        *self
+            .lock()
             .problems
+            .attempts
+            .entry(operation.to_owned())
+            .or_default() += 1;
+    }
+
+    /// Counts a failed request; `retryable` says whether the same request may succeed later.
+    pub(crate) fn error(&self, operation: &str, kind: &str, retryable: bool, message: &str) {
+        let key = format!("{operation}:{kind}");
+        let in_outage = self.outage.load(Ordering::SeqCst);
+        let mut inner = self.lock();
+        let problems = &mut inner.problems;
+        let counts = if !retryable {
+            &mut problems.hard_errors
+        } else if in_outage {
+            &mut problems.outage_errors
+        } else {
+            &mut problems.errors
+        };
+        *counts.entry(key.clone()).or_default() += 1;
+        problems
             .first_errors
             .entry(key)
             .or_insert_with(|| message.to_owned());
     }
 
-    pub(crate) fn invisible(&self, example: String) {
+    /// A step was due before the end of the load.
+    pub(crate) fn steps_due(&self, steps: u64) {
+        self.lock().problems.steps_due += steps;
+    }
+
+    pub(crate) fn step_run(&self) {
+        self.lock().problems.steps_run += 1;
+    }
+
+    /// A write was chosen for a read-your-writes check.
+    pub(crate) fn check_due(&self, check: Check) {
+        self.outcomes(check, |o| o.due += 1);
+    }
+
+    pub(crate) fn check_passed(&self, check: Check) {
+        self.outcomes(check, |o| o.passed += 1);
+    }
+
+    pub(crate) fn check_superseded(&self, check: Check) {
+        self.outcomes(check, |o| o.superseded += 1);
+    }
+
+    fn outcomes(&self, check: Check, f: impl FnOnce(&mut CheckOutcomes)) {
+        f(self
+            .lock()
+            .problems
+            .checks
+            .entry(check.name().to_owned())
+            .or_default());
+    }
+
+    /// A check's answer came without the write.
+    pub(crate) fn invisible(&self, check: Check, example: String) {
+        self.outcomes(check, |o| o.invisible += 1);
         let mut inner = self.lock();
         inner.problems.invisible += 1;
         if inner.problems.invisible_examples.len() < 10 {
@@ -233,7 +359,11 @@ impl Recorder {
         self.lock().problems.visibility_timeouts += 1;
     }
 
-    pub(crate) fn unchecked(&self) {
+    /// A check (or a takeover, with `None`) that never got a usable answer.
+    pub(crate) fn unchecked(&self, check: Option<Check>) {
+        if let Some(check) = check {
+            self.outcomes(check, |o| o.unchecked += 1);
+        }
         self.lock().problems.unchecked += 1;
     }
 
@@ -253,6 +383,15 @@ impl Recorder {
             .take_while(|t| **t >= at)
             .last()
             .copied()
+    }
+
+    /// Appends acknowledged at or after `from` and before `to`.
+    pub(crate) fn acks_between(&self, from: Instant, to: Instant) -> u64 {
+        self.lock()
+            .ack_times
+            .iter()
+            .filter(|t| **t >= from && **t < to)
+            .count() as u64
     }
 
     /// Acknowledged appends so far, for progress lines.

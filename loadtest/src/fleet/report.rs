@@ -58,11 +58,19 @@ pub struct ChaosEvent {
     /// Kill until the process was running and serving again (2 s of it is the pause before
     /// the restart).
     pub down_secs: f64,
+    /// The stream's last sequence just before the kill.
+    pub stream_seq_at_kill: Option<u64>,
+    /// Appends acknowledged between the kill and the restart: a dead projector must not stop
+    /// them.
+    pub appends_while_down: u64,
     /// Kill until the first append acknowledged after it (for nats-server: after the
     /// restart, since nothing can be acknowledged while it is down).
     pub appends_resumed_secs: Option<f64>,
     /// Kill until every projector had applied the stream as it stood when appends resumed.
     pub caught_up_secs: Option<f64>,
+    /// The stream's last sequence they had all applied then: past `stream_seq_at_kill` when
+    /// appends went on through or after the outage.
+    pub caught_up_to_seq: Option<u64>,
     pub error: Option<String>,
 }
 
@@ -151,6 +159,42 @@ impl FleetReport {
                 self.problems.unchecked
             ));
         }
+        for (kind, n) in &self.problems.hard_errors {
+            out.push(format!(
+                "{n} {kind} errors no retry can fix (first: {})",
+                self.problems
+                    .first_errors
+                    .get(kind)
+                    .map_or("", String::as_str)
+            ));
+        }
+        for (operation, failed, attempts) in self.errors_by_operation() {
+            if failed as f64 > self.config.error_budget * attempts as f64 {
+                out.push(format!(
+                    "{operation}: {failed} of {attempts} requests failed ({:.1}%), over the error budget of {:.1}% (see Errors)",
+                    100.0 * failed as f64 / attempts.max(1) as f64,
+                    100.0 * self.config.error_budget
+                ));
+            }
+        }
+        if !self.interrupted {
+            for (check, o) in &self.problems.checks {
+                if o.settled() != o.due {
+                    out.push(format!(
+                        "{} of {} {check} checks ended without an outcome",
+                        o.due - o.settled().min(o.due),
+                        o.due
+                    ));
+                }
+            }
+            let p = &self.problems;
+            if p.steps_run + p.missed_steps != p.steps_due {
+                out.push(format!(
+                    "{} steps were due, but {} ran and {} were missed",
+                    p.steps_due, p.steps_run, p.missed_steps
+                ));
+            }
+        }
         if let Some(e) = &self.drain_error {
             out.push(e.clone());
         }
@@ -178,6 +222,33 @@ impl FleetReport {
 
     pub fn passed(&self) -> bool {
         self.failures().is_empty()
+    }
+
+    /// Failed requests of `operation`, of every kind, chaos outages included.
+    pub fn failed(&self, operation: &str) -> u64 {
+        let p = &self.problems;
+        [&p.hard_errors, &p.errors, &p.outage_errors]
+            .into_iter()
+            .flat_map(|counts| counts.iter())
+            .filter(|(key, _)| key.split_once(':').is_some_and(|(op, _)| op == operation))
+            .map(|(_, n)| n)
+            .sum()
+    }
+
+    /// Per operation: retryable failures outside chaos outages, and requests made.
+    pub fn errors_by_operation(&self) -> Vec<(String, u64, u64)> {
+        let mut failed: BTreeMap<&str, u64> = BTreeMap::new();
+        for (key, n) in &self.problems.errors {
+            let operation = key.split_once(':').map_or(key.as_str(), |(op, _)| op);
+            *failed.entry(operation).or_default() += n;
+        }
+        failed
+            .into_iter()
+            .map(|(op, n)| {
+                let attempts = self.problems.attempts.get(op).copied().unwrap_or(0);
+                (op.to_owned(), n, attempts)
+            })
+            .collect()
     }
 
     /// report.json, report.md and the charts, into `dir`.
@@ -241,12 +312,26 @@ impl FleetReport {
         let _ = writeln!(out, "| lost | {} |", self.lost());
         let _ = writeln!(out, "| duplicated | {} |", self.duplicated());
         let _ = writeln!(out, "| invisible | {} |", self.invisible());
-        let _ = writeln!(
-            out,
-            "| read-your-writes checks (writes recalled with their token) | {} |",
-            self.latency_ms.get("visibility").map_or(0, |l| l.count)
-                + self.latency_ms.get("facts").map_or(0, |l| l.count)
-        );
+        for (check, o) in &self.problems.checks {
+            let _ = writeln!(
+                out,
+                "| read-your-writes {check} checks: due / passed / invisible / unchecked{} | {} / {} / {} / {}{} |",
+                if check == "skill" {
+                    " / superseded"
+                } else {
+                    ""
+                },
+                o.due,
+                o.passed,
+                o.invisible,
+                o.unchecked,
+                if check == "skill" {
+                    format!(" / {}", o.superseded)
+                } else {
+                    String::new()
+                }
+            );
+        }
         let _ = writeln!(
             out,
             "| read-your-writes waits that timed out and were retried | {} |",
@@ -275,16 +360,18 @@ impl FleetReport {
             );
             let _ = writeln!(
                 out,
-                "\n| projector | after seq | applied | expected | digest |\n|---|---|---|---|---|"
+                "\n| projector | after seq | through seq | applied | expected | dead-lettered | digest |\n|---|---|---|---|---|---|---|"
             );
             for p in &v.projectors {
                 let _ = writeln!(
                     out,
-                    "| {} | {} | {} | {} | {} |",
+                    "| {} | {} | {} | {} | {} | {} | {} |",
                     p.projector,
                     p.baseline_seq,
+                    p.through_seq,
                     p.applied_events,
                     p.expected_events,
+                    p.dead_lettered,
                     match &p.error {
                         Some(e) => format!("not checked: {e}"),
                         None if p.digest_matches => "equal".to_owned(),
@@ -327,6 +414,7 @@ impl FleetReport {
             "query" => "retrieve (no token)",
             "context" => "build_context (with token)",
             "facts" => "facts history (with token)",
+            "skills" => "skill by name (with token)",
             "takeover_replay" => "successor replays its scope",
             _ => "other",
         };
@@ -439,17 +527,31 @@ impl FleetReport {
                 f(r.rss_mib_max)
             );
         }
-        if !self.problems.errors.is_empty() {
-            let _ = writeln!(out, "\n## Errors (retried or counted)\n");
-            for (kind, n) in &self.problems.errors {
-                let _ = writeln!(
-                    out,
-                    "- {kind}: {n} (first: {})",
-                    self.problems
-                        .first_errors
-                        .get(kind)
-                        .map_or("", String::as_str)
-                );
+        let p = &self.problems;
+        if !(p.errors.is_empty() && p.hard_errors.is_empty() && p.outage_errors.is_empty()) {
+            let _ = writeln!(out, "\n## Errors\n");
+            let _ = writeln!(
+                out,
+                "Requests by operation: {}. Error budget: {:.1}% of an operation's requests may fail with a retryable error outside chaos outages.\n",
+                p.attempts
+                    .iter()
+                    .map(|(op, n)| format!("{op} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                100.0 * self.config.error_budget
+            );
+            for (title, counts) in [
+                ("no retry can fix (each fails the run)", &p.hard_errors),
+                ("retryable, held against the budget", &p.errors),
+                ("retryable, during a chaos outage", &p.outage_errors),
+            ] {
+                for (kind, n) in counts {
+                    let _ = writeln!(
+                        out,
+                        "- {kind}, {title}: {n} (first: {})",
+                        p.first_errors.get(kind).map_or("", String::as_str)
+                    );
+                }
             }
         }
         let _ = writeln!(

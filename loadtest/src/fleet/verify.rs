@@ -5,14 +5,21 @@
 //! - **Projectors:** what each projector applied during the run (the difference between its
 //!   apply ledger at the end and at the [`Baseline`]: a count and an order-independent digest
 //!   of the (seq, event id) pairs, saved atomically with its state) must equal what is
-//!   computed here from the stream after its baseline sequence. An event skipped or applied
-//!   twice, even across a `kill -9` and replay, changes it.
+//!   computed here from the stream between its baseline sequence and the sequence its final
+//!   ledger reached, less the events it dead-lettered (read back from the dead-letter
+//!   stream, not taken from the projector's word). An event skipped or applied twice, even
+//!   across a `kill -9` and replay, changes it; so does an event neither applied nor
+//!   dead-lettered.
+//!
+//! Each projector's final ledger is read before the stream, and the stream is read only up
+//! to the sequence that ledger covers: events other clients append meanwhile are neither
+//! expected of a projector nor counted against it.
 //!
 //! The baseline is what makes a remote deployment verifiable: its stream may hold history from
 //! before the run, some of it already removed by retention limits, and reading only from the
 //! baseline on neither depends on that history nor spends time reading it.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use engram_bus::Bus;
@@ -57,12 +64,18 @@ pub struct ProjectorCheck {
     pub projector: String,
     /// The projector's applied sequence at the baseline; it is checked on what came after.
     pub baseline_seq: u64,
-    /// Events the stream holds after that sequence, as the projector should have applied them.
+    /// The sequence its final ledger covers: it is checked up to here.
+    pub through_seq: u64,
+    /// Events the stream holds in that range, less those it dead-lettered: what the projector
+    /// should have applied.
     pub expected_events: u64,
+    /// Events in that range the dead-letter stream holds a letter for, from this projector.
+    pub dead_lettered: u64,
     /// Events the projector applied after its baseline.
     pub applied_events: u64,
     pub digest_matches: bool,
-    /// Short of the stream (expected minus applied), when positive.
+    /// Short of the stream (expected minus applied), when positive, plus messages in the range
+    /// that no projector can apply (they do not decode) yet have no dead letter from it.
     pub lost: u64,
     /// Beyond the stream (applied minus expected), when positive; also 1 when the counts
     /// agree but the digests do not (something skipped and something applied twice).
@@ -93,6 +106,8 @@ impl Verification {
 /// Where the stream and each projector stood before the load began.
 #[derive(Clone, Debug, Default)]
 pub struct Baseline {
+    /// The dead-letter stream's last sequence: letters after it are the run's.
+    pub dead_letter_seq: u64,
     /// The stream's last sequence.
     pub stream_seq: u64,
     /// Each projector's apply ledger; a projector missing here (it did not answer) is
@@ -101,9 +116,16 @@ pub struct Baseline {
 }
 
 impl Baseline {
-    /// Reads the stream's last sequence and every projector's ledger. Asked in that order, so
-    /// that a projector still applying older events only lowers its own baseline.
+    /// Reads the dead-letter stream's last sequence, the stream's last sequence and every
+    /// projector's ledger. Asked in that order, so that a projector still applying older
+    /// events only lowers its own baseline, and so that every dead letter for an event after
+    /// a projector's baseline comes after the dead-letter baseline: a projector moves its
+    /// ledger past an event before it sends that event's letter.
     pub async fn take(bus: &Bus) -> Result<Baseline, FleetError> {
+        let dead_letter_seq = bus
+            .dead_letters_last_seq()
+            .await
+            .map_err(|e| FleetError::Verify(format!("reading the dead-letter stream: {e}")))?;
         let stream_seq = bus.stream_summary().await?.last_seq;
         let mut projectors = HashMap::new();
         for name in PROJECTORS {
@@ -117,6 +139,7 @@ impl Baseline {
             }
         }
         Ok(Baseline {
+            dead_letter_seq,
             stream_seq,
             projectors,
         })
@@ -172,6 +195,54 @@ pub async fn drain(bus: &Bus, limit: Duration) -> Result<Duration, FleetError> {
     }
 }
 
+/// How long verification waits for a projector's ledger to settle (everything it applied is
+/// also published, so its dead letters are sent) while other clients keep appending.
+const SETTLE_LIMIT: Duration = Duration::from_secs(30);
+
+/// A projector's ledger at a moment when everything it counts is published: its visible
+/// sequence, read first, had reached the ledger's sequence, read after. Only then are the
+/// dead letters of every event up to that sequence sent (a projector sends them before it
+/// publishes), so the dead-letter stream can be read against the ledger.
+pub(crate) async fn settled_ledger(bus: &Bus, name: &str) -> Result<ApplyLedger, String> {
+    let deadline = Instant::now() + SETTLE_LIMIT;
+    loop {
+        let last = match projector_ledger(bus.client(), name).await {
+            Ok(answer) if answer.visible_seq >= answer.ledger.seq => return Ok(answer.ledger),
+            Ok(answer) => format!(
+                "its ledger at seq {} was still ahead of its visible seq {}",
+                answer.ledger.seq, answer.visible_seq
+            ),
+            Err(e @ engram_rpc::RpcError::NoResponders { .. }) => return Err(e.to_string()),
+            Err(e) => e.to_string(),
+        };
+        if Instant::now() >= deadline {
+            return Err(format!("no settled ledger within {SETTLE_LIMIT:?}: {last}"));
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// What one projector is checked against, built while the stream is read.
+struct Expectation {
+    name: &'static str,
+    /// Checked after this sequence (its baseline)...
+    from: u64,
+    /// ...up to this one (its final ledger), or why it could not be asked.
+    through: Result<ApplyLedger, String>,
+    /// Event sequences the dead-letter stream holds a letter for, from this projector.
+    letters: HashSet<u64>,
+    expected: ApplyLedger,
+    dead_lettered: u64,
+    /// Messages that do not decode, have no letter, and so went nowhere.
+    unaccounted: u64,
+}
+
+impl Expectation {
+    fn covers(&self, seq: u64) -> bool {
+        seq > self.from && self.through.as_ref().is_ok_and(|l| seq <= l.seq)
+    }
+}
+
 /// Reads the stream from the baseline on and checks the ledger and the projectors against it.
 pub async fn verify(
     bus: &Bus,
@@ -185,16 +256,43 @@ pub async fn verify(
         ..Verification::default()
     };
     let read = |e: &dyn std::fmt::Display| FleetError::Verify(format!("reading the stream: {e}"));
+    // First the projectors' final ledgers, then the dead letters sent up to them, then the
+    // stream up to where they reach.
+    let mut expectations = Vec::with_capacity(PROJECTORS.len());
+    for name in PROJECTORS {
+        expectations.push(Expectation {
+            name,
+            from: baseline.projector(name).seq,
+            through: settled_ledger(bus, name).await,
+            letters: HashSet::new(),
+            expected: ApplyLedger::default(),
+            dead_lettered: 0,
+            unaccounted: 0,
+        });
+    }
+    let letters = bus
+        .dead_letter_refs(baseline.dead_letter_seq)
+        .await
+        .map_err(|e| FleetError::Verify(format!("reading the dead-letter stream: {e}")))?;
+    for letter in letters {
+        if let (Some(e), Some(seq)) = (
+            expectations.iter_mut().find(|e| e.name == letter.projector),
+            letter.event_seq,
+        ) {
+            e.letters.insert(seq);
+        }
+    }
+    let last_acked = ledger.iter().map(|a| a.seq).max().unwrap_or(0);
+    let through = expectations
+        .iter()
+        .filter_map(|e| e.through.as_ref().ok().map(|l| l.seq))
+        .fold(last_acked.max(baseline.stream_seq), u64::max);
+
     let consumer = crate::project::stream_from(bus, baseline.first_seq())
         .await
         .map_err(|e| read(&e))?;
     // event id -> sequences it is stored at.
     let mut stored: HashMap<String, Vec<u64>> = HashMap::with_capacity(ledger.len() * 2);
-    // What each projector should have applied after its own baseline.
-    let mut expected: Vec<(&str, u64, ApplyLedger)> = PROJECTORS
-        .iter()
-        .map(|name| (*name, baseline.projector(name).seq, ApplyLedger::default()))
-        .collect();
     let mut ours = 0u64;
     if let Some(consumer) = consumer {
         let mut messages = consumer.messages().await.map_err(|e| read(&e))?;
@@ -202,26 +300,34 @@ pub async fn verify(
             let message = message.map_err(|e| read(&e))?;
             let info = message.info().map_err(|e| read(&e))?;
             let (seq, pending) = (info.stream_sequence, info.pending);
+            if seq > through {
+                break;
+            }
             let in_run = seq > baseline.stream_seq;
             result.stream_messages += u64::from(in_run);
-            if let Ok(event) = bus.codec().decode(&message.payload) {
-                for (_, from, ledger) in &mut expected {
-                    if seq > *from {
-                        ledger.add(seq, event.event_id.as_str());
-                    }
-                }
-                if in_run {
-                    result.stream_events += 1;
-                    if event.tenant.as_str() == tenant {
-                        ours += 1;
-                    }
-                    stored
-                        .entry(event.event_id.as_str().to_owned())
-                        .or_default()
-                        .push(seq);
+            let event = bus.codec().decode(&message.payload).ok();
+            for e in expectations.iter_mut().filter(|e| e.covers(seq)) {
+                if e.letters.contains(&seq) {
+                    e.dead_lettered += 1;
+                } else if let Some(event) = &event {
+                    e.expected.add(seq, event.event_id.as_str());
+                } else {
+                    e.unaccounted += 1;
                 }
             }
-            if pending == 0 {
+            if let Some(event) = event
+                && in_run
+            {
+                result.stream_events += 1;
+                if event.tenant.as_str() == tenant {
+                    ours += 1;
+                }
+                stored
+                    .entry(event.event_id.as_str().to_owned())
+                    .or_default()
+                    .push(seq);
+            }
+            if pending == 0 || seq == through {
                 break;
             }
         }
@@ -255,52 +361,67 @@ pub async fn verify(
         }
     }
     result.stored_unacked = ours.saturating_sub(acked_ids.len() as u64);
-    for (name, _, expected) in &expected {
-        let check = check_projector(bus, name, &baseline.projector(name), expected).await;
-        result.projectors.push(check);
+    for e in &expectations {
+        if e.unaccounted > 0 {
+            result.example(format!(
+                "projector {}: {} messages that do not decode have no dead letter from it",
+                e.name, e.unaccounted
+            ));
+        }
+        result
+            .projectors
+            .push(check_projector(e, &baseline.projector(e.name), last_acked));
     }
     Ok(result)
 }
 
-async fn check_projector(
-    bus: &Bus,
-    name: &str,
-    baseline: &ApplyLedger,
-    expected: &ApplyLedger,
-) -> ProjectorCheck {
+fn check_projector(e: &Expectation, baseline: &ApplyLedger, last_acked: u64) -> ProjectorCheck {
     let mut check = ProjectorCheck {
-        projector: name.to_owned(),
+        projector: e.name.to_owned(),
         baseline_seq: baseline.seq,
-        expected_events: expected.events,
+        through_seq: 0,
+        expected_events: e.expected.events,
+        dead_lettered: e.dead_lettered,
         applied_events: 0,
         digest_matches: false,
         lost: 0,
         duplicated: 0,
         error: None,
     };
-    match projector_ledger(bus.client(), name).await {
-        Ok(answer) if answer.ledger.events < baseline.events => {
-            check.error = Some(format!(
-                "its ledger went back from {} to {} events: was it rebuilt during the run?",
-                baseline.events, answer.ledger.events
-            ));
+    let end = match &e.through {
+        Ok(end) => end,
+        Err(error) => {
+            check.error = Some(error.clone());
+            return check;
         }
-        Ok(answer) => {
-            // Sums, so the run's share is a difference; wrapping, like the digest itself.
-            let applied = ApplyLedger {
-                seq: answer.ledger.seq,
-                events: answer.ledger.events.wrapping_sub(baseline.events),
-                digest: answer.ledger.digest.wrapping_sub(baseline.digest),
-            };
-            check.applied_events = applied.events;
-            check.digest_matches = applied.digest == expected.digest;
-            check.lost = expected.events.saturating_sub(applied.events);
-            check.duplicated = applied.events.saturating_sub(expected.events);
-            if check.lost == 0 && check.duplicated == 0 && !check.digest_matches {
-                check.duplicated = 1;
-            }
-        }
-        Err(e) => check.error = Some(e.to_string()),
+    };
+    check.through_seq = end.seq;
+    if end.events < baseline.events {
+        check.error = Some(format!(
+            "its ledger went back from {} to {} events: was it rebuilt during the run?",
+            baseline.events, end.events
+        ));
+        return check;
+    }
+    if end.seq < last_acked {
+        check.error = Some(format!(
+            "it had applied only up to seq {}, short of the run's last acknowledged seq {last_acked}",
+            end.seq
+        ));
+        return check;
+    }
+    // Sums, so the run's share is a difference; wrapping, like the digest itself.
+    let applied = ApplyLedger {
+        seq: end.seq,
+        events: end.events.wrapping_sub(baseline.events),
+        digest: end.digest.wrapping_sub(baseline.digest),
+    };
+    check.applied_events = applied.events;
+    check.digest_matches = applied.digest == e.expected.digest;
+    check.lost = e.expected.events.saturating_sub(applied.events) + e.unaccounted;
+    check.duplicated = applied.events.saturating_sub(e.expected.events);
+    if check.lost == 0 && check.duplicated == 0 && !check.digest_matches {
+        check.duplicated = 1;
     }
     check
 }

@@ -78,6 +78,16 @@ impl DeadLetter {
     }
 }
 
+/// Which event one dead letter is for, without its payload: what a verifier needs to tell a
+/// dead-lettered event from a lost one.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DeadLetterRef {
+    pub dlq_seq: u64,
+    pub projector: String,
+    /// `None` if the letter lacks the `Engram-Dlq-Seq` header (not written by a projector).
+    pub event_seq: Option<u64>,
+}
+
 /// A page of dead letters, oldest first.
 #[derive(Clone, Debug, PartialEq)]
 pub struct DeadLetters {
@@ -220,6 +230,60 @@ impl Bus {
             }
         }
         Ok(DeadLetters { letters, total })
+    }
+
+    /// Every dead letter stored after `after` (a sequence of the dead-letter stream, such as
+    /// one [`dead_letters_last_seq`](Self::dead_letters_last_seq) returned earlier), oldest
+    /// first, read headers only: a letter costs a few dozen bytes here however large its
+    /// event was. Reads up to the stream's last sequence when the read starts.
+    pub async fn dead_letter_refs(&self, after: u64) -> Result<Vec<DeadLetterRef>, DlqError> {
+        let stream = match self.dead_letter_stream().await {
+            Err(DlqError::StreamMissing) => return Ok(Vec::new()),
+            other => other?,
+        };
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: subject_of(None)?,
+                deliver_policy: DeliverPolicy::ByStartSequence {
+                    start_sequence: after + 1,
+                },
+                headers_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| DlqError::JetStream(e.to_string()))?;
+        let mut refs = Vec::new();
+        if consumer.cached_info().num_pending == 0 {
+            return Ok(refs);
+        }
+        let mut messages = consumer
+            .messages()
+            .await
+            .map_err(|e| DlqError::JetStream(e.to_string()))?;
+        while let Some(message) = messages.next().await {
+            let message = message.map_err(|e| DlqError::Unavailable(e.to_string()))?;
+            let info = message
+                .info()
+                .map_err(|e| DlqError::JetStream(format!("message without jetstream info: {e}")))?;
+            let (seq, pending) = (info.stream_sequence, info.pending);
+            if let Some(letter) = DeadLetter::from_parts(
+                seq,
+                message.subject.as_str(),
+                message.headers.as_ref(),
+                published(info.published),
+                Bytes::new(),
+            ) {
+                refs.push(DeadLetterRef {
+                    dlq_seq: letter.dlq_seq,
+                    projector: letter.projector,
+                    event_seq: letter.event_seq,
+                });
+            }
+            if pending == 0 {
+                break;
+            }
+        }
+        Ok(refs)
     }
 
     /// One dead letter by its sequence in the dead-letter stream.
