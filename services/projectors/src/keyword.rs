@@ -144,6 +144,11 @@ impl KeywordProjection {
         let request = request.clone();
         let table = self.table.clone();
         tokio::task::spawn_blocking(move || {
+            // The sequence this answer reports visible is read before the search takes its
+            // searcher: the table moves to a sequence only after the reader was reloaded with
+            // that commit, so the searcher sees at least this much. Read after the search, it
+            // could name a commit that landed while an older searcher ran.
+            let visible_seq = table.read().unwrap_or_else(|p| p.into_inner()).applied;
             // One search, as deep as the hits, the ranks after them (`rest`) and the scoring
             // of specific memories need. BM25 of a memory beyond the depth is absent, which is
             // what it is to BM25.
@@ -180,7 +185,7 @@ impl KeywordProjection {
                     })
                     .collect(),
                 also,
-                visible_seq: table.applied,
+                visible_seq,
             })
         })
         .await

@@ -1,0 +1,158 @@
+//! The keyword projector never reports a visible sequence its search could not see: every
+//! answer's `visible_seq` is covered by the commit its searcher read, while commits land
+//! concurrently with the searches.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::time::Duration;
+
+use engram_bus::Bus;
+use engram_embed::EmbedderConfig;
+use engram_memory::proto::{Consistency, SearchRequest, SearchResponse, projector_subject};
+use engram_memory::{MemoryFilter, ScopeKey, Seq};
+use engram_projectors::{ProjectorName, ProjectorsConfig};
+use engram_testkit::{TestNats, event};
+
+const EVENTS: usize = 600;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Given the keyword projector alone, committing as often as it can at the tail
+    let config = ProjectorsConfig {
+        run: vec![ProjectorName::KEYWORD],
+        embedder: EmbedderConfig::ClientSupplied {
+            model: "none".into(),
+            dim: 4,
+        },
+        keyword_tail_commit_gap: Duration::ZERO,
+        keyword_commit_interval: Duration::ZERO,
+        embed_cache_memory_mb: 4,
+        embed_cache_disk_mb: 8,
+        ..ProjectorsConfig::default()
+    };
+    let stop = tokio_util::sync::CancellationToken::new();
+    let bus_config = nats.bus_config();
+    let running = engram_projectors::start(
+        &config,
+        dir.path(),
+        move |_| Bus::connect(bus_config.clone()),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+
+    let ledger = |client: async_nats::Client| async move {
+        engram_rpc::call::<_, engram_projectors::ProjectorLedger>(
+            &client,
+            &projector_subject("keyword", "ledger"),
+            &Consistency::default(),
+            Duration::from_secs(5),
+        )
+        .await
+    };
+    let scope = ScopeKey::of(&event("acme", "t1", "x"));
+    let request = SearchRequest {
+        scopes: vec![scope],
+        query: "needle".into(),
+        vector: None,
+        k: EVENTS + 100,
+        filter: MemoryFilter::default(),
+        consistency: Consistency::default(),
+        score_also: Vec::new(),
+        rest: 0,
+    };
+    let search = |client: async_nats::Client, request: SearchRequest| async move {
+        engram_rpc::call::<_, SearchResponse>(
+            &client,
+            &projector_subject("keyword", "search"),
+            &request,
+            Duration::from_secs(10),
+        )
+        .await
+    };
+    engram_testkit::wait_until("the keyword index to open", Duration::from_secs(30), || {
+        let (client, request) = (bus.client().clone(), request.clone());
+        async move { search(client, request).await.is_ok() }
+    })
+    .await;
+
+    // When events arrive a few at a time (a commit each) while searches run back to back
+    let done = Arc::new(AtomicBool::new(false));
+    let answered = Arc::new(AtomicUsize::new(0));
+    let mut searchers = Vec::new();
+    for _ in 0..3 {
+        let (client, done, request) = (bus.client().clone(), done.clone(), request.clone());
+        let answered = answered.clone();
+        searchers.push(tokio::spawn(async move {
+            let mut answers: Vec<(Seq, Vec<Seq>)> = Vec::new();
+            while !done.load(Ordering::SeqCst) {
+                let answer = search(client.clone(), request.clone()).await.unwrap();
+                answers.push((
+                    answer.visible_seq,
+                    answer.hits.iter().map(|h| h.hit.seq).collect(),
+                ));
+                answered.fetch_add(1, Ordering::SeqCst);
+            }
+            answers
+        }));
+    }
+    let mut appended: Vec<Seq> = Vec::with_capacity(EVENTS);
+    for chunk in 0..EVENTS / 3 {
+        let events: Vec<_> = (0..3)
+            .map(|i| event("acme", "t1", &format!("needle number {}", chunk * 3 + i)))
+            .collect();
+        for receipt in bus.append_batch(&events, 8).await {
+            appended.push(receipt.unwrap().seq);
+        }
+        // At least one search between two batches, however slow the machine, so searches
+        // overlap the commits that follow each batch.
+        let before = answered.load(Ordering::SeqCst);
+        engram_testkit::wait_until("a search answer", Duration::from_secs(30), || {
+            let answered = answered.clone();
+            async move { answered.load(Ordering::SeqCst) > before }
+        })
+        .await;
+    }
+    let last = *appended.iter().max().unwrap();
+    engram_testkit::wait_until("all events visible", Duration::from_secs(60), || {
+        let client = bus.client().clone();
+        async move { ledger(client).await.is_ok_and(|l| l.visible_seq >= last) }
+    })
+    .await;
+    done.store(true, Ordering::SeqCst);
+
+    // Then every answer holds every memory up to the sequence it reported visible
+    let mut answers = Vec::new();
+    for s in searchers {
+        answers.extend(s.await.unwrap());
+    }
+    let moving = answers
+        .iter()
+        .filter(|(visible, _)| *visible > 0 && *visible < last)
+        .count();
+    eprintln!(
+        "{} searches, {moving} of them while commits were landing",
+        answers.len()
+    );
+    assert!(
+        moving >= 10,
+        "too few searches overlapped the commits to test anything ({moving})"
+    );
+    for (visible, hits) in &answers {
+        let missing: Vec<&Seq> = appended
+            .iter()
+            .filter(|seq| **seq <= *visible && !hits.contains(seq))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "an answer reported seq {visible} visible but lacked {} memories at or below it, e.g. {:?}",
+            missing.len(),
+            missing.first()
+        );
+    }
+    stop.cancel();
+    running.join().await.unwrap();
+}
