@@ -9,6 +9,46 @@ use engram_testkit::{TestNats, event};
 const VALID: &str = r#"{"tenant":"acme","scope":{"kind":"task","id":"t-1"},"agent_id":"a","instance_id":"i",
     "layer":"episodic","kind":"observation","content":{"text":"hello"}}"#;
 
+/// Which kind of [`SchemaError`] a case must produce.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Kind {
+    Malformed,
+    UnknownSchemaVersion,
+    InvalidField,
+}
+
+impl Kind {
+    fn of(err: &SchemaError) -> Option<Kind> {
+        match err {
+            SchemaError::Malformed(_) => Some(Kind::Malformed),
+            SchemaError::UnknownSchemaVersion { .. } => Some(Kind::UnknownSchemaVersion),
+            SchemaError::InvalidField { .. } => Some(Kind::InvalidField),
+            _ => None,
+        }
+    }
+}
+
+/// The field an error names: its `field`, or for a malformed event the path the decoder
+/// stopped at (`field scope.id: ...`), or the field it found missing.
+fn named_field(err: &SchemaError) -> Option<String> {
+    match err {
+        SchemaError::InvalidField { field, .. } | SchemaError::InvalidIdent { field, .. } => {
+            Some((*field).to_owned())
+        }
+        SchemaError::UnknownSchemaVersion { .. } => Some("schema_version".to_owned()),
+        SchemaError::Malformed(message) => {
+            let rest = message.strip_prefix("field ")?;
+            let (path, reason) = rest.split_once(": ")?;
+            if path != "." {
+                return Some(path.to_owned());
+            }
+            let missing = reason.strip_prefix("missing field `")?;
+            Some(missing.split('`').next()?.to_owned())
+        }
+        _ => None,
+    }
+}
+
 async fn stream_messages(bus: &engram_bus::Bus) -> u64 {
     bus.stream_summary().await.unwrap().messages
 }
@@ -44,51 +84,94 @@ async fn invalid_events_are_refused_before_anything_is_written() {
     let bus = nats.bus().await;
     let codec = Codec::default();
 
-    let cases: Vec<(&str, String)> = vec![
+    // (what, event, the error's kind, the field it names)
+    let cases: Vec<(&str, String, Kind, &str)> = vec![
         (
             "unknown schema version",
             VALID.replacen('{', r#"{"schema_version":2,"#, 1),
+            Kind::UnknownSchemaVersion,
+            "schema_version",
         ),
-        ("wildcard tenant", VALID.replace(r#""acme""#, r#""acme.*""#)),
+        (
+            "wildcard tenant",
+            VALID.replace(r#""acme""#, r#""acme.*""#),
+            Kind::Malformed,
+            "tenant",
+        ),
         (
             "full wildcard scope id",
             VALID.replace(r#""t-1""#, r#"">""#),
+            Kind::Malformed,
+            "scope.id",
         ),
         (
             "dot in agent id",
             VALID.replace(r#""agent_id":"a""#, r#""agent_id":"a.b""#),
+            Kind::Malformed,
+            "agent_id",
         ),
         (
             "whitespace in instance",
             VALID.replace(r#""instance_id":"i""#, r#""instance_id":"i 1""#),
+            Kind::Malformed,
+            "instance_id",
         ),
-        ("empty scope id", VALID.replace(r#""t-1""#, r#""""#)),
-        ("missing tenant", VALID.replace(r#""tenant":"acme","#, "")),
+        (
+            "empty scope id",
+            VALID.replace(r#""t-1""#, r#""""#),
+            Kind::Malformed,
+            "scope.id",
+        ),
+        (
+            "missing tenant",
+            VALID.replace(r#""tenant":"acme","#, ""),
+            Kind::Malformed,
+            "tenant",
+        ),
         (
             "missing scope",
             VALID.replace(r#""scope":{"kind":"task","id":"t-1"},"#, ""),
+            Kind::Malformed,
+            "scope",
         ),
         (
             "unknown scope kind",
             VALID.replace(r#""kind":"task""#, r#""kind":"galaxy""#),
+            Kind::Malformed,
+            "scope.kind",
         ),
-        ("unknown layer", VALID.replace("episodic", "limbic")),
+        (
+            "unknown layer",
+            VALID.replace("episodic", "limbic"),
+            Kind::Malformed,
+            "layer",
+        ),
         (
             "importance out of range",
             VALID.replacen('{', r#"{"importance":7.5,"#, 1),
+            Kind::InvalidField,
+            "importance",
         ),
         (
             "bad event id",
             VALID.replacen('{', r#"{"event_id":"not-an-id","#, 1),
+            Kind::Malformed,
+            "event_id",
         ),
         (
             "empty content",
             VALID.replace(r#""text":"hello""#, r#""text":"  ""#),
+            Kind::InvalidField,
+            "content",
         ),
     ];
-    for (what, json) in &cases {
+    for (what, json, kind, field) in &cases {
         let err = codec.decode_json(json).expect_err(what);
-        assert!(!err.to_string().is_empty(), "{what}");
+        assert_eq!(
+            (Kind::of(&err), named_field(&err).as_deref()),
+            (Some(*kind), Some(*field)),
+            "{what}: {err}"
+        );
     }
     // The same checks hold on the binary path: an envelope built in code with a bad field is
     // refused by append itself.
@@ -103,19 +186,33 @@ async fn invalid_events_are_refused_before_anything_is_written() {
     ));
     let mut e = event("acme", "t1", "x");
     e.importance = f64::NAN;
-    assert!(matches!(
-        bus.append(&e, AppendOptions::default()).await,
-        Err(AppendError::Invalid(_))
-    ));
+    let refused = bus.append(&e, AppendOptions::default()).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(AppendError::Invalid(SchemaError::InvalidField {
+                field: "importance",
+                ..
+            }))
+        ),
+        "{refused:?}"
+    );
     let mut e = event("acme", "t1", "x");
     e.embedding = Some(engram_schema::Embedding {
         model: "m".into(),
         vector: vec![f32::INFINITY],
     });
-    assert!(matches!(
-        bus.append(&e, AppendOptions::default()).await,
-        Err(AppendError::Invalid(_))
-    ));
+    let refused = bus.append(&e, AppendOptions::default()).await;
+    assert!(
+        matches!(
+            &refused,
+            Err(AppendError::Invalid(SchemaError::InvalidField {
+                field: "embedding.vector",
+                ..
+            }))
+        ),
+        "{refused:?}"
+    );
     assert_eq!(stream_messages(&bus).await, 0, "nothing written");
 }
 
@@ -223,4 +320,56 @@ async fn existing_stream_with_different_config_is_reported_not_clobbered() {
     assert_eq!(stream_messages(&bus).await, 1);
     let info = bus.stream_summary().await.unwrap();
     assert_eq!(info.duplicate_window_secs, 600);
+}
+
+#[tokio::test]
+async fn existing_working_memory_bucket_with_different_config_is_reported_not_clobbered() {
+    // Given the bucket as the default config makes it, holding a key
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let wm = bus.working_memory().await.unwrap();
+    let (acme, scope) = (
+        engram_testkit::ident("acme"),
+        engram_schema::Scope::new(engram_schema::ScopeKind::Task, "t1").unwrap(),
+    );
+    wm.put(&acme, &scope, "plan", "keep me".into(), None)
+        .await
+        .unwrap();
+
+    // When an engram with other working-memory settings provisions
+    let mut other = nats.bus_config();
+    other.working_memory.max_value_size = 1024;
+    let other_bus = engram_bus::Bus::connect(other).await.unwrap();
+    match other_bus.provision().await {
+        // Then the difference is reported, field by field, with what to do
+        Err(BusError::ConfigDrift {
+            resource,
+            diffs,
+            fix,
+        }) => {
+            assert!(resource.contains("engram_working"), "{resource}");
+            let fields: Vec<_> = diffs.iter().map(|d| d.field).collect();
+            assert_eq!(fields, ["max_value_size"]);
+            assert!(fix.contains("nats stream rm KV_engram_working"), "{fix}");
+        }
+        other => panic!("expected drift, got {other:?}"),
+    }
+    // And the bucket is left as it was: its settings and its key
+    let again = bus.provision().await.unwrap();
+    assert!(!again.bucket_created);
+    let info = bus
+        .jetstream()
+        .get_stream("KV_engram_working")
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    assert_eq!(info.max_message_size, 256 * 1024);
+    assert_eq!(
+        wm.get(&acme, &scope, "plan").await.unwrap().as_deref(),
+        Some(&b"keep me"[..])
+    );
 }

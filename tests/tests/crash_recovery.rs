@@ -1,5 +1,6 @@
 //! `kill -9` the nats-server mid-append and restart it on the same store: no acked event is
-//! lost, and every append is either acked or surfaced as an error, never silently dropped.
+//! lost, every append is either acked or surfaced as an error, never silently dropped, and
+//! writers that retry ride the outage out without a single error or a duplicate.
 
 use std::collections::HashSet;
 use std::sync::Arc;
@@ -22,6 +23,8 @@ async fn no_acked_event_is_lost_when_the_server_is_killed_mid_append() {
     struct Ledger {
         acked: HashSet<String>,
         failed: HashSet<String>,
+        /// Failures seen by writers that retry: must stay empty.
+        failed_retrying: Vec<String>,
         attempted: usize,
     }
     let ledger = Arc::new(Mutex::new(Ledger::default()));
@@ -31,7 +34,8 @@ async fn no_acked_event_is_lost_when_the_server_is_killed_mid_append() {
     for w in 0..WRITERS {
         // Odd writers never retry, so the outage (longer than the 2 s ack timeout) must
         // surface as errors for them; even writers retry through it.
-        let retry = if w % 2 == 0 {
+        let retrying = w % 2 == 0;
+        let retry = if retrying {
             RetryPolicy {
                 max_elapsed: Duration::from_secs(20),
                 ..RetryPolicy::default()
@@ -58,7 +62,11 @@ async fn no_acked_event_is_lost_when_the_server_is_killed_mid_append() {
                             err.is_retryable(),
                             "only availability errors expected: {err}"
                         );
-                        ledger.lock().await.failed.insert(id)
+                        let mut ledger = ledger.lock().await;
+                        if retrying {
+                            ledger.failed_retrying.push(format!("{id}: {err}"));
+                        }
+                        ledger.failed.insert(id)
                     }
                 };
                 i += 1;
@@ -96,6 +104,14 @@ async fn no_acked_event_is_lost_when_the_server_is_killed_mid_append() {
     assert!(
         !ledger.failed.is_empty(),
         "writers without retries saw the outage"
+    );
+    // The SDK's promise: an append it retries (same event id) through the outage returns no
+    // error, and is stored once (checked below for every event).
+    assert!(
+        ledger.failed_retrying.is_empty(),
+        "writers that retry saw {} errors, e.g. {:?}",
+        ledger.failed_retrying.len(),
+        ledger.failed_retrying.first()
     );
 
     let bus = nats.bus().await;

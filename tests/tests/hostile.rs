@@ -464,6 +464,11 @@ async fn a_thousand_concurrent_worst_case_requests_stay_bounded() {
     // Bounded: before the in-flight cap and the query cap, sixteen such requests took a
     // process to 6.7 GB. 512 MiB is over ten times what the capped load needs here.
     let grown = after.saturating_sub(before);
+    eprintln!(
+        "1000 worst-case retrieves: {ok} served, {busy} busy; rss {} -> {} MiB",
+        before / (1024 * 1024),
+        after / (1024 * 1024)
+    );
     assert!(
         grown < 512 * 1024 * 1024,
         "rss grew by {} MiB ({ok} served, {busy} busy)",

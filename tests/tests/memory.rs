@@ -509,3 +509,86 @@ async fn the_keyword_ranks_after_the_hits_are_those_of_a_deeper_search() {
     assert!(deep.also.is_empty(), "{:?}", deep.also);
     engram.stop().await;
 }
+
+/// Score fusion asks the vector side to score the keyword hits too (`score_also`), whatever
+/// their dense rank. Each such score must be the memory's own dense score (as a deep search
+/// ranks it), and only memories of the requested scopes are scored.
+#[tokio::test]
+async fn the_vector_side_scores_the_memories_it_is_asked_about_as_a_deep_search_would() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let scope = Scope::new(ScopeKind::Task, "also").unwrap();
+    let other = Scope::new(ScopeKind::Task, "elsewhere").unwrap();
+    let mut seqs = Vec::new();
+    for i in 0..10 {
+        let text = format!("the deploy failed on step {i} of the release pipeline");
+        seqs.push(
+            engram
+                .client
+                .append(&memory("acme", scope.clone(), &text))
+                .await
+                .unwrap()
+                .seq,
+        );
+    }
+    let foreign = engram
+        .client
+        .append(&memory("acme", other, "the deploy failed elsewhere"))
+        .await
+        .unwrap()
+        .seq;
+    let bus = nats.bus().await;
+    let query = "why did the release pipeline fail";
+    let search = |k: usize, score_also: Vec<u64>| engram_memory::proto::SearchRequest {
+        scopes: vec![engram_memory::ScopeKey::new(ident("acme"), scope.clone())],
+        query: query.into(),
+        vector: Some(embedder().embed_one(query)),
+        k,
+        filter: Default::default(),
+        consistency: Consistency {
+            min_seq: Some(foreign),
+            wait_ms: Some(10_000),
+        },
+        score_also,
+        rest: 0,
+    };
+    let ask = |request: engram_memory::proto::SearchRequest| {
+        let client = bus.client().clone();
+        async move {
+            engram_rpc::call::<_, engram_memory::proto::SearchResponse>(
+                &client,
+                "engram.p.vector.search",
+                &request,
+                std::time::Duration::from_secs(15),
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let deep = ask(search(10, Vec::new())).await;
+    let ranked: Vec<u64> = deep.hits.iter().map(|h| h.hit.seq).collect();
+    // Ask for the top 2, and about the two lowest-ranked memories plus one of another scope
+    let (low, lower) = (ranked[8], ranked[9]);
+    let shallow = ask(search(2, vec![low, lower, foreign])).await;
+    assert_eq!(shallow.hits.len(), 2);
+    let mut also: Vec<(u64, f32)> = shallow.also.iter().map(|h| (h.seq, h.score)).collect();
+    also.sort_by_key(|(seq, _)| *seq);
+    let mut wanted: Vec<(u64, f32)> = deep
+        .hits
+        .iter()
+        .filter(|h| h.hit.seq == low || h.hit.seq == lower)
+        .map(|h| (h.hit.seq, h.hit.score))
+        .collect();
+    wanted.sort_by_key(|(seq, _)| *seq);
+    assert_eq!(
+        also.len(),
+        2,
+        "{also:?}: the other scope's memory is not scored"
+    );
+    for ((seq, score), (want_seq, want)) in also.iter().zip(&wanted) {
+        assert_eq!(seq, want_seq);
+        assert!((score - want).abs() < 1e-5, "seq {seq}: {score} vs {want}");
+    }
+    assert!(seqs.contains(&low) && seqs.contains(&lower));
+    engram.stop().await;
+}

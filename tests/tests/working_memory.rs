@@ -15,12 +15,16 @@ async fn keys_expire_after_their_ttl_and_scopes_do_not_collide() {
     let team_a = Scope::new(ScopeKind::Team, "team-a").unwrap();
     let team_ab = Scope::new(ScopeKind::Team, "team-ab").unwrap();
 
+    // The key's TTL counts from when the server stored it, which is after `put_at`: the key
+    // may be gone only once `ttl` has passed since then, and must be gone soon after.
+    let ttl = Duration::from_secs(2);
+    let put_at = std::time::Instant::now();
     wm.put(
         &acme,
         &team_a,
         "plan",
         Bytes::from("step 3 of 7"),
-        Some(Duration::from_secs(1)),
+        Some(ttl),
     )
     .await
     .unwrap();
@@ -33,21 +37,32 @@ async fn keys_expire_after_their_ttl_and_scopes_do_not_collide() {
     )
     .await
     .unwrap();
-    assert_eq!(
-        wm.get(&acme, &team_a, "plan").await.unwrap().as_deref(),
-        Some(&b"step 3 of 7"[..])
-    );
+    let read = wm.get(&acme, &team_a, "plan").await.unwrap();
+    if read.is_none() {
+        assert!(
+            put_at.elapsed() >= ttl,
+            "the {ttl:?} key was gone after {:?}",
+            put_at.elapsed()
+        );
+    } else {
+        assert_eq!(read.as_deref(), Some(&b"step 3 of 7"[..]));
+    }
     assert_eq!(
         wm.get(&ident("other"), &team_a, "plan").await.unwrap(),
         None
     );
 
-    wait_until("the 1s key to expire", Duration::from_secs(10), || {
+    wait_until("the 2s key to expire", Duration::from_secs(30), || {
         let wm = wm.clone();
         let (acme, team_a) = (acme.clone(), team_a.clone());
         async move { wm.get(&acme, &team_a, "plan").await.unwrap().is_none() }
     })
     .await;
+    assert!(
+        put_at.elapsed() >= ttl,
+        "the {ttl:?} key expired after only {:?}",
+        put_at.elapsed()
+    );
     assert_eq!(
         wm.get(&acme, &team_ab, "plan").await.unwrap().as_deref(),
         Some(&b"other team"[..]),

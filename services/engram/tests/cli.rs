@@ -1,7 +1,8 @@
 //! The query and operator commands as a user runs them: `engram facts`, `skills`, `forget`
 //! and `dlq` against a real `engram up` process on a test nats-server.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::{Duration, Instant};
@@ -33,17 +34,14 @@ impl Up {
             .stderr(std::fs::File::create(&log).unwrap())
             .spawn()
             .unwrap();
-        let mut stdout = BufReader::new(child.stdout.take().unwrap());
-        let mut line = String::new();
-        while !line.contains("engram is up") {
-            line.clear();
-            if stdout.read_line(&mut line).unwrap() == 0 {
-                let _ = child.wait();
-                panic!(
-                    "engram up exited before it was ready:\n{}",
-                    std::fs::read_to_string(&log).unwrap_or_default()
-                );
-            }
+        let mut stdout = common::Lines::of(child.stdout.take().unwrap());
+        if let Err(e) = stdout.until("engram is up", Duration::from_secs(120)) {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!(
+                "engram up: {e}; its log:\n{}",
+                std::fs::read_to_string(&log).unwrap_or_default()
+            );
         }
         Self { child, log }
     }
@@ -92,6 +90,28 @@ impl Setup {
             home,
             up: Some(up),
         }
+    }
+
+    /// A server with the stream provisioned, and no `engram up`: for commands that need no
+    /// projector.
+    async fn bare() -> Self {
+        let nats = TestNats::start().await;
+        nats.bus().await;
+        Self {
+            nats,
+            home: tempfile::tempdir().unwrap(),
+            up: None,
+        }
+    }
+
+    async fn stream_messages(&self) -> u64 {
+        self.nats
+            .bus()
+            .await
+            .stream_summary()
+            .await
+            .unwrap()
+            .messages
     }
 
     /// Runs `engram --home <home> --nats <url> <args>`, with `stdin` on its standard input.
@@ -183,6 +203,102 @@ fn fact(agent: &str, object: &str, valid_from: &str) -> Value {
 }
 
 const SCOPE: [&str; 4] = ["--tenant", "acme", "--scope", "task:t1"];
+
+fn observation(text: &str) -> Value {
+    json!({
+        "tenant": "acme", "scope": {"kind": "task", "id": "t1"}, "agent_id": "a",
+        "layer": "episodic", "kind": "observation", "content": {"text": text},
+    })
+}
+
+#[tokio::test]
+async fn a_batch_with_one_bad_event_appends_nothing_and_names_it() {
+    let setup = Setup::bare().await;
+    let mut bad = observation("bad");
+    bad["tenant"] = json!("acme.*");
+    // Given three lines whose second is invalid, and a line holding an array with a bad event
+    for (stdin, named) in [
+        (
+            format!(
+                "{}\n{bad}\n{}\n",
+                observation("first"),
+                observation("third")
+            ),
+            "line 2: malformed event: field tenant",
+        ),
+        (
+            format!("{}\n", json!([observation("one"), bad, observation("two")])),
+            "line 1: malformed event: field tenant",
+        ),
+        (
+            format!("{}\nnot json\n", observation("first")),
+            "line 2: invalid JSON",
+        ),
+    ] {
+        // When they are appended as one batch
+        let out = setup.run_with_stdin(&["append"], &stdin);
+        // Then the command fails, says nothing was appended and names the bad line
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success(), "{stderr}");
+        assert!(stderr.contains("nothing was appended"), "{stderr}");
+        assert!(stderr.contains(named), "{stderr}");
+        // And the stream holds nothing
+        assert_eq!(setup.stream_messages().await, 0, "{stdin}");
+    }
+    // While a good batch is appended whole
+    let receipts = setup.append(&[observation("a"), observation("b"), observation("c")]);
+    assert_eq!(receipts.len(), 3);
+    assert_eq!(setup.stream_messages().await, 3);
+}
+
+#[tokio::test]
+async fn expect_last_seq_appends_only_on_the_sequence_it_names() {
+    let setup = Setup::bare().await;
+    let receipts = setup.append(&[observation("a"), observation("b")]);
+    let last = seq(&receipts[1]);
+    // A writer that read the subject before "b" is refused, and nothing is stored
+    let stale = setup.run(&[
+        "--json",
+        "append",
+        "--tenant",
+        "acme",
+        "--scope",
+        "task:t1",
+        "--text",
+        "stale",
+        "--expect-last-seq",
+        &seq(&receipts[0]),
+    ]);
+    assert!(!stale.status.success());
+    let answer = lines(&String::from_utf8_lossy(&stale.stdout));
+    assert_eq!(answer[0]["kind"], "conflict", "{answer:?}");
+    assert_eq!(answer[0]["retryable"], false, "{answer:?}");
+    assert_eq!(setup.stream_messages().await, 2);
+    // One that read it after "b" appends
+    let current = setup.json(&[
+        "append",
+        "--tenant",
+        "acme",
+        "--scope",
+        "task:t1",
+        "--text",
+        "current",
+        "--expect-last-seq",
+        &last,
+    ]);
+    assert_eq!(current[0]["seq"], 3, "{current:?}");
+    // And a batch cannot take the option: it names one subject's sequence
+    let out = setup.run_with_stdin(
+        &["append", "--expect-last-seq", "3"],
+        &format!("{}\n{}\n", observation("x"), observation("y")),
+    );
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr)
+            .contains("--expect-last-seq applies to a single event")
+    );
+    assert_eq!(setup.stream_messages().await, 3);
+}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn facts_show_the_current_value_and_the_history_after_a_contradiction() {

@@ -1,8 +1,8 @@
 //! `engram up --demo` as a new user first runs it: every section, in order, and no warning.
 
-use std::io::{BufRead, BufReader};
+mod common;
+
 use std::process::{Command, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use engram::demo::SECTIONS;
@@ -38,29 +38,15 @@ async fn the_demo_shows_the_main_job_in_order_and_warns_about_nothing() {
             .unwrap(),
     );
     // Read on a thread, so that a demo that hangs fails the test instead of blocking it.
-    let (tx, rx) = mpsc::channel();
-    let stdout = BufReader::new(up.0.stdout.take().unwrap());
-    std::thread::spawn(move || {
-        for line in stdout.lines().map_while(Result::ok) {
-            if tx.send(line).is_err() {
-                return;
-            }
-        }
-    });
-    let mut out = Vec::new();
-    let deadline = Instant::now() + Duration::from_secs(180);
-    while !out.iter().any(|l: &String| l.contains("the demo is done")) {
-        let left = deadline.saturating_duration_since(Instant::now());
-        match rx.recv_timeout(left) {
-            Ok(line) => out.push(line),
-            Err(e) => panic!(
-                "demo did not finish ({e}); it printed:\n{}\nlog:\n{}",
-                out.join("\n"),
-                std::fs::read_to_string(&log).unwrap_or_default()
-            ),
-        }
+    let mut stdout = common::Lines::of(up.0.stdout.take().unwrap());
+    if let Err(e) = stdout.until("the demo is done", Duration::from_secs(180)) {
+        panic!(
+            "demo did not finish ({e}); it printed:\n{}\nlog:\n{}",
+            stdout.seen().join("\n"),
+            std::fs::read_to_string(&log).unwrap_or_default()
+        );
     }
-    let printed = out.join("\n");
+    let printed = stdout.seen().join("\n");
 
     // Every section, in order
     let mut at = 0;

@@ -28,19 +28,13 @@ async fn http_get(addr: std::net::SocketAddr, path: &str) -> (u16, String) {
     (status, body)
 }
 
-/// A local port nothing listens on: an embedding server that is down.
-fn closed_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_503() {
     let nats = TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
+    // A port nothing listens on, and nobody else takes while the test runs: an embedding
+    // server that is down.
+    let closed = engram_natsd::PortLease::acquire().unwrap();
     // Given engram up whose vector projector embeds through a server that is down
     let config = Config {
         home: home.path().to_owned(),
@@ -56,7 +50,7 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
         projectors: ProjectorsConfig {
             run: vec!["vector".parse::<ProjectorName>().unwrap()],
             embedder: EmbedderConfig::OpenAi {
-                url: format!("http://127.0.0.1:{}", closed_port()),
+                url: format!("http://127.0.0.1:{}", closed.port()),
                 model: "down".into(),
                 api_key_env: None,
                 dim: 4,
@@ -110,6 +104,59 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
                 .get()
                 == 3
         },
+    )
+    .await;
+    running.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_nats_connection_turns_healthz_503_with_the_reason_and_it_recovers() {
+    // Given engram up against a server of its own, healthy
+    let mut nats = TestNats::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let config = Config {
+        home: home.path().to_owned(),
+        nats: NatsConfig {
+            url: Some(nats.url()),
+            ..NatsConfig::default()
+        },
+        http: HttpConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..HttpConfig::default()
+        },
+        projectors: ProjectorsConfig {
+            run: Vec::new(),
+            ..ProjectorsConfig::default()
+        },
+        ..Config::default()
+    };
+    let running = engram::up::start(&config).await.unwrap();
+    let addr = running.http_addr;
+    let (status, body) = http_get(addr, "/healthz").await;
+    assert_eq!(status, 200, "{body}");
+
+    // When the server dies, then /healthz says so: 503, with the reason
+    nats.kill().await;
+    wait_until(
+        "healthz to report the lost connection",
+        Duration::from_secs(30),
+        || async move {
+            let (status, body) = http_get(addr, "/healthz").await;
+            let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+            status == 503
+                && body["status"] == "unavailable"
+                && body["nats"]["connected"] == false
+                && body["reason"] == "nats connection is down"
+        },
+    )
+    .await;
+
+    // And once the server is back, it is healthy again
+    nats.restart().await;
+    wait_until(
+        "healthz to recover",
+        Duration::from_secs(60),
+        || async move { http_get(addr, "/healthz").await.0 == 200 },
     )
     .await;
     running.shutdown().await;

@@ -1,5 +1,7 @@
 //! A projector process killed with SIGKILL mid-stream and restarted: afterwards every read
-//! model equals a from-scratch rebuild (no event lost, none applied twice).
+//! model equals a from-scratch rebuild, and every projector's apply ledger counts each event
+//! exactly once (no event lost, none applied twice, even to a model where applying twice
+//! would leave the same state).
 
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -7,11 +9,18 @@ use std::time::Duration;
 use engram_bus::Bus;
 use engram_embed::HashEmbedder;
 use engram_memory::proto::{Consistency, projector_subject};
+use engram_projection_runtime::ApplyLedger;
 use engram_projectors::{ProjectorName, ProjectorStatus, ProjectorsConfig};
 use engram_schema::{Content, Embedding, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_testkit::TestNats;
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
+/// Until the first kill: a checkpoint after every 1,000 events and never for idleness. Batches
+/// hold at most 64 events, so once a projector has applied 1,500 it has checkpointed at most
+/// 1,063 of them, and holds the rest only in memory.
+const CHECKPOINT_EVERY_1000: &str = "checkpoint_interval = \"1h\"\ncheckpoint_every = 1000";
+/// Afterwards: idle checkpoints too, so a caught-up projector saves everything.
+const CHECKPOINT_WHEN_IDLE: &str = "checkpoint_interval = \"300ms\"\ncheckpoint_every = 500";
 const CONFIG: &str = r#"
 [projectors]
 checkpoint_interval = "300ms"
@@ -36,6 +45,16 @@ impl Drop for KillOnDrop {
         let _ = self.0.kill();
         let _ = self.0.wait();
     }
+}
+
+/// Writes the projectors' config, with `checkpoints` as its checkpoint interval line.
+fn write_config(home: &std::path::Path, checkpoints: &str) {
+    assert!(
+        CONFIG.contains(CHECKPOINT_WHEN_IDLE),
+        "CONFIG lost its checkpoint lines"
+    );
+    let config = CONFIG.replace(CHECKPOINT_WHEN_IDLE, checkpoints);
+    std::fs::write(home.join("engram.toml"), config).unwrap();
 }
 
 fn spawn(home: &std::path::Path, url: &str) -> KillOnDrop {
@@ -155,26 +174,67 @@ async fn status(
     .unwrap_or_else(|e| panic!("status of {name}: {e}\nprojector log:\n{log}"))
 }
 
+/// The projector's durable consumer: how far it acknowledged (acks follow checkpoints).
+async fn ack_floor(bus: &Bus, name: ProjectorName) -> u64 {
+    let stream = bus
+        .jetstream()
+        .get_stream(&bus.config().stream.name)
+        .await
+        .unwrap();
+    match stream
+        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(name.as_str())
+        .await
+    {
+        Ok(mut consumer) => consumer
+            .info()
+            .await
+            .map(|i| i.ack_floor.stream_sequence)
+            .unwrap_or(0),
+        Err(_) => 0,
+    }
+}
+
+fn killed(process: &mut KillOnDrop) {
+    // SAFETY: kill(2) on our own child.
+    unsafe {
+        libc::kill(process.0.id() as i32, libc::SIGKILL);
+    }
+    let _ = process.0.wait();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
     let nats = TestNats::start().await;
     let bus = nats.bus().await;
     let home = tempfile::tempdir().unwrap();
-    std::fs::write(home.path().join("engram.toml"), CONFIG).unwrap();
+    let log = home.path().join("projector.log");
+    write_config(home.path(), CHECKPOINT_EVERY_1000);
 
     let mut process = spawn(home.path(), &nats.url());
+    // What every projector must have applied, each event once: the ledger of the stream.
+    let mut expected = ApplyLedger::default();
     let mut last = 0;
     for chunk in 0..6 {
-        for r in bus.append_batch(&events(500, chunk * 500), 256).await {
-            last = last.max(r.unwrap().seq);
+        let events = events(500, chunk * 500);
+        for (event, r) in events.iter().zip(bus.append_batch(&events, 256).await) {
+            let seq = r.unwrap().seq;
+            expected.add(seq, event.event_id.as_str());
+            last = last.max(seq);
         }
         if chunk == 2 {
-            // Mid-stream: some of it applied and checkpointed, some applied only in memory.
-            tokio::time::sleep(Duration::from_millis(150)).await;
-            unsafe {
-                libc::kill(process.0.id() as i32, libc::SIGKILL);
+            // Mid-stream: once every projector has applied the 1,500 events so far, each has
+            // checkpointed at most 1,063 of them and holds the rest only in memory. Then the
+            // kill.
+            for name in ProjectorName::all() {
+                status(&bus, name, last, &log).await;
+                let saved = ack_floor(&bus, name).await;
+                assert!(
+                    saved < last,
+                    "{name} acknowledged (checkpointed) {saved} of {last}: nothing unsaved to lose"
+                );
             }
-            let _ = process.0.wait();
+            killed(&mut process);
+            write_config(home.path(), CHECKPOINT_WHEN_IDLE);
             process = spawn(home.path(), &nats.url());
         }
     }
@@ -189,41 +249,50 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
     };
     let mut after_crash = Vec::new();
     for name in ProjectorName::all() {
-        let status = status(&bus, name, last, &home.path().join("projector.log")).await;
-        assert!(status.visible_seq >= last);
+        let status = status(&bus, name, last, &log).await;
+        // Every event applied exactly once, across the kill and the replay after it.
+        assert_eq!(
+            status.ledger, expected,
+            "{name}: the apply ledger after kill -9"
+        );
         after_crash.push((name, status));
     }
-    let log = std::fs::read_to_string(home.path().join("projector.log")).unwrap_or_default();
-    // Proof that the kill caught applied-but-unsaved work: the restart had to reposition.
-    let repositioned = log.matches("repositioning projector consumer").count();
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    // The restart found deliveries past its checkpoint, and replayed from the checkpoint.
+    let repositioned = text.matches("repositioning projector consumer").count();
     assert!(
         repositioned >= 1,
-        "the kill hit no projector mid-stream:\n{log}"
+        "no projector was repositioned at its checkpoint:\n{text}"
     );
-    // Once caught up and checkpointed (idle checkpoints come after 300 ms), another kill -9:
+    // Once caught up and checkpointed (acknowledged through the last event), another kill -9:
     // this restart must load the vector graphs the checkpoint saved, not build them, and
     // come back to the same state.
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    unsafe {
-        libc::kill(process.0.id() as i32, libc::SIGKILL);
+    for name in ProjectorName::all() {
+        engram_testkit::wait_until(
+            &format!("{name} to checkpoint the whole stream"),
+            Duration::from_secs(60),
+            || {
+                let bus = bus.clone();
+                async move { ack_floor(&bus, name).await >= last }
+            },
+        )
+        .await;
     }
-    let _ = process.0.wait();
+    killed(&mut process);
     process = spawn(home.path(), &nats.url());
-    let again = status(
-        &bus,
-        ProjectorName::VECTOR,
-        last,
-        &home.path().join("projector.log"),
-    )
-    .await;
+    let again = status(&bus, ProjectorName::VECTOR, last, &log).await;
     let vector_before = &after_crash
         .iter()
         .find(|(name, _)| *name == ProjectorName::VECTOR)
         .unwrap()
         .1;
     assert_eq!(again.state_hash, vector_before.state_hash);
-    let log = std::fs::read_to_string(home.path().join("projector.log")).unwrap_or_default();
-    let graphs_loaded: Vec<u64> = log
+    assert_eq!(
+        again.ledger, expected,
+        "vector: the apply ledger after a restart"
+    );
+    let text = std::fs::read_to_string(&log).unwrap_or_default();
+    let graphs_loaded: Vec<u64> = text
         .lines()
         .filter(|l| l.contains("vector checkpoint restored"))
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
@@ -231,7 +300,7 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
         .collect();
     assert!(
         graphs_loaded.last().is_some_and(|&n| n > 0),
-        "the vector graphs were not loaded on restart ({graphs_loaded:?}):\n{log}"
+        "the vector graphs were not loaded on restart ({graphs_loaded:?}):\n{text}"
     );
     // Stopped before the rebuilds: a rebuild takes over the projector's durable consumer.
     drop(process);

@@ -1,10 +1,14 @@
 //! `engram up` as a user runs it: a real process with a managed nats-server, probed over HTTP,
 //! driven with the CLI, and stopped with SIGTERM.
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod common;
+
+use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use common::Lines;
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
@@ -42,14 +46,6 @@ impl Drop for KillOnDrop {
     }
 }
 
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port()
-}
-
 fn token<'a>(line: &'a str, key: &str) -> &'a str {
     line.split_whitespace()
         .find_map(|t| t.strip_prefix(key))
@@ -58,6 +54,7 @@ fn token<'a>(line: &'a str, key: &str) -> &'a str {
 
 /// Starts `engram up` with its data in `home` and returns it with its "engram is up" line.
 fn spawn_up(home: &std::path::Path, nats_port: u16) -> (KillOnDrop, String) {
+    const READY: Duration = Duration::from_secs(120);
     let mut child = KillOnDrop(
         Command::new(ENGRAM)
             .args([
@@ -74,24 +71,19 @@ fn spawn_up(home: &std::path::Path, nats_port: u16) -> (KillOnDrop, String) {
             .spawn()
             .unwrap(),
     );
-    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
-    let mut ready = String::new();
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !ready.contains("engram is up") {
-        ready.clear();
-        assert!(
-            stdout.read_line(&mut ready).unwrap() > 0,
-            "engram up exited before it was ready"
-        );
-        assert!(Instant::now() < deadline, "engram up not ready in time");
-    }
+    let mut stdout = Lines::of(child.0.stdout.take().unwrap());
+    let ready = stdout
+        .until("engram is up", READY)
+        .unwrap_or_else(|e| panic!("engram up: {e}"));
     (child, ready)
 }
 
 #[test]
 fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm() {
     let home = tempfile::tempdir().unwrap();
-    let nats_port = free_port();
+    // Leased: nobody else takes the port while this test stops and starts engram up on it.
+    let lease = engram_natsd::PortLease::acquire().unwrap();
+    let nats_port = lease.port();
     let (mut child, ready) = spawn_up(home.path(), nats_port);
     let http = token(&ready, "http=http://").to_owned();
     let nats = token(&ready, "nats=").to_owned();
@@ -216,16 +208,16 @@ fn up_against_a_server_with_a_password_never_shows_the_password() {
             .spawn()
             .unwrap(),
     );
-    let mut stdout = BufReader::new(child.0.stdout.take().unwrap());
-    let mut ready = String::new();
-    while !ready.contains("engram is up") {
-        ready.clear();
-        if stdout.read_line(&mut ready).unwrap() == 0 {
+    let mut stdout = Lines::of(child.0.stdout.take().unwrap());
+    let ready = match stdout.until("engram is up", Duration::from_secs(120)) {
+        Ok(line) => line,
+        Err(e) => {
+            let _ = child.0.kill();
             let mut logs = String::new();
             let _ = child.0.stderr.take().unwrap().read_to_string(&mut logs);
-            panic!("engram up exited before it was ready: {logs}");
+            panic!("engram up: {e}; its logs:\n{logs}");
         }
-    }
+    };
 
     // Then the banner and /healthz show where it connects, without the credentials
     let shown = format!("nats://***@127.0.0.1:{port}");

@@ -228,4 +228,59 @@ mod tests {
         let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2);
         assert_eq!(out[0].seq, 2, "the older memory decayed");
     }
+
+    /// Score fusion compares both retrievers on every candidate: a memory only one list
+    /// ranked gets the other side's score from that side's `also`, which is what lets a
+    /// memory both sides like, but one ranked too low to list, win.
+    #[test]
+    fn score_fusion_takes_the_other_sides_score_of_a_candidate_from_also() {
+        // Memory 2 is dense's best and keyword's third: too deep for keyword's list of two
+        let dense = side(&[(2, 0.9), (1, 0.5), (3, 0.1)]);
+        let mut keyword = side(&[(1, 10.0), (3, 9.0)]);
+        let ranking = Ranking {
+            fusion: Fusion::Score,
+            keyword_weight: 0.5,
+            importance_weight: 0.0,
+            ..Ranking::default()
+        };
+        // Without its keyword score, 1 wins on keyword alone
+        let blind = fuse(&dense, &keyword, &ranking, Utc::now(), 3);
+        assert_eq!(blind[0].seq, 1, "{blind:?}");
+        let two = blind.iter().find(|r| r.seq == 2).unwrap();
+        assert_eq!(two.parts.keyword, None);
+
+        // With it (and keyword's score of 8.5 is nearly its best), 2 wins
+        keyword.also = vec![Hit { seq: 2, score: 8.5 }];
+        let out = fuse(&dense, &keyword, &ranking, Utc::now(), 3);
+        assert_eq!(out[0].seq, 2, "{out:?}");
+        assert_eq!(out[0].parts.keyword, Some(8.5));
+        // Taken as a score, not a rank: the memory was not in keyword's list
+        assert_eq!(out[0].parts.keyword_rank, None);
+        assert_eq!(out[0].parts.dense_rank, Some(1));
+    }
+
+    /// `also` scores candidates the lists brought; it never adds a memory of its own, nor
+    /// replaces the score of one its side ranked.
+    #[test]
+    fn also_neither_adds_candidates_nor_overrides_a_ranked_score() {
+        let mut dense = side(&[(1, 0.9)]);
+        dense.also = vec![Hit { seq: 1, score: 0.1 }, Hit { seq: 9, score: 1.0 }];
+        let mut keyword = side(&[(2, 5.0)]);
+        keyword.also = vec![Hit { seq: 1, score: 4.0 }, Hit { seq: 8, score: 9.0 }];
+        let ranking = Ranking {
+            fusion: Fusion::Score,
+            importance_weight: 0.0,
+            ..Ranking::default()
+        };
+        let out = fuse(&dense, &keyword, &ranking, Utc::now(), 10);
+        let seqs: std::collections::BTreeSet<Seq> = out.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 2].into());
+        let one = out.iter().find(|r| r.seq == 1).unwrap();
+        assert_eq!(one.parts.dense, Some(0.9), "the ranked score stands");
+        assert_eq!(
+            one.parts.keyword,
+            Some(4.0),
+            "the missing side comes from also"
+        );
+    }
 }

@@ -479,13 +479,13 @@ mod tests {
 
     #[tokio::test]
     async fn unreachable_server_is_retryable() {
-        // Bind then drop: nothing listens on the port any more.
-        let port = {
-            let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-            listener.local_addr().unwrap().port()
-        };
-        let embedder =
-            OpenAiEmbedder::new(config(&format!("http://127.0.0.1:{port}"), "tiny")).unwrap();
+        // Leased: nothing listens on the port, and nothing else takes it meanwhile.
+        let closed = engram_natsd::PortLease::acquire().unwrap();
+        let embedder = OpenAiEmbedder::new(config(
+            &format!("http://127.0.0.1:{}", closed.port()),
+            "tiny",
+        ))
+        .unwrap();
         let err = embedder.embed(&["x".to_string()]).await.unwrap_err();
         assert!(matches!(err, EmbedError::Unavailable { .. }), "{err:?}");
         assert!(err.is_retryable());

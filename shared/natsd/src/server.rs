@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use tokio::process::{Child, Command};
 
-use crate::NatsdError;
+use crate::{NatsdError, PortLease};
 
 /// How to run a local nats-server.
 #[derive(Clone, Debug)]
@@ -15,7 +15,8 @@ pub struct ServerOptions {
     pub store_dir: PathBuf,
     /// Where the server's ports file and log go.
     pub run_dir: PathBuf,
-    /// Client port; `None` picks a free one. A restart keeps whatever was picked.
+    /// Client port; `None` leases one ([`PortLease`]), held for the server's life, so a
+    /// restart finds it still free.
     pub port: Option<u16>,
     /// Optional config file (`deploy/nats-server.conf`).
     pub config_file: Option<PathBuf>,
@@ -46,15 +47,25 @@ pub struct NatsServer {
     child: Option<Child>,
     /// Fixed after the first start so that clients reconnect to the same address.
     port: u16,
+    /// Keeps a port this server was not given free for it across kills and restarts.
+    _lease: Option<PortLease>,
 }
 
 impl NatsServer {
     /// Starts the server and waits until it accepts clients.
     pub async fn start(opts: ServerOptions) -> Result<Self, NatsdError> {
+        let lease = match opts.port {
+            Some(_) => None,
+            None => Some(PortLease::acquire()?),
+        };
         let mut server = Self {
-            port: opts.port.unwrap_or(0),
+            port: opts
+                .port
+                .or_else(|| lease.as_ref().map(PortLease::port))
+                .unwrap_or(0),
             opts,
             child: None,
+            _lease: lease,
         };
         server.spawn().await?;
         Ok(server)
@@ -143,11 +154,7 @@ impl NatsServer {
         if let Some(config) = &opts.config_file {
             cmd.arg("-c").arg(config);
         }
-        let port = if self.port == 0 {
-            "-1".to_owned()
-        } else {
-            self.port.to_string()
-        };
+        let port = self.port.to_string();
         cmd.arg("-js")
             .arg("-sd")
             .arg(&opts.store_dir)

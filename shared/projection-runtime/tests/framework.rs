@@ -41,6 +41,57 @@ impl SnapshotModel for Ledger {
     }
 }
 
+/// The ledger model, except that a batch holding the event with text `hold` waits in `apply`
+/// until `gate` opens (or its sender is dropped): a projector held mid-stream for as long as
+/// a test needs, however fast the machine.
+struct Gated {
+    inner: SnapshotProjection<Ledger>,
+    hold: &'static str,
+    gate: tokio::sync::watch::Receiver<bool>,
+    /// Set once a batch is held.
+    held: std::sync::atomic::AtomicBool,
+}
+
+#[async_trait::async_trait]
+impl Projection for Gated {
+    fn name(&self) -> &'static str {
+        self.inner.name()
+    }
+
+    fn state_dir(&self) -> Option<&std::path::Path> {
+        self.inner.state_dir()
+    }
+
+    async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
+        self.inner.restore().await
+    }
+
+    async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
+        if events.iter().any(|e| e.event.content.text == self.hold) {
+            self.held.store(true, Ordering::SeqCst);
+            let mut gate = self.gate.clone();
+            let _ = gate.wait_for(|open| *open).await;
+        }
+        self.inner.apply(events).await
+    }
+
+    async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
+        self.inner.publish(applied).await
+    }
+
+    async fn checkpoint(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
+        self.inner.checkpoint(applied).await
+    }
+
+    async fn reset(&self) -> Result<(), ProjectionError> {
+        self.inner.reset().await
+    }
+
+    async fn state_hash(&self) -> [u8; 32] {
+        self.inner.state_hash().await
+    }
+}
+
 fn settings() -> ProjectorSettings {
     ProjectorSettings {
         batch: 64,
@@ -381,19 +432,41 @@ async fn the_ledger_counts_every_applied_event_once_across_restarts_and_rebuild(
         ledger_of(&applied, refused_last)
     );
 
-    // ...and is killed mid-stream, without a final checkpoint
+    // ...and is killed mid-stream, without a final checkpoint: held at the batch holding
+    // "crash 150", so a backlog is certain to be left whatever the machine's speed
+    running.stop.cancel();
+    running.task.await.unwrap().unwrap();
+    let (open_gate, gate) = tokio::sync::watch::channel(false);
+    let gated = Arc::new(Gated {
+        inner: SnapshotProjection::<Ledger>::new("ledger", dir.path()),
+        hold: "crash 150",
+        gate,
+        held: Default::default(),
+    });
+    let projector = Projector::new(gated.clone(), bus.clone(), settings());
+    let visibility = projector.visibility();
+    let task = tokio::spawn(projector.run(tokio_util::sync::CancellationToken::new()));
     let last = append_noted(&bus, &good("crash", 300), &mut applied).await;
+    let held_at = applied[applied.len() - 150].0;
     wait_until(
-        "part of the backlog applied",
+        "the projector to reach the held batch",
         Duration::from_secs(10),
         || {
-            let seq = running.visibility.ledger().seq;
-            async move { seq > refused_last }
+            let (ledger, held) = (visibility.ledger(), gated.held.load(Ordering::SeqCst));
+            async move { ledger.seq > refused_last && held }
         },
     )
     .await;
-    running.task.abort();
-    let _ = running.task.await;
+    task.abort();
+    let _ = task.await;
+    drop(open_gate);
+    // Some of the backlog was applied, and the rest, from the held batch on, was not.
+    let at_abort = visibility.ledger();
+    assert!(
+        refused_last < at_abort.seq && at_abort.seq < held_at,
+        "aborted at seq {} (refused last {refused_last}, held at {held_at}, last {last})",
+        at_abort.seq
+    );
 
     // Then after the next restart each event has still been applied exactly once
     let running = start(&bus, dir.path()).await;
