@@ -46,6 +46,11 @@ bench-locomo *ARGS:
 bench-query *ARGS:
     cargo run --release -p engram-bench -- query {{ARGS}}
 
+# The fact table in process: applying assertions, hashing, snapshots, current, as-of and
+# text queries, and one fact re-asserted many times.
+bench-facts *ARGS:
+    cargo run --release -p engram-bench -- facts {{ARGS}}
+
 # HNSW against exact search at 100k and 1M vectors (client-supplied, one scope).
 bench-ann *ARGS:
     cargo run --release -p engram-vector --bin bench-ann -- {{ARGS}}
@@ -60,4 +65,4 @@ bench-embed *ARGS:
     cargo run --release -p engram-embed --bin bench-embed -- {{ARGS}}
 
 # All benchmarks.
-bench: loadtest bench-append bench-project bench-query bench-locomo bench-ann bench-embed
+bench: loadtest bench-append bench-project bench-query bench-locomo bench-ann bench-embed bench-facts

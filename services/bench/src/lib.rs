@@ -6,8 +6,10 @@
 //! # Layout
 //! - [`locomo`]: retrieval recall on LoCoMo, by mode.
 //! - [`query`]: retrieval latency at a scope size, beside in-process exact and graph search.
+//! - [`facts`]: the fact table's costs in process.
 //! - [`cli`]: flags (the `engram` binary's global ones, plus the benchmark).
 
+pub mod facts;
 pub mod locomo;
 pub mod query;
 
@@ -90,6 +92,9 @@ pub mod cli {
         /// service, beside exact and graph search of the same vectors in-process.
         /// Self-contained.
         Query(crate::query::QueryArgs),
+        /// What the bi-temporal fact table costs in process: applying assertions, hashing,
+        /// snapshots, current, as-of and text queries, and one fact re-asserted many times.
+        Facts(crate::facts::FactsArgs),
     }
 
     /// Loads config as `engram` does, sets up logging and runs the benchmark.
@@ -100,6 +105,7 @@ pub mod cli {
         match cli.command {
             Command::Locomo(args) => crate::locomo::run(&config, args, json).await,
             Command::Query(args) => crate::query::run(&config, args, json).await,
+            Command::Facts(args) => crate::facts::run(args, json).await,
         }
     }
 }
