@@ -51,7 +51,10 @@ fn bench_append_measures_engram_and_raw_publishes_of_the_same_events() {
     for phase in ["engram", "raw"] {
         assert_eq!(report[phase]["events"], 20, "{phase}: {report:#}");
         assert_eq!(report[phase]["errors"], 0, "{phase}: {report:#}");
-        assert_eq!(report[phase]["bytes"], report["engram"]["bytes"], "{report:#}");
+        assert_eq!(
+            report[phase]["bytes"], report["engram"]["bytes"],
+            "{report:#}"
+        );
     }
 }
 
@@ -79,7 +82,11 @@ fn bench_project_rebuilds_every_projector_beside_a_raw_replay() {
         .iter()
         .filter_map(|r| r["projector"].as_str())
         .collect();
-    assert_eq!(names, ["vector", "keyword", "facts", "skills"], "{report:#}");
+    assert_eq!(
+        names,
+        ["vector", "keyword", "facts", "skills"],
+        "{report:#}"
+    );
     for r in rebuilds {
         assert_eq!(r["applied"], 300, "{r:#}");
     }
@@ -135,7 +142,10 @@ async fn loadtest_drives_a_deployment_and_verifies_it() {
     assert!(stdout.contains("# Engram load test: PASSED"), "{stdout}");
     let report = json_file(&out_dir.join("report.json"));
     assert_eq!(report["verification"]["lost"], 0);
-    assert!(report["appends"].as_u64().is_some_and(|n| n > 0), "{report:#}");
+    assert!(
+        report["appends"].as_u64().is_some_and(|n| n > 0),
+        "{report:#}"
+    );
     for chart in ["latency.svg", "lag.svg", "throughput.svg", "resources.svg"] {
         assert!(out_dir.join(chart).is_file(), "no {chart}");
     }

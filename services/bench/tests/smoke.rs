@@ -66,7 +66,14 @@ fn locomo_ingests_a_conversation_and_scores_every_mode() {
     let data = dir.path().join("tiny.json");
     std::fs::write(&data, tiny_locomo().to_string()).unwrap();
     let report = run(
-        &["--json", "locomo", "--data", data.to_str().unwrap(), "--top-k", "20"],
+        &[
+            "--json",
+            "locomo",
+            "--data",
+            data.to_str().unwrap(),
+            "--top-k",
+            "20",
+        ],
         &dir.path().join("home"),
     );
     assert_eq!(report["dataset"]["questions_asked"], 3, "{report:#}");
@@ -95,10 +102,19 @@ fn query_measures_the_service_beside_exact_and_graph_search() {
         ],
         &dir.path().join("home"),
     );
-    for field in ["index_exact", "index_graph", "index_graph_recall", "service_dense_recall"] {
+    for field in [
+        "index_exact",
+        "index_graph",
+        "index_graph_recall",
+        "service_dense_recall",
+    ] {
         assert!(report.get(field).is_some(), "no {field} in {report:#}");
     }
-    assert!(report["service_dense_recall"].as_f64().is_some_and(|r| r > 0.0));
+    assert!(
+        report["service_dense_recall"]
+            .as_f64()
+            .is_some_and(|r| r > 0.0)
+    );
 }
 
 #[test]
@@ -121,7 +137,10 @@ fn facts_measures_the_fact_table_and_its_snapshot_round_trip() {
     assert_eq!(runs.len(), 2, "{report:#}");
     for run in runs {
         assert_eq!(run["events"], 500, "{run:#}");
-        assert!(run["fact_versions"].as_u64().is_some_and(|n| n > 0), "{run:#}");
+        assert!(
+            run["fact_versions"].as_u64().is_some_and(|n| n > 0),
+            "{run:#}"
+        );
         assert_eq!(run["snapshot_restores_equal"], true, "{run:#}");
     }
     assert_eq!(report["repeated"]["times"], 20, "{report:#}");

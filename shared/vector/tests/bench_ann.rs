@@ -6,8 +6,24 @@ use std::process::Command;
 #[test]
 fn bench_ann_reports_graph_search_against_exact_search() {
     let out = Command::new(env!("CARGO_BIN_EXE_bench-ann"))
-        .args(["--sizes", "300", "--dim", "16", "--queries", "5", "--k", "5"])
-        .args(["--ef", "16,32", "--inserts", "10", "--filter-fractions", "0.5"])
+        .args([
+            "--sizes",
+            "300",
+            "--dim",
+            "16",
+            "--queries",
+            "5",
+            "--k",
+            "5",
+        ])
+        .args([
+            "--ef",
+            "16,32",
+            "--inserts",
+            "10",
+            "--filter-fractions",
+            "0.5",
+        ])
         .arg("--json")
         .output()
         .unwrap();
