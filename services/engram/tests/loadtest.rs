@@ -194,6 +194,100 @@ async fn a_chaos_run_kills_a_projector_and_the_server_and_still_loses_nothing() 
     assert!(v.projectors.iter().all(|p| p.digest_matches), "{v:?}");
 }
 
+/// A query service that refuses every retrieve (its `max_top_k` is below what the load test
+/// asks for) fails the run: the refusals are errors no retry can fix, and the recalls they
+/// refused never got an answer. The ledger itself is clean, so only these checks can fail it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_against_a_query_service_that_refuses_every_retrieve_fails() {
+    let out = tempfile::tempdir().unwrap();
+    let refusing = out.path().join("refusing.toml");
+    std::fs::write(&refusing, "[query]\nmax_top_k = 1\n").unwrap();
+    let config = FleetConfig {
+        engram_config: Some(refusing),
+        churn: 0.0,
+        ..config(out.path(), 3)
+    };
+    let report = fleet::run(config, std::future::pending())
+        .await
+        .expect("the run completes");
+    assert!(!report.passed(), "{}", report.markdown());
+    let failures = report.failures().join("; ");
+    assert!(
+        failures.contains("recall:invalid errors no retry can fix"),
+        "{failures}"
+    );
+    assert!(
+        failures.contains("query:invalid errors no retry can fix"),
+        "{failures}"
+    );
+    let recalls = &report.problems.checks["recall"];
+    assert!(
+        recalls.due > 0 && recalls.unchecked == recalls.due,
+        "{recalls:?}"
+    );
+    assert!(
+        failures.contains("read-your-writes checks never answered"),
+        "{failures}"
+    );
+    let v = report.verification.as_ref().expect("verified");
+    assert_eq!((v.lost, v.duplicated, v.seq_mismatch), (0, 0, 0));
+}
+
+/// A deployment whose query service is down: every retrieve, context and facts request finds
+/// no responder. Those are retryable, so they count against the error budget, which they
+/// exceed; the recalls retried until the run gave up count as never answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_against_a_deployment_without_a_query_service_fails_on_its_error_budget() {
+    let nats = engram_testkit::TestNats::start().await;
+    let home = tempfile::tempdir().unwrap();
+    std::fs::write(
+        home.path().join("engram.toml"),
+        "[projectors.embedder]\nkind = \"client_supplied\"\nmodel = \"loadtest-hash-64\"\ndim = 64\n",
+    )
+    .unwrap();
+    // The projectors alone, as their own process: no query service answers.
+    let _projectors = tokio::process::Command::new(ENGRAM)
+        .arg("--home")
+        .arg(home.path())
+        .arg("--config")
+        .arg(home.path().join("engram.toml"))
+        .args(["--nats", &nats.url(), "projector"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let out = tempfile::tempdir().unwrap();
+    let config = FleetConfig {
+        nats: Some(nats.url()),
+        engram_bin: None,
+        churn: 0.0,
+        drain_limit: Duration::from_secs(10),
+        ..config(out.path(), 3)
+    };
+    let report = fleet::run(config, std::future::pending())
+        .await
+        .expect("the run completes");
+    assert!(!report.passed(), "{}", report.markdown());
+    let failures = report.failures().join("; ");
+    for operation in ["query", "context"] {
+        assert!(
+            failures.contains(&format!("{operation}: "))
+                && failures.contains("over the error budget"),
+            "{operation}: {failures}"
+        );
+    }
+    assert!(
+        report.problems.hard_errors.is_empty(),
+        "no responders is retryable: {:?}",
+        report.problems.hard_errors
+    );
+    assert!(report.problems.unchecked > 0, "{}", report.markdown());
+    let v = report.verification.as_ref().expect("verified");
+    assert_eq!((v.lost, v.duplicated, v.seq_mismatch), (0, 0, 0));
+    assert!(v.projectors.iter().all(|p| p.digest_matches), "{v:?}");
+}
+
 /// `--nats <url>`: the load test drives a deployment it did not start (here `engram up` run
 /// by the test against a server of its own) and verifies it the same way.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
