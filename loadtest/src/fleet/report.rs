@@ -479,19 +479,23 @@ impl FleetReport {
             let _ = writeln!(out, "\n## Chaos\n");
             let _ = writeln!(
                 out,
-                "| kill -9 | at s | back s | appends resumed s | projectors caught up s | caught up after the restart s |\n|---|---|---|---|---|---|"
+                "| kill -9 | at s | back s | appends while down | appends resumed s | projectors caught up s | caught up after the restart s | stream seq at the kill, caught up to |\n|---|---|---|---|---|---|---|---|"
             );
             let opt = |v: Option<f64>| v.map_or_else(|| "never".to_owned(), |v| format!("{v:.2}"));
             for e in &self.chaos {
+                let seq = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
                 let _ = writeln!(
                     out,
-                    "| {} | {:.1} | {:.2} | {} | {} | {} |",
+                    "| {} | {:.1} | {:.2} | {} | {} | {} | {} | {}, {} |",
                     e.victim,
                     e.at_secs,
                     e.down_secs,
+                    e.appends_while_down,
                     opt(e.appends_resumed_secs),
                     opt(e.caught_up_secs),
-                    opt(e.caught_up_secs.map(|c| c - e.down_secs))
+                    opt(e.caught_up_secs.map(|c| c - e.down_secs)),
+                    seq(e.stream_seq_at_kill),
+                    seq(e.caught_up_to_seq)
                 );
             }
         }
