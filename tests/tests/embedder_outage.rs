@@ -1,6 +1,8 @@
-//! An OpenAI-compatible embedding server that refuses the api key for a while: the vector
-//! projector waits and retries, and once the key works every event is indexed. Only a text the
-//! server cannot take on its own is dead-lettered.
+//! An OpenAI-compatible embedding server that refuses for a while, as during a key rotation
+//! (401, 403) or a model being redeployed (404): the vector projector waits and retries, the
+//! failure and its reason show in the embedder health while it lasts, and once the server
+//! answers every event is indexed. Only a text the server cannot take on its own is
+//! dead-lettered.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -22,9 +24,10 @@ const DIM: usize = 4;
 /// Longest text the fake server embeds.
 const MAX_TEXT: usize = 100;
 
-/// The fake server: 401 to the first `refusals` requests (the key is being rotated), then
-/// embeddings; a text over `MAX_TEXT` bytes gets a 400, as a model's length limit would.
+/// The fake server: `refusal` to the first `refusals` requests, then embeddings; a text over
+/// `MAX_TEXT` bytes gets a 400, as a model's length limit would.
 struct Server {
+    refusal: StatusCode,
     refusals: usize,
     requests: AtomicUsize,
     refused: AtomicUsize,
@@ -34,8 +37,8 @@ async fn embeddings(State(server): State<Arc<Server>>, Json(body): Json<Value>) 
     if server.requests.fetch_add(1, Ordering::SeqCst) < server.refusals {
         server.refused.fetch_add(1, Ordering::SeqCst);
         return (
-            StatusCode::UNAUTHORIZED,
-            Json(json!({"error": {"message": "incorrect api key provided"}})),
+            server.refusal,
+            Json(json!({"error": {"message": "refused for now"}})),
         )
             .into_response();
     }
@@ -55,8 +58,9 @@ async fn embeddings(State(server): State<Arc<Server>>, Json(body): Json<Value>) 
     Json(json!({"object": "list", "data": data})).into_response()
 }
 
-async fn start_server(refusals: usize) -> (Arc<Server>, String) {
+async fn start_server(refusal: StatusCode, refusals: usize) -> (Arc<Server>, String) {
     let server = Arc::new(Server {
+        refusal,
         refusals,
         requests: AtomicUsize::new(0),
         refused: AtomicUsize::new(0),
@@ -71,9 +75,19 @@ async fn start_server(refusals: usize) -> (Arc<Server>, String) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_refused_api_key_delays_events_and_rejects_none() {
-    // Given an embedding server that answers 401 to its first requests
-    let (server, url) = start_server(4).await;
+async fn a_refusing_embedding_server_delays_events_rejects_none_and_shows_in_health() {
+    for (refusal, reason) in [
+        (StatusCode::UNAUTHORIZED, "auth"),
+        (StatusCode::FORBIDDEN, "auth"),
+        (StatusCode::NOT_FOUND, "not_found"),
+    ] {
+        outage(refusal, reason).await;
+    }
+}
+
+async fn outage(refusal: StatusCode, reason: &str) {
+    // Given an embedding server that refuses its first requests
+    let (server, url) = start_server(refusal, 6).await;
     let nats = TestNats::start().await;
     let bus = nats.bus().await;
     let dir = tempfile::tempdir().unwrap();
@@ -113,16 +127,35 @@ async fn a_refused_api_key_delays_events_and_rejects_none() {
     .await
     .unwrap();
 
-    // Then it catches up once the key works
+    // Then while it refuses, the embedder health names it and why
+    let endpoint = format!("{url}/v1/embeddings");
+    engram_testkit::wait_until(
+        &format!("the {refusal} outage to show in the embedder health"),
+        Duration::from_secs(30),
+        || {
+            let endpoint = endpoint.clone();
+            async move {
+                engram_embed::health::failing()
+                    .iter()
+                    .any(|f| f.endpoint == endpoint && f.reason == reason)
+            }
+        },
+    )
+    .await;
+
+    // And it catches up once the server answers
     let ledger = vector_ledger(&bus, last).await;
     assert_eq!(ledger.visible_seq, last);
-    assert_eq!(server.refused.load(Ordering::SeqCst), 4);
+    assert_eq!(server.refused.load(Ordering::SeqCst), 6, "{refusal}");
 
-    // And nothing was dead-lettered for the refused key: only the text the model cannot take
-    assert_eq!(bus.dead_letter_count("vector").await.unwrap(), 1);
+    // And nothing was dead-lettered for the refusals: only the text the model cannot take
+    assert_eq!(
+        bus.dead_letter_count("vector").await.unwrap(),
+        1,
+        "{refusal}"
+    );
 
     // And the embedder is healthy again
-    let endpoint = format!("{url}/v1/embeddings");
     assert!(
         engram_embed::health::failing()
             .iter()

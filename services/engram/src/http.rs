@@ -116,9 +116,10 @@ pub fn router(bus: Bus, nats_url: String, lag: Arc<LagCheck>) -> Router {
         .with_state(AppState { bus, nats_url, lag })
 }
 
-/// 200 when the NATS connection is up, the events stream answers and no projector has trailed
-/// the stream by more than the configured number of events for longer than the grace period;
-/// 503 otherwise, with the reason, so a load balancer and a human both learn something.
+/// 200 when the NATS connection is up, the events stream answers, no projector has trailed
+/// the stream by more than the configured number of events for longer than the grace period
+/// and no embedder has been failing for that long; 503 otherwise, with the reason, so a load
+/// balancer and a human both learn something. Failing embedders are listed either way.
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     let connected = state.bus.is_connected();
     let stream = if connected {
@@ -140,7 +141,7 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
                     (t.projector.to_owned(), value)
                 })
                 .collect();
-            let stalled: Vec<String> = trailing
+            let mut stalled: Vec<String> = trailing
                 .iter()
                 .filter(|t| t.behind_for.is_some_and(|d| d >= state.lag.limits.grace))
                 .map(|t| {
@@ -155,6 +156,41 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
                     )
                 })
                 .collect();
+            // An embedding server that refuses or is down makes the projectors wait, not
+            // reject events: shown at once, and a reason for 503 after the same grace as a
+            // projector's lag, so that one failed call does not take the service out.
+            let embedders = engram_embed::health::failing();
+            let now = std::time::SystemTime::now();
+            let failing_for = |f: &engram_embed::health::EmbedderFailure| {
+                now.duration_since(f.since).unwrap_or_default()
+            };
+            stalled.extend(
+                embedders
+                    .iter()
+                    .filter(|f| failing_for(f) >= state.lag.limits.grace)
+                    .map(|f| {
+                        format!(
+                            "embedder {} (model {}) has failed ({}) for {:.0?}: {}",
+                            f.endpoint,
+                            f.model,
+                            f.reason,
+                            failing_for(f),
+                            f.message
+                        )
+                    }),
+            );
+            let embedders: Vec<serde_json::Value> = embedders
+                .iter()
+                .map(|f| {
+                    serde_json::json!({
+                        "endpoint": f.endpoint,
+                        "model": f.model,
+                        "reason": f.reason,
+                        "message": f.message,
+                        "failing_secs": failing_for(f).as_secs_f64(),
+                    })
+                })
+                .collect();
             let status = if stalled.is_empty() {
                 StatusCode::OK
             } else {
@@ -165,6 +201,7 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
                 "nats": {"url": state.nats_url, "connected": true},
                 "stream": {"name": s.name, "messages": s.messages, "last_seq": s.last_seq},
                 "projectors": projectors,
+                "embedders_failing": embedders,
             });
             if !stalled.is_empty() {
                 body["reason"] = stalled.join("; ").into();

@@ -1,6 +1,7 @@
 //! `/healthz` of `engram up` tells a stalled projector from an idle one: a projector that
 //! cannot apply what the stream holds turns it 503, naming the projector, once it has trailed
-//! by more than the configured number of events for longer than the grace period.
+//! by more than the configured number of events for longer than the grace period; an
+//! embedder that keeps failing is named, with why, after the same grace.
 
 use std::time::Duration;
 
@@ -65,7 +66,8 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
     let (status, body) = http_get(running.http_addr, "/healthz").await;
     assert_eq!(status, 200, "{body}");
 
-    // When fewer events than the threshold wait, it stays healthy
+    // When fewer events than the threshold wait, the lag is no reason for 503; but the embedder
+    // that is down is, once it has failed for the grace period: named, with why
     let bus = &running.bus;
     for i in 0..2 {
         bus.append(
@@ -75,15 +77,49 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
         .await
         .unwrap();
     }
-    tokio::time::sleep(Duration::from_secs(1)).await;
-    let (status, body) = http_get(running.http_addr, "/healthz").await;
-    assert_eq!(status, 200, "{body}");
+    let addr = running.http_addr;
+    let embedder = format!("http://127.0.0.1:{}/v1/embeddings", closed.port());
+    let health = || async move {
+        let (status, body) = http_get(addr, "/healthz").await;
+        let body: serde_json::Value = serde_json::from_str(&body).unwrap_or_default();
+        (status, body)
+    };
+    wait_until(
+        "healthz to name the failing embedder",
+        Duration::from_secs(30),
+        || {
+            let embedder = embedder.clone();
+            async move {
+                let (status, body) = health().await;
+                let listed = body["embedders_failing"].as_array().is_some_and(|all| {
+                    all.iter()
+                        .any(|f| f["endpoint"] == embedder.as_str() && f["reason"] == "unreachable")
+                });
+                let reason = body["reason"].as_str().unwrap_or_default();
+                status == 503
+                    && listed
+                    && reason.contains(&format!(
+                        "embedder {embedder} (model down) has failed (unreachable)"
+                    ))
+            }
+        },
+    )
+    .await;
+    // (the lag of 2 has lasted past the grace too: it is under the threshold)
+    let (_, body) = health().await;
+    assert!(
+        !body["reason"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("trails the stream"),
+        "{body}"
+    );
 
-    // And when more wait than the threshold for longer than the grace period, it is not
+    // And when more wait than the threshold for longer than the grace period, the projector is
+    // named too
     bus.append(&event("acme", "t1", "memory 2"), Default::default())
         .await
         .unwrap();
-    let addr = running.http_addr;
     wait_until(
         "healthz to report the stalled projector",
         Duration::from_secs(30),
