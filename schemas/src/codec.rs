@@ -10,6 +10,13 @@ use crate::SCHEMA_VERSION;
 use crate::envelope::Envelope;
 use crate::error::SchemaError;
 
+/// Deepest nesting of maps and arrays an encoded event may have. An envelope nests its
+/// content's data two levels down, and [`crate::payload::MAX_DATA_DEPTH`] bounds that data at
+/// encode, so a valid event stays far below this; anything near it is hostile. The decoders
+/// recurse once per level (rmp-serde's own limit is 1024, more than a 2 MiB thread stack holds
+/// in a debug build), so deeper input is refused before they see it.
+pub const MAX_NESTING: usize = 64;
+
 /// Size limits enforced before anything is published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -90,6 +97,7 @@ impl Codec {
     /// payload is left to the read models that interpret it (see [`crate::payload`]).
     pub fn decode(&self, bytes: &[u8]) -> Result<Envelope, SchemaError> {
         self.check_size(bytes.len())?;
+        check_nesting(bytes)?;
         let probe: VersionProbe = rmp_serde::from_slice(bytes)
             .map_err(|e| SchemaError::Malformed(format!("not a msgpack event map: {e}")))?;
         let version = probe
@@ -190,6 +198,71 @@ impl Codec {
     }
 }
 
+/// Refuses MessagePack whose first value nests maps and arrays deeper than [`MAX_NESTING`].
+/// A scan, not a decode: one pass, no recursion and no allocation beyond a stack of at most
+/// `MAX_NESTING` counters, whatever counts the headers claim. Input that ends early passes
+/// here; the decoder reports it.
+fn check_nesting(bytes: &[u8]) -> Result<(), SchemaError> {
+    // Values still to read in each open container; the bottom entry is the one top-level value.
+    let mut open: Vec<u64> = vec![1];
+    let mut at = 0usize;
+    while let Some(left) = open.last_mut() {
+        if *left == 0 {
+            open.pop();
+            continue;
+        }
+        *left -= 1;
+        let Some(&marker) = bytes.get(at) else {
+            return Ok(());
+        };
+        at += 1;
+        let be = |n: usize| -> Option<u64> {
+            let raw = bytes.get(at..at + n)?;
+            Some(raw.iter().fold(0u64, |v, b| (v << 8) | u64::from(*b)))
+        };
+        // (bytes to skip after the marker, values this one contains)
+        let (skip, children) = match marker {
+            0x00..=0x7f | 0xe0..=0xff | 0xc0..=0xc3 => (0, 0),
+            0x80..=0x8f => (0, 2 * u64::from(marker & 0x0f)),
+            0x90..=0x9f => (0, u64::from(marker & 0x0f)),
+            0xa0..=0xbf => (u64::from(marker & 0x1f), 0),
+            0xc4 | 0xd9 => (1 + be(1).unwrap_or(0), 0),
+            0xc5 | 0xda => (2 + be(2).unwrap_or(0), 0),
+            0xc6 | 0xdb => (4 + be(4).unwrap_or(0), 0),
+            0xc7 => (2 + be(1).unwrap_or(0), 0),
+            0xc8 => (3 + be(2).unwrap_or(0), 0),
+            0xc9 => (5 + be(4).unwrap_or(0), 0),
+            0xcc | 0xd0 => (1, 0),
+            0xcd | 0xd1 => (2, 0),
+            0xca | 0xce | 0xd2 => (4, 0),
+            0xcb | 0xcf | 0xd3 => (8, 0),
+            0xd4 => (2, 0),
+            0xd5 => (3, 0),
+            0xd6 => (5, 0),
+            0xd7 => (9, 0),
+            0xd8 => (17, 0),
+            0xdc => (2, be(2).unwrap_or(0)),
+            0xdd => (4, be(4).unwrap_or(0)),
+            0xde => (2, 2 * be(2).unwrap_or(0)),
+            0xdf => (4, 2 * be(4).unwrap_or(0)),
+        };
+        let Some(next) = usize::try_from(skip).ok().and_then(|s| at.checked_add(s)) else {
+            return Ok(());
+        };
+        at = next;
+        if children > 0 {
+            // `open` holds the top-level entry plus one per open container.
+            if open.len() > MAX_NESTING {
+                return Err(SchemaError::Malformed(format!(
+                    "maps and arrays are nested more than {MAX_NESTING} levels deep"
+                )));
+            }
+            open.push(children);
+        }
+    }
+    Ok(())
+}
+
 /// An upper-ish estimate of the encoded size: fixed fields and names plus the variable parts.
 fn estimated_size(event: &Envelope) -> usize {
     let tags: usize = event.tags.iter().map(|t| t.len() + 2).sum();
@@ -222,6 +295,66 @@ mod tests {
         e.tags = vec!["ci".into()];
         e.content.data = Some(serde_json::json!({"exit_code": 0, "files": ["a.rs"]}));
         e
+    }
+
+    /// `depth` arrays, one inside the other, around a nil.
+    fn nested_arrays(depth: usize) -> Vec<u8> {
+        let mut bytes = vec![0x91; depth];
+        bytes.push(0xc0);
+        bytes
+    }
+
+    #[test]
+    fn nesting_beyond_the_limit_is_refused_before_any_decoder_sees_it() {
+        assert_eq!(check_nesting(&nested_arrays(MAX_NESTING)), Ok(()));
+        assert!(matches!(
+            check_nesting(&nested_arrays(MAX_NESTING + 1)),
+            Err(SchemaError::Malformed(m)) if m.contains("nested more than 64 levels")
+        ));
+        // Maps count too, and a hundred thousand levels cost a scan, not a stack.
+        let deep_maps: Vec<u8> = std::iter::repeat_n([0x81, 0xa1, b'k'], 100_000)
+            .flatten()
+            .chain([0xc0])
+            .collect();
+        assert!(matches!(
+            Codec::default().decode(&deep_maps),
+            Err(SchemaError::Malformed(m)) if m.contains("nested more than")
+        ));
+        // Headers that claim more than there is end the scan at the input's end.
+        for lying in [
+            vec![0xdd, 0xff, 0xff, 0xff, 0xff],
+            vec![0xdf, 0xff, 0xff, 0xff, 0xff],
+            vec![0xdb, 0xff, 0xff, 0xff, 0xff, b'a'],
+            vec![0xc9, 0xff, 0xff, 0xff, 0xff, 0x01],
+        ] {
+            assert_eq!(check_nesting(&lying), Ok(()), "{lying:x?}");
+        }
+        // Siblings are not depth: a wide, shallow value passes.
+        let wide: Vec<u8> = [0xdc, 0x01, 0x00]
+            .into_iter()
+            .chain(std::iter::repeat_n([0x91, 0xc0], 256).flatten())
+            .collect();
+        assert_eq!(check_nesting(&wide), Ok(()));
+    }
+
+    #[test]
+    fn data_nested_deeper_than_decoding_allows_is_refused_at_encode() {
+        let nest = |depth: usize| {
+            (0..depth).fold(serde_json::json!(1), |inner, _| serde_json::json!([inner]))
+        };
+        let codec = Codec::default();
+        let mut e = event();
+        e.content.data = Some(nest(crate::payload::MAX_DATA_DEPTH));
+        let bytes = codec.encode(&e).expect("as deep as allowed");
+        assert_eq!(codec.decode(&bytes).unwrap().content.data, e.content.data);
+        e.content.data = Some(nest(crate::payload::MAX_DATA_DEPTH + 1));
+        assert!(matches!(
+            codec.encode(&e),
+            Err(SchemaError::InvalidField {
+                field: "content.data",
+                ..
+            })
+        ));
     }
 
     fn named_value(e: &Envelope) -> rmpv::Value {

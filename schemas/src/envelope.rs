@@ -268,7 +268,13 @@ impl Envelope {
     /// (SDK, CLI, bus) runs it before publishing.
     pub fn validate(&self) -> Result<(), SchemaError> {
         self.validate_envelope()?;
+        // The typed payloads first, whose refusals name the field within the data.
         Payload::of(self)?;
+        // Then any kind's data: decoding refuses an event nested deeper than
+        // `codec::MAX_NESTING`, and an event acknowledged here must decode.
+        if let Some(data) = &self.content.data {
+            crate::payload::within_depth("content.data", data, crate::payload::MAX_DATA_DEPTH)?;
+        }
         Ok(())
     }
 

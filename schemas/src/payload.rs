@@ -45,6 +45,9 @@ pub const MAX_LIST_ITEMS: usize = 256;
 /// Read models walk these values recursively (equality, hashing, snapshots); the bound keeps
 /// a hostile value from exhausting their stack.
 pub const MAX_OBJECT_DEPTH: usize = 32;
+/// Deepest nesting of any event's `content.data`: one level more than a payload's free value,
+/// which sits inside the payload object.
+pub const MAX_DATA_DEPTH: usize = MAX_OBJECT_DEPTH + 1;
 /// Most memories one `forgotten` event may withdraw.
 pub const MAX_FORGOTTEN: usize = 1_000;
 
@@ -522,6 +525,15 @@ fn list(field: &'static str, items: Option<&[String]>) -> Result<(), PayloadErro
 /// Refuses a value nested deeper than [`MAX_OBJECT_DEPTH`]. Stops descending at the limit,
 /// so its own recursion is bounded whatever the input.
 fn shallow(field: &'static str, value: &Value) -> Result<(), PayloadError> {
+    within_depth(field, value, MAX_OBJECT_DEPTH)
+}
+
+/// Refuses a value nested deeper than `max`, without descending further than that.
+pub(crate) fn within_depth(
+    field: &'static str,
+    value: &Value,
+    max: usize,
+) -> Result<(), PayloadError> {
     fn within(value: &Value, budget: usize) -> bool {
         match value {
             Value::Array(items) => budget > 0 && items.iter().all(|v| within(v, budget - 1)),
@@ -529,13 +541,13 @@ fn shallow(field: &'static str, value: &Value) -> Result<(), PayloadError> {
             _ => true,
         }
     }
-    if within(value, MAX_OBJECT_DEPTH) {
+    if within(value, max) {
         return Ok(());
     }
     Err(PayloadError::new(
         field,
         format!(
-            "it is nested more than {MAX_OBJECT_DEPTH} levels deep; flatten it, or put the detail in content.text"
+            "it is nested more than {max} levels deep; flatten it, or put the detail in content.text"
         ),
     ))
 }

@@ -543,26 +543,6 @@ fn codec() -> Codec {
     Codec::new(Limits::default())
 }
 
-/// Runs `decode` on a thread with a stack as large as a release build would need for the
-/// same depth. The codec's nesting limit is rmp-serde's and rmpv's 1024; a debug build spends
-/// about 3 KiB of stack per level there, so input nested ~700 deep overflows a 2 MiB test or
-/// tokio thread and aborts the process, while a release build stays under 256 KiB at 100,000
-/// levels. (Reported in the fuzz findings: the codec should cap nesting itself, far lower.)
-fn on_codec_stack<T: Send>(decode: impl FnOnce() -> T + Send) -> T {
-    std::thread::scope(|scope| {
-        std::thread::Builder::new()
-            .stack_size(if cfg!(debug_assertions) {
-                16 << 20
-            } else {
-                2 << 20
-            })
-            .spawn_scoped(scope, decode)
-            .unwrap()
-            .join()
-            .unwrap_or_else(|panic| std::panic::resume_unwind(panic))
-    })
-}
-
 /// Decoding anything must end in a valid envelope or a typed error; a decoded envelope's
 /// payload is then read and validated, and if that passes it must survive a round trip.
 fn check_decoded(result: Result<Envelope, engram_schema::SchemaError>) {
@@ -705,24 +685,24 @@ proptest! {
 
     #[test]
     fn codec_decodes_arbitrary_bytes(bytes in bytes()) {
-        on_codec_stack(|| check_decoded(codec().decode(&bytes)));
+        check_decoded(codec().decode(&bytes));
     }
 
     #[test]
     fn codec_decodes_arbitrary_msgpack(value in msgpack_value()) {
         let mut bytes = Vec::new();
         rmpv::encode::write_value(&mut bytes, &value).unwrap();
-        on_codec_stack(|| check_decoded(codec().decode(&bytes)));
+        check_decoded(codec().decode(&bytes));
     }
 
     #[test]
     fn codec_decodes_msgpack_shaped_like_an_envelope(bytes in shaped_msgpack()) {
-        on_codec_stack(|| check_decoded(codec().decode(&bytes)));
+        check_decoded(codec().decode(&bytes));
     }
 
     #[test]
     fn codec_decodes_lying_msgpack(bytes in lying_msgpack()) {
-        on_codec_stack(|| check_decoded(codec().decode(&bytes)));
+        check_decoded(codec().decode(&bytes));
     }
 
     #[test]
@@ -743,7 +723,7 @@ proptest! {
         // And the same value as MessagePack, through the codec.
         let mut msgpack = Vec::new();
         rmpv::encode::write_value(&mut msgpack, &json_to_msgpack(&value)).unwrap();
-        on_codec_stack(|| check_decoded(codec().decode(&msgpack)));
+        check_decoded(codec().decode(&msgpack));
     }
 }
 

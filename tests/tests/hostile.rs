@@ -552,3 +552,168 @@ async fn a_reply_too_large_to_send_is_a_typed_error() {
     assert!(err.to_string().contains("max_payload"), "{err}");
     engram.stop().await;
 }
+
+/// Raw publishes no SDK would make, straight onto an events subject: each is dead-lettered by
+/// every projector, none stalls one, and an ordinary write after them is read back. One too
+/// large for the server is refused at publish.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn raw_poison_appends_are_dead_lettered_by_every_projector_without_stalling_them() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let bus = nats.bus().await;
+    let subject = "engram.evt.acme.task.t.episodic";
+    // The envelope as MessagePack, with one field replaced, bypassing every check.
+    let tampered = |field: &str, value: rmpv::Value| {
+        let bytes = rmp_serde::to_vec_named(&memory("a good memory")).unwrap();
+        let mut map = match rmpv::decode::read_value(&mut &bytes[..]).unwrap() {
+            rmpv::Value::Map(map) => map,
+            other => panic!("an envelope is a map, not {other:?}"),
+        };
+        for (k, v) in &mut map {
+            if k.as_str() == Some(field) {
+                *v = value.clone();
+            }
+        }
+        let mut out = Vec::new();
+        rmpv::encode::write_value(&mut out, &rmpv::Value::Map(map)).unwrap();
+        out
+    };
+    let mut nan = memory("a nan vector");
+    nan.embedding.as_mut().unwrap().vector[0] = f32::NAN;
+    let mut deep = vec![0x82];
+    rmpv::encode::write_value(&mut deep, &rmpv::Value::from("schema_version")).unwrap();
+    deep.push(engram_schema::SCHEMA_VERSION as u8);
+    rmpv::encode::write_value(&mut deep, &rmpv::Value::from("content")).unwrap();
+    deep.extend(std::iter::repeat_n([0x81, 0xa1, b'a'], 100_000).flatten());
+    deep.push(0xc0);
+    let mut big = memory("big");
+    big.content.text = "x".repeat(700 * 1024);
+    let poison: Vec<(&str, Vec<u8>)> = vec![
+        ("garbage", b"\xde\xad\xbe\xef not msgpack".to_vec()),
+        (
+            "unknown schema version",
+            tampered("schema_version", 99.into()),
+        ),
+        ("wildcard tenant", tampered("tenant", "acme.*".into())),
+        ("100,000-deep nesting", deep),
+        ("nan embedding", rmp_serde::to_vec_named(&nan).unwrap()),
+        ("700 KB event", rmp_serde::to_vec_named(&big).unwrap()),
+    ];
+    for (what, bytes) in &poison {
+        bus.jetstream()
+            .publish(subject, bytes.clone().into())
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"))
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+    }
+    // Over the server's 1 MiB message limit: refused before it is stored.
+    let huge = vec![0u8; 1536 * 1024];
+    let refused = match bus.jetstream().publish(subject, huge.into()).await {
+        Err(_) => true,
+        Ok(ack) => ack.await.is_err(),
+    };
+    assert!(refused, "a 1.5 MB message was stored");
+
+    // A good write after them is read back, so no projector stalled on them
+    let seq = engram
+        .client
+        .append(&memory("written after the poison"))
+        .await
+        .unwrap()
+        .seq;
+    let found = engram
+        .client
+        .retrieve(&RetrieveRequest {
+            consistency: Consistency {
+                min_seq: Some(seq),
+                wait_ms: Some(30_000),
+            },
+            ..retrieve("written after the poison")
+        })
+        .await
+        .unwrap();
+    assert!(
+        found.results.iter().any(|r| r.seq == seq),
+        "{:?}",
+        found.results
+    );
+    // And every projector dead-lettered each of the six
+    let sent = poison.len() as u64;
+    for projector in ["vector", "keyword", "facts", "skills"] {
+        engram_testkit::wait_until(
+            &format!("{projector} to dead-letter the poison"),
+            Duration::from_secs(30),
+            || {
+                let bus = bus.clone();
+                async move { bus.dead_letter_count(projector).await.unwrap_or(0) == sent }
+            },
+        )
+        .await;
+    }
+    engram.stop().await;
+}
+
+/// What an attacker tried and the service held against, kept that way: each of these bodies
+/// is a typed 400, and the service still answers an ordinary request afterwards.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_query_inputs_that_held_up_stay_typed_400s() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    engram.client.append(&memory("hello world")).await.unwrap();
+    let client = nats.bus().await.client().clone();
+
+    // Bodies that are no request at all
+    let deep_json = format!("{}{}", "[".repeat(10_000), "]".repeat(10_000));
+    let msgpack = rmp_serde::to_vec_named(&retrieve("hello")).unwrap();
+    for (what, body) in [
+        ("garbage bytes", b"\xff\xfe\x00garbage".to_vec()),
+        ("messagepack", msgpack),
+        ("an empty body", Vec::new()),
+        ("json nested 10,000 deep", deep_json.into_bytes()),
+    ] {
+        let reply = client
+            .request(proto::RETRIEVE, body.into())
+            .await
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        let headers = reply.headers.as_ref().expect("an error reply has headers");
+        let code = headers
+            .get(async_nats::service::NATS_SERVICE_ERROR_CODE)
+            .map(|v| v.as_str().to_owned());
+        assert_eq!(code.as_deref(), Some("400"), "{what}: {headers:?}");
+    }
+
+    // Fields out of their domain, each named (the scope fields, flattened into the request,
+    // by the value refused)
+    let cases: Vec<(&str, &str, serde_json::Value)> = vec![
+        ("tenant", "invalid identifier \"*\"", "*".into()),
+        ("tenant", "invalid identifier \"acme.>\"", "acme.>".into()),
+        ("tenant", "invalid identifier \"a.b\"", "a.b".into()),
+        (
+            "scope",
+            "unknown variant `galaxy`",
+            serde_json::json!({"kind": "galaxy", "id": "t"}),
+        ),
+        ("mode", "mode", "telepathy".into()),
+        ("top_k", "top_k", 0.into()),
+        ("top_k", "top_k", (-1).into()),
+        ("top_k", "top_k", 1e9.into()),
+        ("top_k", "top_k", 1e30.into()),
+        ("vector", "zero", serde_json::json!(vec![0.0; 64])),
+        ("vector", "2 dimensions", serde_json::json!([1.0, 0.5])),
+    ];
+    for (field, named, value) in cases {
+        let mut r = serde_json::to_value(retrieve("hello")).unwrap();
+        r[field] = value.clone();
+        let answer = raw(&client, proto::RETRIEVE, r).await;
+        match &answer {
+            Err(RpcError::Service {
+                code: ErrorCode::Invalid,
+                message,
+            }) => assert!(message.contains(named), "{field} = {value}: {message}"),
+            other => panic!("{field} = {value}: expected a 400, got {other:?}"),
+        }
+    }
+    still_answers(&engram).await;
+    engram.stop().await;
+}

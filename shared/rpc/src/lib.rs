@@ -241,6 +241,20 @@ fn service_error(failure: &Failure) -> service::error::Error {
     }
 }
 
+/// A request body as `Req`, or why not, naming the field where decoding stopped: a client in
+/// another language learns which of its fields to fix.
+fn decode<Req: DeserializeOwned>(body: &[u8]) -> Result<Req, String> {
+    let mut json = serde_json::Deserializer::from_slice(body);
+    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+        let path = e.path().to_string();
+        if path == "." {
+            format!("request does not decode: {}", e.into_inner())
+        } else {
+            format!("request does not decode: field {path}: {}", e.into_inner())
+        }
+    })
+}
+
 /// Serves `subject` on `service` with `handler` until the endpoint closes. Each request runs
 /// in its own task, so a slow request (a read-your-writes wait) never holds up others; at
 /// most `limits.max_in_flight` run at once, and none beyond its deadline.
@@ -290,7 +304,7 @@ where
                     let _permit = permit;
                     let started = Instant::now();
                     let deadline = deadline(&request.message, limits.max_duration);
-                    let result = match serde_json::from_slice::<Req>(&request.message.payload) {
+                    let result = match decode::<Req>(&request.message.payload) {
                         // Dropping the handler's future at the deadline cancels its waits and
                         // requests to other services.
                         Ok(req) => tokio::time::timeout(deadline, handler(req))
@@ -304,7 +318,7 @@ where
                                     ),
                                 ))
                             }),
-                        Err(e) => Err(Failure::invalid(format!("request does not decode: {e}"))),
+                        Err(e) => Err(Failure::invalid(e)),
                     };
                     let outcome = match &result {
                         Ok(_) => "ok",
