@@ -717,3 +717,85 @@ async fn hostile_query_inputs_that_held_up_stay_typed_400s() {
     still_answers(&engram).await;
     engram.stop().await;
 }
+
+/// A projector endpoint bounds what it holds as the query service does: called directly
+/// (it is reachable without the query service), requests past its in-flight limit are
+/// answered busy at once, and the slots come back when the waiting callers give up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_projector_endpoint_answers_busy_and_frees_its_slots() {
+    let nats = TestNats::start().await;
+    let projectors = ProjectorsConfig {
+        max_in_flight: 2,
+        ..frozen_keyword()
+    };
+    let engram = Engram::start_with(&nats, projectors, QueryConfig::default()).await;
+    let seq = engram
+        .client
+        .append(&memory("pending words"))
+        .await
+        .unwrap()
+        .seq;
+    let client = nats.bus().await.client().clone();
+    let subject = proto::projector_subject("keyword", "search");
+    let search = |min_seq: Option<u64>| SearchRequest {
+        scopes: vec![ScopeKey::new(ident("acme"), scope())],
+        query: "pending".into(),
+        vector: None,
+        k: 5,
+        filter: Default::default(),
+        consistency: Consistency {
+            min_seq,
+            wait_ms: min_seq.map(|_| limits::MAX_WAIT_MS),
+        },
+        score_also: Vec::new(),
+        rest: 0,
+    };
+    // Four searches wait on the frozen index: two hold the slots until their callers give
+    // up after 3 s; two are answered busy at once.
+    let waiting: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, subject, request) = (client.clone(), subject.clone(), search(Some(seq)));
+            tokio::spawn(async move {
+                engram_rpc::call::<_, proto::SearchResponse>(
+                    &client,
+                    &subject,
+                    &request,
+                    Duration::from_secs(3),
+                )
+                .await
+            })
+        })
+        .collect();
+    let (mut busy, mut waited) = (0, 0);
+    for w in waiting {
+        match w.await.unwrap() {
+            Err(e) if e.code() == ErrorCode::Busy => {
+                assert!(e.to_string().contains("retry after"), "{e}");
+                busy += 1;
+            }
+            Err(RpcError::Timeout { .. }) => waited += 1,
+            other => panic!("a waiting search ended otherwise: {other:?}"),
+        }
+    }
+    assert_eq!((busy, waited), (2, 2));
+    // And the slots free up once the callers' deadlines have passed
+    engram_testkit::wait_until(
+        "a projector slot to free up",
+        Duration::from_secs(30),
+        || {
+            let (client, subject, request) = (client.clone(), subject.clone(), search(None));
+            async move {
+                engram_rpc::call::<_, proto::SearchResponse>(
+                    &client,
+                    &subject,
+                    &request,
+                    Duration::from_secs(5),
+                )
+                .await
+                .is_ok()
+            }
+        },
+    )
+    .await;
+    engram.stop().await;
+}

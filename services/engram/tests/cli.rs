@@ -252,6 +252,22 @@ async fn a_batch_with_one_bad_event_appends_nothing_and_names_it() {
 }
 
 #[tokio::test]
+async fn a_fact_with_a_malformed_payload_is_refused_naming_the_field() {
+    let setup = Setup::bare().await;
+    let mut no_subject = fact("a1", "postgres 16", "2026-06-01T00:00:00Z");
+    no_subject["content"]["data"]
+        .as_object_mut()
+        .unwrap()
+        .remove("subject");
+    let out = setup.run_with_stdin(&["append"], &format!("{no_subject}\n"));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{stderr}");
+    assert!(stderr.contains("content.data.subject"), "{stderr}");
+    assert!(stderr.contains("nothing was appended"), "{stderr}");
+    assert_eq!(setup.stream_messages().await, 0);
+}
+
+#[tokio::test]
 async fn expect_last_seq_appends_only_on_the_sequence_it_names() {
     let setup = Setup::bare().await;
     let receipts = setup.append(&[observation("a"), observation("b")]);

@@ -801,3 +801,21 @@ fn throughput() {
         started.elapsed().as_secs_f64() * 1e3
     );
 }
+
+/// A query searches at most `MAX_QUERY_TERMS` distinct terms (the first in sorted order):
+/// thousands of words cost no more than that, and the search still answers.
+#[test]
+fn a_query_of_thousands_of_words_searches_only_the_first_terms() {
+    let scope = team("core");
+    // Terms w0000 .. w2999 sort by their number; memory 1 holds one inside the cap, memory 2
+    // one past it.
+    let inside = "w0010";
+    let outside = format!("w{:04}", engram_keyword::MAX_QUERY_TERMS + 10);
+    let index = index_with(&scope, &[inside, outside.as_str()]);
+    let query: String = (0..3_000).map(|i| format!("w{i:04} ")).collect();
+    let hits = index.search(&query, from_ref(&scope), &any(), 10).unwrap();
+    assert_eq!(seqs(&hits), vec![1], "{hits:?}");
+    // Each term on its own is found: the cap, not the index, left memory 2 out.
+    let alone = index.search(&outside, from_ref(&scope), &any(), 10).unwrap();
+    assert_eq!(seqs(&alone), vec![2]);
+}
