@@ -816,6 +816,8 @@ fn a_query_of_thousands_of_words_searches_only_the_first_terms() {
     let hits = index.search(&query, from_ref(&scope), &any(), 10).unwrap();
     assert_eq!(seqs(&hits), vec![1], "{hits:?}");
     // Each term on its own is found: the cap, not the index, left memory 2 out.
-    let alone = index.search(&outside, from_ref(&scope), &any(), 10).unwrap();
+    let alone = index
+        .search(&outside, from_ref(&scope), &any(), 10)
+        .unwrap();
     assert_eq!(seqs(&alone), vec![2]);
 }
