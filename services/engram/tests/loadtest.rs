@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use engram_loadtest::fleet::target::{CLIENT_MODEL, EmbedderChoice};
+use engram_loadtest::fleet::target::{CLIENT_DIM, CLIENT_MODEL, EmbedderChoice};
 use engram_loadtest::fleet::{self, FleetConfig};
 use engram_schema::Embedding;
 
@@ -31,6 +31,28 @@ fn config(out: &std::path::Path, duration_secs: u64) -> FleetConfig {
         seed: 7,
         ..FleetConfig::default()
     }
+}
+
+/// `engram <command>` against `url` with its home in `home`, embedding with the load test's
+/// client vectors and serving HTTP on a port of its own; killed when dropped.
+fn spawn_engram(home: &std::path::Path, url: &str, command: &str) -> tokio::process::Command {
+    let config = home.join("engram.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[http]\nlisten = \"127.0.0.1:0\"\n\n[projectors.embedder]\nkind = \"client_supplied\"\nmodel = \"{CLIENT_MODEL}\"\ndim = {CLIENT_DIM}\n"
+        ),
+    )
+    .unwrap();
+    let mut cmd = tokio::process::Command::new(ENGRAM);
+    cmd.arg("--home")
+        .arg(home)
+        .arg("--config")
+        .arg(&config)
+        .args(["--nats", url, command])
+        .stderr(std::process::Stdio::null())
+        .kill_on_drop(true);
+    cmd
 }
 
 /// Every step that was due either ran or was counted missed, and every step that ran made
@@ -240,21 +262,9 @@ async fn a_run_against_a_query_service_that_refuses_every_retrieve_fails() {
 async fn a_run_against_a_deployment_without_a_query_service_fails_on_its_error_budget() {
     let nats = engram_testkit::TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
-    std::fs::write(
-        home.path().join("engram.toml"),
-        "[projectors.embedder]\nkind = \"client_supplied\"\nmodel = \"loadtest-hash-64\"\ndim = 64\n",
-    )
-    .unwrap();
     // The projectors alone, as their own process: no query service answers.
-    let _projectors = tokio::process::Command::new(ENGRAM)
-        .arg("--home")
-        .arg(home.path())
-        .arg("--config")
-        .arg(home.path().join("engram.toml"))
-        .args(["--nats", &nats.url(), "projector"])
+    let _projectors = spawn_engram(home.path(), &nats.url(), "projector")
         .stdout(std::process::Stdio::null())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let out = tempfile::tempdir().unwrap();
@@ -294,20 +304,8 @@ async fn a_run_against_a_deployment_without_a_query_service_fails_on_its_error_b
 async fn a_run_against_a_remote_deployment_verifies_it_too() {
     let nats = engram_testkit::TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
-    std::fs::write(
-        home.path().join("engram.toml"),
-        "[http]\nlisten = \"127.0.0.1:0\"\n\n[projectors.embedder]\nkind = \"client_supplied\"\nmodel = \"loadtest-hash-64\"\ndim = 64\n",
-    )
-    .unwrap();
-    let mut up = tokio::process::Command::new(ENGRAM)
-        .arg("--home")
-        .arg(home.path())
-        .arg("--config")
-        .arg(home.path().join("engram.toml"))
-        .args(["--nats", &nats.url(), "up"])
+    let mut up = spawn_engram(home.path(), &nats.url(), "up")
         .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .kill_on_drop(true)
         .spawn()
         .unwrap();
     let mut lines =
