@@ -66,7 +66,8 @@ impl PortLease {
     }
 }
 
-/// Below the kernel's ephemeral range when there is room there, else above it.
+/// Below the kernel's ephemeral range when there is room there, else above it; when the
+/// ephemeral range leaves no room either side, inside it (the locks still keep leases apart).
 fn lease_range() -> (u16, u16) {
     let (ephemeral_low, ephemeral_high) =
         std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
@@ -76,10 +77,13 @@ fn lease_range() -> (u16, u16) {
                 Some((parts.next()??, parts.next()??))
             })
             .unwrap_or((32768, 60999));
-    if ephemeral_low > 12_000 {
+    const ROOM: u16 = 2_000;
+    if ephemeral_low >= 10_000 + ROOM {
         (10_000, ephemeral_low - 1)
+    } else if ephemeral_high <= u16::MAX - ROOM {
+        (ephemeral_high + 1, u16::MAX)
     } else {
-        (ephemeral_high.saturating_add(1).max(1024), u16::MAX)
+        (10_000, 60_000)
     }
 }
 
