@@ -97,6 +97,21 @@ fn frozen_keyword() -> ProjectorsConfig {
     }
 }
 
+/// Waits until each of the four projectors holds exactly `n` dead letters.
+async fn dead_lettered_by_every_projector(bus: &engram_bus::Bus, n: u64) {
+    for projector in ["vector", "keyword", "facts", "skills"] {
+        engram_testkit::wait_until(
+            &format!("{projector} to dead-letter {n} events"),
+            Duration::from_secs(30),
+            || {
+                let bus = bus.clone();
+                async move { bus.dead_letter_count(projector).await.unwrap_or(0) == n }
+            },
+        )
+        .await;
+    }
+}
+
 /// An ordinary request still answers: the service is neither dead nor wedged.
 async fn still_answers(engram: &Engram) {
     let found = engram
@@ -639,18 +654,7 @@ async fn raw_poison_appends_are_dead_lettered_by_every_projector_without_stallin
         found.results
     );
     // And every projector dead-lettered each of the six
-    let sent = poison.len() as u64;
-    for projector in ["vector", "keyword", "facts", "skills"] {
-        engram_testkit::wait_until(
-            &format!("{projector} to dead-letter the poison"),
-            Duration::from_secs(30),
-            || {
-                let bus = bus.clone();
-                async move { bus.dead_letter_count(projector).await.unwrap_or(0) == sent }
-            },
-        )
-        .await;
-    }
+    dead_lettered_by_every_projector(&bus, poison.len() as u64).await;
     engram.stop().await;
 }
 
@@ -705,14 +709,7 @@ async fn hostile_query_inputs_that_held_up_stay_typed_400s() {
     for (field, named, value) in cases {
         let mut r = serde_json::to_value(retrieve("hello")).unwrap();
         r[field] = value.clone();
-        let answer = raw(&client, proto::RETRIEVE, r).await;
-        match &answer {
-            Err(RpcError::Service {
-                code: ErrorCode::Invalid,
-                message,
-            }) => assert!(message.contains(named), "{field} = {value}: {message}"),
-            other => panic!("{field} = {value}: expected a 400, got {other:?}"),
-        }
+        assert_invalid(raw(&client, proto::RETRIEVE, r).await, named);
     }
     still_answers(&engram).await;
     engram.stop().await;
@@ -856,16 +853,6 @@ async fn an_event_whose_body_names_another_tenant_never_reaches_that_tenants_ret
         );
     }
     // And every projector dead-lettered it
-    for projector in ["vector", "keyword", "facts", "skills"] {
-        engram_testkit::wait_until(
-            &format!("{projector} to dead-letter the forged event"),
-            Duration::from_secs(30),
-            || {
-                let bus = bus.clone();
-                async move { bus.dead_letter_count(projector).await.unwrap_or(0) == 1 }
-            },
-        )
-        .await;
-    }
+    dead_lettered_by_every_projector(&bus, 1).await;
     engram.stop().await;
 }

@@ -55,6 +55,15 @@ fn spawn_engram(home: &std::path::Path, url: &str, command: &str) -> tokio::proc
     cmd
 }
 
+/// `event` carrying the vector the load test's client embedder gives its text.
+fn with_client_vector(mut event: engram_schema::Envelope) -> engram_schema::Envelope {
+    event.embedding = Some(Embedding {
+        model: CLIENT_MODEL.to_owned(),
+        vector: fleet::hash_vector(&event.content.text),
+    });
+    event
+}
+
 /// Every step that was due either ran or was counted missed, and every step that ran made
 /// an append that was acknowledged or counted as failed: nothing the run scheduled vanished
 /// without an outcome. Counted from the seeded schedule, so the same on any machine.
@@ -327,15 +336,11 @@ async fn a_run_against_a_remote_deployment_verifies_it_too() {
     let bus = nats.bus().await;
     bus.provision().await.unwrap();
     for i in 0..20 {
-        let mut event = engram_testkit::event(
+        let event = with_client_vector(engram_testkit::event(
             "earlier",
             "history",
             &format!("an earlier observation, number {i}"),
-        );
-        event.embedding = Some(Embedding {
-            model: CLIENT_MODEL.to_owned(),
-            vector: fleet::hash_vector(&event.content.text),
-        });
+        ));
         bus.append(&event, Default::default()).await.unwrap();
     }
     fleet::verify::drain(&bus, Duration::from_secs(60))
@@ -359,15 +364,11 @@ async fn a_run_against_a_remote_deployment_verifies_it_too() {
         async move {
             let mut i = 0u64;
             loop {
-                let mut event = engram_testkit::event(
+                let event = with_client_vector(engram_testkit::event(
                     "neighbour",
                     "their-task",
                     &format!("a neighbour's note {i}"),
-                );
-                event.embedding = Some(Embedding {
-                    model: CLIENT_MODEL.to_owned(),
-                    vector: fleet::hash_vector(&event.content.text),
-                });
+                ));
                 bus.append(&event, Default::default()).await.unwrap();
                 let js = bus.jetstream();
                 let subject = "engram.evt.neighbour.task.their-task.episodic";
