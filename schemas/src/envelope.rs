@@ -186,6 +186,7 @@ string_enum!(
         Feedback => "feedback",
         Checkpoint => "checkpoint",
         Forgotten => "forgotten",
+        DocChanged => "doc_changed",
     }
 );
 

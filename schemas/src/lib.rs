@@ -24,9 +24,11 @@ pub use envelope::{Content, Embedding, Envelope, EventKind, Layer, Scope, ScopeK
 pub use error::SchemaError;
 pub use ident::{EventId, Ident};
 pub use payload::{
-    Cardinality, FactAsserted, FactRetracted, Forgotten, Payload, PayloadError, SkillOutcome,
-    SkillRecorded,
+    Cardinality, DocChanged, FactAsserted, FactRetracted, Forgotten, Payload, PayloadError,
+    SkillOutcome, SkillRecorded,
 };
+/// The CRDT library of `doc_changed` payloads, so every crate parses them with one version.
+pub use automerge;
 pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
 
 /// The envelope version this build writes and the newest it reads.
@@ -62,6 +64,10 @@ pub fn json_schema() -> schemars::Schema {
             generator.subschema_for::<SkillRecorded>(),
         ),
         data_is(EventKind::Forgotten, generator.subschema_for::<Forgotten>()),
+        data_is(
+            EventKind::DocChanged,
+            generator.subschema_for::<DocChanged>(),
+        ),
     ];
     // An outcome's data is free unless it names a skill; then it is a skill outcome.
     let skill_outcome = generator.subschema_for::<SkillOutcome>();

@@ -1,7 +1,7 @@
 //! The structured payloads (`content.data`) that read models interpret, and their checks.
 //!
-//! Five kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
-//! `outcome` (when it names a skill) and `forgotten`. Each type here is the wire shape (serde
+//! Six kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
+//! `outcome` (when it names a skill), `forgotten` and `doc_changed`. Each type here is the wire shape (serde
 //! and JSON Schema); its `from_event` is the check. [`Envelope::validate`] runs that check on
 //! every append, so a payload a read model could not apply is refused before anything is
 //! published. The read models run it again on what they read: an event can still reach the
@@ -50,6 +50,11 @@ pub const MAX_OBJECT_DEPTH: usize = 32;
 pub const MAX_DATA_DEPTH: usize = MAX_OBJECT_DEPTH + 1;
 /// Most memories one `forgotten` event may withdraw.
 pub const MAX_FORGOTTEN: usize = 1_000;
+/// Most automerge changes one `doc_changed` event carries; more go in further events.
+pub const MAX_DOC_CHANGES: usize = 1_024;
+/// Most heads one `doc_changed` event names. A document has one head per concurrent branch
+/// not yet merged; a writer past this many has not merged what it saw.
+pub const MAX_DOC_HEADS: usize = 64;
 
 /// Why a payload was refused. `field` is `content.data.<name>`, or `content.data` when the
 /// payload is missing or not a JSON object; `reason` says what to send instead.
@@ -200,6 +205,25 @@ pub struct Forgotten {
     pub event_ids: Vec<EventId>,
 }
 
+/// `content.data` of `doc_changed`: automerge changes to one shared document of the event's
+/// own tenant and scope (never of one named in the body). Change bytes are what automerge's
+/// `Change::raw_bytes` gives, base64-encoded (standard alphabet, padded); each is parsed at
+/// append, so every acknowledged event carries changes a reader can apply.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DocChanged {
+    /// The document's type: `task_board`, `profile`, `scratchpad`, or one of the user's own.
+    pub doc_type: crate::Ident,
+    /// The document's name within its scope and type.
+    pub name: crate::Ident,
+    /// 1-1024 base64-encoded automerge changes, in causal order.
+    #[schemars(length(min = 1, max = MAX_DOC_CHANGES))]
+    pub changes: Vec<String>,
+    /// The writer's heads after these changes: hex change hashes, at most 64.
+    #[serde(default)]
+    #[schemars(length(max = MAX_DOC_HEADS))]
+    pub heads: Vec<String>,
+}
+
 /// A checked payload of any of the kinds that carry one.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
@@ -208,6 +232,7 @@ pub enum Payload {
     SkillRecorded(SkillRecorded),
     SkillOutcome(SkillOutcome),
     Forgotten(Forgotten),
+    DocChanged(DocChanged),
 }
 
 impl Payload {
@@ -223,6 +248,7 @@ impl Payload {
                 None => return Ok(None),
             },
             EventKind::Forgotten => Self::Forgotten(Forgotten::from_event(event)?),
+            EventKind::DocChanged => Self::DocChanged(DocChanged::from_event(event)?.0),
             EventKind::Observation
             | EventKind::Action
             | EventKind::Preference
@@ -286,6 +312,13 @@ const SKILL_OUTCOME_FIELDS: &[Field] = fields! {
 
 const FORGOTTEN_FIELDS: &[Field] = fields! {
     required "event_ids" => "an array of event ids (UUIDs or ULIDs)";
+};
+
+const DOC_CHANGED_FIELDS: &[Field] = fields! {
+    required "doc_type" => "an identifier such as task_board (1-64 of A-Z a-z 0-9 _ -)";
+    required "name" => "an identifier (1-64 of A-Z a-z 0-9 _ -)";
+    required "changes" => "an array of base64-encoded automerge changes";
+    optional "heads" => "an array of hex change hashes";
 };
 
 impl FactAsserted {
@@ -416,6 +449,62 @@ impl Forgotten {
             ));
         }
         Ok(forgotten)
+    }
+}
+
+impl DocChanged {
+    /// Checks `event.content.data` and returns it with its changes decoded and parsed: 1 to
+    /// [`MAX_DOC_CHANGES`] base64 automerge changes, and at most [`MAX_DOC_HEADS`] heads of
+    /// 64 hex digits.
+    pub fn from_event(
+        event: &Envelope,
+    ) -> Result<(Self, Vec<automerge::Change>), PayloadError> {
+        let example = r#"{"doc_type": "task_board", "name": "sprint", "changes": ["<base64>"]}"#;
+        let doc: Self = read(event, DOC_CHANGED_FIELDS, example)?;
+        let count = doc.changes.len();
+        if count == 0 || count > MAX_DOC_CHANGES {
+            return Err(PayloadError::new(
+                "content.data.changes",
+                format!("{count} changes; send 1..={MAX_DOC_CHANGES} per event, the rest in further events"),
+            ));
+        }
+        if doc.heads.len() > MAX_DOC_HEADS {
+            return Err(PayloadError::new(
+                "content.data.heads",
+                format!("{} heads; at most {MAX_DOC_HEADS}", doc.heads.len()),
+            ));
+        }
+        if let Some((i, head)) = doc.heads.iter().enumerate().find(|(_, h)| {
+            h.len() != 64 || !h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+        }) {
+            return Err(PayloadError::new(
+                "content.data.heads",
+                format!("item {i}: {head:?} is not a change hash (64 lowercase hex digits)"),
+            ));
+        }
+        let changes = doc
+            .changes
+            .iter()
+            .enumerate()
+            .map(|(i, encoded)| {
+                use base64::Engine as _;
+                let bytes = base64::engine::general_purpose::STANDARD
+                    .decode(encoded)
+                    .map_err(|e| {
+                        PayloadError::new(
+                            "content.data.changes",
+                            format!("item {i}: not base64 ({e}); send standard, padded base64"),
+                        )
+                    })?;
+                automerge::Change::try_from(&bytes[..]).map_err(|e| {
+                    PayloadError::new(
+                        "content.data.changes",
+                        format!("item {i}: not an automerge change ({e}); send Change::raw_bytes"),
+                    )
+                })
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok((doc, changes))
     }
 }
 

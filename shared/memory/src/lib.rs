@@ -100,10 +100,11 @@ impl MemoryMeta {
 
 /// Whether an event is a text memory for the vector and keyword indexes: episodic and
 /// semantic events with text. Working memory lives in the KV bucket, procedural memory in
-/// the skill registry. A `forgotten` event's text is its reason, not a memory.
+/// the skill registry. A `forgotten` event's text is its reason, not a memory, and a
+/// `doc_changed` event's is a note on an edit the document store holds.
 pub fn is_text_memory(event: &Envelope) -> bool {
     matches!(event.layer, Layer::Episodic | Layer::Semantic)
-        && event.kind != EventKind::Forgotten
+        && !matches!(event.kind, EventKind::Forgotten | EventKind::DocChanged)
         && !event.content.text.trim().is_empty()
 }
 

@@ -1,0 +1,251 @@
+//! A writer's copy of a shared document.
+//!
+//! An instance loads the document as the stream last showed it (or starts from nothing),
+//! edits it locally, as often and as long offline as it likes, and pushes what the stream
+//! has not seen as `doc_changed` payloads. Each edit is one automerge transaction: a
+//! transaction is costly, and one per field would multiply the history.
+//!
+//! What the stream holds is tracked as a set of heads (`synced`): the changes to send are
+//! automerge's `get_changes(synced)`, in causal order, cut into payloads that each fit an
+//! event. A payload marked sent moves `synced` past exactly its changes, so a push that fails
+//! halfway resends only the rest, and a resend of anything is harmless (the store applies a
+//! change once).
+
+use std::collections::HashSet;
+
+use automerge::{AutoCommit, Change, ChangeHash, ReadDoc};
+use base64::Engine as _;
+use engram_schema::payload::{MAX_DOC_CHANGES, MAX_DOC_HEADS};
+use serde_json::json;
+use thiserror::Error;
+
+use crate::types::DocType;
+use crate::view::{Conflict, DocView};
+use crate::hex;
+
+#[derive(Debug, Error)]
+pub enum LocalDocError {
+    #[error("the document bytes do not load: {0}")]
+    Load(#[source] automerge::AutomergeError),
+    #[error("the document does not read as {doc_type}: {source}")]
+    Hydrate {
+        doc_type: &'static str,
+        #[source]
+        source: autosurgeon::HydrateError,
+    },
+    #[error("the edit could not be written: {0}")]
+    Reconcile(#[from] autosurgeon::ReconcileError),
+    #[error(
+        "one edit is {bytes} bytes encoded, more than an event carries ({max}); make it in smaller steps"
+    )]
+    ChangeTooLarge { bytes: usize, max: usize },
+}
+
+/// One payload to append, and the heads the stream holds once it is stored.
+#[derive(Clone, Debug)]
+pub struct Outgoing {
+    /// `content.data` of a `doc_changed` event.
+    pub data: serde_json::Value,
+    pub changes: usize,
+    /// Pass to [`LocalDoc::mark_sent`] once the event is acknowledged.
+    pub synced_after: Vec<ChangeHash>,
+}
+
+/// A writer's local copy of one document.
+pub struct LocalDoc {
+    doc: AutoCommit,
+    synced: Vec<ChangeHash>,
+}
+
+impl std::fmt::Debug for LocalDoc {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LocalDoc")
+            .field("synced", &self.synced.len())
+            .finish()
+    }
+}
+
+impl Default for LocalDoc {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl LocalDoc {
+    /// An empty document, with a fresh random actor: two writers (or two runs of one) never
+    /// share an actor, which automerge requires. For a type of the user's own, create its
+    /// top-level collections the way [`LocalDoc::genesis`] does, or two writers that start
+    /// at once each create their own and one set hides the other.
+    pub fn new() -> Self {
+        Self {
+            doc: AutoCommit::new(),
+            synced: Vec::new(),
+        }
+    }
+
+    /// A new document of type `T`, starting from `T`'s genesis: `T::default()` written by
+    /// a fixed actor at time 0, so that every writer makes the byte-identical first change.
+    /// Two instances that create the same board at once then share its `items` map instead
+    /// of each making one (of which automerge would show only the winner's).
+    pub fn genesis<T: DocType>() -> Result<Self, LocalDocError> {
+        let mut doc = AutoCommit::new().with_actor(automerge::ActorId::from(
+            format!("engram-genesis/{}", T::TYPE).as_bytes(),
+        ));
+        autosurgeon::reconcile(&mut doc, &T::default())?;
+        doc.commit_with(automerge::transaction::CommitOptions::default().with_time(0));
+        doc.set_actor(automerge::ActorId::random());
+        Ok(Self {
+            doc,
+            synced: Vec::new(),
+        })
+    }
+
+    /// The document as the stream holds it (a store's compacted save); all of it counts as
+    /// sent.
+    pub fn load(bytes: &[u8]) -> Result<Self, LocalDocError> {
+        let mut doc = AutoCommit::load(bytes).map_err(LocalDocError::Load)?;
+        doc.set_actor(automerge::ActorId::random());
+        let synced = doc.get_heads();
+        Ok(Self { doc, synced })
+    }
+
+    /// Merges the stream's current state (a store's save) into this copy: others' changes
+    /// appear, local unsent ones stay unsent.
+    pub fn merge_remote(&mut self, bytes: &[u8]) -> Result<(), LocalDocError> {
+        let mut remote = AutoCommit::load(bytes).map_err(LocalDocError::Load)?;
+        let remote_heads = remote.get_heads();
+        self.doc.merge(&mut remote).map_err(LocalDocError::Load)?;
+        self.synced = union_heads(&mut self.doc, &self.synced, &remote_heads).map_err(LocalDocError::Load)?;
+        Ok(())
+    }
+
+    /// The document read as `T`; an empty document reads as `T::default()`.
+    pub fn value<T: DocType>(&self) -> Result<T, LocalDocError> {
+        if self.doc.length(automerge::ROOT) == 0 {
+            return Ok(T::default());
+        }
+        autosurgeon::hydrate(&self.doc).map_err(|source| LocalDocError::Hydrate {
+            doc_type: T::TYPE,
+            source,
+        })
+    }
+
+    /// Edits the document as `T` in one transaction: read, change, write back what changed.
+    pub fn edit<T: DocType>(&mut self, edit: impl FnOnce(&mut T)) -> Result<(), LocalDocError> {
+        let mut value = self.value::<T>()?;
+        edit(&mut value);
+        autosurgeon::reconcile(&mut self.doc, &value)?;
+        self.doc.commit();
+        Ok(())
+    }
+
+    /// The automerge document itself, for types of the user's own. Commit once per edit.
+    pub fn raw(&mut self) -> &mut AutoCommit {
+        &mut self.doc
+    }
+
+    pub fn view(&self) -> DocView {
+        DocView::of(&self.doc)
+    }
+
+    /// Fields holding concurrent values, every value kept.
+    pub fn conflicts(&self) -> Vec<Conflict> {
+        self.view().conflicts
+    }
+
+    pub fn heads(&mut self) -> Vec<ChangeHash> {
+        self.doc.get_heads()
+    }
+
+    /// Changes the stream has not been sent.
+    pub fn unsent(&mut self) -> usize {
+        self.doc.get_changes(&self.synced).len()
+    }
+
+    /// What the stream has not seen, as `doc_changed` payloads of at most `max_bytes` of
+    /// encoded changes and [`MAX_DOC_CHANGES`] changes each, in causal order.
+    pub fn outgoing(
+        &mut self,
+        doc_type: &str,
+        name: &str,
+        max_bytes: usize,
+    ) -> Result<Vec<Outgoing>, LocalDocError> {
+        let changes: Vec<Change> = self.doc.get_changes(&self.synced);
+        let mut out = Vec::new();
+        let mut synced = self.synced.clone();
+        let mut batch: Vec<(String, Change)> = Vec::new();
+        let mut bytes = 0;
+        let flush = |batch: &mut Vec<(String, Change)>, synced: &mut Vec<ChangeHash>| {
+            let chunk: Vec<Change> = batch.iter().map(|(_, c)| c.clone()).collect();
+            *synced = advance(synced, &chunk);
+            let heads: Vec<String> = if synced.len() <= MAX_DOC_HEADS {
+                synced.iter().map(hex).collect()
+            } else {
+                Vec::new()
+            };
+            let encoded: Vec<String> = batch.drain(..).map(|(e, _)| e).collect();
+            Outgoing {
+                data: json!({
+                    "doc_type": doc_type,
+                    "name": name,
+                    "changes": encoded,
+                    "heads": heads,
+                }),
+                changes: chunk.len(),
+                synced_after: synced.clone(),
+            }
+        };
+        for change in changes {
+            let encoded = base64::engine::general_purpose::STANDARD.encode(change.raw_bytes());
+            if encoded.len() > max_bytes {
+                return Err(LocalDocError::ChangeTooLarge {
+                    bytes: encoded.len(),
+                    max: max_bytes,
+                });
+            }
+            if !batch.is_empty()
+                && (bytes + encoded.len() > max_bytes || batch.len() == MAX_DOC_CHANGES)
+            {
+                out.push(flush(&mut batch, &mut synced));
+                bytes = 0;
+            }
+            bytes += encoded.len();
+            batch.push((encoded, change));
+        }
+        if !batch.is_empty() {
+            out.push(flush(&mut batch, &mut synced));
+        }
+        Ok(out)
+    }
+
+    /// Records that an [`Outgoing`] payload is stored.
+    pub fn mark_sent(&mut self, synced_after: &[ChangeHash]) {
+        self.synced = synced_after.to_vec();
+    }
+}
+
+/// The heads of `synced` plus a causally closed `chunk` after it: the chunk's changes no
+/// later change of the chunk depends on, and the old heads none of the chunk depends on.
+fn advance(synced: &[ChangeHash], chunk: &[Change]) -> Vec<ChangeHash> {
+    let depended: HashSet<ChangeHash> = chunk.iter().flat_map(|c| c.deps().to_vec()).collect();
+    let mut heads: Vec<ChangeHash> = synced
+        .iter()
+        .chain(chunk.iter().map(|c| c.hash()).collect::<Vec<_>>().iter())
+        .filter(|h| !depended.contains(h))
+        .copied()
+        .collect();
+    heads.sort();
+    heads.dedup();
+    heads
+}
+
+/// The heads of the union of what `a` and `b` name, both held by `doc`: a fork at all of
+/// them holds exactly their ancestors, and its heads are the union's.
+fn union_heads(
+    doc: &mut AutoCommit,
+    a: &[ChangeHash],
+    b: &[ChangeHash],
+) -> Result<Vec<ChangeHash>, automerge::AutomergeError> {
+    let all: Vec<ChangeHash> = a.iter().chain(b).copied().collect();
+    Ok(doc.fork_at(&all)?.get_heads())
+}
