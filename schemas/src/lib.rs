@@ -19,6 +19,8 @@ pub mod ident;
 pub mod payload;
 pub mod subject;
 
+/// The CRDT library of `doc_changed` payloads, so every crate parses them with one version.
+pub use automerge;
 pub use codec::{Codec, Limits, Upcaster};
 pub use envelope::{Content, Embedding, Envelope, EventKind, Layer, Scope, ScopeKind};
 pub use error::SchemaError;
@@ -27,8 +29,6 @@ pub use payload::{
     Cardinality, DocChanged, FactAsserted, FactRetracted, Forgotten, Payload, PayloadError,
     SkillOutcome, SkillRecorded,
 };
-/// The CRDT library of `doc_changed` payloads, so every crate parses them with one version.
-pub use automerge;
 pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
 
 /// The envelope version this build writes and the newest it reads.

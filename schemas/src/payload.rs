@@ -456,16 +456,16 @@ impl DocChanged {
     /// Checks `event.content.data` and returns it with its changes decoded and parsed: 1 to
     /// [`MAX_DOC_CHANGES`] base64 automerge changes, and at most [`MAX_DOC_HEADS`] heads of
     /// 64 hex digits.
-    pub fn from_event(
-        event: &Envelope,
-    ) -> Result<(Self, Vec<automerge::Change>), PayloadError> {
+    pub fn from_event(event: &Envelope) -> Result<(Self, Vec<automerge::Change>), PayloadError> {
         let example = r#"{"doc_type": "task_board", "name": "sprint", "changes": ["<base64>"]}"#;
         let doc: Self = read(event, DOC_CHANGED_FIELDS, example)?;
         let count = doc.changes.len();
         if count == 0 || count > MAX_DOC_CHANGES {
             return Err(PayloadError::new(
                 "content.data.changes",
-                format!("{count} changes; send 1..={MAX_DOC_CHANGES} per event, the rest in further events"),
+                format!(
+                    "{count} changes; send 1..={MAX_DOC_CHANGES} per event, the rest in further events"
+                ),
             ));
         }
         if doc.heads.len() > MAX_DOC_HEADS {
@@ -475,7 +475,10 @@ impl DocChanged {
             ));
         }
         if let Some((i, head)) = doc.heads.iter().enumerate().find(|(_, h)| {
-            h.len() != 64 || !h.bytes().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+            h.len() != 64
+                || !h
+                    .bytes()
+                    .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
         }) {
             return Err(PayloadError::new(
                 "content.data.heads",

@@ -38,7 +38,7 @@ use tokio::time::Instant;
 
 use super::record::{Acked, Check, Metric, Recorder};
 use super::sampler::projector_ledger;
-use super::target::{CLIENT_DIM, CLIENT_MODEL, EmbedderChoice, PROJECTORS};
+use super::target::{CLIENT_DIM, CLIENT_MODEL, EmbedderChoice, projectors};
 use crate::workload::{AgentProfile, AgentWorkload};
 
 /// What every instance shares.
@@ -292,8 +292,8 @@ impl Instance {
 
     /// Each projector's visible sequence at this moment, for a report of a violation.
     async fn visible_now(&self) -> String {
-        let mut out = Vec::with_capacity(PROJECTORS.len());
-        for name in PROJECTORS {
+        let mut out = Vec::with_capacity(projectors().len());
+        for name in projectors() {
             out.push(
                 match projector_ledger(self.client.bus().client(), name).await {
                     Ok(l) => format!("{name} {}", l.visible_seq),

@@ -498,7 +498,7 @@ async fn chaos(
                 let wanted = summary.last_seq;
                 while Instant::now() < deadline {
                     let mut all = true;
-                    for name in target::PROJECTORS {
+                    for name in target::projectors() {
                         match sampler::projector_ledger(monitor.client(), name).await {
                             Ok(l) if l.visible_seq >= wanted => {}
                             _ => all = false,
@@ -539,7 +539,7 @@ async fn progress(recorder: Arc<Recorder>, samples: Samples, start: Instant, end
         let lag = samples
             .last()
             .map(|s| {
-                target::PROJECTORS
+                target::projectors()
                     .iter()
                     .map(|p| {
                         format!(
@@ -603,7 +603,7 @@ fn timeline(
             *slot = Some(sample);
         }
     }
-    for name in target::PROJECTORS {
+    for name in target::projectors() {
         t.lag_events.insert(
             name.to_owned(),
             by_second

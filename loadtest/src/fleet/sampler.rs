@@ -10,7 +10,7 @@ use engram_projectors::ProjectorLedger;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::target::PROJECTORS;
+use super::target::projectors;
 
 /// Asks a projector for its apply ledger (cheap: no state hash).
 pub(crate) async fn projector_ledger(
@@ -101,12 +101,12 @@ pub(crate) async fn run(
             .and_then(Result::ok)
             .map(|s| s.last_seq);
         let ledgers = futures::future::join_all(
-            PROJECTORS
-                .iter()
+            projectors()
+                .into_iter()
                 .map(|name| projector_ledger(bus.client(), name)),
         )
         .await;
-        for (name, ledger) in PROJECTORS.iter().zip(ledgers) {
+        for (name, ledger) in projectors().into_iter().zip(ledgers) {
             sample
                 .visible
                 .insert((*name).to_owned(), ledger.ok().map(|l| l.visible_seq));

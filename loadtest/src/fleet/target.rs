@@ -15,8 +15,14 @@ use tokio::process::{Child, Command};
 
 use super::FleetError;
 
-/// The projectors, in the order reports list them.
-pub const PROJECTORS: [&str; 4] = ["vector", "keyword", "facts", "skills"];
+/// The projectors, in the order reports list them: the registry's, so a new read model is
+/// sampled and verified without a line here.
+pub fn projectors() -> Vec<&'static str> {
+    engram_projectors::ProjectorName::all()
+        .into_iter()
+        .map(|name| name.as_str())
+        .collect()
+}
 
 /// How the engram processes get their vectors.
 #[derive(
@@ -124,7 +130,7 @@ impl Target {
         target.spawn("engram", "up", &up_config, &["up"]).await?;
         if opts.separate_projectors {
             let config = format!("{base}\n{extra}");
-            for name in PROJECTORS {
+            for name in projectors() {
                 target
                     .spawn(
                         name,

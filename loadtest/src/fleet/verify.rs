@@ -31,7 +31,7 @@ use tokio::time::Instant;
 use super::FleetError;
 use super::record::Acked;
 use super::sampler::projector_ledger;
-use super::target::PROJECTORS;
+use super::target::projectors;
 
 /// What the verification found. Anything but zero in `lost`, `duplicated`,
 /// `seq_mismatch`, and every projector's `lost` and `duplicated`, fails the run.
@@ -127,11 +127,11 @@ impl Baseline {
             .await
             .map_err(|e| FleetError::Verify(format!("reading the dead-letter stream: {e}")))?;
         let stream_seq = bus.stream_summary().await?.last_seq;
-        let mut projectors = HashMap::new();
-        for name in PROJECTORS {
+        let mut ledgers = HashMap::new();
+        for name in projectors() {
             match projector_ledger(bus.client(), name).await {
                 Ok(answer) => {
-                    projectors.insert(name.to_owned(), answer.ledger);
+                    ledgers.insert(name.to_owned(), answer.ledger);
                 }
                 Err(error) => {
                     tracing::warn!(projector = name, %error, "no baseline ledger; checking it against all the stream holds");
@@ -141,7 +141,7 @@ impl Baseline {
         Ok(Baseline {
             dead_letter_seq,
             stream_seq,
-            projectors,
+            projectors: ledgers,
         })
     }
 
@@ -151,8 +151,8 @@ impl Baseline {
 
     /// The first sequence anything is checked from.
     fn first_seq(&self) -> u64 {
-        PROJECTORS
-            .iter()
+        projectors()
+            .into_iter()
             .map(|name| self.projector(name).seq)
             .fold(self.stream_seq, u64::min)
             + 1
@@ -167,7 +167,7 @@ pub async fn drain(bus: &Bus, limit: Duration) -> Result<Duration, FleetError> {
     loop {
         let last = bus.stream_summary().await?.last_seq;
         let mut behind = Vec::new();
-        for name in PROJECTORS {
+        for name in projectors() {
             match projector_ledger(bus.client(), name).await {
                 Ok(l) if l.visible_seq >= last => {}
                 Ok(l) => behind.push(format!("{name} at {} of {last}", l.visible_seq)),
@@ -266,8 +266,8 @@ pub async fn verify(
     let read = |e: &dyn std::fmt::Display| FleetError::Verify(format!("reading the stream: {e}"));
     // First the projectors' final ledgers, then the dead letters sent up to them, then the
     // stream up to where they reach.
-    let mut expectations = Vec::with_capacity(PROJECTORS.len());
-    for name in PROJECTORS {
+    let mut expectations = Vec::with_capacity(projectors().len());
+    for name in projectors() {
         expectations.push(Expectation {
             name,
             from: baseline.projector(name).seq,

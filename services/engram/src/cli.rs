@@ -79,19 +79,24 @@ pub enum Command {
     /// in this tenant and scope are withdrawn, other ids are ignored. Prints the receipt: wait
     /// on its seq (--min-seq) to see the memories gone.
     Forget(ForgetArgs),
+    /// Shared documents (task boards, profiles, scratchpads, and types of your own) that many
+    /// instances edit at once: show the merged state, list a scope's documents, edit one, and
+    /// see its conflicts and history.
+    #[command(subcommand)]
+    Doc(DocCommand),
     /// Dead letters: events a projector could not apply (stream ENGRAM_DLQ).
     #[command(subcommand)]
     Dlq(DlqCommand),
     /// Run projectors as a process of their own (a deployment's projector service), until
     /// SIGINT/SIGTERM. Default: those in `projectors.run`.
     Projector {
-        /// vector, keyword, facts or skills.
+        /// vector, keyword, facts, skills or docs.
         names: Vec<engram_projectors::ProjectorName>,
     },
     /// Rebuild a projector's read model from sequence 1. Stop the projector first (`engram
     /// up` or `engram projector`): its state is locked while it runs.
     Rebuild {
-        /// vector, keyword, facts or skills.
+        /// vector, keyword, facts, skills or docs.
         projector: engram_projectors::ProjectorName,
     },
     /// Configuration tools.
@@ -221,11 +226,67 @@ pub struct ForgetArgs {
     pub instance: String,
 }
 
+/// Which document: its type and name, in the scope of `--tenant` and `--scope`.
+#[derive(Debug, Args)]
+pub struct DocArgs {
+    /// task_board, profile, scratchpad, or a type of your own.
+    pub doc_type: String,
+    pub name: String,
+    #[command(flatten)]
+    pub scope: ScopeArgs,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum DocCommand {
+    /// The merged state, with a count of conflicting fields.
+    Show(DocArgs),
+    /// Every field written concurrently, with all of its values (the shown one first).
+    Conflicts(DocArgs),
+    /// The document's latest `doc_changed` events, oldest first.
+    History {
+        #[command(flatten)]
+        doc: DocArgs,
+        /// At most this many (1..=256).
+        #[arg(long, default_value_t = 20)]
+        limit: usize,
+    },
+    /// The documents of the scope and its grants.
+    List {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Only documents of this type.
+        #[arg(long = "type", value_name = "TYPE")]
+        doc_type: Option<String>,
+        /// At most this many (1..=256).
+        #[arg(long, default_value_t = 50)]
+        limit: usize,
+    },
+    /// Edit a document: each --set and --delete, in order, as one change, appended as one
+    /// `doc_changed` event. A new document of a built-in type starts from its genesis. An edit
+    /// after which a built-in type no longer reads as that type is refused, nothing sent.
+    Edit {
+        #[command(flatten)]
+        doc: DocArgs,
+        /// PATH=JSON: set the value at a JSON pointer, creating maps on the way, for example
+        /// --set '/items/t-7={"title":"fix login","status":"todo"}' or --set /items/t-7/owner='"i-3"'.
+        /// A value that is not JSON is taken as a string. In a list, - appends.
+        #[arg(long, value_name = "PATH=JSON")]
+        set: Vec<String>,
+        /// PATH: delete a field or list item.
+        #[arg(long, value_name = "PATH")]
+        delete: Vec<String>,
+        #[arg(long, default_value = "cli")]
+        agent: String,
+        #[arg(long, default_value = "cli")]
+        instance: String,
+    },
+}
+
 #[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// List dead letters, oldest first: their dlq seq, projector, event seq, subject and reason.
     List {
-        /// Only this projector's (vector, keyword, facts or skills).
+        /// Only this projector's (vector, keyword, facts, skills or docs).
         #[arg(long)]
         projector: Option<engram_projectors::ProjectorName>,
         /// At most this many (1..=10000).
@@ -249,7 +310,7 @@ pub enum DlqCommand {
     /// re-driven and how many were dead-lettered again (those still fail). If the rebuild
     /// fails, the old letters stay. The events themselves never leave the events stream.
     Redrive {
-        /// vector, keyword, facts or skills.
+        /// vector, keyword, facts, skills or docs.
         projector: engram_projectors::ProjectorName,
     },
 }
@@ -394,6 +455,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Facts(args) => commands::facts::run(&config, args, json).await,
         Command::Skills(args) => commands::skills::run(&config, args, json).await,
         Command::Forget(args) => commands::forget::run(&config, args, json).await,
+        Command::Doc(command) => commands::doc::run(&config, command, json).await,
         Command::Dlq(command) => commands::dlq::run(&config, command, json).await,
         Command::Projector { names } => commands::projector::run(&config, names).await,
         Command::Rebuild { projector } => {

@@ -7,6 +7,7 @@
 //! - [`keyword`]: text memories in a tantivy BM25 index.
 //! - [`facts`]: the bi-temporal fact table.
 //! - [`skills`]: the skill registry (procedural memory).
+//! - [`docs`]: shared automerge documents, merged in stream order (the consolidator's merge).
 //! - this module: configuration, start-up (one connection, projector loop and NATS service
 //!   per projector) and rebuild.
 //!
@@ -17,6 +18,7 @@
 //! A projector service answers only the scopes it is handed; deciding which scopes a caller
 //! may read is the query service's job.
 
+pub mod docs;
 pub mod facts;
 pub mod keyword;
 pub mod registry;

@@ -61,6 +61,7 @@ pub static REGISTRY: &[&dyn Registered] = &[
     &Entry::<crate::keyword::Keyword>(PhantomData),
     &Entry::<crate::facts::FactsModel>(PhantomData),
     &Entry::<crate::skills::SkillsModel>(PhantomData),
+    &Entry::<crate::docs::DocsModel>(PhantomData),
 ];
 
 /// A registered read model, with the generic glue done once (object-safe, for the registry).
@@ -167,6 +168,7 @@ impl ProjectorName {
     pub const KEYWORD: Self = Self(crate::keyword::NAME);
     pub const FACTS: Self = Self(crate::facts::NAME);
     pub const SKILLS: Self = Self(crate::skills::NAME);
+    pub const DOCS: Self = Self(crate::docs::NAME);
 
     /// Every registered read model, in start order.
     pub fn all() -> Vec<Self> {
@@ -233,6 +235,9 @@ mod tests {
             assert_eq!(names.iter().filter(|n| *n == name).count(), 1, "{name}");
         }
         let err = "vectors".parse::<ProjectorName>().unwrap_err();
-        assert!(err.contains("vector, keyword, facts, skills"), "{err}");
+        assert!(
+            err.contains("vector, keyword, facts, skills, docs"),
+            "{err}"
+        );
     }
 }

@@ -1,9 +1,10 @@
 //! `build_context`: the memory an agent sees at the start of a step.
 //!
-//! Four sources, fetched in parallel: working memory of the task (and of the own scope),
-//! skills matching the task, current facts matching the query, and hybrid retrieval of
-//! episodic and semantic memories. Items are deduplicated by normalised text and packed
-//! greedily by section priority (working, procedural, facts, memories), each section capped
+//! Five sources, fetched in parallel: working memory of the task (and of the own scope),
+//! the open items of the task boards of the readable scopes, skills matching the task,
+//! current facts matching the query, and hybrid retrieval of episodic and semantic memories.
+//! Items are deduplicated by normalised text and packed greedily by section priority
+//! (working, task board, procedural, facts, memories), each section capped
 //! at a share of the budget so that one source cannot crowd out the rest; what the caps leave
 //! unused goes to whatever did not fit. The rendered text is counted with the model's
 //! tokenizer and never exceeds the budget.
@@ -12,8 +13,8 @@ use std::collections::HashSet;
 
 use engram_bus::EntryBounds;
 use engram_memory::proto::{
-    Context, ContextItem, ContextRequest, ErrorCode, FactsRequest, RetrievalMode, RetrieveRequest,
-    SkillsRequest,
+    Context, ContextItem, ContextRequest, DocRead, DocRequest, ErrorCode, FactsRequest,
+    RetrievalMode, RetrieveRequest, SkillsRequest,
 };
 use engram_rpc::Failure;
 use engram_schema::{Layer, Scope, ScopeKind};
@@ -21,8 +22,9 @@ use engram_schema::{Layer, Scope, ScopeKind};
 use crate::{Query, unavailable};
 
 /// Share of the budget each section may take in the first pass.
-const CAPS: [(Section, f32); 4] = [
+const CAPS: [(Section, f32); 5] = [
     (Section::Working, 0.25),
+    (Section::Board, 0.2),
     (Section::Skills, 0.2),
     (Section::Facts, 0.2),
     (Section::Memories, 1.0),
@@ -31,6 +33,7 @@ const CAPS: [(Section, f32); 4] = [
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Section {
     Working,
+    Board,
     Skills,
     Facts,
     Memories,
@@ -40,6 +43,7 @@ impl Section {
     fn title(self) -> &'static str {
         match self {
             Self::Working => "working memory",
+            Self::Board => "task board",
             Self::Skills => "skills",
             Self::Facts => "facts",
             Self::Memories => "memories",
@@ -104,6 +108,19 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
         }
         Ok::<_, Failure>((entries, left_out))
     };
+    let boards = q.doc(DocRequest {
+        scopes: request.scopes.clone(),
+        read: DocRead::List,
+        doc_type: Some(
+            engram_schema::Ident::parse("doc_type", BOARD_TYPE)
+                .map_err(|e| Failure::new(ErrorCode::Internal, e.to_string()))?,
+        ),
+        name: None,
+        include_bytes: false,
+        include_values: true,
+        limit: MAX_BOARDS,
+        consistency,
+    });
     let skills = q.skills(SkillsRequest {
         scopes: request.scopes.clone(),
         task: Some(format!("{} {}", request.task, request.query)),
@@ -132,7 +149,8 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
         mode: RetrievalMode::Hybrid,
         ranking: None,
     });
-    let (working, skills, facts, memories) = tokio::join!(working, skills, facts, memories);
+    let (working, boards, skills, facts, memories) =
+        tokio::join!(working, boards, skills, facts, memories);
 
     let cap = item_cap(request.token_budget);
     let mut candidates = Vec::new();
@@ -157,6 +175,11 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
             key,
             1.0,
         );
+    }
+    for board in boards?.docs {
+        for (text, source) in board_lines(&board) {
+            push(Section::Board, Layer::Working, text, source, 1.0);
+        }
     }
     for skill in skills?.skills {
         let name = skill["name"].as_str().unwrap_or_default().to_owned();
@@ -216,6 +239,52 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
     .map_err(|e| Failure::new(ErrorCode::Internal, format!("context packing failed: {e}")))?;
     context.dropped += working_left_out;
     Ok(context)
+}
+
+/// The document type whose items the context shows.
+const BOARD_TYPE: &str = "task_board";
+/// Most task boards one context reads.
+const MAX_BOARDS: usize = 4;
+
+/// A board's items that are not done, one line each: status, title, owner, latest note.
+/// Read from the JSON view, so a board written by a newer client with more fields still
+/// shows; a field holding something unexpected reads as absent.
+fn board_lines(board: &engram_memory::proto::DocSummary) -> Vec<(String, String)> {
+    let Some(items) = board
+        .value
+        .as_ref()
+        .and_then(|v| v.get("items"))
+        .and_then(|v| v.as_object())
+    else {
+        return Vec::new();
+    };
+    let mut lines = Vec::new();
+    for (id, item) in items {
+        let field = |name: &str| item.get(name).and_then(|v| v.as_str()).unwrap_or_default();
+        let status = field("status");
+        if status == "done" {
+            continue;
+        }
+        let mut text = format!(
+            "[{}] {}",
+            if status.is_empty() { "todo" } else { status },
+            field("title")
+        );
+        let owner = field("owner");
+        if !owner.is_empty() {
+            text.push_str(&format!(" (owner {owner})"));
+        }
+        if let Some(note) = item
+            .get("notes")
+            .and_then(|n| n.as_array())
+            .and_then(|n| n.last())
+            .and_then(|n| n.as_str())
+        {
+            text.push_str(&format!(": {note}"));
+        }
+        lines.push((text, format!("{}/{}#{id}", board.scope, board.name)));
+    }
+    lines
 }
 
 fn normalise(text: &str) -> String {

@@ -20,9 +20,9 @@ use std::time::Duration;
 use engram_bus::{Bus, StreamHead};
 use engram_embed::TokenCounter;
 use engram_memory::proto::{
-    self, Consistency, Context, ContextRequest, ErrorCode, FactsRequest, FactsResponse, Ranking,
-    RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest, SearchResponse, SkillsRequest,
-    SkillsResponse, read_models,
+    self, Consistency, Context, ContextRequest, DocRequest, DocResponse, ErrorCode, FactsRequest,
+    FactsResponse, Ranking, RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest,
+    SearchResponse, SkillsRequest, SkillsResponse, read_models,
 };
 use engram_rpc::{EndpointLimits, Failure};
 use engram_telemetry::metrics;
@@ -115,7 +115,7 @@ impl Query {
         let service = engram_rpc::start_service(
             &self.client,
             proto::QUERY_SERVICE,
-            "engram memory queries: retrieve, context, facts, skills",
+            "engram memory queries: retrieve, context, facts, skills, shared documents",
         )
         .await?;
         let limits = self.config.endpoint_limits();
@@ -166,6 +166,12 @@ impl Query {
                 async move { q.skills(r).await }
             },
         )
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve(&service, proto::DOC, "doc", limits, move |r: DocRequest| {
+            let q = q.clone();
+            async move { q.doc(r).await }
+        })
         .await?;
         Ok(tokio::spawn(async move {
             shutdown.cancelled().await;
@@ -331,6 +337,22 @@ impl Query {
         engram_rpc::call(
             &self.client,
             &proto::projector_subject(read_models::SKILLS, "search"),
+            &request,
+            self.timeout(request.consistency.wait_ms),
+        )
+        .await
+        .map_err(Failure::from)
+    }
+
+    /// A shared document, or the documents of the readable scopes, through the document
+    /// projector (scopes checked here first).
+    pub async fn doc(&self, request: DocRequest) -> Result<DocResponse, Failure> {
+        request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        self.check_visible_token(&request.consistency).await?;
+        engram_rpc::call(
+            &self.client,
+            &proto::projector_subject(read_models::DOCS, "get"),
             &request,
             self.timeout(request.consistency.wait_ms),
         )

@@ -19,9 +19,9 @@ use engram_schema::payload::{MAX_DOC_CHANGES, MAX_DOC_HEADS};
 use serde_json::json;
 use thiserror::Error;
 
+use crate::hex;
 use crate::types::DocType;
 use crate::view::{Conflict, DocView};
-use crate::hex;
 
 #[derive(Debug, Error)]
 pub enum LocalDocError {
@@ -30,8 +30,9 @@ pub enum LocalDocError {
     #[error("the document does not read as {doc_type}: {source}")]
     Hydrate {
         doc_type: &'static str,
+        // Boxed: the hydrate error is large, and every edit returns this type.
         #[source]
-        source: autosurgeon::HydrateError,
+        source: Box<autosurgeon::HydrateError>,
     },
     #[error("the edit could not be written: {0}")]
     Reconcile(#[from] autosurgeon::ReconcileError),
@@ -39,7 +40,14 @@ pub enum LocalDocError {
         "one edit is {bytes} bytes encoded, more than an event carries ({max}); make it in smaller steps"
     )]
     ChangeTooLarge { bytes: usize, max: usize },
+    #[error("path {path:?}: {reason}")]
+    Path { path: String, reason: String },
+    #[error("automerge refused the edit: {0}")]
+    Edit(#[source] automerge::AutomergeError),
 }
+
+/// Deepest JSON value [`LocalDoc::set_path`] writes.
+pub const MAX_SET_DEPTH: usize = 32;
 
 /// One payload to append, and the heads the stream holds once it is stored.
 #[derive(Clone, Debug)]
@@ -91,7 +99,7 @@ impl LocalDoc {
         let mut doc = AutoCommit::new().with_actor(automerge::ActorId::from(
             format!("engram-genesis/{}", T::TYPE).as_bytes(),
         ));
-        autosurgeon::reconcile(&mut doc, &T::default())?;
+        autosurgeon::reconcile(&mut doc, T::default())?;
         doc.commit_with(automerge::transaction::CommitOptions::default().with_time(0));
         doc.set_actor(automerge::ActorId::random());
         Ok(Self {
@@ -115,7 +123,8 @@ impl LocalDoc {
         let mut remote = AutoCommit::load(bytes).map_err(LocalDocError::Load)?;
         let remote_heads = remote.get_heads();
         self.doc.merge(&mut remote).map_err(LocalDocError::Load)?;
-        self.synced = union_heads(&mut self.doc, &self.synced, &remote_heads).map_err(LocalDocError::Load)?;
+        self.synced =
+            union_heads(&mut self.doc, &self.synced, &remote_heads).map_err(LocalDocError::Load)?;
         Ok(())
     }
 
@@ -126,7 +135,7 @@ impl LocalDoc {
         }
         autosurgeon::hydrate(&self.doc).map_err(|source| LocalDocError::Hydrate {
             doc_type: T::TYPE,
-            source,
+            source: Box::new(source),
         })
     }
 
@@ -137,6 +146,108 @@ impl LocalDoc {
         autosurgeon::reconcile(&mut self.doc, &value)?;
         self.doc.commit();
         Ok(())
+    }
+
+    /// Sets the value at a JSON-pointer `path` (`/items/t-7/status`), creating the maps on
+    /// the way, as one transaction: what generic tools (`engram doc edit --set`) write with.
+    /// In a list, a token is an index, or `-` to append.
+    pub fn set_path(&mut self, path: &str, value: &serde_json::Value) -> Result<(), LocalDocError> {
+        let (parent, last) = self.walk(path, true)?;
+        put_json(&mut self.doc, &parent, last, value, path, 0)?;
+        self.doc.commit();
+        Ok(())
+    }
+
+    /// Deletes the field or list item at a JSON-pointer `path`, as one transaction.
+    pub fn delete_path(&mut self, path: &str) -> Result<(), LocalDocError> {
+        use automerge::transaction::Transactable;
+        let (parent, last) = self.walk(path, false)?;
+        let prop = self.prop(&parent, &last, path, false)?;
+        self.doc
+            .delete(&parent, prop)
+            .map_err(LocalDocError::Edit)?;
+        self.doc.commit();
+        Ok(())
+    }
+
+    /// The object holding the last token of `path`, and that token; with `create`, missing
+    /// maps on the way are made.
+    fn walk(
+        &mut self,
+        path: &str,
+        create: bool,
+    ) -> Result<(automerge::ObjId, String), LocalDocError> {
+        use automerge::transaction::Transactable;
+        let bad = |reason: &str| LocalDocError::Path {
+            path: path.to_owned(),
+            reason: reason.to_owned(),
+        };
+        let Some(rest) = path.strip_prefix('/') else {
+            return Err(bad(
+                "a path starts with / (a JSON pointer such as /items/t-7/status)",
+            ));
+        };
+        let mut tokens: Vec<String> = rest
+            .split('/')
+            .map(|t| t.replace("~1", "/").replace("~0", "~"))
+            .collect();
+        if tokens.len() > MAX_SET_DEPTH {
+            return Err(bad("deeper than 32 levels"));
+        }
+        let last = tokens
+            .pop()
+            .filter(|t| !t.is_empty())
+            .ok_or_else(|| bad("it names no field"))?;
+        let mut obj = automerge::ROOT;
+        for token in tokens {
+            let prop = self.prop(&obj, &token, path, false)?;
+            obj = match self
+                .doc
+                .get(&obj, prop.clone())
+                .map_err(LocalDocError::Edit)?
+            {
+                Some((automerge::Value::Object(_), id)) => id,
+                Some(_) => return Err(bad(&format!("{token:?} holds a value, not a map or list"))),
+                None if create => match prop {
+                    automerge::Prop::Map(key) => self
+                        .doc
+                        .put_object(&obj, key, automerge::ObjType::Map)
+                        .map_err(LocalDocError::Edit)?,
+                    automerge::Prop::Seq(_) => return Err(bad(&format!("no item {token}"))),
+                },
+                None => return Err(bad(&format!("no field {token:?}"))),
+            };
+        }
+        Ok((obj, last))
+    }
+
+    /// A token as a map key or a list index (`-` is one past the end when `append` is set).
+    fn prop(
+        &self,
+        obj: &automerge::ObjId,
+        token: &str,
+        path: &str,
+        append: bool,
+    ) -> Result<automerge::Prop, LocalDocError> {
+        match self.doc.object_type(obj) {
+            Ok(automerge::ObjType::List) => {
+                let len = self.doc.length(obj);
+                let index = if append && token == "-" {
+                    len
+                } else {
+                    token
+                        .parse::<usize>()
+                        .ok()
+                        .filter(|i| *i < len)
+                        .ok_or_else(|| LocalDocError::Path {
+                            path: path.to_owned(),
+                            reason: format!("{token:?} is not an index of this {len}-item list"),
+                        })?
+                };
+                Ok(automerge::Prop::Seq(index))
+            }
+            _ => Ok(automerge::Prop::Map(token.to_owned())),
+        }
     }
 
     /// The automerge document itself, for types of the user's own. Commit once per edit.
@@ -222,6 +333,95 @@ impl LocalDoc {
     pub fn mark_sent(&mut self, synced_after: &[ChangeHash]) {
         self.synced = synced_after.to_vec();
     }
+}
+
+/// Writes `value` at `last` of `parent`: maps and lists as new objects, filled in.
+fn put_json(
+    doc: &mut AutoCommit,
+    parent: &automerge::ObjId,
+    last: String,
+    value: &serde_json::Value,
+    path: &str,
+    depth: usize,
+) -> Result<(), LocalDocError> {
+    use automerge::transaction::Transactable;
+    use serde_json::Value as J;
+    if depth > MAX_SET_DEPTH {
+        return Err(LocalDocError::Path {
+            path: path.to_owned(),
+            reason: "the value nests deeper than 32 levels".into(),
+        });
+    }
+    let is_list = matches!(doc.object_type(parent), Ok(automerge::ObjType::List));
+    let index = if is_list {
+        let len = doc.length(parent);
+        Some(if last == "-" {
+            len
+        } else {
+            last.parse::<usize>()
+                .ok()
+                .filter(|i| *i <= len)
+                .ok_or_else(|| LocalDocError::Path {
+                    path: path.to_owned(),
+                    reason: format!("{last:?} is not an index of this {len}-item list, nor -"),
+                })?
+        })
+    } else {
+        None
+    };
+    let made = match value {
+        J::Object(_) | J::Array(_) => {
+            let kind = if value.is_object() {
+                automerge::ObjType::Map
+            } else {
+                automerge::ObjType::List
+            };
+            Some(
+                match index {
+                    Some(i) if i == doc.length(parent) => doc.insert_object(parent, i, kind),
+                    Some(i) => doc.put_object(parent, i, kind),
+                    None => doc.put_object(parent, last.as_str(), kind),
+                }
+                .map_err(LocalDocError::Edit)?,
+            )
+        }
+        scalar => {
+            let scalar = match scalar {
+                J::Null => automerge::ScalarValue::Null,
+                J::Bool(b) => automerge::ScalarValue::Boolean(*b),
+                J::Number(n) => match (n.as_i64(), n.as_u64(), n.as_f64()) {
+                    (Some(i), _, _) => automerge::ScalarValue::Int(i),
+                    (None, Some(u), _) => automerge::ScalarValue::Uint(u),
+                    (_, _, f) => automerge::ScalarValue::F64(f.unwrap_or(0.0)),
+                },
+                J::String(s) => automerge::ScalarValue::Str(s.as_str().into()),
+                J::Object(_) | J::Array(_) => unreachable!("matched above"),
+            };
+            match index {
+                Some(i) if i == doc.length(parent) => doc.insert(parent, i, scalar),
+                Some(i) => doc.put(parent, i, scalar),
+                None => doc.put(parent, last.as_str(), scalar),
+            }
+            .map_err(LocalDocError::Edit)?;
+            None
+        }
+    };
+    if let Some(obj) = made {
+        match value {
+            J::Object(map) => {
+                for (key, child) in map {
+                    put_json(doc, &obj, key.clone(), child, path, depth + 1)?;
+                }
+            }
+            J::Array(items) => {
+                for child in items {
+                    put_json(doc, &obj, "-".into(), child, path, depth + 1)?;
+                }
+            }
+            _ => {}
+        }
+    }
+    Ok(())
 }
 
 /// The heads of `synced` plus a causally closed `chunk` after it: the chunk's changes no

@@ -16,11 +16,9 @@ use std::collections::{BTreeMap, HashSet, VecDeque};
 use std::sync::OnceLock;
 
 use automerge::{Automerge, Change, ChangeHash};
-use chrono::{DateTime, Utc};
 use engram_memory::model::{EventModel, ScopedModel};
 use engram_memory::{ScopeKey, Seq};
-use engram_schema::{DocChanged, Envelope, EventId, EventKind, Ident, PayloadError};
-use schemars::JsonSchema;
+use engram_schema::{DocChanged, Envelope, EventKind, Ident, PayloadError};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
@@ -59,20 +57,7 @@ pub enum Applied {
 }
 
 /// One `doc_changed` event as a document's history shows it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct HistoryEntry {
-    pub seq: Seq,
-    pub event_id: EventId,
-    pub agent_id: Ident,
-    pub instance_id: Ident,
-    pub occurred_at: DateTime<Utc>,
-    /// Changes the event carried that the document did not hold yet.
-    pub changes: usize,
-    /// Changes applied because of it (held ones it released included).
-    pub applied: usize,
-    /// Changes held back after it.
-    pub held: usize,
-}
+pub use engram_memory::proto::DocHistoryEntry as HistoryEntry;
 
 /// One document, with what the model knows of how it was built.
 pub struct DocEntry {

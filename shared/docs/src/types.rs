@@ -9,6 +9,8 @@
 use std::collections::BTreeMap;
 
 use autosurgeon::{Hydrate, Reconcile};
+
+use crate::local::{LocalDoc, LocalDocError};
 use serde::{Deserialize, Serialize};
 
 /// A typed shared document: the `doc_type` it is stored under.
@@ -18,6 +20,29 @@ pub trait DocType: Reconcile + Hydrate + Default + Clone {
 
 /// The built-in document types, by name.
 pub const BUILTIN: &[&str] = &[TaskBoard::TYPE, Profile::TYPE, Scratchpad::TYPE];
+
+/// A new document of the built-in type named `doc_type` ([`LocalDoc::genesis`]); `None` for
+/// a type of the user's own.
+pub fn genesis_of(doc_type: &str) -> Result<Option<LocalDoc>, LocalDocError> {
+    Ok(Some(match doc_type {
+        TaskBoard::TYPE => LocalDoc::genesis::<TaskBoard>()?,
+        Profile::TYPE => LocalDoc::genesis::<Profile>()?,
+        Scratchpad::TYPE => LocalDoc::genesis::<Scratchpad>()?,
+        _ => return Ok(None),
+    }))
+}
+
+/// Checks that a document of the built-in type named `doc_type` still reads as that type
+/// (an untyped edit could have written a number where a status goes); any document of a
+/// user's own type passes.
+pub fn check_reads_as(doc_type: &str, doc: &LocalDoc) -> Result<(), LocalDocError> {
+    match doc_type {
+        TaskBoard::TYPE => doc.value::<TaskBoard>().map(drop),
+        Profile::TYPE => doc.value::<Profile>().map(drop),
+        Scratchpad::TYPE => doc.value::<Scratchpad>().map(drop),
+        _ => Ok(()),
+    }
+}
 
 /// A team's task board: items with an owner, a status and notes.
 #[derive(Clone, Debug, Default, PartialEq, Reconcile, Hydrate, Serialize, Deserialize)]
@@ -44,7 +69,9 @@ pub struct TaskItem {
     pub notes: Vec<String>,
 }
 
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Reconcile, Hydrate, Serialize, Deserialize)]
+#[derive(
+    Clone, Copy, Debug, Default, PartialEq, Eq, Reconcile, Hydrate, Serialize, Deserialize,
+)]
 #[serde(rename_all = "snake_case")]
 pub enum TaskStatus {
     #[default]

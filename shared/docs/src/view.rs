@@ -20,14 +20,8 @@ pub const MAX_VIEW_DEPTH: usize = 64;
 /// Most values a view renders.
 pub const MAX_VIEW_NODES: usize = 200_000;
 
-/// One field with concurrent values.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
-pub struct Conflict {
-    /// JSON-pointer path of the field, for example `/items/t-7/status`.
-    pub path: String,
-    /// Every value it holds; the first is the one `value` shows.
-    pub values: Vec<Json>,
-}
+/// One field with concurrent values, as the query protocol carries it.
+pub use engram_memory::proto::DocConflict as Conflict;
 
 /// A document's state as JSON, with its conflicts.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -26,7 +26,9 @@ fn event_of(scope: &ScopeKey, instance: &str, out: &Outgoing) -> engram_schema::
         t("2026-01-01"),
     );
     event.instance_id = Ident::parse("instance_id", instance).unwrap();
-    event.validate().expect("a writer's payload passes the append check");
+    event
+        .validate()
+        .expect("a writer's payload passes the append check");
     event
 }
 
@@ -50,7 +52,11 @@ fn item(title: &str) -> TaskItem {
 }
 
 fn state(store: &DocStore, scope: &ScopeKey) -> TaskBoard {
-    store.get(scope, &board()).expect("the board exists").hydrate().unwrap()
+    store
+        .get(scope, &board())
+        .expect("the board exists")
+        .hydrate()
+        .unwrap()
 }
 
 #[test]
@@ -65,7 +71,10 @@ fn concurrent_edits_to_different_fields_merge_and_to_one_field_conflict() {
         .unwrap();
     let mut stream = Stream::<DocStore>::given(&push(&mut creator, &team, "i-0"));
     let saved = stream.model.get(&team, &board()).unwrap().saved().to_vec();
-    let (mut a, mut b) = (LocalDoc::load(&saved).unwrap(), LocalDoc::load(&saved).unwrap());
+    let (mut a, mut b) = (
+        LocalDoc::load(&saved).unwrap(),
+        LocalDoc::load(&saved).unwrap(),
+    );
 
     // When one sets the owner and the other adds a note, and both set the status at once.
     a.edit(|x: &mut TaskBoard| {
@@ -80,8 +89,14 @@ fn concurrent_edits_to_different_fields_merge_and_to_one_field_conflict() {
         it.status = TaskStatus::Blocked;
     })
     .unwrap();
-    for e in push(&mut a, &team, "i-a").iter().chain(&push(&mut b, &team, "i-b")) {
-        assert!(matches!(stream.apply(e).unwrap(), Applied::Merged { held: 0, .. }));
+    for e in push(&mut a, &team, "i-a")
+        .iter()
+        .chain(&push(&mut b, &team, "i-b"))
+    {
+        assert!(matches!(
+            stream.apply(e).unwrap(),
+            Applied::Merged { held: 0, .. }
+        ));
     }
 
     // Then the owner and the note both landed, and the status shows both values.
@@ -93,7 +108,11 @@ fn concurrent_edits_to_different_fields_merge_and_to_one_field_conflict() {
     assert_eq!(view.conflicts.len(), 1, "{:?}", view.conflicts);
     let conflict = &view.conflicts[0];
     assert_eq!(conflict.path, "/items/t-1/status");
-    let mut values: Vec<&str> = conflict.values.iter().map(|v| v.as_str().unwrap()).collect();
+    let mut values: Vec<&str> = conflict
+        .values
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
     assert_eq!(values[0], it.status.as_str(), "the winner is listed first");
     values.sort();
     assert_eq!(values, ["blocked", "doing"]);
@@ -129,7 +148,11 @@ fn an_offline_writer_merges_cleanly_when_it_comes_back() {
         offline
             .edit(|b: &mut TaskBoard| {
                 b.items.insert(format!("off-{i}"), item("offline work"));
-                b.items.get_mut("t-1").unwrap().notes.push(format!("offline note {i}"));
+                b.items
+                    .get_mut("t-1")
+                    .unwrap()
+                    .notes
+                    .push(format!("offline note {i}"));
             })
             .unwrap();
     }
@@ -141,7 +164,15 @@ fn an_offline_writer_merges_cleanly_when_it_comes_back() {
     let merged = state(&stream.model, &team);
     assert_eq!(merged.items.len(), 121);
     assert_eq!(merged.items["t-1"].notes.len(), 60);
-    assert!(stream.model.get(&team, &board()).unwrap().view().conflicts.is_empty());
+    assert!(
+        stream
+            .model
+            .get(&team, &board())
+            .unwrap()
+            .view()
+            .conflicts
+            .is_empty()
+    );
     // And the offline writer, merging the stream back, sees what everyone sees.
     let saved = stream.model.get(&team, &board()).unwrap().saved().to_vec();
     offline.merge_remote(&saved).unwrap();
@@ -167,7 +198,10 @@ fn a_change_arriving_before_its_dependency_is_held_then_applied() {
     let mut stream = Stream::<DocStore>::default();
     assert_eq!(
         stream.apply(&second[0]).unwrap(),
-        Applied::Merged { applied: 0, held: 1 }
+        Applied::Merged {
+            applied: 0,
+            held: 1
+        }
     );
     let held = stream.model.get(&team, &board()).unwrap();
     assert_eq!(held.held(), 1);
@@ -176,7 +210,10 @@ fn a_change_arriving_before_its_dependency_is_held_then_applied() {
     // When the first arrives (genesis and first edit), then all three are applied.
     assert_eq!(
         stream.apply(&first[0]).unwrap(),
-        Applied::Merged { applied: 3, held: 0 }
+        Applied::Merged {
+            applied: 3,
+            held: 0
+        }
     );
     assert_eq!(state(&stream.model, &team).items.len(), 2);
 }
@@ -237,12 +274,18 @@ fn a_malformed_payload_is_refused_with_the_field_named() {
         &team,
         Layer::Working,
         EventKind::DocChanged,
-        Some(serde_json::json!({"doc_type": "task_board", "name": "sprint", "changes": ["bm90IGEgY2hhbmdl"]})),
+        Some(
+            serde_json::json!({"doc_type": "task_board", "name": "sprint", "changes": ["bm90IGEgY2hhbmdl"]}),
+        ),
         t("2026-01-01"),
     );
     let err = event.validate().unwrap_err().to_string();
-    assert!(err.contains("content.data.changes") && err.contains("not an automerge change"), "{err}");
-    event.content.data = Some(serde_json::json!({"doc_type": "task board", "name": "s", "changes": []}));
+    assert!(
+        err.contains("content.data.changes") && err.contains("not an automerge change"),
+        "{err}"
+    );
+    event.content.data =
+        Some(serde_json::json!({"doc_type": "task board", "name": "s", "changes": []}));
     let err = event.validate().unwrap_err().to_string();
     assert!(err.contains("content.data.doc_type"), "{err}");
     let mut store = DocStore::default();
@@ -271,7 +314,10 @@ fn large_pushes_are_cut_into_events_and_a_half_sent_push_resends_only_the_rest()
     let sent: usize = outgoing[..2].iter().map(|o| o.changes).sum();
     assert_eq!(w.unsent(), 41 - sent, "40 edits and the genesis");
     for e in push(&mut w, &team, "i-1") {
-        assert!(matches!(stream.apply(&e).unwrap(), Applied::Merged { held: 0, .. }));
+        assert!(matches!(
+            stream.apply(&e).unwrap(),
+            Applied::Merged { held: 0, .. }
+        ));
     }
     assert_eq!(state(&stream.model, &team).items.len(), 40);
     assert_eq!(stream.model.get(&team, &board()).unwrap().changes(), 41);
@@ -281,7 +327,9 @@ fn large_pushes_are_cut_into_events_and_a_half_sent_push_resends_only_the_rest()
 fn a_checkpoint_round_trip_keeps_the_state_hash() {
     let team = scope("acme", "core");
     let mut events = Vec::new();
-    let mut writers: Vec<LocalDoc> = (0..5).map(|_| LocalDoc::genesis::<TaskBoard>().unwrap()).collect();
+    let mut writers: Vec<LocalDoc> = (0..5)
+        .map(|_| LocalDoc::genesis::<TaskBoard>().unwrap())
+        .collect();
     for round in 0..4 {
         for (i, w) in writers.iter_mut().enumerate() {
             w.edit(|b: &mut TaskBoard| {

@@ -6,10 +6,11 @@
 //! - `engram.q.context`: [`ContextRequest`] -> [`Context`]
 //! - `engram.q.facts`: [`FactsRequest`] -> [`FactsResponse`]
 //! - `engram.q.skills`: [`SkillsRequest`] -> [`SkillsResponse`]
+//! - `engram.q.doc`: [`DocRequest`] -> [`DocResponse`] (shared documents)
 //!
 //! Internal endpoints, served by each projector service and called by the query service:
 //! - `engram.p.<projector>.search`: [`SearchRequest`] -> [`SearchResponse`] (vector, keyword)
-//! - `engram.p.facts.query`, `engram.p.skills.search`
+//! - `engram.p.facts.query`, `engram.p.skills.search`, `engram.p.docs.get`
 //!
 //! Errors are NATS service errors: the `Nats-Service-Error-Code` header carries one of the
 //! [`ErrorCode`] values and the body is a JSON [`ErrorBody`].
@@ -26,6 +27,7 @@ pub const RETRIEVE: &str = "engram.q.retrieve";
 pub const CONTEXT: &str = "engram.q.context";
 pub const FACTS: &str = "engram.q.facts";
 pub const SKILLS: &str = "engram.q.skills";
+pub const DOC: &str = "engram.q.doc";
 
 /// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
 /// module in the projector services uses the same constant.
@@ -34,6 +36,7 @@ pub mod read_models {
     pub const KEYWORD: &str = "keyword";
     pub const FACTS: &str = "facts";
     pub const SKILLS: &str = "skills";
+    pub const DOCS: &str = "docs";
 }
 
 /// The subject of a projector service's endpoint.
@@ -70,6 +73,12 @@ pub mod limits {
     pub const MAX_FILTER_VALUES: usize = 64;
     /// Bytes of a working-memory key or a skill name asked for.
     pub const MAX_NAME_BYTES: usize = 256;
+    /// Largest compacted document a reply carries (`include_bytes`), before base64. A
+    /// document past it is too big to fork from over request/reply: shard it (one board per
+    /// sprint, one profile per user).
+    pub const MAX_DOC_BYTES: usize = 1024 * 1024;
+    /// Most documents or history entries one doc request returns.
+    pub const MAX_DOC_ITEMS: usize = 256;
 }
 
 /// A request field outside what the protocol allows; answered as a 400 that names it.
@@ -454,6 +463,120 @@ pub struct SkillsResponse {
     pub visible_seq: Seq,
 }
 
+/// What a doc request reads.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum DocRead {
+    /// One document's state and conflicts.
+    #[default]
+    State,
+    /// One document's recent `doc_changed` events, newest last.
+    History,
+    /// The documents of the readable scopes (own scope and grants), of `doc_type` if given.
+    List,
+}
+
+/// A shared document, or the documents of some scopes.
+///
+/// `State` and `History` read the document `doc_type`/`name` of the request's own scope;
+/// `List` reads the own scope and the granted ancestors.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DocRequest {
+    #[serde(flatten)]
+    pub scopes: ScopeRequest,
+    #[serde(default)]
+    pub read: DocRead,
+    /// Required for `state` and `history`; a filter for `list`.
+    #[serde(default)]
+    pub doc_type: Option<Ident>,
+    /// Required for `state` and `history`.
+    #[serde(default)]
+    pub name: Option<Ident>,
+    /// `state`: also return the compacted document (base64), to fork a local copy from.
+    #[serde(default)]
+    pub include_bytes: bool,
+    /// `list`: also return each document's state.
+    #[serde(default)]
+    pub include_values: bool,
+    /// Most documents (`list`) or history entries (`history`), at most 256.
+    #[serde(default = "default_doc_limit")]
+    #[schemars(range(min = 1, max = limits::MAX_DOC_ITEMS))]
+    pub limit: usize,
+    #[serde(default, flatten)]
+    pub consistency: Consistency,
+}
+
+fn default_doc_limit() -> usize {
+    50
+}
+
+/// A field written concurrently: every value it holds, the one `value` shows first.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DocConflict {
+    /// JSON-pointer path of the field, for example `/items/t-7/status`.
+    pub path: String,
+    pub values: Vec<serde_json::Value>,
+}
+
+/// One `doc_changed` event as a document's history shows it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DocHistoryEntry {
+    pub seq: Seq,
+    pub event_id: EventId,
+    pub agent_id: Ident,
+    pub instance_id: Ident,
+    pub occurred_at: DateTime<Utc>,
+    /// Changes the event carried that the document did not hold yet.
+    pub changes: usize,
+    /// Changes applied because of it (held ones it released included).
+    pub applied: usize,
+    /// Changes held back after it, waiting for their dependencies.
+    pub held: usize,
+}
+
+/// One document: what it is, how it was built, and (when asked) its state.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DocSummary {
+    pub scope: Scope,
+    pub doc_type: Ident,
+    pub name: Ident,
+    /// Its heads: hex change hashes, sorted. Equal heads, equal state.
+    pub heads: Vec<String>,
+    /// Changes it holds, and `doc_changed` events merged into it.
+    pub changes: u64,
+    pub events: u64,
+    /// Changes waiting for dependencies the stream has not delivered yet.
+    pub held: usize,
+    /// The seq of the last event merged.
+    pub last_seq: Seq,
+    /// Compacted size in bytes.
+    pub bytes: usize,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub value: Option<serde_json::Value>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DocResponse {
+    /// `state`, `history`: the document, `None` when it does not exist (yet).
+    #[serde(default)]
+    pub doc: Option<DocSummary>,
+    /// `state`: the winning value of every field (`doc.value` holds it too).
+    #[serde(default)]
+    pub conflicts: Vec<DocConflict>,
+    /// `state`: the view was cut at its depth or size bound.
+    #[serde(default)]
+    pub truncated: bool,
+    /// `state` with `include_bytes`: the compacted document, base64.
+    #[serde(default)]
+    pub bytes: Option<String>,
+    #[serde(default)]
+    pub history: Vec<DocHistoryEntry>,
+    /// `list`: the documents, in scope then id order.
+    #[serde(default)]
+    pub docs: Vec<DocSummary>,
+    pub visible_seq: Seq,
+}
+
 /// What an agent asks for at the start of each step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ContextRequest {
@@ -560,7 +683,32 @@ macro_rules! projector_request {
     )+};
 }
 
-projector_request!(SearchRequest, FactsRequest, SkillsRequest);
+projector_request!(SearchRequest, FactsRequest, SkillsRequest, DocRequest);
+
+impl DocRequest {
+    /// Everything but the scopes ([`ScopeRequest::resolve`]).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        check_range("limit", self.limit, 1, limits::MAX_DOC_ITEMS)?;
+        if self.read != DocRead::List {
+            if self.doc_type.is_none() {
+                return Err(InvalidField::new(
+                    "doc_type",
+                    "give the document's type, for example task_board",
+                ));
+            }
+            if self.name.is_none() {
+                return Err(InvalidField::new("name", "give the document's name"));
+            }
+        }
+        if self.include_bytes && self.read != DocRead::State {
+            return Err(InvalidField::new(
+                "include_bytes",
+                "only a state read returns the document's bytes",
+            ));
+        }
+        self.consistency.validate()
+    }
+}
 
 impl Consistency {
     pub fn validate(&self) -> Result<(), InvalidField> {
@@ -752,6 +900,12 @@ pub fn json_schema() -> serde_json::Value {
             generator.subschema_for::<SkillsRequest>(),
             generator.subschema_for::<SkillsResponse>(),
         ),
+        endpoint(
+            DOC,
+            QUERY_SERVICE,
+            generator.subschema_for::<DocRequest>(),
+            generator.subschema_for::<DocResponse>(),
+        ),
     ];
     let internal = vec![
         endpoint(
@@ -777,6 +931,12 @@ pub fn json_schema() -> serde_json::Value {
             "engram-skills",
             generator.subschema_for::<SkillsRequest>(),
             generator.subschema_for::<SkillsResponse>(),
+        ),
+        endpoint(
+            &projector(read_models::DOCS, "get"),
+            "engram-docs",
+            generator.subschema_for::<DocRequest>(),
+            generator.subschema_for::<DocResponse>(),
         ),
     ];
     let errors: Vec<serde_json::Value> = [

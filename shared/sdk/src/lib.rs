@@ -21,6 +21,10 @@
 //!   which the stream deduplicates, so a retry never stores twice.
 //! - [`Agent`]: a client bound to one tenant, agent and instance, which stamps events.
 //! - [`EventBuilder`]: fills in an envelope field by field.
+//! - [`doc`]: shared documents: a writer's copy ([`doc::SharedDoc`]) that edits offline and
+//!   pushes its changes, and the typed task board, profile and scratchpad.
+
+pub mod doc;
 
 use std::time::Duration;
 
@@ -31,9 +35,9 @@ pub use engram_bus::{
 };
 pub use engram_memory::MemoryFilter;
 pub use engram_memory::proto::{
-    self, Consistency, Context, ContextItem, ContextRequest, ErrorCode, FactsRequest,
-    FactsResponse, MemoryResult, Ranking, RetrievalMode, RetrieveRequest, RetrieveResponse,
-    ScopeRequest, SkillsRequest, SkillsResponse,
+    self, Consistency, Context, ContextItem, ContextRequest, DocConflict, DocRead, DocRequest,
+    DocResponse, DocSummary, ErrorCode, FactsRequest, FactsResponse, MemoryResult, Ranking,
+    RetrievalMode, RetrieveRequest, RetrieveResponse, ScopeRequest, SkillsRequest, SkillsResponse,
 };
 pub use engram_rpc::RpcError;
 pub use engram_schema::{
@@ -236,6 +240,13 @@ impl Client {
     /// Skills by name or by task description.
     pub async fn skills(&self, request: &SkillsRequest) -> Result<SkillsResponse, RpcError> {
         self.query(proto::SKILLS, request, request.consistency.wait_ms)
+            .await
+    }
+
+    /// A shared document's state (with its conflicts) at `request.consistency.min_seq` or
+    /// later, its history, or the documents of the readable scopes.
+    pub async fn doc(&self, request: &DocRequest) -> Result<DocResponse, RpcError> {
+        self.query(proto::DOC, request, request.consistency.wait_ms)
             .await
     }
 

@@ -2,6 +2,7 @@
 
 pub mod append;
 pub mod dlq;
+pub mod doc;
 pub mod facts;
 pub mod forget;
 pub mod projector;
