@@ -271,7 +271,10 @@ async fn dead_lettered_events_are_expected_of_no_projector_and_silently_skipped_
     assert!(clean(&v, "skills"), "{p:?}");
     assert_eq!((p.expected_events, p.dead_lettered), (5, 2), "{p:?}");
     // And the others, which have no letter for the garbage, lost it
-    let others: Vec<&str> = projectors().into_iter().filter(|p| *p != "skills").collect();
+    let others: Vec<&str> = projectors()
+        .into_iter()
+        .filter(|p| *p != "skills")
+        .collect();
     for &name in &others {
         let p = check(&v, name);
         assert_eq!(

@@ -549,8 +549,9 @@ async fn dlq_list_and_show_raw_published_poison_events() {
 
     // When every projector has dead-lettered both
     let letters = wait_for_letters(&setup, "keyword", 2);
-    for projector in ["vector", "facts", "skills"] {
-        wait_for_letters(&setup, projector, 2);
+    let projectors = engram_projectors::ProjectorName::all();
+    for projector in &projectors {
+        wait_for_letters(&setup, projector.as_str(), 2);
     }
 
     // Then the list names each one's projector, event seq, subject and reason
@@ -564,10 +565,13 @@ async fn dlq_list_and_show_raw_published_poison_events() {
         "{letters:?}"
     );
     let all = setup.json(&["dlq", "list"]);
-    assert_eq!(all.len(), 8);
+    assert_eq!(all.len(), 2 * projectors.len());
     assert_eq!(setup.json(&["dlq", "list", "--limit", "3"]).len(), 3);
     let text = setup.ok(&["dlq", "list", "--limit", "3"]);
-    assert!(text.contains("showing the oldest 3 of 8"), "{text}");
+    assert!(
+        text.contains(&format!("showing the oldest 3 of {}", 2 * projectors.len())),
+        "{text}"
+    );
     let refused = setup.run(&["dlq", "list", "--limit", "10001"]);
     assert!(!refused.status.success());
     assert!(String::from_utf8_lossy(&refused.stderr).contains("use 1 to 10000"));
@@ -669,4 +673,111 @@ async fn dlq_redrive_needs_the_projector_stopped_then_purges_and_rebuilds() {
     args.extend_from_slice(&SCOPE);
     let found = setup.json(&args).remove(0);
     assert_eq!(found["results"][0]["text"], "a good memory", "{found}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn doc_edit_show_conflicts_and_history_of_a_task_board() {
+    let setup = Setup::start().await;
+    let doc = |cmd: &str, extra: &[&str]| -> Vec<String> {
+        [
+            "doc",
+            cmd,
+            "task_board",
+            "sprint",
+            "--tenant",
+            "acme",
+            "--scope",
+            "team:core",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    // Given a board edited from the command line, as two instances.
+    let first = setup.json(&refs(&doc(
+        "edit",
+        &[
+            "--set",
+            r#"/items/t-1={"title":"fix login","status":"todo","notes":[]}"#,
+            "--instance",
+            "i-1",
+        ],
+    )));
+    let min = seq(&first[0]);
+    let second = setup.json(&refs(&doc(
+        "edit",
+        &[
+            "--set",
+            "/items/t-1/owner=i-2",
+            "--set",
+            "/items/t-1/notes/-=repro attached",
+            "--instance",
+            "i-2",
+            "--min-seq",
+            &min,
+        ],
+    )));
+    let min = seq(&second[0]);
+
+    // Then show has both edits merged.
+    let shown = setup.json(&refs(&doc("show", &["--min-seq", &min])));
+    let value = &shown[0]["doc"]["value"];
+    assert_eq!(value["items"]["t-1"]["title"], "fix login");
+    assert_eq!(value["items"]["t-1"]["owner"], "i-2");
+    assert_eq!(value["items"]["t-1"]["notes"], json!(["repro attached"]));
+    assert_eq!(shown[0]["doc"]["events"], 2);
+    let text = setup.ok(&refs(&doc("show", &["--min-seq", &min])));
+    assert!(text.contains("0 conflicting field(s)"), "{text}");
+
+    // And history lists the two events, by instance.
+    let history = setup.json(&refs(&doc("history", &["--min-seq", &min])));
+    let instances: Vec<&str> = history
+        .iter()
+        .map(|h| h["instance_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(instances, ["i-1", "i-2"]);
+
+    // An edit after which the board no longer reads as a task board is refused, unsent.
+    let before = setup.stream_messages().await;
+    let bad = setup.run(&refs(&doc("edit", &["--set", "/items/t-1/status=42"])));
+    assert!(!bad.status.success());
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("no longer reads as a task_board") && err.contains("nothing was sent"),
+        "{err}"
+    );
+    assert_eq!(setup.stream_messages().await, before);
+
+    // A document that does not exist says how to find the ones that do.
+    let missing = setup.run(&[
+        "doc",
+        "show",
+        "task_board",
+        "nope",
+        "--tenant",
+        "acme",
+        "--scope",
+        "team:core",
+    ]);
+    assert!(!missing.status.success());
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("engram doc list"));
+    let listed = setup.json(&[
+        "doc",
+        "list",
+        "--tenant",
+        "acme",
+        "--scope",
+        "team:core",
+        "--min-seq",
+        &min,
+    ]);
+    assert_eq!(listed.len(), 1);
+    assert_eq!(listed[0]["name"], "sprint");
+    assert_eq!(
+        setup
+            .json(&refs(&doc("conflicts", &["--min-seq", &min])))
+            .len(),
+        0
+    );
 }

@@ -61,6 +61,7 @@ pub struct TaskItem {
     #[autosurgeon(missing = "Default::default")]
     pub title: String,
     /// The instance or agent working on it.
+    #[autosurgeon(missing = "Default::default")]
     pub owner: Option<String>,
     #[autosurgeon(missing = "Default::default")]
     pub status: TaskStatus,
@@ -126,7 +127,9 @@ impl DocType for Scratchpad {
 pub struct Decision {
     #[autosurgeon(missing = "Default::default")]
     pub text: String,
+    #[autosurgeon(missing = "Default::default")]
     pub rationale: Option<String>,
+    #[autosurgeon(missing = "Default::default")]
     pub by: Option<String>,
 }
 
@@ -135,5 +138,6 @@ pub struct Question {
     #[autosurgeon(missing = "Default::default")]
     pub text: String,
     /// Set once answered; an open question has none.
+    #[autosurgeon(missing = "Default::default")]
     pub answer: Option<String>,
 }
