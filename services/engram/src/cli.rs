@@ -98,7 +98,18 @@ pub enum Command {
     Rebuild {
         /// vector, keyword, facts, skills or docs.
         projector: engram_projectors::ProjectorName,
+        /// Start from the newest snapshot that checks (see `engram snapshot list`), then
+        /// replay only the stream after it; with none that checks, replay everything.
+        #[arg(long)]
+        from_snapshot: bool,
+        /// With --from-snapshot: this version (its sequence), or the newest good one below.
+        #[arg(long, requires = "from_snapshot", value_name = "VERSION")]
+        version: Option<u64>,
     },
+    /// Versioned snapshots of the read models, kept in the JetStream Object Store: what new
+    /// replicas start from, and what lets stream retention remove old events.
+    #[command(subcommand)]
+    Snapshot(SnapshotCommand),
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
@@ -283,6 +294,41 @@ pub enum DocCommand {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum SnapshotCommand {
+    /// Cut a snapshot of running projectors now (default: every one that can export:
+    /// facts, skills, docs). Labelled snapshots are kept by retention.
+    Create {
+        projectors: Vec<engram_projectors::ProjectorName>,
+        #[arg(long)]
+        label: Option<String>,
+    },
+    /// The snapshots kept, oldest first.
+    List {
+        #[arg(long)]
+        projector: Option<engram_projectors::ProjectorName>,
+    },
+    /// One snapshot's index entry, after checking its object against its content hash.
+    Show {
+        projector: engram_projectors::ProjectorName,
+        version: u64,
+    },
+    /// Build a stopped projector's state from a snapshot and the stream after it (the same
+    /// as `engram rebuild <projector> --from-snapshot`).
+    Restore {
+        projector: engram_projectors::ProjectorName,
+        /// This version, or the newest good one below it (default: the newest good one).
+        #[arg(long)]
+        version: Option<u64>,
+    },
+    /// What changed between two snapshots of one projector.
+    Diff {
+        projector: engram_projectors::ProjectorName,
+        from: u64,
+        to: u64,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum DlqCommand {
     /// List dead letters, oldest first: their dlq seq, projector, event seq, subject and reason.
     List {
@@ -458,9 +504,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Doc(command) => commands::doc::run(&config, command, json).await,
         Command::Dlq(command) => commands::dlq::run(&config, command, json).await,
         Command::Projector { names } => commands::projector::run(&config, names).await,
-        Command::Rebuild { projector } => {
-            commands::projector::rebuild(&config, projector, json).await
+        Command::Rebuild {
+            projector,
+            from_snapshot,
+            version,
+        } => {
+            if from_snapshot {
+                commands::snapshot::restore(&config, projector, version, json).await
+            } else {
+                commands::projector::rebuild(&config, projector, json).await
+            }
         }
+        Command::Snapshot(command) => commands::snapshot::run(&config, command, json).await,
         Command::Config(ConfigCommand::Dump) => {
             let config = config.redacted();
             if json {

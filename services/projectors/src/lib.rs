@@ -39,6 +39,7 @@ use engram_projection_runtime::{
     ApplyLedger, NotYetVisible, Projection, ProjectorError, ProjectorSettings, Visibility,
 };
 use engram_rpc::Failure;
+use engram_snapshots::{SnapshotError, SnapshotMeta, SnapshotStore, SnapshotsConfig};
 use engram_vector::HnswParams;
 pub use registry::{ProjectorName, REGISTRY, ReadModel};
 use serde::{Deserialize, Serialize};
@@ -75,6 +76,8 @@ pub struct ProjectorsConfig {
     /// Requests each projector endpoint handles at once; more are answered `busy` (429). The
     /// query service makes up to four projector requests per retrieval.
     pub max_in_flight: usize,
+    /// Versioned snapshots: where they are kept, how many, how often they are cut.
+    pub snapshots: SnapshotsConfig,
 }
 
 impl Default for ProjectorsConfig {
@@ -92,6 +95,7 @@ impl Default for ProjectorsConfig {
             embed_cache_disk_mb: 1024,
             hnsw: HnswParams::default(),
             max_in_flight: 256,
+            snapshots: SnapshotsConfig::default(),
         }
     }
 }
@@ -107,6 +111,9 @@ impl ProjectorsConfig {
         if self.embed_cache_disk_mb < 4 {
             return Err("projectors.embed_cache_disk_mb must be at least 4".into());
         }
+        self.snapshots
+            .validate()
+            .map_err(|e| format!("projectors.{e}"))?;
         self.hnsw
             .validate()
             .map_err(|e| format!("projectors.hnsw: {e}"))
@@ -133,6 +140,12 @@ impl ProjectorsConfig {
 
 #[derive(Debug, Error)]
 pub enum StartError {
+    #[error("projector {projector}: {source}")]
+    Snapshots {
+        projector: &'static str,
+        #[source]
+        source: SnapshotError,
+    },
     #[error("cannot set up the embedder: {0}")]
     Embedder(#[from] engram_embed::EmbedError),
     #[error("cannot start the {projector} query endpoint: {source}")]
@@ -209,6 +222,8 @@ pub struct RunningProjectors {
     pub visibility: BTreeMap<ProjectorName, Visibility>,
     _locks: Vec<StateLock>,
     tasks: Vec<(ProjectorName, JoinHandle<Result<(), ProjectorError>>)>,
+    /// The periodic snapshot cutters; they end with the shutdown signal.
+    tasks_aux: Vec<JoinHandle<()>>,
     /// Each projector's NATS service and the connection it came from: stopped and drained
     /// once the loops are done, so that nothing is left to lose its server at shutdown.
     services: Vec<(async_nats::service::Service, async_nats::Client)>,
@@ -229,6 +244,9 @@ impl RunningProjectors {
                 }
                 Err(e) => tracing::error!(projector = %name, error = %e, "projector task panicked"),
             }
+        }
+        for task in self.tasks_aux {
+            let _ = task.await;
         }
         for (service, client) in self.services {
             if let Err(e) = service.stop().await {
@@ -261,6 +279,7 @@ where
         visibility: BTreeMap::new(),
         _locks: Vec::new(),
         tasks: Vec::new(),
+        tasks_aux: Vec::new(),
         services: Vec::new(),
     };
     for name in config.run.iter().copied() {
@@ -283,10 +302,32 @@ where
             limits: config.endpoint_limits(),
             head: Arc::new(StreamHead::new(bus.clone())),
         };
-        let (visibility, task, status) = name
+        let store = SnapshotStore::open(&bus, config.snapshots.clone())
+            .await
+            .map_err(|source| StartError::Snapshots { projector, source })?;
+        let (visibility, task, status, cutter) = name
             .model()
             .launch(config, dir, bus, &serving, shutdown.clone())
             .await?;
+        let (c, st) = (cutter.clone(), store.clone());
+        engram_rpc::serve(
+            &service,
+            &proto::projector_subject(projector, "snapshot"),
+            "snapshot",
+            serving.limits,
+            move |req: SnapshotRequest| {
+                let (cutter, store) = (c.clone(), st.clone());
+                async move { cut_and_store(&cutter, &store, req.label.as_deref()).await }
+            },
+        )
+        .await
+        .map_err(service_err)?;
+        running.tasks_aux.push(spawn_periodic_cuts(
+            cutter,
+            visibility.clone(),
+            store,
+            shutdown.clone(),
+        ));
         let (v, head) = (visibility.clone(), serving.head.clone());
         engram_rpc::serve(
             &service,
@@ -346,12 +387,103 @@ where
     Ok(running)
 }
 
-/// A started projector: what queries wait on, its loop, and the model for status requests.
+/// A started projector: what queries wait on, its loop, the model for status requests, and
+/// what asks its loop for snapshot cuts.
 pub type Launched = (
     Visibility,
     JoinHandle<Result<(), ProjectorError>>,
     Arc<dyn Projection>,
+    engram_projection_runtime::Cutter,
 );
+
+/// What `engram.p.<projector>.snapshot` takes: cut a snapshot now, with an optional label
+/// (labelled snapshots are kept by retention).
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotRequest {
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+/// Cuts a snapshot of one running projector and stores it.
+async fn cut_and_store(
+    cutter: &engram_projection_runtime::Cutter,
+    store: &SnapshotStore,
+    label: Option<&str>,
+) -> Result<SnapshotMeta, Failure> {
+    let started = std::time::Instant::now();
+    let cut = cutter.cut().await.map_err(|e| match e {
+        engram_projection_runtime::ProjectionError::Fatal(m) => Failure::invalid(m),
+        engram_projection_runtime::ProjectionError::Transient(m) => {
+            Failure::new(ErrorCode::Unavailable, m)
+        }
+    })?;
+    let meta = store
+        .put(cutter.projector(), &cut, label)
+        .await
+        .map_err(|e| match e {
+            SnapshotError::InvalidLabel(_) | SnapshotError::TooLarge { .. } => {
+                Failure::invalid(e.to_string())
+            }
+            other => Failure::new(ErrorCode::Unavailable, other.to_string()),
+        })?;
+    engram_telemetry::metrics::SNAPSHOT_SECONDS
+        .with_label_values(&[cutter.projector()])
+        .observe(started.elapsed().as_secs_f64());
+    engram_telemetry::metrics::SNAPSHOT_BYTES
+        .with_label_values(&[cutter.projector()])
+        .set(i64::try_from(meta.bytes).unwrap_or(i64::MAX));
+    tracing::info!(
+        projector = cutter.projector(),
+        version = meta.version,
+        bytes = meta.bytes,
+        took_ms = started.elapsed().as_millis() as u64,
+        "snapshot cut"
+    );
+    Ok(meta)
+}
+
+/// Cuts a snapshot every `interval` once `min_events` were applied since the last one,
+/// until `stop`; ends at once for a model that cannot export itself.
+fn spawn_periodic_cuts(
+    cutter: engram_projection_runtime::Cutter,
+    visibility: Visibility,
+    store: SnapshotStore,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let config = store.config().clone();
+        if config.interval.is_zero() {
+            return;
+        }
+        let mut last_cut = store
+            .list(Some(cutter.projector()))
+            .await
+            .ok()
+            .and_then(|metas| metas.last().map(|m| m.version))
+            .unwrap_or(0);
+        let mut tick = tokio::time::interval(config.interval);
+        tick.tick().await;
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            if visibility.ledger().seq < last_cut + config.min_events {
+                continue;
+            }
+            match cut_and_store(&cutter, &store, None).await {
+                Ok(meta) => last_cut = meta.version,
+                Err(f) if f.code == ErrorCode::Invalid => {
+                    tracing::debug!(projector = cutter.projector(), reason = %f.message, "no periodic snapshots");
+                    return;
+                }
+                Err(f) => {
+                    tracing::warn!(projector = cutter.projector(), reason = %f.message, "periodic snapshot failed; trying again next time")
+                }
+            }
+        }
+    })
+}
 
 /// Where a projector's endpoints are served, and what bounds them.
 pub struct Serving<'a> {
@@ -370,6 +502,71 @@ pub async fn rebuild(
 ) -> Result<(Seq, [u8; 32]), StartError> {
     let _lock = lock_state(dir, name.as_str())?;
     name.model().rebuild(config, dir, bus, &mut progress).await
+}
+
+/// How a replica was bootstrapped: the snapshot it loaded (none: a full replay), the newer
+/// ones that did not check, and where it ended.
+#[derive(Clone, Debug, Serialize)]
+pub struct Bootstrapped {
+    pub projector: ProjectorName,
+    pub snapshot: Option<SnapshotMeta>,
+    pub skipped: Vec<(SnapshotMeta, String)>,
+    pub seq: Seq,
+    pub state_hash: String,
+}
+
+/// Builds one projector's read model from its newest good snapshot (at most `version`),
+/// then the tail of the stream after it; with no snapshot that checks, from the whole
+/// stream. The projector must not be running.
+pub async fn rebuild_from_snapshot(
+    name: ProjectorName,
+    config: &ProjectorsConfig,
+    dir: &Path,
+    bus: Bus,
+    version: Option<u64>,
+    mut progress: impl FnMut(Seq, Seq) + Send,
+) -> Result<Bootstrapped, StartError> {
+    let _lock = lock_state(dir, name.as_str())?;
+    let projector = name.as_str();
+    let store = SnapshotStore::open(&bus, config.snapshots.clone())
+        .await
+        .map_err(|source| StartError::Snapshots { projector, source })?;
+    let check = |bytes: &[u8]| {
+        engram_projection_runtime::snapshot::decode::<serde::de::IgnoredAny>(
+            bytes,
+            "the snapshot",
+            projector,
+        )
+        .map(drop)
+        .map_err(|e| e.to_string())
+    };
+    let selection = store
+        .load_latest_good(projector, version, check)
+        .await
+        .map_err(|source| StartError::Snapshots { projector, source })?;
+    let (snapshot, (seq, hash)) = match selection.chosen {
+        Some((meta, bytes)) => {
+            let reached = name
+                .model()
+                .bootstrap(config, dir, bus, &bytes, &mut progress)
+                .await?;
+            (Some(meta), reached)
+        }
+        None => (
+            None,
+            name.model()
+                .rebuild(config, dir, bus, &mut progress)
+                .await?,
+        ),
+    };
+    let skipped = selection.skipped;
+    Ok(Bootstrapped {
+        projector: name,
+        snapshot,
+        skipped,
+        seq,
+        state_hash: engram_snapshots::hex(&hash),
+    })
 }
 
 /// What `engram.p.<projector>.status` answers.

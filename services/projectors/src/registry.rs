@@ -79,6 +79,17 @@ pub trait Registered: Send + Sync {
         stop: CancellationToken,
     ) -> Result<Launched, StartError>;
 
+    /// Loads an exported snapshot into the model and replays the stream after it; returns
+    /// the sequence reached and the state hash.
+    async fn bootstrap(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        bus: Bus,
+        snapshot: &[u8],
+        progress: &mut (dyn FnMut(Seq, Seq) + Send),
+    ) -> Result<(Seq, [u8; 32]), StartError>;
+
     /// Empties the model and replays the stream into it; returns the sequence reached and
     /// the state hash.
     async fn rebuild(
@@ -132,7 +143,27 @@ impl<M: ReadModel> Registered for Entry<M> {
             source,
         })?;
         let status: Arc<dyn Projection> = projection;
-        Ok((visibility, tokio::spawn(projector.run(stop)), status))
+        let cutter = projector.cutter();
+        Ok((
+            visibility,
+            tokio::spawn(projector.run(stop)),
+            status,
+            cutter,
+        ))
+    }
+
+    async fn bootstrap(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        bus: Bus,
+        snapshot: &[u8],
+        progress: &mut (dyn FnMut(Seq, Seq) + Send),
+    ) -> Result<(Seq, [u8; 32]), StartError> {
+        let projection = M::open(config, dir).await?;
+        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir));
+        let applied = projector.bootstrap(snapshot, progress).await?;
+        Ok((applied.seq, projection.state_hash().await))
     }
 
     async fn rebuild(

@@ -137,6 +137,24 @@ pub trait Projection: Send + Sync + 'static {
     /// Empties the model and its checkpoint (before a rebuild).
     async fn reset(&self) -> Result<(), ProjectionError>;
 
+    /// The model's whole state with `applied`, as one self-checking blob: the payload of a
+    /// versioned snapshot, which [`import`](Self::import) loads on another replica. `None`
+    /// (the default) for a model that cannot export itself; a replica of it rebuilds from
+    /// the stream.
+    async fn export(&self, _applied: &ApplyLedger) -> Result<Option<Vec<u8>>, ProjectionError> {
+        Ok(None)
+    }
+
+    /// Replaces the model and its checkpoint with an [`export`](Self::export)ed blob, after
+    /// checking it; returns the ledger it holds. A blob that does not check is refused and
+    /// the model is unchanged.
+    async fn import(&self, _bytes: &[u8]) -> Result<ApplyLedger, ProjectionError> {
+        Err(ProjectionError::Fatal(format!(
+            "projector {} cannot load snapshots; rebuild it from the stream",
+            self.name()
+        )))
+    }
+
     /// A digest of the logical state, equal for equal content however it was built.
     async fn state_hash(&self) -> [u8; 32];
 }
@@ -155,6 +173,16 @@ pub enum ProjectorError {
         projector: &'static str,
         #[source]
         source: BusError,
+    },
+    /// Retention removed events a replay would need: never replayed across the gap.
+    #[error(
+        "projector {projector} needs every event after seq {from}, but the stream now starts at seq {first} (retention removed the rest); bootstrap from a snapshot at seq {} or later",
+        first - 1
+    )]
+    TailGone {
+        projector: &'static str,
+        from: Seq,
+        first: Seq,
     },
 }
 
@@ -277,6 +305,46 @@ impl Visibility {
     }
 }
 
+/// A snapshot cut by the loop: the model's exported state and the ledger it holds.
+#[derive(Clone, Debug)]
+pub struct Cut {
+    pub ledger: ApplyLedger,
+    pub bytes: Vec<u8>,
+    /// The model's state hash at the cut.
+    pub state_hash: [u8; 32],
+}
+
+/// Asks a running projector's loop for a [`Cut`]. The loop cuts between batches, after
+/// publishing, so the cut holds exactly the events its ledger counts.
+#[derive(Clone, Debug)]
+pub struct Cutter {
+    projector: &'static str,
+    tx: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<Cut, ProjectionError>>>,
+}
+
+impl Cutter {
+    pub fn projector(&self) -> &'static str {
+        self.projector
+    }
+
+    /// A cut of the model as it is now. Fails when the loop has stopped, or the model
+    /// cannot export itself.
+    pub async fn cut(&self) -> Result<Cut, ProjectionError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let stopped = || {
+            ProjectionError::Transient(format!(
+                "projector {} is not running; start it to cut a snapshot",
+                self.projector
+            ))
+        };
+        self.tx.send(reply).await.map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+type CutRequests =
+    tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<Result<Cut, ProjectionError>>>;
+
 /// Runs one projection against the stream.
 pub struct Projector<P: Projection> {
     projection: Arc<P>,
@@ -285,6 +353,7 @@ pub struct Projector<P: Projection> {
     visible: watch::Sender<Seq>,
     /// The loop's ledger, mirrored after every change for [`Visibility::ledger`].
     ledger: watch::Sender<ApplyLedger>,
+    cuts: (Cutter, std::sync::Mutex<Option<CutRequests>>),
 }
 
 impl<P: Projection> Projector<P> {
@@ -294,13 +363,25 @@ impl<P: Projection> Projector<P> {
         let (visible, _) = watch::channel(0);
         let (ledger, _) = watch::channel(ApplyLedger::default());
         metrics::touch_projector(projection.name());
+        // A cut waits for the batch in hand; a few queued requests are plenty.
+        let (tx, rx) = tokio::sync::mpsc::channel(4);
+        let cutter = Cutter {
+            projector: projection.name(),
+            tx,
+        };
         Self {
             projection,
             bus,
             settings,
             visible,
             ledger,
+            cuts: (cutter, std::sync::Mutex::new(Some(rx))),
         }
+    }
+
+    /// Asks this projector's loop ([`Projector::run`]) for snapshot cuts.
+    pub fn cutter(&self) -> Cutter {
+        self.cuts.0.clone()
     }
 
     pub fn visibility(&self) -> Visibility {
@@ -340,6 +421,7 @@ impl<P: Projection> Projector<P> {
         self.ledger.send_replace(restored);
         self.publish_visible(restored.seq);
         let _sampler = self.spawn_lag_sampler();
+        let mut cuts = self.cuts.1.lock().unwrap_or_else(|p| p.into_inner()).take();
         tokio::pin!(shutdown);
         let mut backoff = Backoff::new(self.settings.max_backoff);
         'connect: loop {
@@ -374,6 +456,14 @@ impl<P: Projection> Projector<P> {
                     _ = tokio::time::sleep(self.settings.checkpoint_interval.max(state.checkpoint_gap())), if state.unsaved() > 0 => {
                         // Idle with unsaved work: checkpoint now rather than on the next event.
                         self.checkpoint(&mut state).await?;
+                        continue;
+                    }
+                    Some(reply) = async { cuts.as_mut()?.recv().await }, if cuts.is_some() => {
+                        let cut = self.cut(&mut state).await;
+                        if let Err(e) = &cut {
+                            tracing::warn!(projector = name, error = %e, "snapshot cut failed");
+                        }
+                        let _ = reply.send(cut);
                         continue;
                     }
                     next = reader.next_batch(self.settings.batch) => next,
@@ -432,6 +522,81 @@ impl<P: Projection> Projector<P> {
     /// replaced.
     pub async fn rebuild(
         &self,
+        progress: impl FnMut(Seq, Seq),
+    ) -> Result<ApplyLedger, ProjectorError> {
+        let name = self.projection.name();
+        // Restore first: it opens what the model keeps on disk, which reset then empties.
+        // A checkpoint that cannot be restored (say, made with another embedding model) is
+        // exactly what a rebuild replaces, so its failure is not fatal here.
+        if let Err(e) = self.projection.restore().await {
+            tracing::info!(projector = name, error = %e, "discarding unusable checkpoint");
+        }
+        self.projection
+            .reset()
+            .await
+            .map_err(|source| ProjectorError::Projection {
+                projector: name,
+                source,
+            })?;
+        self.replay_from(ApplyLedger::default(), progress).await
+    }
+
+    /// Loads an exported snapshot (checked first: a blob that does not check changes
+    /// nothing), then replays the stream after its sequence until caught up, calling
+    /// `progress` as [`Projector::rebuild`] does; checkpoints and returns the ledger saved.
+    /// The stream must still hold every event after the snapshot: a tail that retention has
+    /// cut is an error before anything is loaded, never a gap.
+    pub async fn bootstrap(
+        &self,
+        snapshot: &[u8],
+        progress: impl FnMut(Seq, Seq),
+    ) -> Result<ApplyLedger, ProjectorError> {
+        let name = self.projection.name();
+        let projection_err = |source| ProjectorError::Projection {
+            projector: name,
+            source,
+        };
+        // The tail must be there before anything is replaced.
+        let (held, _): (ApplyLedger, serde::de::IgnoredAny) =
+            snapshot::decode(snapshot, "the snapshot", name).map_err(projection_err)?;
+        self.check_tail(held.seq).await?;
+        if let Err(e) = self.projection.restore().await {
+            tracing::info!(projector = name, error = %e, "discarding unusable checkpoint");
+        }
+        let loaded = self
+            .projection
+            .import(snapshot)
+            .await
+            .map_err(projection_err)?;
+        self.replay_from(loaded, progress).await
+    }
+
+    /// Fails when the stream no longer holds every event after `seq` (retention removed
+    /// some): replaying from there would skip them.
+    pub async fn check_tail(&self, seq: Seq) -> Result<(), ProjectorError> {
+        let name = self.projection.name();
+        let summary = self
+            .bus
+            .stream_summary()
+            .await
+            .map_err(|source| ProjectorError::Bus {
+                projector: name,
+                source,
+            })?;
+        if summary.last_seq > seq && summary.first_seq > seq + 1 {
+            return Err(ProjectorError::TailGone {
+                projector: name,
+                from: seq,
+                first: summary.first_seq,
+            });
+        }
+        Ok(())
+    }
+
+    /// Replays the stream after `from` into the model (which holds `from`), until caught up.
+    async fn replay_from(
+        &self,
+        from: ApplyLedger,
         mut progress: impl FnMut(Seq, Seq),
     ) -> Result<ApplyLedger, ProjectorError> {
         let name = self.projection.name();
@@ -443,22 +608,16 @@ impl<P: Projection> Projector<P> {
             projector: name,
             source,
         };
-        // Restore first: it opens what the model keeps on disk, which reset then empties.
-        // A checkpoint that cannot be restored (say, made with another embedding model) is
-        // exactly what a rebuild replaces, so its failure is not fatal here.
-        if let Err(e) = self.projection.restore().await {
-            tracing::info!(projector = name, error = %e, "discarding unusable checkpoint");
-        }
-        self.projection.reset().await.map_err(projection_err)?;
-        self.bus.delete_durable(name).await.map_err(bus_err)?;
+        self.check_tail(from.seq).await?;
         let target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
-        let mut state = LoopState::new(ApplyLedger::default(), self.dead_letter_key()?);
+        self.bus.delete_durable(name).await.map_err(bus_err)?;
+        let mut state = LoopState::new(from, self.dead_letter_key()?);
         self.ledger.send_replace(state.ledger);
-        self.publish_visible(0);
-        if target > 0 {
+        self.publish_visible(from.seq);
+        if target > from.seq {
             let mut reader = self
                 .bus
-                .durable_reader(name, 0, self.settings.batch)
+                .durable_reader(name, from.seq, self.settings.batch)
                 .await
                 .map_err(bus_err)?;
             loop {
@@ -487,6 +646,27 @@ impl<P: Projection> Projector<P> {
         }
         self.checkpoint(&mut state).await?;
         Ok(state.ledger)
+    }
+
+    /// A snapshot cut: publishes what is applied (dead letters first), then exports.
+    async fn cut(&self, state: &mut LoopState) -> Result<Cut, ProjectionError> {
+        if state.unpublished() {
+            self.publish(state).await?;
+        }
+        self.send_dead_letters(state).await?;
+        let ledger = state.ledger;
+        let bytes = self.projection.export(&ledger).await?.ok_or_else(|| {
+            ProjectionError::Fatal(format!(
+                "projector {} cannot export snapshots; its replicas rebuild from the stream",
+                self.projection.name()
+            ))
+        })?;
+        let state_hash = self.projection.state_hash().await;
+        Ok(Cut {
+            ledger,
+            bytes,
+            state_hash,
+        })
     }
 
     /// Applies one delivered batch (skipping what the model already has, dead-lettering

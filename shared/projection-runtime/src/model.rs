@@ -131,6 +131,32 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
         snapshot::remove(&self.path)
     }
 
+    async fn export(&self, applied: &ApplyLedger) -> Result<Option<Vec<u8>>, ProjectionError> {
+        let (model, applied) = (self.model.clone(), *applied);
+        tokio::task::spawn_blocking(move || {
+            let model = model.read().unwrap_or_else(|p| p.into_inner());
+            snapshot::encode(&applied, &*model).map(Some)
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))?
+    }
+
+    async fn import(&self, bytes: &[u8]) -> Result<ApplyLedger, ProjectionError> {
+        let (path, name, bytes) = (self.path.clone(), self.name, bytes.to_vec());
+        let (ledger, model) = tokio::task::spawn_blocking(move || {
+            let (ledger, model) = snapshot::decode::<M>(&bytes, "the snapshot", name)?;
+            // The blob is already in the checkpoint format: it becomes the checkpoint, so a
+            // crash right after the import restarts from it.
+            snapshot::write_atomic(&path, &bytes)?;
+            Ok::<_, ProjectionError>((ledger, model))
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        *self.model.write().unwrap_or_else(|p| p.into_inner()) = model;
+        self.set_applied(AppliedSeq::through(ledger.seq));
+        Ok(ledger)
+    }
+
     async fn state_hash(&self) -> [u8; 32] {
         self.read().hash()
     }

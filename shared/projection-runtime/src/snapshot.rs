@@ -20,25 +20,64 @@ const MAGIC: &[u8] = b"ENGRAMSNAP2";
 /// The format before the ledger: `(seq, model)`.
 const MAGIC_WITHOUT_LEDGER: &[u8] = b"ENGRAMSNAP1";
 
+/// `model` with `ledger` in the checkpoint format: what [`save`] writes, and what a
+/// versioned snapshot of the model carries.
+pub fn encode<T: Serialize>(ledger: &ApplyLedger, model: &T) -> Result<Vec<u8>, ProjectionError> {
+    let mut bytes = MAGIC.to_vec();
+    rmp_serde::encode::write_named(&mut bytes, &(ledger, model))
+        .map_err(|e| ProjectionError::Fatal(format!("cannot encode checkpoint: {e}")))?;
+    let hash = blake3::hash(&bytes);
+    bytes.extend_from_slice(hash.as_bytes());
+    Ok(bytes)
+}
+
+/// Checks and decodes bytes in the checkpoint format. `what` names them in errors (a file, a
+/// snapshot version) and `projector` the rebuild that replaces them.
+pub fn decode<T: DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+    projector: &str,
+) -> Result<(ApplyLedger, T), ProjectionError> {
+    let corrupt = |why: &str| {
+        ProjectionError::Fatal(format!(
+            "{what} is corrupt ({why}); run `engram rebuild {projector}`"
+        ))
+    };
+    if bytes.starts_with(MAGIC_WITHOUT_LEDGER) {
+        return Err(ProjectionError::Fatal(format!(
+            "{what} is in an older format without an apply ledger; run `engram rebuild {projector}` to replace it"
+        )));
+    }
+    if bytes.len() < MAGIC.len() + 32 || !bytes.starts_with(MAGIC) {
+        return Err(corrupt("not a checkpoint file"));
+    }
+    let (body, hash) = bytes.split_at(bytes.len() - 32);
+    if blake3::hash(body).as_bytes() != hash {
+        return Err(corrupt("checksum mismatch"));
+    }
+    rmp_serde::from_slice(&body[MAGIC.len()..])
+        .map_err(|e| corrupt(&format!("does not decode: {e}")))
+}
+
 /// Saves `model` with `ledger` at `path`, atomically.
 pub fn save<T: Serialize>(
     path: &Path,
     ledger: &ApplyLedger,
     model: &T,
 ) -> Result<(), ProjectionError> {
-    let mut bytes = MAGIC.to_vec();
-    rmp_serde::encode::write_named(&mut bytes, &(ledger, model))
-        .map_err(|e| ProjectionError::Fatal(format!("cannot encode checkpoint: {e}")))?;
-    let hash = blake3::hash(&bytes);
-    bytes.extend_from_slice(hash.as_bytes());
+    write_atomic(path, &encode(ledger, model)?)
+}
 
+/// Writes `bytes` at `path` atomically: a temporary file, fsynced, renamed over the old one,
+/// the directory fsynced.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), ProjectionError> {
     let dir = path
         .parent()
         .ok_or_else(|| ProjectionError::Fatal(format!("{} has no parent", path.display())))?;
     std::fs::create_dir_all(dir).map_err(|e| transient("create", dir, e))?;
     let tmp = path.with_extension("tmp");
     let mut file = std::fs::File::create(&tmp).map_err(|e| transient("create", &tmp, e))?;
-    file.write_all(&bytes)
+    file.write_all(bytes)
         .map_err(|e| transient("write", &tmp, e))?;
     file.sync_all().map_err(|e| transient("sync", &tmp, e))?;
     drop(file);
@@ -60,28 +99,8 @@ pub fn load<T: DeserializeOwned>(
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
         Err(e) => return Err(transient("read", path, e)),
     };
-    let corrupt = |why: &str| {
-        ProjectionError::Fatal(format!(
-            "checkpoint {} is corrupt ({why}); run `engram rebuild {projector}`",
-            path.display()
-        ))
-    };
-    if bytes.starts_with(MAGIC_WITHOUT_LEDGER) {
-        return Err(ProjectionError::Fatal(format!(
-            "checkpoint {} is in an older format without an apply ledger; run `engram rebuild {projector}` to replace it",
-            path.display()
-        )));
-    }
-    if bytes.len() < MAGIC.len() + 32 || !bytes.starts_with(MAGIC) {
-        return Err(corrupt("not a checkpoint file"));
-    }
-    let (body, hash) = bytes.split_at(bytes.len() - 32);
-    if blake3::hash(body).as_bytes() != hash {
-        return Err(corrupt("checksum mismatch"));
-    }
-    let (ledger, model) = rmp_serde::from_slice(&body[MAGIC.len()..])
-        .map_err(|e| corrupt(&format!("does not decode: {e}")))?;
-    Ok(Some((ledger, model)))
+    let what = format!("checkpoint {}", path.display());
+    decode(&bytes, &what, projector).map(Some)
 }
 
 /// Removes a checkpoint (rebuild).

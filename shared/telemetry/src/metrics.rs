@@ -184,6 +184,25 @@ pub static PROJECTOR_LAG: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         &["projector"],
     )
 });
+/// Time to cut and store one snapshot (export, upload, index, retention).
+pub static SNAPSHOT_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram(
+        "engram_snapshot_seconds",
+        "time to cut and store a read-model snapshot",
+        &["projector"],
+        vec![
+            0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+        ],
+    )
+});
+/// Size of the newest snapshot of each projector.
+pub static SNAPSHOT_BYTES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge(
+        "engram_snapshot_bytes",
+        "size of the newest read-model snapshot",
+        &["projector"],
+    )
+});
 /// Dead letters given up after repeated failures to store them (the dead-letter stream gone
 /// and not recreatable, full, or refusing): the event was skipped without a record in
 /// `ENGRAM_DLQ`, and is still in the events stream.

@@ -9,6 +9,7 @@ pub mod projector;
 pub mod query;
 pub mod read;
 pub mod skills;
+pub mod snapshot;
 pub mod streams;
 
 use crate::config::Config;

@@ -61,14 +61,8 @@ pub(crate) struct Rebuilt {
     pub seconds: f64,
 }
 
-/// [`engram_projectors::rebuild`] behind a progress bar on stderr (hidden with `--json`).
-/// It takes the projector's state lock, so it fails while the projector runs.
-pub(crate) async fn rebuild_with_progress(
-    config: &Config,
-    name: ProjectorName,
-    bus: Bus,
-    json: bool,
-) -> anyhow::Result<Rebuilt> {
+/// A progress bar on stderr for a replay (hidden with `--json`).
+pub(crate) fn replay_bar(message: String, json: bool) -> ProgressBar {
     let bar = if json {
         ProgressBar::hidden()
     } else {
@@ -79,7 +73,19 @@ pub(crate) async fn rebuild_with_progress(
             .expect("static template")
             .progress_chars("=> "),
     );
-    bar.set_message(format!("rebuilding {name}"));
+    bar.set_message(message);
+    bar
+}
+
+/// [`engram_projectors::rebuild`] behind a progress bar on stderr (hidden with `--json`).
+/// It takes the projector's state lock, so it fails while the projector runs.
+pub(crate) async fn rebuild_with_progress(
+    config: &Config,
+    name: ProjectorName,
+    bus: Bus,
+    json: bool,
+) -> anyhow::Result<Rebuilt> {
+    let bar = replay_bar(format!("rebuilding {name}"), json);
     let started = std::time::Instant::now();
     let (applied, hash) = engram_projectors::rebuild(
         name,

@@ -1,0 +1,336 @@
+//! Versioned snapshots against a real nats-server: cut by running projectors, stored in the
+//! Object Store, loaded by a new replica that replays only the tail, and what happens when
+//! a snapshot is corrupt or retention has removed history.
+
+use std::time::Duration;
+
+use engram_memory::proto::{Consistency, projector_subject};
+use engram_projectors::{ProjectorName, ProjectorStatus, SnapshotRequest};
+use engram_schema::{Envelope, EventKind, Layer, Scope, ScopeKind};
+use engram_snapshots::{SnapshotMeta, SnapshotStore};
+use engram_testkit::TestNats;
+use engram_tests::{Engram, projectors_config};
+use serde_json::json;
+
+const EXPORTING: [ProjectorName; 3] = [
+    ProjectorName::FACTS,
+    ProjectorName::SKILLS,
+    ProjectorName::DOCS,
+];
+
+/// Event `i` of a mixed stream: facts (some contradicting earlier ones), skills with
+/// outcomes, shared-document edits and plain observations, over three scopes.
+fn event(i: usize, board: &mut engram_docs::LocalDoc) -> Envelope {
+    let scope = Scope::new(ScopeKind::Team, &format!("team-{}", i % 3)).unwrap();
+    let mut e = engram_testkit::event("acme", "t1", &format!("observation {i}"));
+    e.scope = scope;
+    match i % 5 {
+        0 => {
+            e.kind = EventKind::FactAsserted;
+            e.layer = Layer::Semantic;
+            e.content.data = Some(
+                json!({"subject": format!("svc-{}", i % 7), "predicate": "owner", "object": format!("team-{i}")}),
+            );
+        }
+        1 => {
+            e.kind = EventKind::SkillRecorded;
+            e.layer = Layer::Procedural;
+            e.content.data = Some(
+                json!({"name": format!("skill-{}", i % 4), "description": format!("does thing {i}")}),
+            );
+        }
+        2 => {
+            e.kind = EventKind::Outcome;
+            e.content.data =
+                Some(json!({"skill": format!("skill-{}", i % 4), "success": i.is_multiple_of(3)}));
+        }
+        3 => {
+            board
+                .edit(|b: &mut engram_docs::TaskBoard| {
+                    b.items.insert(
+                        format!("t-{}", i % 11),
+                        engram_docs::TaskItem {
+                            title: format!("task {i}"),
+                            ..Default::default()
+                        },
+                    );
+                })
+                .unwrap();
+            let out = board
+                .outgoing("task_board", "sprint", 200_000)
+                .unwrap()
+                .remove(0);
+            board.mark_sent(&out.synced_after);
+            e.kind = EventKind::DocChanged;
+            e.layer = Layer::Working;
+            e.scope = Scope::new(ScopeKind::Team, "team-0").unwrap();
+            e.content.data = Some(out.data);
+        }
+        _ => {}
+    }
+    e.validate().unwrap();
+    e
+}
+
+async fn append_events(
+    engram: &Engram,
+    range: std::ops::Range<usize>,
+    board: &mut engram_docs::LocalDoc,
+) -> u64 {
+    let events: Vec<Envelope> = range.map(|i| event(i, board)).collect();
+    let mut last = 0;
+    for r in engram.client.append_batch(&events).await {
+        last = last.max(r.unwrap().seq);
+    }
+    last
+}
+
+async fn status(bus: &engram_bus::Bus, name: ProjectorName, min_seq: u64) -> ProjectorStatus {
+    engram_rpc::call(
+        bus.client(),
+        &projector_subject(name.as_str(), "status"),
+        &Consistency {
+            min_seq: Some(min_seq),
+            wait_ms: Some(30_000),
+        },
+        Duration::from_secs(40),
+    )
+    .await
+    .unwrap()
+}
+
+async fn cut(bus: &engram_bus::Bus, name: ProjectorName, label: Option<&str>) -> SnapshotMeta {
+    engram_rpc::call(
+        bus.client(),
+        &projector_subject(name.as_str(), "snapshot"),
+        &SnapshotRequest {
+            label: label.map(str::to_owned),
+        },
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap()
+}
+
+/// A connection that leaves the stream as it is (the tests change its retention).
+async fn connect(nats: &TestNats) -> engram_bus::Bus {
+    engram_bus::Bus::connect(nats.bus_config()).await.unwrap()
+}
+
+/// A fresh replica of `name` in its own state dir, from the newest good snapshot.
+async fn new_replica(nats: &TestNats, name: ProjectorName) -> engram_projectors::Bootstrapped {
+    let dir = tempfile::tempdir().unwrap();
+    engram_projectors::rebuild_from_snapshot(
+        name,
+        &projectors_config(),
+        dir.path(),
+        connect(nats).await,
+        None,
+        |_, _| {},
+    )
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_replica_from_a_snapshot_plus_the_tail_equals_the_full_replay() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    // Split points that vary from run to run: the property holds at any k.
+    let total = 300;
+    for k in [1 + rand::random_range(0..total - 1), total] {
+        let engram = Engram::start(&nats).await;
+        let mut board = engram_docs::LocalDoc::genesis::<engram_docs::TaskBoard>().unwrap();
+        let start = bus.stream_summary().await.unwrap().last_seq as usize;
+        // Given a snapshot of every exporting projector at k events...
+        let at_k = append_events(&engram, start..start + k, &mut board).await;
+        let mut cuts = Vec::new();
+        for name in EXPORTING {
+            status(&bus, name, at_k).await;
+            cuts.push(cut(&bus, name, None).await);
+        }
+        // ...and the rest of the stream after it.
+        let end = append_events(&engram, start + k..start + total, &mut board)
+            .await
+            .max(at_k);
+        let mut live = Vec::new();
+        for name in EXPORTING {
+            live.push(status(&bus, name, end).await.state_hash);
+        }
+        engram.stop().await;
+        for ((name, meta), live) in EXPORTING.into_iter().zip(&cuts).zip(&live) {
+            assert!(
+                meta.version >= at_k,
+                "{name}: cut at {} before {at_k}",
+                meta.version
+            );
+            // When a new replica starts from it, then it reaches the full replay's state.
+            let replica = new_replica(&nats, name).await;
+            assert_eq!(
+                replica.snapshot.as_ref().map(|m| m.version),
+                Some(meta.version),
+                "{name}"
+            );
+            assert_eq!(replica.seq, end, "{name}");
+            assert_eq!(
+                &replica.state_hash, live,
+                "{name}: snapshot at {} + tail differs",
+                meta.version
+            );
+            // And so does a replay of everything into an empty model.
+            let dir = tempfile::tempdir().unwrap();
+            let (seq, hash) = engram_projectors::rebuild(
+                name,
+                &projectors_config(),
+                dir.path(),
+                nats.bus().await,
+                |_, _| {},
+            )
+            .await
+            .unwrap();
+            assert_eq!(
+                (seq, engram_snapshots::hex(&hash)),
+                (end, live.clone()),
+                "{name}"
+            );
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_corrupt_snapshot_is_skipped_for_the_previous_good_one_or_a_full_replay() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let engram = Engram::start(&nats).await;
+    let mut board = engram_docs::LocalDoc::genesis::<engram_docs::TaskBoard>().unwrap();
+    let first = append_events(&engram, 0..40, &mut board).await;
+    status(&bus, ProjectorName::FACTS, first).await;
+    let older = cut(&bus, ProjectorName::FACTS, Some("before-release")).await;
+    let second = append_events(&engram, 40..80, &mut board).await;
+    status(&bus, ProjectorName::FACTS, second).await;
+    let newer = cut(&bus, ProjectorName::FACTS, None).await;
+    assert!(newer.version > older.version);
+    let live = status(&bus, ProjectorName::FACTS, second).await.state_hash;
+    engram.stop().await;
+
+    // Given the newest snapshot's object overwritten with other bytes (truncated).
+    let store = SnapshotStore::open(&bus, projectors_config().snapshots)
+        .await
+        .unwrap();
+    let objects = bus
+        .jetstream()
+        .get_object_store("ENGRAM_SNAPSHOTS")
+        .await
+        .unwrap();
+    let mut truncated = &store.load(&newer).await.unwrap()[..100];
+    objects
+        .put(newer.object.as_str(), &mut truncated)
+        .await
+        .unwrap();
+    assert!(
+        store.load(&newer).await.is_err(),
+        "the corruption is detected"
+    );
+
+    // Then a new replica skips it, loads the older one, and still reaches the same state.
+    let replica = new_replica(&nats, ProjectorName::FACTS).await;
+    assert_eq!(replica.snapshot.as_ref().unwrap().version, older.version);
+    assert_eq!(replica.skipped.len(), 1);
+    assert_eq!(replica.skipped[0].0.version, newer.version);
+    assert_eq!(replica.state_hash, live);
+
+    // And with the older one corrupt too (a flipped byte, same length), a full replay.
+    let mut bytes = store.load(&older).await.unwrap();
+    let middle = bytes.len() / 2;
+    bytes[middle] ^= 0x55;
+    objects
+        .put(older.object.as_str(), &mut &bytes[..])
+        .await
+        .unwrap();
+    let replica = new_replica(&nats, ProjectorName::FACTS).await;
+    assert!(replica.snapshot.is_none());
+    assert_eq!(replica.skipped.len(), 2);
+    assert_eq!(replica.state_hash, live);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn once_retention_removes_covered_history_a_replica_still_reaches_the_full_state() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let engram = Engram::start(&nats).await;
+    let mut board = engram_docs::LocalDoc::genesis::<engram_docs::TaskBoard>().unwrap();
+    let early = append_events(&engram, 0..50, &mut board).await;
+    for name in EXPORTING {
+        status(&bus, name, early).await;
+        cut(&bus, name, Some("early")).await;
+    }
+    let covered = append_events(&engram, 50..150, &mut board).await;
+    let mut snapshots = Vec::new();
+    for name in EXPORTING {
+        status(&bus, name, covered).await;
+        snapshots.push(cut(&bus, name, None).await);
+    }
+    let end = append_events(&engram, 150..200, &mut board).await;
+    let mut live = Vec::new();
+    for name in EXPORTING {
+        live.push(status(&bus, name, end).await.state_hash);
+    }
+    engram.stop().await;
+
+    // Given a byte limit on the events stream, applied now, that keeps only the newest
+    // events: the server removes the oldest, all of them covered by the second snapshots.
+    let mut stream = bus.jetstream().get_stream("ENGRAM_EVENTS").await.unwrap();
+    let info = stream.info().await.unwrap().clone();
+    let per_event = info.state.bytes / info.state.messages;
+    let mut config = info.config.clone();
+    config.max_bytes = i64::try_from(per_event * (end - covered + 20)).unwrap();
+    bus.jetstream().update_stream(config).await.unwrap();
+    let first = stream.info().await.unwrap().state.first_sequence;
+    assert!(
+        first > early + 1 && first <= covered + 1,
+        "retention kept from seq {first}"
+    );
+
+    for (name, live) in EXPORTING.into_iter().zip(&live) {
+        // Then a new replica from the newest snapshot still reaches the full-history state.
+        let replica = new_replica(&nats, name).await;
+        assert_eq!(&replica.state_hash, live, "{name}");
+        assert_eq!(replica.seq, end);
+        // And a bootstrap from the early snapshot, whose tail is gone, is refused, as is a
+        // replay from nothing: never a state with a gap.
+        let dir = tempfile::tempdir().unwrap();
+        let early_version = SnapshotStore::open(&bus, projectors_config().snapshots)
+            .await
+            .unwrap()
+            .list(Some(name.as_str()))
+            .await
+            .unwrap()
+            .into_iter()
+            .find(|m| m.label.as_deref() == Some("early"))
+            .unwrap()
+            .version;
+        let err = engram_projectors::rebuild_from_snapshot(
+            name,
+            &projectors_config(),
+            dir.path(),
+            connect(&nats).await,
+            Some(early_version),
+            |_, _| {},
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("retention removed"), "{err}");
+        let err = engram_projectors::rebuild(
+            name,
+            &projectors_config(),
+            dir.path(),
+            connect(&nats).await,
+            |_, _| {},
+        )
+        .await
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("retention removed"), "{err}");
+    }
+}
