@@ -334,3 +334,74 @@ async fn once_retention_removes_covered_history_a_replica_still_reaches_the_full
         assert!(err.contains("retention removed"), "{err}");
     }
 }
+
+fn team_scope(tenant: &str, team: &str) -> engram_memory::proto::ScopeRequest {
+    engram_memory::proto::ScopeRequest {
+        tenant: engram_schema::Ident::parse("tenant", tenant).unwrap(),
+        scope: Scope::new(ScopeKind::Team, team).unwrap(),
+        grants: vec![],
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_bootstraps_its_scope_from_snapshots_and_the_tail() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let engram = Engram::start(&nats).await;
+    let mut board = engram_docs::LocalDoc::genesis::<engram_docs::TaskBoard>().unwrap();
+    // Another tenant's facts, on the same scope name, are in the same snapshots.
+    let mut other = event(0, &mut board);
+    other.tenant = engram_schema::Ident::parse("tenant", "globex").unwrap();
+    other.scope = Scope::new(ScopeKind::Team, "team-0").unwrap();
+    engram.client.append(&other).await.unwrap();
+    let k = append_events(&engram, 0..120, &mut board).await;
+    let mut versions = Vec::new();
+    for name in EXPORTING {
+        status(&bus, name, k).await;
+        versions.push(cut(&bus, name, None).await.version);
+    }
+    let end = append_events(&engram, 120..200, &mut board).await;
+    for name in EXPORTING {
+        status(&bus, name, end).await;
+    }
+
+    // When a new instance of team-0 bootstraps...
+    let scope = team_scope("acme", "team-0");
+    let booted = engram.client.bootstrap(&scope, None).await.unwrap();
+    // ...then it says which snapshot each model came from, and replayed only the tail...
+    let used: Vec<Option<u64>> = booted
+        .snapshots
+        .iter()
+        .map(|(_, s)| s.as_ref().map(|s| s.version))
+        .collect();
+    assert_eq!(used, versions.iter().copied().map(Some).collect::<Vec<_>>());
+    let full = engram.client.replay_scope(&scope).await.unwrap();
+    let scope_events = 1 + (0..200).filter(|i| i % 3 == 0 || i % 5 == 3).count();
+    assert!(
+        booted.replayed < scope_events as u64 / 2,
+        "{} of {scope_events} replayed",
+        booted.replayed
+    );
+    // ...and its memory equals a replay of the scope's whole history.
+    assert_eq!(booted.memory.state_hash(), full.state_hash());
+    assert!(!booted.memory.facts.is_empty() && booted.memory.docs.len() == 1);
+    // The other tenant's facts were never handed to it.
+    let globex = engram_memory::ScopeKey::new(other.tenant.clone(), other.scope.clone());
+    assert!(
+        booted
+            .memory
+            .facts
+            .as_of(&globex, chrono::Utc::now(), None, None, None)
+            .is_empty()
+    );
+    // A grant the request may not hold is refused before anything is read.
+    let mut sibling = scope.clone();
+    sibling.grants = vec![Scope::new(ScopeKind::Team, "team-1").unwrap()];
+    let err = engram
+        .client
+        .bootstrap(&sibling, None)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(err.contains("not an ancestor"), "{err}");
+}

@@ -116,6 +116,10 @@ impl crate::ReadModel for DocsModel {
     type Request = DocRequest;
     type Response = DocResponse;
 
+    fn slice(snapshot: &[u8], keep: &[engram_memory::ScopeKey]) -> Result<Option<Vec<u8>>, String> {
+        crate::registry::slice_of::<DocStore>(snapshot, keep, NAME)
+    }
+
     async fn open(
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,

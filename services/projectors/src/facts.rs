@@ -65,6 +65,10 @@ impl crate::ReadModel for FactsModel {
     type Request = FactsRequest;
     type Response = FactsResponse;
 
+    fn slice(snapshot: &[u8], keep: &[engram_memory::ScopeKey]) -> Result<Option<Vec<u8>>, String> {
+        crate::registry::slice_of::<engram_facts::FactTable>(snapshot, keep, NAME)
+    }
+
     async fn open(
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,

@@ -322,6 +322,21 @@ where
         )
         .await
         .map_err(service_err)?;
+        let (st, model) = (store.clone(), name.model());
+        // Each slice decodes a whole snapshot: a few at once, the rest wait their turn.
+        let slicing = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_SLICES));
+        engram_rpc::serve(
+            &service,
+            &proto::projector_subject(projector, "bootstrap"),
+            "bootstrap",
+            serving.limits,
+            move |req: proto::BootstrapRequest| {
+                let (store, slicing) = (st.clone(), slicing.clone());
+                async move { bootstrap_slice(model, &store, &slicing, req).await }
+            },
+        )
+        .await
+        .map_err(service_err)?;
         running.tasks_aux.push(spawn_periodic_cuts(
             cutter,
             visibility.clone(),
@@ -440,6 +455,86 @@ async fn cut_and_store(
         "snapshot cut"
     );
     Ok(meta)
+}
+
+/// Bootstrap slices decoded at once by one projector service.
+const MAX_CONCURRENT_SLICES: usize = 2;
+
+/// The slice of a projector's newest good snapshot that the request's scopes may read.
+async fn bootstrap_slice(
+    model: &'static dyn registry::Registered,
+    store: &SnapshotStore,
+    slicing: &tokio::sync::Semaphore,
+    req: proto::BootstrapRequest,
+) -> Result<proto::BootstrapResponse, Failure> {
+    use base64::Engine as _;
+    req.validate().map_err(Failure::from)?;
+    let keep = req.scopes.resolve().map_err(Failure::invalid)?;
+    let projector = model.name();
+    if req.model.as_str() != projector {
+        return Err(Failure::invalid(format!(
+            "this is the {projector} projector; ask engram.p.{}.bootstrap",
+            req.model
+        )));
+    }
+    let _permit = slicing
+        .acquire()
+        .await
+        .map_err(|e| Failure::new(ErrorCode::Internal, e.to_string()))?;
+    let check = move |bytes: &[u8]| {
+        engram_projection_runtime::snapshot::decode::<serde::de::IgnoredAny>(
+            bytes,
+            "the snapshot",
+            projector,
+        )
+        .map(drop)
+        .map_err(|e| e.to_string())
+    };
+    let selection = store
+        .load_latest_good(projector, req.version, check)
+        .await
+        .map_err(|e| match e {
+            SnapshotError::NotFound { .. } => Failure::invalid(e.to_string()),
+            other => Failure::new(ErrorCode::Unavailable, other.to_string()),
+        })?;
+    let skipped = selection
+        .skipped
+        .iter()
+        .map(|(m, why)| format!("version {}: {why}", m.version))
+        .collect();
+    let Some((meta, bytes)) = selection.chosen else {
+        return Ok(proto::BootstrapResponse {
+            model: req.model,
+            snapshot: None,
+            skipped,
+            bytes: None,
+        });
+    };
+    let sliced = off_runtime(move || {
+        model
+            .slice(&bytes, &keep)
+            .map_err(|e| Failure::new(ErrorCode::Internal, e))
+    })
+    .await?
+    .ok_or_else(|| Failure::invalid(format!("{projector} keeps no scope snapshots")))?;
+    if sliced.len() > proto::limits::MAX_DOC_BYTES {
+        return Err(Failure::invalid(format!(
+            "the scope's slice of {projector} is {} bytes, more than a reply carries ({}); replay the scope's events instead",
+            sliced.len(),
+            proto::limits::MAX_DOC_BYTES
+        )));
+    }
+    Ok(proto::BootstrapResponse {
+        model: req.model,
+        snapshot: Some(proto::BootstrapSnapshot {
+            version: meta.version,
+            label: meta.label,
+            created_at: meta.created_at,
+            state_hash: meta.state_hash,
+        }),
+        skipped,
+        bytes: Some(base64::engine::general_purpose::STANDARD.encode(sliced)),
+    })
 }
 
 /// Cuts a snapshot every `interval` once `min_events` were applied since the last one,

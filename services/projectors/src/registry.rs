@@ -13,8 +13,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use engram_bus::Bus;
-use engram_memory::Seq;
 use engram_memory::proto::{self, ProjectorRequest};
+use engram_memory::{ScopeKey, Seq};
 use engram_projection_runtime::{Projection, Projector, ProjectorSettings};
 use engram_rpc::Failure;
 use serde::Serialize;
@@ -38,6 +38,13 @@ pub trait ReadModel: Send + Sync + 'static {
     /// default, which publishes every batch.
     fn settings(config: &ProjectorsConfig) -> ProjectorSettings {
         config.loop_settings()
+    }
+
+    /// A snapshot of this model cut down to the scopes in `keep`, in the same format, for a
+    /// reader of those scopes only; `None` (the default) for a model that keeps no
+    /// snapshots a scope can start from.
+    fn slice(_snapshot: &[u8], _keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String> {
+        Ok(None)
     }
 
     /// The model, with its state under `dir` (loaded when the loop restores it).
@@ -78,6 +85,9 @@ pub trait Registered: Send + Sync {
         serving: &Serving<'_>,
         stop: CancellationToken,
     ) -> Result<Launched, StartError>;
+
+    /// See [`ReadModel::slice`].
+    fn slice(&self, snapshot: &[u8], keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String>;
 
     /// Loads an exported snapshot into the model and replays the stream after it; returns
     /// the sequence reached and the state hash.
@@ -152,6 +162,10 @@ impl<M: ReadModel> Registered for Entry<M> {
         ))
     }
 
+    fn slice(&self, snapshot: &[u8], keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String> {
+        M::slice(snapshot, keep)
+    }
+
     async fn bootstrap(
         &self,
         config: &ProjectorsConfig,
@@ -178,6 +192,24 @@ impl<M: ReadModel> Registered for Entry<M> {
         let applied = projector.rebuild(progress).await?;
         Ok((applied.seq, projection.state_hash().await))
     }
+}
+
+/// [`ReadModel::slice`] of a model saved whole in the checkpoint format: decode, keep the
+/// scopes, encode again.
+pub(crate) fn slice_of<M>(
+    snapshot: &[u8],
+    keep: &[ScopeKey],
+    name: &str,
+) -> Result<Option<Vec<u8>>, String>
+where
+    M: engram_memory::model::Sliced + Serialize + DeserializeOwned,
+{
+    let (ledger, model) =
+        engram_projection_runtime::snapshot::decode::<M>(snapshot, "the snapshot", name)
+            .map_err(|e| e.to_string())?;
+    engram_projection_runtime::snapshot::encode(&ledger, &model.into_slice(keep))
+        .map(Some)
+        .map_err(|e| e.to_string())
 }
 
 /// A model's loop settings, with the state dir that keeps its dead-letter id key: the same

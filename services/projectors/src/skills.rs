@@ -58,6 +58,10 @@ impl crate::ReadModel for SkillsModel {
     type Request = SkillsRequest;
     type Response = SkillsResponse;
 
+    fn slice(snapshot: &[u8], keep: &[engram_memory::ScopeKey]) -> Result<Option<Vec<u8>>, String> {
+        crate::registry::slice_of::<engram_skills::SkillRegistry>(snapshot, keep, NAME)
+    }
+
     async fn open(
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,

@@ -20,9 +20,9 @@ use std::time::Duration;
 use engram_bus::{Bus, StreamHead};
 use engram_embed::TokenCounter;
 use engram_memory::proto::{
-    self, Consistency, Context, ContextRequest, DocRequest, DocResponse, ErrorCode, FactsRequest,
-    FactsResponse, Ranking, RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest,
-    SearchResponse, SkillsRequest, SkillsResponse, read_models,
+    self, BootstrapRequest, BootstrapResponse, Consistency, Context, ContextRequest, DocRequest,
+    DocResponse, ErrorCode, FactsRequest, FactsResponse, Ranking, RetrievalMode, RetrieveRequest,
+    RetrieveResponse, SearchRequest, SearchResponse, SkillsRequest, SkillsResponse, read_models,
 };
 use engram_rpc::{EndpointLimits, Failure};
 use engram_telemetry::metrics;
@@ -164,6 +164,18 @@ impl Query {
             move |r: SkillsRequest| {
                 let q = q.clone();
                 async move { q.skills(r).await }
+            },
+        )
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve(
+            &service,
+            proto::BOOTSTRAP,
+            "bootstrap",
+            limits,
+            move |r: BootstrapRequest| {
+                let q = q.clone();
+                async move { q.bootstrap(r).await }
             },
         )
         .await?;
@@ -339,6 +351,22 @@ impl Query {
             &proto::projector_subject(read_models::SKILLS, "search"),
             &request,
             self.timeout(request.consistency.wait_ms),
+        )
+        .await
+        .map_err(Failure::from)
+    }
+
+    /// A scope's slice of a read model's snapshot, through that model's projector (scopes
+    /// checked here first).
+    pub async fn bootstrap(&self, request: BootstrapRequest) -> Result<BootstrapResponse, Failure> {
+        request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        self.check_visible_token(&request.consistency).await?;
+        engram_rpc::call(
+            &self.client,
+            &proto::projector_subject(request.model.as_str(), "bootstrap"),
+            &request,
+            self.timeout(request.consistency.wait_ms) + Duration::from_secs(60),
         )
         .await
         .map_err(Failure::from)

@@ -395,6 +395,18 @@ impl DocStore {
     }
 }
 
+impl engram_memory::model::Sliced for DocStore {
+    fn into_slice(self, keep: &[ScopeKey]) -> Self {
+        Self {
+            model: self.model.into_slice(keep, |docs| docs.len()),
+        }
+    }
+
+    fn advance_through(&mut self, seq: Seq) {
+        self.model.advance_through(seq);
+    }
+}
+
 impl EventModel for DocStore {
     type Applied = Applied;
     type Error = DocError;

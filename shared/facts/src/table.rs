@@ -368,6 +368,24 @@ fn cardinality_code(cardinality: Cardinality) -> u8 {
     }
 }
 
+impl engram_memory::model::Sliced for FactTable {
+    fn into_slice(self, keep: &[ScopeKey]) -> Self {
+        Self {
+            model: self.model.into_slice(keep, |subjects| {
+                subjects
+                    .values()
+                    .flat_map(|predicates| predicates.values())
+                    .map(|group| group.facts().len())
+                    .sum()
+            }),
+        }
+    }
+
+    fn advance_through(&mut self, seq: Seq) {
+        self.model.advance_through(seq);
+    }
+}
+
 impl EventModel for FactTable {
     type Applied = Applied;
     type Error = FactError;

@@ -136,6 +136,22 @@ impl<T> ScopedModel<T> {
         self.scopes.get(scope)
     }
 
+    /// The model with only the scopes in `keep`: what one scope's reader may be handed
+    /// (a bootstrap slice), never another's. The applied sequence stays: the slice holds
+    /// everything its scopes had up to it. `count` is what `len` counts in one scope.
+    pub fn into_slice(mut self, keep: &[ScopeKey], count: impl Fn(&T) -> usize) -> Self {
+        self.scopes.retain(|scope, _| keep.contains(scope));
+        self.len = self.scopes.values().map(count).sum();
+        self
+    }
+
+    /// Records that the model holds everything up to `seq` of the scopes it was fed: a
+    /// reader that replayed only its scopes' subjects through `seq` has seen all of them,
+    /// and skips anything at or below it from then on.
+    pub fn advance_through(&mut self, seq: Seq) {
+        self.applied_seq.advance(seq);
+    }
+
     pub fn len(&self) -> usize {
         self.len
     }
@@ -156,6 +172,15 @@ impl<T> ScopedModel<T> {
         }
         canon.finish()
     }
+}
+
+/// A scoped model that can be cut down to some scopes, for a reader who may see only those
+/// (an agent bootstrapping its scope from a snapshot of the whole model).
+pub trait Sliced: Sized {
+    /// The model with only the scopes in `keep`, its applied sequence unchanged.
+    fn into_slice(self, keep: &[ScopeKey]) -> Self;
+    /// See [`ScopedModel::advance_through`].
+    fn advance_through(&mut self, seq: Seq);
 }
 
 /// Which event said something (asserted a fact, recorded a skill), and when.

@@ -7,6 +7,8 @@
 //! - `engram.q.facts`: [`FactsRequest`] -> [`FactsResponse`]
 //! - `engram.q.skills`: [`SkillsRequest`] -> [`SkillsResponse`]
 //! - `engram.q.doc`: [`DocRequest`] -> [`DocResponse`] (shared documents)
+//! - `engram.q.bootstrap`: [`BootstrapRequest`] -> [`BootstrapResponse`] (a scope's slice
+//!   of a read model's snapshot, to replay the tail after)
 //!
 //! Internal endpoints, served by each projector service and called by the query service:
 //! - `engram.p.<projector>.search`: [`SearchRequest`] -> [`SearchResponse`] (vector, keyword)
@@ -28,6 +30,7 @@ pub const CONTEXT: &str = "engram.q.context";
 pub const FACTS: &str = "engram.q.facts";
 pub const SKILLS: &str = "engram.q.skills";
 pub const DOC: &str = "engram.q.doc";
+pub const BOOTSTRAP: &str = "engram.q.bootstrap";
 
 /// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
 /// module in the projector services uses the same constant.
@@ -577,6 +580,47 @@ pub struct DocResponse {
     pub visible_seq: Seq,
 }
 
+/// A new instance's start: the slice of `model`'s newest good snapshot (at most `version`)
+/// that the request's scopes may read, in the checkpoint format; the instance then replays
+/// the stream after the snapshot's version.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BootstrapRequest {
+    #[serde(flatten)]
+    pub scopes: ScopeRequest,
+    /// `facts`, `skills` or `docs`.
+    pub model: Ident,
+    #[serde(default)]
+    pub version: Option<Seq>,
+    #[serde(default, flatten)]
+    pub consistency: Consistency,
+}
+
+/// The snapshot a bootstrap slice was cut from.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BootstrapSnapshot {
+    pub version: Seq,
+    #[serde(default)]
+    pub label: Option<String>,
+    pub created_at: DateTime<Utc>,
+    /// The whole model's state hash at the snapshot, hex.
+    pub state_hash: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BootstrapResponse {
+    pub model: Ident,
+    /// `None`: no snapshot checks, replay the stream from its start.
+    #[serde(default)]
+    pub snapshot: Option<BootstrapSnapshot>,
+    /// Newer snapshots that did not check, and why.
+    #[serde(default)]
+    pub skipped: Vec<String>,
+    /// The slice, base64 of the checkpoint format (magic, MessagePack of ledger and model,
+    /// blake3).
+    #[serde(default)]
+    pub bytes: Option<String>,
+}
+
 /// What an agent asks for at the start of each step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ContextRequest {
@@ -683,7 +727,31 @@ macro_rules! projector_request {
     )+};
 }
 
-projector_request!(SearchRequest, FactsRequest, SkillsRequest, DocRequest);
+projector_request!(
+    SearchRequest,
+    FactsRequest,
+    SkillsRequest,
+    DocRequest,
+    BootstrapRequest
+);
+
+impl BootstrapRequest {
+    /// Everything but the scopes ([`ScopeRequest::resolve`]).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if ![read_models::FACTS, read_models::SKILLS, read_models::DOCS]
+            .contains(&self.model.as_str())
+        {
+            return Err(InvalidField::new(
+                "model",
+                format!(
+                    "{} keeps no scope snapshots; use facts, skills or docs",
+                    self.model
+                ),
+            ));
+        }
+        self.consistency.validate()
+    }
+}
 
 impl DocRequest {
     /// Everything but the scopes ([`ScopeRequest::resolve`]).
@@ -905,6 +973,12 @@ pub fn json_schema() -> serde_json::Value {
             QUERY_SERVICE,
             generator.subschema_for::<DocRequest>(),
             generator.subschema_for::<DocResponse>(),
+        ),
+        endpoint(
+            BOOTSTRAP,
+            QUERY_SERVICE,
+            generator.subschema_for::<BootstrapRequest>(),
+            generator.subschema_for::<BootstrapResponse>(),
         ),
     ];
     let internal = vec![

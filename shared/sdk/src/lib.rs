@@ -21,9 +21,11 @@
 //!   which the stream deduplicates, so a retry never stores twice.
 //! - [`Agent`]: a client bound to one tenant, agent and instance, which stamps events.
 //! - [`EventBuilder`]: fills in an envelope field by field.
+//! - [`bootstrap`]: a new instance's memory of its scopes, from snapshots and the tail.
 //! - [`doc`]: shared documents: a writer's copy ([`doc::SharedDoc`]) that edits offline and
 //!   pushes its changes, and the typed task board, profile and scratchpad.
 
+pub mod bootstrap;
 pub mod doc;
 
 use std::time::Duration;
@@ -250,7 +252,7 @@ impl Client {
             .await
     }
 
-    async fn query<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+    pub(crate) async fn query<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
         &self,
         subject: &str,
         request: &Req,

@@ -420,6 +420,20 @@ fn hash_usage(canon: &mut Canon, usage: &Usage) {
     canon.opt_time(usage.last_used);
 }
 
+impl engram_memory::model::Sliced for SkillRegistry {
+    fn into_slice(self, keep: &[ScopeKey]) -> Self {
+        Self {
+            model: self
+                .model
+                .into_slice(keep, |names| names.values().map(|e| e.versions.len()).sum()),
+        }
+    }
+
+    fn advance_through(&mut self, seq: Seq) {
+        self.model.advance_through(seq);
+    }
+}
+
 impl EventModel for SkillRegistry {
     type Applied = Applied;
     type Error = SkillError;

@@ -48,13 +48,16 @@ pub async fn run(
     match command {
         SnapshotCommand::Create { projectors, label } => {
             let bus = Bus::connect(config.bus_config(config.client_url())).await?;
-            let names = if projectors.is_empty() {
-                EXPORTING.to_vec()
+            // Without names: every registered projector, skipping those whose model cannot
+            // export itself (their replicas rebuild from the stream).
+            let every = projectors.is_empty();
+            let names = if every {
+                ProjectorName::all()
             } else {
                 projectors
             };
             for name in names {
-                let meta: SnapshotMeta = engram_rpc::call(
+                let answer: Result<SnapshotMeta, _> = engram_rpc::call(
                     bus.client(),
                     &proto::projector_subject(name.as_str(), "snapshot"),
                     &SnapshotRequest {
@@ -62,8 +65,17 @@ pub async fn run(
                     },
                     Duration::from_secs(600),
                 )
-                .await
-                .map_err(|e| anyhow::anyhow!("snapshot of {name}: {e}"))?;
+                .await;
+                let meta = match answer {
+                    Ok(meta) => meta,
+                    Err(e) if every && e.code() == proto::ErrorCode::Invalid => {
+                        if !json {
+                            println!("skipped {name}: {e}");
+                        }
+                        continue;
+                    }
+                    Err(e) => return Err(anyhow::anyhow!("snapshot of {name}: {e}")),
+                };
                 if json {
                     println!("{}", serde_json::to_string(&meta)?);
                 } else {
