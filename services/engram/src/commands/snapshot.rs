@@ -11,13 +11,6 @@ use engram_snapshots::{SnapshotMeta, SnapshotStore};
 use crate::cli::SnapshotCommand;
 use crate::config::Config;
 
-/// The projectors whose models export themselves; `create` without names cuts these.
-const EXPORTING: [ProjectorName; 3] = [
-    ProjectorName::FACTS,
-    ProjectorName::SKILLS,
-    ProjectorName::DOCS,
-];
-
 async fn store(config: &Config) -> anyhow::Result<(Bus, SnapshotStore)> {
     let bus = Bus::connect(config.bus_config(config.client_url())).await?;
     let store = SnapshotStore::open(&bus, config.projectors.snapshots.clone()).await?;
