@@ -7,8 +7,10 @@
 //! - [`locomo`]: retrieval recall on LoCoMo, by mode.
 //! - [`query`]: retrieval latency at a scope size, beside in-process exact and graph search.
 //! - [`facts`]: the fact table's costs in process.
+//! - [`bootstrap`]: a replica from a snapshot and the tail, against a full replay.
 //! - [`cli`]: flags (the `engram` binary's global ones, plus the benchmark).
 
+pub mod bootstrap;
 pub mod facts;
 pub mod locomo;
 pub mod query;
@@ -95,6 +97,10 @@ pub mod cli {
         /// What the bi-temporal fact table costs in process: applying assertions, hashing,
         /// snapshots, current, as-of and text queries, and one fact re-asserted many times.
         Facts(crate::facts::FactsArgs),
+        /// A new replica of each snapshot-keeping model (facts, skills, docs) from a snapshot
+        /// plus the tail, against a full replay to the same state, in one run; the ratio of
+        /// their times is `ratio`. Self-contained.
+        Bootstrap(crate::bootstrap::BootstrapArgs),
     }
 
     /// Loads config as `engram` does, sets up logging and runs the benchmark.
@@ -106,6 +112,7 @@ pub mod cli {
             Command::Locomo(args) => crate::locomo::run(&config, args, json).await,
             Command::Query(args) => crate::query::run(&config, args, json).await,
             Command::Facts(args) => crate::facts::run(args, json).await,
+            Command::Bootstrap(args) => crate::bootstrap::run(&config, args, json).await,
         }
     }
 }

@@ -145,3 +145,32 @@ fn facts_measures_the_fact_table_and_its_snapshot_round_trip() {
     }
     assert_eq!(report["repeated"]["times"], 20, "{report:#}");
 }
+
+#[test]
+fn bootstrap_compares_a_replica_from_a_snapshot_with_a_full_replay() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = run(
+        &[
+            "--json",
+            "bootstrap",
+            "--events",
+            "1500",
+            "--tail",
+            "100",
+            "--scopes",
+            "5",
+        ],
+        &dir.path().join("home"),
+    );
+    assert_eq!(report["events"], 1500, "{report:#}");
+    let models = report["models"].as_array().expect("models");
+    assert_eq!(models.len(), 3, "{report:#}");
+    for m in models {
+        assert_eq!(m["equal"], true, "{m:#}");
+        assert_eq!(m["snapshot_version"], 1400, "{m:#}");
+    }
+    assert!(
+        report["ratio"].as_f64().is_some_and(|r| r > 0.0),
+        "{report:#}"
+    );
+}
