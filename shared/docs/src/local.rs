@@ -25,8 +25,10 @@ use crate::view::{Conflict, DocView};
 
 #[derive(Debug, Error)]
 pub enum LocalDocError {
+    // Boxed, as the other automerge and autosurgeon errors here: they are large, and every
+    // edit returns this type.
     #[error("the document bytes do not load: {0}")]
-    Load(#[source] automerge::AutomergeError),
+    Load(#[source] Box<automerge::AutomergeError>),
     #[error("the document does not read as {doc_type}: {source}")]
     Hydrate {
         doc_type: &'static str,
@@ -35,7 +37,7 @@ pub enum LocalDocError {
         source: Box<autosurgeon::HydrateError>,
     },
     #[error("the edit could not be written: {0}")]
-    Reconcile(#[from] autosurgeon::ReconcileError),
+    Reconcile(#[source] Box<autosurgeon::ReconcileError>),
     #[error(
         "one edit is {bytes} bytes encoded, more than an event carries ({max}); make it in smaller steps"
     )]
@@ -43,7 +45,21 @@ pub enum LocalDocError {
     #[error("path {path:?}: {reason}")]
     Path { path: String, reason: String },
     #[error("automerge refused the edit: {0}")]
-    Edit(#[source] automerge::AutomergeError),
+    Edit(#[source] Box<automerge::AutomergeError>),
+}
+
+impl From<autosurgeon::ReconcileError> for LocalDocError {
+    fn from(e: autosurgeon::ReconcileError) -> Self {
+        Self::Reconcile(Box::new(e))
+    }
+}
+
+fn load_err(e: automerge::AutomergeError) -> LocalDocError {
+    LocalDocError::Load(Box::new(e))
+}
+
+fn edit_err(e: automerge::AutomergeError) -> LocalDocError {
+    LocalDocError::Edit(Box::new(e))
 }
 
 /// Deepest JSON value [`LocalDoc::set_path`] writes.
@@ -111,7 +127,7 @@ impl LocalDoc {
     /// The document as the stream holds it (a store's compacted save); all of it counts as
     /// sent.
     pub fn load(bytes: &[u8]) -> Result<Self, LocalDocError> {
-        let mut doc = AutoCommit::load(bytes).map_err(LocalDocError::Load)?;
+        let mut doc = AutoCommit::load(bytes).map_err(load_err)?;
         doc.set_actor(automerge::ActorId::random());
         let synced = doc.get_heads();
         Ok(Self { doc, synced })
@@ -120,11 +136,10 @@ impl LocalDoc {
     /// Merges the stream's current state (a store's save) into this copy: others' changes
     /// appear, local unsent ones stay unsent.
     pub fn merge_remote(&mut self, bytes: &[u8]) -> Result<(), LocalDocError> {
-        let mut remote = AutoCommit::load(bytes).map_err(LocalDocError::Load)?;
+        let mut remote = AutoCommit::load(bytes).map_err(load_err)?;
         let remote_heads = remote.get_heads();
-        self.doc.merge(&mut remote).map_err(LocalDocError::Load)?;
-        self.synced =
-            union_heads(&mut self.doc, &self.synced, &remote_heads).map_err(LocalDocError::Load)?;
+        self.doc.merge(&mut remote).map_err(load_err)?;
+        self.synced = union_heads(&mut self.doc, &self.synced, &remote_heads).map_err(load_err)?;
         Ok(())
     }
 
@@ -163,9 +178,7 @@ impl LocalDoc {
         use automerge::transaction::Transactable;
         let (parent, last) = self.walk(path, false)?;
         let prop = self.prop(&parent, &last, path, false)?;
-        self.doc
-            .delete(&parent, prop)
-            .map_err(LocalDocError::Edit)?;
+        self.doc.delete(&parent, prop).map_err(edit_err)?;
         self.doc.commit();
         Ok(())
     }
@@ -201,18 +214,14 @@ impl LocalDoc {
         let mut obj = automerge::ROOT;
         for token in tokens {
             let prop = self.prop(&obj, &token, path, false)?;
-            obj = match self
-                .doc
-                .get(&obj, prop.clone())
-                .map_err(LocalDocError::Edit)?
-            {
+            obj = match self.doc.get(&obj, prop.clone()).map_err(edit_err)? {
                 Some((automerge::Value::Object(_), id)) => id,
                 Some(_) => return Err(bad(&format!("{token:?} holds a value, not a map or list"))),
                 None if create => match prop {
                     automerge::Prop::Map(key) => self
                         .doc
                         .put_object(&obj, key, automerge::ObjType::Map)
-                        .map_err(LocalDocError::Edit)?,
+                        .map_err(edit_err)?,
                     automerge::Prop::Seq(_) => return Err(bad(&format!("no item {token}"))),
                 },
                 None => return Err(bad(&format!("no field {token:?}"))),
@@ -382,7 +391,7 @@ fn put_json(
                     Some(i) => doc.put_object(parent, i, kind),
                     None => doc.put_object(parent, last.as_str(), kind),
                 }
-                .map_err(LocalDocError::Edit)?,
+                .map_err(edit_err)?,
             )
         }
         scalar => {
@@ -402,7 +411,7 @@ fn put_json(
                 Some(i) => doc.put(parent, i, scalar),
                 None => doc.put(parent, last.as_str(), scalar),
             }
-            .map_err(LocalDocError::Edit)?;
+            .map_err(edit_err)?;
             None
         }
     };
