@@ -187,6 +187,7 @@ string_enum!(
         Checkpoint => "checkpoint",
         Forgotten => "forgotten",
         DocChanged => "doc_changed",
+        Consolidated => "consolidated",
     }
 );
 

@@ -108,6 +108,22 @@ impl EventId {
         Self(uuid::Uuid::now_v7().to_string())
     }
 
+    /// The id of an output derived from `parts` (a consolidation step's name and its
+    /// inputs): the same parts give the same id on every replica and every run, so an
+    /// output appended twice is stored once (the stream deduplicates by id) and is
+    /// recognisable as already there. A UUIDv8 of the first 16 bytes of blake3.
+    pub fn derived(parts: &[&str]) -> Self {
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(b"engram-derived-id/1");
+        for part in parts {
+            hasher.update(&(part.len() as u64).to_le_bytes());
+            hasher.update(part.as_bytes());
+        }
+        let mut bytes = [0u8; 16];
+        bytes.copy_from_slice(&hasher.finalize().as_bytes()[..16]);
+        Self(uuid::Uuid::new_v8(bytes).hyphenated().to_string())
+    }
+
     pub fn parse(value: &str) -> Result<Self, SchemaError> {
         if let Ok(uuid) = uuid::Uuid::parse_str(value)
             && value.len() == 36

@@ -26,8 +26,8 @@ pub use envelope::{Content, Embedding, Envelope, EventKind, Layer, Scope, ScopeK
 pub use error::SchemaError;
 pub use ident::{EventId, Ident};
 pub use payload::{
-    Cardinality, DocChanged, FactAsserted, FactRetracted, Forgotten, Payload, PayloadError,
-    SkillOutcome, SkillRecorded,
+    Cardinality, Consolidated, ConsolidationOp, DocChanged, FactAsserted, FactRetracted, Forgotten,
+    Payload, PayloadError, SkillOutcome, SkillRecorded,
 };
 pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
 
@@ -64,6 +64,10 @@ pub fn json_schema() -> schemars::Schema {
             generator.subschema_for::<SkillRecorded>(),
         ),
         data_is(EventKind::Forgotten, generator.subschema_for::<Forgotten>()),
+        data_is(
+            EventKind::Consolidated,
+            generator.subschema_for::<Consolidated>(),
+        ),
         data_is(
             EventKind::DocChanged,
             generator.subschema_for::<DocChanged>(),

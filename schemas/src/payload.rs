@@ -1,7 +1,7 @@
 //! The structured payloads (`content.data`) that read models interpret, and their checks.
 //!
-//! Six kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
-//! `outcome` (when it names a skill), `forgotten` and `doc_changed`. Each type here is the wire shape (serde
+//! Seven kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
+//! `outcome` (when it names a skill), `forgotten`, `doc_changed` and `consolidated`. Each type here is the wire shape (serde
 //! and JSON Schema); its `from_event` is the check. [`Envelope::validate`] runs that check on
 //! every append, so a payload a read model could not apply is refused before anything is
 //! published. The read models run it again on what they read: an event can still reach the
@@ -224,6 +224,33 @@ pub struct DocChanged {
     pub heads: Vec<String>,
 }
 
+/// What a consolidation output is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum ConsolidationOp {
+    /// Near-duplicate memories merged into this one (the text is the representative's);
+    /// the sources are superseded by a `forgotten` event caused by this one.
+    Merged,
+    /// A finished session or task distilled into this semantic memory.
+    Summary,
+    /// An archived memory brought back into default retrieval, as this copy of it.
+    Restored,
+}
+
+/// `content.data` of `consolidated`: an output of the consolidator, with the memories it
+/// was made from. Only memories of the event's own tenant and scope count as sources.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Consolidated {
+    pub op: ConsolidationOp,
+    /// 1-1000 event ids of the memories it was made from.
+    #[schemars(length(min = 1, max = MAX_FORGOTTEN))]
+    pub sources: Vec<EventId>,
+    /// How many times the memory occurred (merged: the number of sources); default 1.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    #[schemars(range(min = 1))]
+    pub recurrences: Option<u32>,
+}
+
 /// A checked payload of any of the kinds that carry one.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
@@ -233,6 +260,7 @@ pub enum Payload {
     SkillOutcome(SkillOutcome),
     Forgotten(Forgotten),
     DocChanged(DocChanged),
+    Consolidated(Consolidated),
 }
 
 impl Payload {
@@ -249,6 +277,7 @@ impl Payload {
             },
             EventKind::Forgotten => Self::Forgotten(Forgotten::from_event(event)?),
             EventKind::DocChanged => Self::DocChanged(DocChanged::from_event(event)?.0),
+            EventKind::Consolidated => Self::Consolidated(Consolidated::from_event(event)?),
             EventKind::Observation
             | EventKind::Action
             | EventKind::Preference
@@ -312,6 +341,12 @@ const SKILL_OUTCOME_FIELDS: &[Field] = fields! {
 
 const FORGOTTEN_FIELDS: &[Field] = fields! {
     required "event_ids" => "an array of event ids (UUIDs or ULIDs)";
+};
+
+const CONSOLIDATED_FIELDS: &[Field] = fields! {
+    required "op" => "\"merged\", \"summary\" or \"restored\"";
+    required "sources" => "an array of event ids (UUIDs or ULIDs)";
+    optional "recurrences" => "a whole number of at least 1";
 };
 
 const DOC_CHANGED_FIELDS: &[Field] = fields! {
@@ -449,6 +484,35 @@ impl Forgotten {
             ));
         }
         Ok(forgotten)
+    }
+}
+
+impl Consolidated {
+    /// Checks `event.content.data`: an op, 1 to [`MAX_FORGOTTEN`] source ids, and a text to
+    /// be the memory.
+    pub fn from_event(event: &Envelope) -> Result<Self, PayloadError> {
+        let example = r#"{"op": "merged", "sources": ["0192f0c4-7a6e-7cc1-9a43-5a1bd3f2e0a1"], "recurrences": 2}"#;
+        let out: Self = read(event, CONSOLIDATED_FIELDS, example)?;
+        let count = out.sources.len();
+        if count == 0 || count > MAX_FORGOTTEN {
+            return Err(PayloadError::new(
+                "content.data.sources",
+                format!("{count} sources; give 1..={MAX_FORGOTTEN}"),
+            ));
+        }
+        at_least_one("content.data.recurrences", out.recurrences)?;
+        if event.content.text.trim().is_empty() {
+            return Err(PayloadError::new(
+                "content.text",
+                "a consolidated memory needs its text",
+            ));
+        }
+        Ok(out)
+    }
+
+    /// How many times the memory occurred, 1 when left out.
+    pub fn recurrences(&self) -> u32 {
+        self.recurrences.unwrap_or(1)
     }
 }
 

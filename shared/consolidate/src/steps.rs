@@ -1,0 +1,392 @@
+//! The consolidation steps, in one list. Each reads one scope's state and plans events;
+//! [`plan`] runs them in order, each leaving alone the memories an earlier one claimed.
+
+use std::collections::{BTreeMap, BTreeSet};
+
+use chrono::{DateTime, Utc};
+use engram_memory::ScopeKey;
+use engram_schema::{Content, Envelope, EventId, EventKind, Ident, Layer};
+use serde::{Deserialize, Serialize};
+use serde_json::json;
+
+use crate::model::{Memories, Origin, ScopeState};
+
+/// The agent and instance consolidation outputs are written as.
+pub const CONSOLIDATOR: &str = "consolidator";
+/// Most source ids one output names (the payload's bound).
+pub const MAX_SOURCES: usize = engram_schema::payload::MAX_FORGOTTEN;
+
+/// How consolidation judges: `[consolidator]` in engram.toml.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct Policy {
+    /// Estimated Jaccard similarity of word 3-shingles at which two memories are one.
+    pub dedup_similarity: f64,
+    /// Importance a merged memory gains per recurrence beyond the first.
+    pub importance_per_recurrence: f64,
+    /// Days after which a memory's importance has halved, counted from when it was last
+    /// useful (written, recurred, used) to the scope's newest event.
+    pub half_life_days: f64,
+    /// Decayed importance below which a memory is archived.
+    pub archive_below: f64,
+    /// Importance of a session summary.
+    pub summary_importance: f64,
+    /// Most events one plan holds; the rest wait for the next run.
+    pub max_events: usize,
+}
+
+impl Default for Policy {
+    fn default() -> Self {
+        Self {
+            dedup_similarity: 0.75,
+            importance_per_recurrence: 0.1,
+            half_life_days: 30.0,
+            archive_below: 0.05,
+            summary_importance: 0.7,
+            max_events: 256,
+        }
+    }
+}
+
+impl Policy {
+    pub fn validate(&self) -> Result<(), String> {
+        let unit = |name: &str, v: f64| {
+            if (0.0..=1.0).contains(&v) {
+                Ok(())
+            } else {
+                Err(format!("consolidator.{name} must be in 0.0..=1.0, not {v}"))
+            }
+        };
+        unit("dedup_similarity", self.dedup_similarity)?;
+        unit("importance_per_recurrence", self.importance_per_recurrence)?;
+        unit("archive_below", self.archive_below)?;
+        unit("summary_importance", self.summary_importance)?;
+        if !(self.half_life_days > 0.0 && self.half_life_days.is_finite()) {
+            return Err("consolidator.half_life_days must be a positive number of days".into());
+        }
+        if self.max_events == 0 {
+            return Err("consolidator.max_events must be at least 1".into());
+        }
+        Ok(())
+    }
+}
+
+/// What one step run plans for one scope.
+pub struct Ctx<'a> {
+    pub scope: &'a ScopeKey,
+    pub state: &'a ScopeState,
+    pub policy: &'a Policy,
+    /// The scope's clock: its newest event's time.
+    pub now: DateTime<Utc>,
+    /// Memories an earlier step of this plan already uses.
+    pub claimed: BTreeSet<String>,
+}
+
+impl Ctx<'_> {
+    fn output(
+        &self,
+        id: EventId,
+        kind: EventKind,
+        layer: Layer,
+        text: String,
+        data: serde_json::Value,
+        importance: f64,
+        caused_by: Option<EventId>,
+    ) -> Envelope {
+        let me = Ident::parse("agent_id", CONSOLIDATOR).expect("a valid ident");
+        let mut e = Envelope::new(
+            self.scope.tenant.clone(),
+            self.scope.scope(),
+            me.clone(),
+            me,
+            layer,
+            kind,
+            Content {
+                text,
+                data: Some(data),
+            },
+        );
+        e.event_id = id;
+        e.occurred_at = self.now;
+        e.recorded_at = self.now;
+        e.importance = importance.clamp(0.0, 1.0);
+        e.causation_id = caused_by;
+        e.correlation_id = Some(format!("consolidation/{}", self.scope.scope()));
+        e
+    }
+
+    fn done(&self, id: &EventId) -> bool {
+        self.state.outputs.contains(id.as_str())
+    }
+}
+
+/// One consolidation step.
+pub trait Step: Sync {
+    fn name(&self) -> &'static str;
+    /// Appends this step's events for `ctx`'s scope to `out`, claiming what it uses.
+    fn plan(&self, ctx: &mut Ctx<'_>, out: &mut Vec<Envelope>);
+}
+
+/// Every step, in the order a plan runs them: merging first, so that a summary and decay
+/// see one memory per recurring one.
+pub static STEPS: &[&dyn Step] = &[&Dedup, &Summarise, &Decay];
+
+/// A scope's planned events, in order.
+pub struct Plan {
+    pub scope: ScopeKey,
+    pub events: Vec<Envelope>,
+}
+
+/// Runs the steps named in `only` (all when empty) over `scope` of `memories`.
+pub fn plan(memories: &Memories, scope: &ScopeKey, policy: &Policy, only: &[&str]) -> Plan {
+    let mut events = Vec::new();
+    if let Some(state) = memories.scope(scope)
+        && let Some(now) = state.latest
+    {
+        let mut ctx = Ctx {
+            scope,
+            state,
+            policy,
+            now,
+            claimed: BTreeSet::new(),
+        };
+        for step in STEPS
+            .iter()
+            .filter(|s| only.is_empty() || only.contains(&s.name()))
+        {
+            step.plan(&mut ctx, &mut events);
+        }
+    }
+    events.truncate(policy.max_events);
+    Plan {
+        scope: scope.clone(),
+        events,
+    }
+}
+
+/// Near-duplicate memories become one: candidates share a MinHash band, and are one when
+/// their estimated shingle similarity reaches [`Policy::dedup_similarity`]. The merged
+/// memory keeps every source's id, counts the recurrences, gains importance per
+/// recurrence, and takes the text of the memory that recurred most (the earliest of
+/// equals); the sources are superseded (a `forgotten` event caused by it), not deleted.
+pub struct Dedup;
+
+impl Step for Dedup {
+    fn name(&self) -> &'static str {
+        "dedup"
+    }
+
+    fn plan(&self, ctx: &mut Ctx<'_>, out: &mut Vec<Envelope>) {
+        let candidates: Vec<(u64, &crate::model::Memory)> = ctx
+            .state
+            .visible()
+            .filter(|(_, m)| m.origin != Origin::Summary && m.signature.is_some())
+            .map(|(seq, m)| (*seq, m))
+            .collect();
+        let index: BTreeMap<u64, usize> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, (s, _))| (*s, i))
+            .collect();
+        let mut parent: Vec<usize> = (0..candidates.len()).collect();
+        fn root(parent: &mut [usize], mut i: usize) -> usize {
+            while parent[i] != i {
+                parent[i] = parent[parent[i]];
+                i = parent[i];
+            }
+            i
+        }
+        let mut buckets: BTreeMap<(usize, u64), Vec<u64>> = BTreeMap::new();
+        for (seq, m) in &candidates {
+            let sig = m.signature.expect("filtered above");
+            for (band, key) in sig.bands().into_iter().enumerate() {
+                buckets.entry((band, key)).or_default().push(*seq);
+            }
+        }
+        for seqs in buckets.values() {
+            for (i, a) in seqs.iter().enumerate() {
+                for b in &seqs[i + 1..] {
+                    let (ia, ib) = (index[a], index[b]);
+                    let (sa, sb) = (
+                        candidates[ia].1.signature.expect("filtered"),
+                        candidates[ib].1.signature.expect("filtered"),
+                    );
+                    if sa.similarity(&sb) >= ctx.policy.dedup_similarity {
+                        let (ra, rb) = (root(&mut parent, ia), root(&mut parent, ib));
+                        if ra != rb {
+                            parent[ra.max(rb)] = ra.min(rb);
+                        }
+                    }
+                }
+            }
+        }
+        let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
+        for i in 0..candidates.len() {
+            let r = root(&mut parent, i);
+            groups.entry(r).or_default().push(i);
+        }
+        for members in groups.into_values().filter(|g| g.len() > 1) {
+            let members: Vec<&(u64, &crate::model::Memory)> = members
+                .iter()
+                .take(MAX_SOURCES)
+                .map(|&i| &candidates[i])
+                .collect();
+            let ids: Vec<&str> = members.iter().map(|(_, m)| m.event_id.as_str()).collect();
+            let mut parts = vec!["merged", ctx.scope.tenant.as_str()];
+            let scope = ctx.scope.scope().to_string();
+            parts.push(&scope);
+            parts.extend(&ids);
+            let merged_id = EventId::derived(&parts);
+            if ctx.done(&merged_id) {
+                continue;
+            }
+            let representative = members
+                .iter()
+                .max_by(|a, b| a.1.recurrences.cmp(&b.1.recurrences).then(b.0.cmp(&a.0)))
+                .expect("a group has members");
+            let recurrences: u32 = members.iter().map(|(_, m)| m.recurrences).sum();
+            let top = members
+                .iter()
+                .map(|(_, m)| m.importance)
+                .fold(0.0, f64::max);
+            let importance = top
+                + ctx.policy.importance_per_recurrence * f64::from(recurrences.saturating_sub(1));
+            out.push(ctx.output(
+                merged_id.clone(),
+                EventKind::Consolidated,
+                engram_schema::Layer::Semantic,
+                representative.1.text.clone(),
+                json!({"op": "merged", "sources": ids, "recurrences": recurrences}),
+                importance,
+                Some(representative.1.event_id.clone()),
+            ));
+            out.push(ctx.output(
+                EventId::derived(&["superseded", merged_id.as_str()]),
+                EventKind::Forgotten,
+                engram_schema::Layer::Semantic,
+                format!(
+                    "superseded by {merged_id}, which merges {} recurrences",
+                    ids.len()
+                ),
+                json!({"event_ids": ids, "superseded_by": merged_id.as_str()}),
+                0.5,
+                Some(merged_id.clone()),
+            ));
+            for id in ids {
+                ctx.claimed.insert(id.to_owned());
+            }
+        }
+    }
+}
+
+/// A finished session or task (a `checkpoint` with `"finished": true`) becomes a semantic
+/// memory: the extractive summary of its memories up to the checkpoint. Its sources are
+/// kept; a summary adds to what retrieval can find, and supersedes nothing.
+pub struct Summarise;
+
+impl Step for Summarise {
+    fn name(&self) -> &'static str {
+        "summarise"
+    }
+
+    fn plan(&self, ctx: &mut Ctx<'_>, out: &mut Vec<Envelope>) {
+        let Some(finished) = ctx.state.finished else {
+            return;
+        };
+        let scope = ctx.scope.scope().to_string();
+        let id = EventId::derived(&[
+            "summary",
+            ctx.scope.tenant.as_str(),
+            &scope,
+            &finished.to_string(),
+        ]);
+        if ctx.done(&id) {
+            return;
+        }
+        let sources: Vec<&crate::model::Memory> = ctx
+            .state
+            .memories
+            .range(..finished)
+            .map(|(_, m)| m)
+            .filter(|m| matches!(m.origin, Origin::Source | Origin::Merged) && !m.hidden)
+            .take(MAX_SOURCES)
+            .collect();
+        let Some(text) = crate::summary::summarise(sources.iter().map(|m| m.text.as_str())) else {
+            return;
+        };
+        let ids: Vec<&str> = sources.iter().map(|m| m.event_id.as_str()).collect();
+        out.push(ctx.output(
+            id,
+            EventKind::Consolidated,
+            engram_schema::Layer::Semantic,
+            text,
+            json!({"op": "summary", "sources": ids}),
+            ctx.policy.summary_importance,
+            sources.first().map(|m| m.event_id.clone()),
+        ));
+    }
+}
+
+/// Importance decays by half every [`Policy::half_life_days`] since a memory was last
+/// useful; below [`Policy::archive_below`] it is archived: a `forgotten` event marked
+/// `"archived": true`, so it leaves default retrieval and stays in the log.
+pub struct Decay;
+
+/// A memory's importance after decay, at `now`.
+pub fn decayed(
+    importance: f64,
+    last_useful: DateTime<Utc>,
+    now: DateTime<Utc>,
+    half_life_days: f64,
+) -> f64 {
+    let days = (now - last_useful).num_seconds().max(0) as f64 / 86_400.0;
+    importance * 0.5f64.powf(days / half_life_days)
+}
+
+impl Step for Decay {
+    fn name(&self) -> &'static str {
+        "decay"
+    }
+
+    fn plan(&self, ctx: &mut Ctx<'_>, out: &mut Vec<Envelope>) {
+        let archived: Vec<&str> = ctx
+            .state
+            .visible()
+            .map(|(_, m)| m)
+            .filter(|m| !ctx.claimed.contains(m.event_id.as_str()))
+            .filter(|m| {
+                decayed(
+                    m.importance,
+                    m.last_useful,
+                    ctx.now,
+                    ctx.policy.half_life_days,
+                ) < ctx.policy.archive_below
+            })
+            .map(|m| m.event_id.as_str())
+            .collect();
+        for chunk in archived.chunks(MAX_SOURCES) {
+            let scope = ctx.scope.scope().to_string();
+            let mut parts = vec!["archived", ctx.scope.tenant.as_str(), &scope];
+            parts.extend(chunk);
+            let id = EventId::derived(&parts);
+            if ctx.done(&id) {
+                continue;
+            }
+            out.push(ctx.output(
+                id,
+                EventKind::Forgotten,
+                engram_schema::Layer::Semantic,
+                format!(
+                    "archived: importance decayed below {} (half-life {} days); restorable from the log",
+                    ctx.policy.archive_below, ctx.policy.half_life_days
+                ),
+                json!({"event_ids": chunk, "archived": true}),
+                0.5,
+                None,
+            ));
+            for id in chunk {
+                ctx.claimed.insert((*id).to_owned());
+            }
+        }
+    }
+}

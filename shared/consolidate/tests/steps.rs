@@ -1,0 +1,273 @@
+//! Given/when/then tests of the consolidation steps: the dedup rule, the extractive
+//! summariser, decay and archiving, and that the same stream plans byte-identical outputs.
+
+use engram_consolidate::model::Origin;
+use engram_consolidate::steps::decayed;
+use engram_consolidate::{Memories, Policy, plan};
+use engram_memory::ScopeKey;
+use engram_memory::model::EventModel;
+use engram_memory::testing::{Stream, scope, t};
+use engram_schema::{Envelope, EventKind, Layer};
+use serde_json::json;
+
+fn memory(scope: &ScopeKey, text: &str, at: &str) -> Envelope {
+    let mut e =
+        engram_memory::testing::event(scope, Layer::Episodic, EventKind::Observation, None, t(at));
+    e.content.text = text.into();
+    e
+}
+
+fn finished(scope: &ScopeKey, at: &str) -> Envelope {
+    engram_memory::testing::event(
+        scope,
+        Layer::Working,
+        EventKind::Checkpoint,
+        Some(json!({"finished": true})),
+        t(at),
+    )
+}
+
+/// Applies a plan's events, as appending them would.
+fn apply_plan(stream: &mut Stream<Memories>, events: &[Envelope]) {
+    for e in events {
+        e.validate().expect("planned events pass the append check");
+        stream.apply(e).unwrap();
+    }
+}
+
+#[test]
+fn near_duplicates_merge_into_one_memory_that_counts_them_and_supersedes_them() {
+    let team = scope("acme", "core");
+    // Given three wordings of one lesson and one unrelated memory.
+    let mut stream = Stream::<Memories>::given(&[
+        memory(
+            &team,
+            "the deploy to staging fails when the migration lock is held by another job",
+            "2026-01-01",
+        ),
+        memory(
+            &team,
+            "The deploy to staging fails when the migration lock is held by another job!",
+            "2026-01-02",
+        ),
+        memory(
+            &team,
+            "the cache warms up slowly after a restart of the api pods",
+            "2026-01-03",
+        ),
+        memory(
+            &team,
+            "the deploy to staging fails when the migration lock is held by another job again",
+            "2026-01-04",
+        ),
+    ]);
+    // When consolidation plans dedup.
+    let p = plan(&stream.model, &team, &Policy::default(), &["dedup"]);
+    // Then one merged memory names the three, counts three recurrences and is more
+    // important than any of them; a forgotten event caused by it supersedes them.
+    assert_eq!(p.events.len(), 2, "{:#?}", p.events);
+    let merged = &p.events[0];
+    assert_eq!(merged.kind, EventKind::Consolidated);
+    let data = merged.content.data.as_ref().unwrap();
+    assert_eq!(data["op"], "merged");
+    assert_eq!(data["recurrences"], 3);
+    assert_eq!(data["sources"].as_array().unwrap().len(), 3);
+    assert!(
+        (merged.importance - 0.7).abs() < 1e-9,
+        "0.5 + 2 x 0.1, got {}",
+        merged.importance
+    );
+    let superseded = &p.events[1];
+    assert_eq!(superseded.kind, EventKind::Forgotten);
+    assert_eq!(superseded.causation_id.as_ref(), Some(&merged.event_id));
+    assert_eq!(
+        superseded.content.data.as_ref().unwrap()["event_ids"],
+        data["sources"]
+    );
+    // And once applied, the scope shows one memory of the lesson, and plans nothing more.
+    apply_plan(&mut stream, &p.events);
+    let state = stream.model.scope(&team).unwrap();
+    let visible: Vec<_> = state.visible().map(|(_, m)| m).collect();
+    assert_eq!(visible.len(), 2);
+    assert!(
+        visible
+            .iter()
+            .any(|m| m.origin == Origin::Merged && m.recurrences == 3)
+    );
+    assert!(
+        plan(&stream.model, &team, &Policy::default(), &["dedup"])
+            .events
+            .is_empty()
+    );
+}
+
+#[test]
+fn memories_that_only_share_a_topic_are_not_merged() {
+    let team = scope("acme", "core");
+    let stream = Stream::<Memories>::given(&[
+        memory(
+            &team,
+            "the deploy to staging fails when the migration lock is held",
+            "2026-01-01",
+        ),
+        memory(
+            &team,
+            "the deploy to production succeeded after the lock was released by hand",
+            "2026-01-02",
+        ),
+    ]);
+    assert!(
+        plan(&stream.model, &team, &Policy::default(), &["dedup"])
+            .events
+            .is_empty()
+    );
+}
+
+#[test]
+fn a_finished_session_becomes_a_summary_of_what_it_kept_coming_back_to() {
+    let session = scope("acme", "s-1");
+    let mut events = vec![
+        memory(
+            &session,
+            "We looked at the billing export. The billing export drops rows with a null region.",
+            "2026-01-01",
+        ),
+        memory(&session, "Lunch was late today.", "2026-01-01T01:00:00Z"),
+        memory(
+            &session,
+            "The null region rows come from the legacy importer. The billing export needs a default region.",
+            "2026-01-01T02:00:00Z",
+        ),
+    ];
+    let mut stream = Stream::<Memories>::given(&events);
+    // Given no checkpoint yet, nothing is summarised.
+    assert!(
+        plan(&stream.model, &session, &Policy::default(), &["summarise"])
+            .events
+            .is_empty()
+    );
+    // When the session is marked finished...
+    events.push(finished(&session, "2026-01-01T03:00:00Z"));
+    stream.apply(events.last().unwrap()).unwrap();
+    let p = plan(&stream.model, &session, &Policy::default(), &["summarise"]);
+    // ...then one semantic summary names every memory, and keeps the sentences about the
+    // billing export and its null regions before the aside about lunch.
+    assert_eq!(p.events.len(), 1);
+    let summary = &p.events[0];
+    assert_eq!(
+        (summary.kind, summary.layer),
+        (EventKind::Consolidated, Layer::Semantic)
+    );
+    assert_eq!(
+        summary.content.data.as_ref().unwrap()["sources"]
+            .as_array()
+            .unwrap()
+            .len(),
+        3
+    );
+    let text = &summary.content.text;
+    assert!(
+        text.starts_with("We looked at the billing export."),
+        "{text}"
+    );
+    assert!(text.contains("needs a default region"), "{text}");
+    let lunch = text.find("Lunch").map_or(usize::MAX, |i| i);
+    assert!(lunch > text.find("null region").unwrap(), "{text}");
+    // And it is planned once.
+    apply_plan(&mut stream, &p.events);
+    assert!(
+        plan(&stream.model, &session, &Policy::default(), &["summarise"])
+            .events
+            .is_empty()
+    );
+}
+
+#[test]
+fn importance_halves_every_half_life_and_what_falls_below_the_threshold_is_archived() {
+    // The rule itself.
+    let now = t("2026-03-02");
+    assert!((decayed(0.8, t("2026-01-31"), now, 30.0) - 0.4).abs() < 1e-9);
+    assert!((decayed(0.8, now, now, 30.0) - 0.8).abs() < 1e-9);
+    let team = scope("acme", "core");
+    // Given an old unimportant memory, an old important one, and a fresh unimportant one.
+    let mut old_minor = memory(
+        &team,
+        "the coffee machine on floor two is broken",
+        "2025-06-01",
+    );
+    old_minor.importance = 0.3;
+    let mut old_major = memory(
+        &team,
+        "never run the schema migration without a backup",
+        "2025-06-01",
+    );
+    old_major.importance = 1.0;
+    let mut fresh_minor = memory(&team, "standup moved to ten", "2026-03-01");
+    fresh_minor.importance = 0.3;
+    let mut stream =
+        Stream::<Memories>::given(&[old_minor.clone(), old_major.clone(), fresh_minor.clone()]);
+    // When decay runs at the scope's clock (its newest event, 2026-03-01)...
+    let p = plan(&stream.model, &team, &Policy::default(), &["decay"]);
+    // ...then both old ones are archived (0.3 x 0.5^(273/30) and 1.0 x 0.5^(273/30) are
+    // both below 0.05: importance alone does not save a memory nobody used in nine
+    // months), and the fresh one stays.
+    assert_eq!(p.events.len(), 1);
+    let archived = &p.events[0];
+    assert_eq!(archived.kind, EventKind::Forgotten);
+    let data = archived.content.data.as_ref().unwrap();
+    assert_eq!(data["archived"], true);
+    let ids: Vec<&str> = data["event_ids"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    assert_eq!(
+        ids,
+        [old_minor.event_id.as_str(), old_major.event_id.as_str()]
+    );
+    apply_plan(&mut stream, &p.events);
+    let state = stream.model.scope(&team).unwrap();
+    assert!(
+        state.memory(old_minor.event_id.as_str()).unwrap().hidden,
+        "archived, still held"
+    );
+    assert!(!state.memory(fresh_minor.event_id.as_str()).unwrap().hidden);
+}
+
+#[test]
+fn the_same_stream_plans_byte_identical_outputs() {
+    let team = scope("acme", "core");
+    let events = vec![
+        memory(
+            &team,
+            "the flaky test is the one that sleeps for a second",
+            "2026-01-01",
+        ),
+        memory(
+            &team,
+            "the flaky test is the one that sleeps for a second!",
+            "2026-01-02",
+        ),
+        memory(&team, "rotate the api keys every ninety days", "2025-01-01"),
+        finished(&team, "2026-01-03"),
+    ];
+    let encode = |events: &[Envelope]| -> Vec<u8> {
+        let codec = engram_schema::Codec::default();
+        events
+            .iter()
+            .flat_map(|e| codec.encode(e).unwrap())
+            .collect()
+    };
+    let a = Stream::<Memories>::given(&events).model;
+    // A replica that restored a checkpoint half-way.
+    let b: Memories =
+        engram_memory::testing::in_two_halves(&events, 2, engram_memory::testing::named);
+    assert_eq!(a.state_hash(), b.state_hash());
+    let (pa, pb) = (
+        plan(&a, &team, &Policy::default(), &[]),
+        plan(&b, &team, &Policy::default(), &[]),
+    );
+    assert!(!pa.events.is_empty());
+    assert_eq!(encode(&pa.events), encode(&pb.events));
+}
