@@ -79,6 +79,18 @@ pub enum Command {
     /// in this tenant and scope are withdrawn, other ids are ignored. Prints the receipt: wait
     /// on its seq (--min-seq) to see the memories gone.
     Forget(ForgetArgs),
+    /// Consolidate one scope now: merge near-duplicate memories, summarise a finished
+    /// session or task, archive what decayed. Every output is an event naming its sources;
+    /// `--dry-run` prints the plan without appending it.
+    Consolidate {
+        #[command(flatten)]
+        scope: ScopeArgs,
+        /// Only these steps (dedup, summarise, decay); repeatable.
+        #[arg(long)]
+        step: Vec<String>,
+        #[arg(long)]
+        dry_run: bool,
+    },
     /// Shared documents (task boards, profiles, scratchpads, and types of your own) that many
     /// instances edit at once: show the merged state, list a scope's documents, edit one, and
     /// see its conflicts and history.
@@ -502,6 +514,11 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Skills(args) => commands::skills::run(&config, args, json).await,
         Command::Forget(args) => commands::forget::run(&config, args, json).await,
         Command::Doc(command) => commands::doc::run(&config, command, json).await,
+        Command::Consolidate {
+            scope,
+            step,
+            dry_run,
+        } => commands::consolidate::run(&config, scope, step, dry_run, json).await,
         Command::Dlq(command) => commands::dlq::run(&config, command, json).await,
         Command::Projector { names } => commands::projector::run(&config, names).await,
         Command::Rebuild {

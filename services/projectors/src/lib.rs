@@ -7,6 +7,8 @@
 //! - [`keyword`]: text memories in a tantivy BM25 index.
 //! - [`facts`]: the bi-temporal fact table.
 //! - [`skills`]: the skill registry (procedural memory).
+//! - [`consolidator`]: every scope's memories, and the consolidation plans appended on a
+//!   schedule or on demand.
 //! - [`docs`]: shared automerge documents, merged in stream order (the consolidator's merge).
 //! - this module: configuration, start-up (one connection, projector loop and NATS service
 //!   per projector) and rebuild.
@@ -18,6 +20,7 @@
 //! A projector service answers only the scopes it is handed; deciding which scopes a caller
 //! may read is the query service's job.
 
+pub mod consolidator;
 pub mod docs;
 pub mod facts;
 pub mod keyword;
@@ -78,6 +81,8 @@ pub struct ProjectorsConfig {
     pub max_in_flight: usize,
     /// Versioned snapshots: where they are kept, how many, how often they are cut.
     pub snapshots: SnapshotsConfig,
+    /// When consolidation runs, and how it judges.
+    pub consolidator: consolidator::ConsolidatorConfig,
 }
 
 impl Default for ProjectorsConfig {
@@ -96,6 +101,7 @@ impl Default for ProjectorsConfig {
             hnsw: HnswParams::default(),
             max_in_flight: 256,
             snapshots: SnapshotsConfig::default(),
+            consolidator: consolidator::ConsolidatorConfig::default(),
         }
     }
 }
@@ -112,6 +118,10 @@ impl ProjectorsConfig {
             return Err("projectors.embed_cache_disk_mb must be at least 4".into());
         }
         self.snapshots
+            .validate()
+            .map_err(|e| format!("projectors.{e}"))?;
+        self.consolidator
+            .policy
             .validate()
             .map_err(|e| format!("projectors.{e}"))?;
         self.hnsw
@@ -305,7 +315,7 @@ where
         let store = SnapshotStore::open(&bus, config.snapshots.clone())
             .await
             .map_err(|source| StartError::Snapshots { projector, source })?;
-        let (visibility, task, status, cutter) = name
+        let (visibility, task, status, cutter, background) = name
             .model()
             .launch(config, dir, bus, &serving, shutdown.clone())
             .await?;
@@ -337,6 +347,7 @@ where
         )
         .await
         .map_err(service_err)?;
+        running.tasks_aux.extend(background);
         running.tasks_aux.push(spawn_periodic_cuts(
             cutter,
             visibility.clone(),
@@ -409,6 +420,7 @@ pub type Launched = (
     JoinHandle<Result<(), ProjectorError>>,
     Arc<dyn Projection>,
     engram_projection_runtime::Cutter,
+    Option<JoinHandle<()>>,
 );
 
 /// What `engram.p.<projector>.snapshot` takes: cut a snapshot now, with an optional label

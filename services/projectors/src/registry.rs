@@ -47,6 +47,18 @@ pub trait ReadModel: Send + Sync + 'static {
         Ok(None)
     }
 
+    /// Work besides answering queries, started with the loop and ended by `stop`: the
+    /// consolidator's scheduled runs. `None` (the default) for a plain read model.
+    fn background(
+        _config: &ProjectorsConfig,
+        _projection: Arc<Self::Projection>,
+        _visibility: engram_projection_runtime::Visibility,
+        _bus: Bus,
+        _stop: CancellationToken,
+    ) -> Option<tokio::task::JoinHandle<()>> {
+        None
+    }
+
     /// The model, with its state under `dir` (loaded when the loop restores it).
     async fn open(
         config: &ProjectorsConfig,
@@ -69,6 +81,7 @@ pub static REGISTRY: &[&dyn Registered] = &[
     &Entry::<crate::facts::FactsModel>(PhantomData),
     &Entry::<crate::skills::SkillsModel>(PhantomData),
     &Entry::<crate::docs::DocsModel>(PhantomData),
+    &Entry::<crate::consolidator::ConsolidatorModel>(PhantomData),
 ];
 
 /// A registered read model, with the generic glue done once (object-safe, for the registry).
@@ -128,8 +141,15 @@ impl<M: ReadModel> Registered for Entry<M> {
         stop: CancellationToken,
     ) -> Result<Launched, StartError> {
         let projection = M::open(config, dir).await?;
-        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir));
+        let projector = Projector::new(projection.clone(), bus.clone(), settings::<M>(config, dir));
         let visibility = projector.visibility();
+        let background = M::background(
+            config,
+            projection.clone(),
+            visibility.clone(),
+            bus,
+            stop.clone(),
+        );
         let (v, head) = (visibility.clone(), serving.head.clone());
         let (op, label) = M::ENDPOINT;
         let answering = projection.clone();
@@ -159,6 +179,7 @@ impl<M: ReadModel> Registered for Entry<M> {
             tokio::spawn(projector.run(stop)),
             status,
             cutter,
+            background,
         ))
     }
 
@@ -232,6 +253,7 @@ impl ProjectorName {
     pub const FACTS: Self = Self(crate::facts::NAME);
     pub const SKILLS: Self = Self(crate::skills::NAME);
     pub const DOCS: Self = Self(crate::docs::NAME);
+    pub const CONSOLIDATOR: Self = Self(crate::consolidator::NAME);
 
     /// Every registered read model, in start order.
     pub fn all() -> Vec<Self> {

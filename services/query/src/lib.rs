@@ -20,9 +20,10 @@ use std::time::Duration;
 use engram_bus::{Bus, StreamHead};
 use engram_embed::TokenCounter;
 use engram_memory::proto::{
-    self, BootstrapRequest, BootstrapResponse, Consistency, Context, ContextRequest, DocRequest,
-    DocResponse, ErrorCode, FactsRequest, FactsResponse, Ranking, RetrievalMode, RetrieveRequest,
-    RetrieveResponse, SearchRequest, SearchResponse, SkillsRequest, SkillsResponse, read_models,
+    self, BootstrapRequest, BootstrapResponse, Consistency, ConsolidateRequest,
+    ConsolidateResponse, Context, ContextRequest, DocRequest, DocResponse, ErrorCode, FactsRequest,
+    FactsResponse, Ranking, RetrievalMode, RetrieveRequest, RetrieveResponse, SearchRequest,
+    SearchResponse, SkillsRequest, SkillsResponse, read_models,
 };
 use engram_rpc::{EndpointLimits, Failure};
 use engram_telemetry::metrics;
@@ -164,6 +165,18 @@ impl Query {
             move |r: SkillsRequest| {
                 let q = q.clone();
                 async move { q.skills(r).await }
+            },
+        )
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve(
+            &service,
+            proto::CONSOLIDATE,
+            "consolidate",
+            limits,
+            move |r: ConsolidateRequest| {
+                let q = q.clone();
+                async move { q.consolidate(r).await }
             },
         )
         .await?;
@@ -349,6 +362,25 @@ impl Query {
         engram_rpc::call(
             &self.client,
             &proto::projector_subject(read_models::SKILLS, "search"),
+            &request,
+            self.timeout(request.consistency.wait_ms),
+        )
+        .await
+        .map_err(Failure::from)
+    }
+
+    /// The consolidation plan of one scope, through the consolidator (scopes checked here
+    /// first).
+    pub async fn consolidate(
+        &self,
+        request: ConsolidateRequest,
+    ) -> Result<ConsolidateResponse, Failure> {
+        request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        self.check_visible_token(&request.consistency).await?;
+        engram_rpc::call(
+            &self.client,
+            &proto::projector_subject(read_models::CONSOLIDATOR, "plan"),
             &request,
             self.timeout(request.consistency.wait_ms),
         )

@@ -133,6 +133,11 @@ impl Memories {
         self.model.applied_seq()
     }
 
+    /// Every scope with memories, in key order.
+    pub fn scopes(&self) -> impl Iterator<Item = &ScopeKey> {
+        self.model.scopes().map(|(k, _)| k)
+    }
+
     pub fn len(&self) -> usize {
         self.model.len()
     }

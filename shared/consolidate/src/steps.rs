@@ -83,11 +83,12 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// An output event: semantic (what consolidation distils is knowledge), written by the
+    /// consolidator at the scope's clock.
     fn output(
         &self,
         id: EventId,
         kind: EventKind,
-        layer: Layer,
         text: String,
         data: serde_json::Value,
         importance: f64,
@@ -99,7 +100,7 @@ impl Ctx<'_> {
             self.scope.scope(),
             me.clone(),
             me,
-            layer,
+            Layer::Semantic,
             kind,
             Content {
                 text,
@@ -254,7 +255,6 @@ impl Step for Dedup {
             out.push(ctx.output(
                 merged_id.clone(),
                 EventKind::Consolidated,
-                engram_schema::Layer::Semantic,
                 representative.1.text.clone(),
                 json!({"op": "merged", "sources": ids, "recurrences": recurrences}),
                 importance,
@@ -263,7 +263,6 @@ impl Step for Dedup {
             out.push(ctx.output(
                 EventId::derived(&["superseded", merged_id.as_str()]),
                 EventKind::Forgotten,
-                engram_schema::Layer::Semantic,
                 format!(
                     "superseded by {merged_id}, which merges {} recurrences",
                     ids.len()
@@ -318,7 +317,6 @@ impl Step for Summarise {
         out.push(ctx.output(
             id,
             EventKind::Consolidated,
-            engram_schema::Layer::Semantic,
             text,
             json!({"op": "summary", "sources": ids}),
             ctx.policy.summary_importance,
@@ -375,7 +373,6 @@ impl Step for Decay {
             out.push(ctx.output(
                 id,
                 EventKind::Forgotten,
-                engram_schema::Layer::Semantic,
                 format!(
                     "archived: importance decayed below {} (half-life {} days); restorable from the log",
                     ctx.policy.archive_below, ctx.policy.half_life_days

@@ -136,6 +136,11 @@ impl<T> ScopedModel<T> {
         self.scopes.get(scope)
     }
 
+    /// Every scope with state, in key order.
+    pub fn scopes(&self) -> impl Iterator<Item = (&ScopeKey, &T)> {
+        self.scopes.iter()
+    }
+
     /// The model with only the scopes in `keep`: what one scope's reader may be handed
     /// (a bootstrap slice), never another's. The applied sequence stays: the slice holds
     /// everything its scopes had up to it. `count` is what `len` counts in one scope.

@@ -7,6 +7,8 @@
 //! - `engram.q.facts`: [`FactsRequest`] -> [`FactsResponse`]
 //! - `engram.q.skills`: [`SkillsRequest`] -> [`SkillsResponse`]
 //! - `engram.q.doc`: [`DocRequest`] -> [`DocResponse`] (shared documents)
+//! - `engram.q.consolidate`: [`ConsolidateRequest`] -> [`ConsolidateResponse`] (the
+//!   events consolidation plans for one scope; the caller appends them)
 //! - `engram.q.bootstrap`: [`BootstrapRequest`] -> [`BootstrapResponse`] (a scope's slice
 //!   of a read model's snapshot, to replay the tail after)
 //!
@@ -31,6 +33,7 @@ pub const FACTS: &str = "engram.q.facts";
 pub const SKILLS: &str = "engram.q.skills";
 pub const DOC: &str = "engram.q.doc";
 pub const BOOTSTRAP: &str = "engram.q.bootstrap";
+pub const CONSOLIDATE: &str = "engram.q.consolidate";
 
 /// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
 /// module in the projector services uses the same constant.
@@ -40,6 +43,7 @@ pub mod read_models {
     pub const FACTS: &str = "facts";
     pub const SKILLS: &str = "skills";
     pub const DOCS: &str = "docs";
+    pub const CONSOLIDATOR: &str = "consolidator";
 }
 
 /// The subject of a projector service's endpoint.
@@ -580,6 +584,27 @@ pub struct DocResponse {
     pub visible_seq: Seq,
 }
 
+/// The events consolidation plans for the request's own scope at its visible sequence:
+/// merged near-duplicates, summaries of a finished session or task, archived memories.
+/// Planning writes nothing; appending the events is what consolidates, and their ids are
+/// derived from their inputs, so appending them twice stores them once.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConsolidateRequest {
+    #[serde(flatten)]
+    pub scopes: ScopeRequest,
+    /// Only these steps (`dedup`, `summarise`, `decay`); all when empty.
+    #[serde(default)]
+    pub steps: Vec<String>,
+    #[serde(default, flatten)]
+    pub consistency: Consistency,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ConsolidateResponse {
+    pub events: Vec<engram_schema::Envelope>,
+    pub visible_seq: Seq,
+}
+
 /// A new instance's start: the slice of `model`'s newest good snapshot (at most `version`)
 /// that the request's scopes may read, in the checkpoint format; the instance then replays
 /// the stream after the snapshot's version.
@@ -728,12 +753,45 @@ macro_rules! projector_request {
 }
 
 projector_request!(
+    ConsolidateRequest,
     SearchRequest,
     FactsRequest,
     SkillsRequest,
     DocRequest,
     BootstrapRequest
 );
+
+/// The consolidation steps a request may name.
+pub const CONSOLIDATION_STEPS: [&str; 3] = ["dedup", "summarise", "decay"];
+
+impl ConsolidateRequest {
+    /// Everything but the scopes ([`ScopeRequest::resolve`]): known steps, no grants (a
+    /// plan is of one scope).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.scopes.grants.is_empty() {
+            return Err(InvalidField::new(
+                "grants",
+                "consolidation plans one scope: ask without grants",
+            ));
+        }
+        check_range("steps", self.steps.len(), 0, CONSOLIDATION_STEPS.len())?;
+        if let Some(bad) = self
+            .steps
+            .iter()
+            .find(|s| !CONSOLIDATION_STEPS.contains(&s.as_str()))
+        {
+            return Err(InvalidField::new(
+                "steps",
+                format!(
+                    "unknown step {:?}; use {}",
+                    bad.chars().take(64).collect::<String>(),
+                    CONSOLIDATION_STEPS.join(", ")
+                ),
+            ));
+        }
+        self.consistency.validate()
+    }
+}
 
 impl BootstrapRequest {
     /// Everything but the scopes ([`ScopeRequest::resolve`]).
@@ -979,6 +1037,12 @@ pub fn json_schema() -> serde_json::Value {
             QUERY_SERVICE,
             generator.subschema_for::<BootstrapRequest>(),
             generator.subschema_for::<BootstrapResponse>(),
+        ),
+        endpoint(
+            CONSOLIDATE,
+            QUERY_SERVICE,
+            generator.subschema_for::<ConsolidateRequest>(),
+            generator.subschema_for::<ConsolidateResponse>(),
         ),
     ];
     let internal = vec![

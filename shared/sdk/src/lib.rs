@@ -245,6 +245,22 @@ impl Client {
             .await
     }
 
+    /// Consolidates one scope now: asks the consolidator for the scope's plan at
+    /// `request.consistency.min_seq` or later (merged near-duplicates, the summary of a
+    /// finished session, archived memories) and appends it. The events' ids are derived
+    /// from their inputs: a retry, or a scheduled run doing the same, stores each once.
+    /// Returns the events planned and their receipts.
+    pub async fn consolidate(
+        &self,
+        request: &proto::ConsolidateRequest,
+    ) -> Result<(Vec<Envelope>, Vec<Result<AppendReceipt, AppendError>>), RpcError> {
+        let plan: proto::ConsolidateResponse = self
+            .query(proto::CONSOLIDATE, request, request.consistency.wait_ms)
+            .await?;
+        let receipts = self.append_batch(&plan.events).await;
+        Ok((plan.events, receipts))
+    }
+
     /// A shared document's state (with its conflicts) at `request.consistency.min_seq` or
     /// later, its history, or the documents of the readable scopes.
     pub async fn doc(&self, request: &DocRequest) -> Result<DocResponse, RpcError> {

@@ -184,6 +184,29 @@ pub static PROJECTOR_LAG: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         &["projector"],
     )
 });
+/// Consolidation outputs, by what happened to them.
+pub static CONSOLIDATION_OUTPUTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_consolidation_outputs_total",
+        "consolidation events planned by scheduled runs and appended",
+        &["outcome"],
+    )
+});
+/// Time of one scheduled consolidation run over every scope (plan and append).
+pub static CONSOLIDATION_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
+    register(
+        prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "engram_consolidation_run_seconds",
+                "time of one scheduled consolidation run",
+            )
+            .buckets(vec![
+                0.01, 0.05, 0.1, 0.5, 1.0, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+        )
+        .unwrap(),
+    )
+});
 /// Time to cut and store one snapshot (export, upload, index, retention).
 pub static SNAPSHOT_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     histogram(

@@ -1,0 +1,170 @@
+//! Consolidation end to end, against a real nats-server: planned by the consolidator,
+//! appended through the SDK or on its schedule, and seen by retrieval.
+
+use std::time::Duration;
+
+use engram_memory::proto::{
+    Consistency, ConsolidateRequest, RetrievalMode, RetrieveRequest, ScopeRequest,
+};
+use engram_query::QueryConfig;
+use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_testkit::TestNats;
+use engram_tests::{Engram, projectors_config};
+
+fn ident(s: &str) -> Ident {
+    Ident::parse("test", s).unwrap()
+}
+
+fn team() -> Scope {
+    Scope::new(ScopeKind::Team, "core").unwrap()
+}
+
+fn memory(text: &str) -> Envelope {
+    Envelope::new(
+        ident("acme"),
+        team(),
+        ident("agent-1"),
+        ident("i-1"),
+        Layer::Episodic,
+        EventKind::Observation,
+        Content::text(text),
+    )
+}
+
+fn scopes() -> ScopeRequest {
+    ScopeRequest {
+        tenant: ident("acme"),
+        scope: team(),
+        grants: vec![],
+    }
+}
+
+fn at(min_seq: u64) -> Consistency {
+    Consistency {
+        min_seq: Some(min_seq),
+        wait_ms: Some(20_000),
+    }
+}
+
+async fn keyword_hits(engram: &Engram, query: &str, min_seq: u64) -> Vec<String> {
+    engram
+        .client
+        .retrieve(&RetrieveRequest {
+            scopes: scopes(),
+            query: query.into(),
+            vector: None,
+            top_k: 20,
+            filter: Default::default(),
+            consistency: at(min_seq),
+            mode: RetrievalMode::Keyword,
+            ranking: None,
+        })
+        .await
+        .unwrap()
+        .results
+        .into_iter()
+        .map(|r| r.text)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn consolidating_a_scope_merges_duplicates_for_retrieval_and_never_stores_twice() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let lesson = "the deploy to staging fails when the migration lock is held by another job";
+    let mut last = 0;
+    for text in [
+        lesson.to_owned(),
+        format!("{lesson}!"),
+        format!("{lesson} again"),
+        "the cache warms up slowly after a restart of the api pods".to_owned(),
+    ] {
+        last = engram.client.append(&memory(&text)).await.unwrap().seq;
+    }
+    assert_eq!(
+        keyword_hits(&engram, "staging migration lock", last)
+            .await
+            .len(),
+        3
+    );
+
+    // When the scope is consolidated...
+    let request = ConsolidateRequest {
+        scopes: scopes(),
+        steps: vec![],
+        consistency: at(last),
+    };
+    let (events, receipts) = engram.client.consolidate(&request).await.unwrap();
+    assert_eq!(
+        events.len(),
+        2,
+        "a merged memory and the supersession of its sources"
+    );
+    let seqs: Vec<u64> = receipts.iter().map(|r| r.as_ref().unwrap().seq).collect();
+    let done = *seqs.iter().max().unwrap();
+    // ...then retrieval finds the lesson once, as the merged memory counting three.
+    let hits = keyword_hits(&engram, "staging migration lock", done).await;
+    assert_eq!(hits, vec![lesson.to_owned()], "{hits:?}");
+    // And appending the same plan again stores nothing new; planning again plans nothing.
+    for (event, first) in events.iter().zip(&seqs) {
+        let again = engram.client.append(event).await.unwrap();
+        assert!(again.duplicate && again.seq == *first);
+    }
+    let (replanned, _) = engram
+        .client
+        .consolidate(&ConsolidateRequest {
+            consistency: at(done),
+            ..request.clone()
+        })
+        .await
+        .unwrap();
+    assert!(replanned.is_empty(), "{replanned:?}");
+    // A request for a step that does not exist, or with grants, is refused.
+    let bad = engram
+        .client
+        .consolidate(&ConsolidateRequest {
+            steps: vec!["forget-everything".into()],
+            ..request.clone()
+        })
+        .await
+        .unwrap_err();
+    assert!(bad.to_string().contains("unknown step"), "{bad}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_schedule_summarises_a_finished_session_without_being_asked() {
+    let nats = TestNats::start().await;
+    let mut config = projectors_config();
+    config.consolidator.interval = Duration::from_millis(300);
+    let engram = Engram::start_with(&nats, config, QueryConfig::default()).await;
+    for text in [
+        "We looked at the billing export. The billing export drops rows with a null region.",
+        "The null region rows come from the legacy importer. The billing export needs a default region.",
+    ] {
+        engram.client.append(&memory(text)).await.unwrap();
+    }
+    let mut finished = memory("session over");
+    finished.kind = EventKind::Checkpoint;
+    finished.layer = Layer::Working;
+    finished.content.data = Some(serde_json::json!({"finished": true}));
+    let last = engram.client.append(&finished).await.unwrap().seq;
+    // The summary appears on its own, at a later sequence, as a semantic memory.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let bus = engram.client.bus();
+        let head = bus.stream_summary().await.unwrap().last_seq;
+        if head > last {
+            let hits = keyword_hits(&engram, "billing export default region", head).await;
+            if hits.iter().any(|h| {
+                h.starts_with("We looked at the billing export.") && h.contains("default region")
+            }) {
+                break;
+            }
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no summary was appended"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
