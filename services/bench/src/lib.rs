@@ -7,10 +7,12 @@
 //! - [`locomo`]: retrieval recall on LoCoMo, by mode.
 //! - [`query`]: retrieval latency at a scope size, beside in-process exact and graph search.
 //! - [`facts`]: the fact table's costs in process.
+//! - [`docs`]: shared-document merge throughput and size, in process.
 //! - [`bootstrap`]: a replica from a snapshot and the tail, against a full replay.
 //! - [`cli`]: flags (the `engram` binary's global ones, plus the benchmark).
 
 pub mod bootstrap;
+pub mod docs;
 pub mod facts;
 pub mod locomo;
 pub mod query;
@@ -101,6 +103,9 @@ pub mod cli {
         /// plus the tail, against a full replay to the same state, in one run; the ratio of
         /// their times is `ratio`. Self-contained.
         Bootstrap(crate::bootstrap::BootstrapArgs),
+        /// Shared documents in process: a team editing one task board (300 instances for an
+        /// hour by default), merged in stream order; throughput, size, cost per change.
+        Docs(crate::docs::DocsArgs),
     }
 
     /// Loads config as `engram` does, sets up logging and runs the benchmark.
@@ -113,6 +118,7 @@ pub mod cli {
             Command::Query(args) => crate::query::run(&config, args, json).await,
             Command::Facts(args) => crate::facts::run(args, json).await,
             Command::Bootstrap(args) => crate::bootstrap::run(&config, args, json).await,
+            Command::Docs(args) => crate::docs::run(args, json).await,
         }
     }
 }

@@ -174,3 +174,27 @@ fn bootstrap_compares_a_replica_from_a_snapshot_with_a_full_replay() {
         "{report:#}"
     );
 }
+
+#[test]
+fn docs_merges_a_team_editing_one_board() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = run(
+        &[
+            "--json",
+            "docs",
+            "--writers",
+            "10",
+            "--edits",
+            "4",
+            "--items",
+            "5",
+        ],
+        &dir.path().join("home"),
+    );
+    assert_eq!(report["complete"], true, "{report:#}");
+    assert_eq!(report["held"], 0, "{report:#}");
+    assert!(
+        report["conflicts"].as_u64().is_some_and(|c| c > 0),
+        "concurrent owners: {report:#}"
+    );
+}
