@@ -133,7 +133,7 @@ fn bench(args: &DocsArgs) -> anyhow::Result<Report> {
                     scope.tenant.clone(),
                     scope.scope(),
                     Ident::parse("agent", "bench")?,
-                    Ident::parse("instance", &format!("i-{w}"))?,
+                    Ident::parse("instance", format!("i-{w}"))?,
                     Layer::Working,
                     EventKind::DocChanged,
                     Content {
