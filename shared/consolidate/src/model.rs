@@ -15,6 +15,8 @@ use crate::minhash::Signature;
 
 /// Bytes of a memory's text kept for summaries and merged memories.
 pub const MAX_TEXT_BYTES: usize = 2_048;
+/// Session ends one scope remembers.
+pub const MAX_FINISHES: usize = 4_096;
 
 /// Where a memory came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,8 +64,10 @@ pub struct ScopeState {
     /// The newest `occurred_at` of the scope's events: the consolidator's clock for it, so
     /// that a plan depends on the stream alone.
     pub latest: Option<DateTime<Utc>>,
-    /// The seq of the last `checkpoint` with `"finished": true`: the session or task is done.
-    pub finished: Option<Seq>,
+    /// The seqs of the `checkpoint`s with `"finished": true`, oldest first: each ends a
+    /// session (or task) of the scope, whose memories since the previous one it summarises.
+    /// At most [`MAX_FINISHES`]; older ones are dropped (their summaries are in the log).
+    pub finishes: Vec<Seq>,
     /// Ids of consolidation outputs (`consolidated`, `forgotten`) applied.
     pub outputs: BTreeSet<String>,
 }
@@ -191,7 +195,10 @@ impl EventModel for Memories {
                     .and_then(serde_json::Value::as_bool)
                     == Some(true)
             {
-                state.finished = Some(seq);
+                if state.finishes.len() == MAX_FINISHES {
+                    state.finishes.remove(0);
+                }
+                state.finishes.push(seq);
             }
             if added {
                 *scopes.len += 1;
@@ -217,7 +224,10 @@ impl EventModel for Memories {
                     canon.u8(m.origin as u8);
                 }
                 canon.opt_time(state.latest);
-                canon.opt_u64(state.finished);
+                canon.len(state.finishes.len());
+                for f in &state.finishes {
+                    canon.u64(*f);
+                }
                 canon.len(state.outputs.len());
                 for id in &state.outputs {
                     canon.str(id);

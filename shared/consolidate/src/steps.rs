@@ -279,8 +279,9 @@ impl Step for Dedup {
 }
 
 /// A finished session or task (a `checkpoint` with `"finished": true`) becomes a semantic
-/// memory: the extractive summary of its memories up to the checkpoint. Its sources are
-/// kept; a summary adds to what retrieval can find, and supersedes nothing.
+/// memory: the extractive summary of the scope's memories since the previous such
+/// checkpoint. Its sources are kept; a summary adds to what retrieval can find, and
+/// supersedes nothing.
 pub struct Summarise;
 
 impl Step for Summarise {
@@ -289,39 +290,42 @@ impl Step for Summarise {
     }
 
     fn plan(&self, ctx: &mut Ctx<'_>, out: &mut Vec<Envelope>) {
-        let Some(finished) = ctx.state.finished else {
-            return;
-        };
         let scope = ctx.scope.scope().to_string();
-        let id = EventId::derived(&[
-            "summary",
-            ctx.scope.tenant.as_str(),
-            &scope,
-            &finished.to_string(),
-        ]);
-        if ctx.done(&id) {
-            return;
+        let mut start = 0;
+        for &finished in &ctx.state.finishes {
+            let window = start..finished;
+            start = finished;
+            let id = EventId::derived(&[
+                "summary",
+                ctx.scope.tenant.as_str(),
+                &scope,
+                &finished.to_string(),
+            ]);
+            if ctx.done(&id) {
+                continue;
+            }
+            let sources: Vec<&crate::model::Memory> = ctx
+                .state
+                .memories
+                .range(window)
+                .map(|(_, m)| m)
+                .filter(|m| matches!(m.origin, Origin::Source | Origin::Merged) && !m.hidden)
+                .take(MAX_SOURCES)
+                .collect();
+            let Some(text) = crate::summary::summarise(sources.iter().map(|m| m.text.as_str()))
+            else {
+                continue;
+            };
+            let ids: Vec<&str> = sources.iter().map(|m| m.event_id.as_str()).collect();
+            out.push(ctx.output(
+                id,
+                EventKind::Consolidated,
+                text,
+                json!({"op": "summary", "sources": ids}),
+                ctx.policy.summary_importance,
+                sources.first().map(|m| m.event_id.clone()),
+            ));
         }
-        let sources: Vec<&crate::model::Memory> = ctx
-            .state
-            .memories
-            .range(..finished)
-            .map(|(_, m)| m)
-            .filter(|m| matches!(m.origin, Origin::Source | Origin::Merged) && !m.hidden)
-            .take(MAX_SOURCES)
-            .collect();
-        let Some(text) = crate::summary::summarise(sources.iter().map(|m| m.text.as_str())) else {
-            return;
-        };
-        let ids: Vec<&str> = sources.iter().map(|m| m.event_id.as_str()).collect();
-        out.push(ctx.output(
-            id,
-            EventKind::Consolidated,
-            text,
-            json!({"op": "summary", "sources": ids}),
-            ctx.policy.summary_importance,
-            sources.first().map(|m| m.event_id.clone()),
-        ));
     }
 }
 
