@@ -51,6 +51,16 @@ bench-query *ARGS:
 bench-facts *ARGS:
     cargo run --release -p engram-bench -- facts {{ARGS}}
 
+# A replica from a snapshot plus the tail against a full replay to the same state, for
+# each snapshot-keeping model (pass --events 1000000 for the large run).
+bench-bootstrap *ARGS:
+    cargo run --release -p engram-bench -- bootstrap {{ARGS}}
+
+# Shared documents: 300 instances editing one task board for an hour, merged in stream
+# order; throughput, size, cost per change.
+bench-docs *ARGS:
+    cargo run --release -p engram-bench -- docs {{ARGS}}
+
 # HNSW against exact search at 100k and 1M vectors (client-supplied, one scope).
 bench-ann *ARGS:
     cargo run --release -p engram-vector --features bench --bin bench-ann -- {{ARGS}}
@@ -65,4 +75,4 @@ bench-embed *ARGS:
     cargo run --release -p engram-embed --bin bench-embed -- {{ARGS}}
 
 # All benchmarks.
-bench: loadtest bench-append bench-project bench-query bench-locomo bench-ann bench-embed bench-facts
+bench: loadtest bench-append bench-project bench-query bench-locomo bench-ann bench-embed bench-facts bench-bootstrap bench-docs
