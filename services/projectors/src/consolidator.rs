@@ -32,6 +32,13 @@ pub struct ConsolidatorConfig {
     /// (`engram consolidate`, SDK `consolidate`).
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
+    /// Scopes are split into this many partitions by a hash of tenant and scope; each is
+    /// consolidated by the one replica holding its lease.
+    pub partitions: u32,
+    /// A partition's lease lives this long without renewal (renewed every third of it):
+    /// a replica that dies is replaced within about this time.
+    #[serde(with = "humantime_serde")]
+    pub lease_ttl: Duration,
     pub policy: Policy,
 }
 
@@ -39,6 +46,8 @@ impl Default for ConsolidatorConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(5 * 60),
+            partitions: 8,
+            lease_ttl: Duration::from_secs(15),
             policy: Policy::default(),
         }
     }
@@ -51,13 +60,14 @@ pub struct Consolidator {
 }
 
 impl Consolidator {
-    /// The plans of `scopes` (all scopes when `None`), at most `max` events.
-    fn plans(&self, scopes: Option<&[ScopeKey]>, steps: &[&str]) -> Vec<engram_schema::Envelope> {
+    /// The plans of the scopes `wanted` picks, at most `policy.max_events` events.
+    fn plans(
+        &self,
+        wanted: impl Fn(&ScopeKey) -> bool,
+        steps: &[&str],
+    ) -> Vec<engram_schema::Envelope> {
         let memories = self.memories.read();
-        let all: Vec<ScopeKey> = match scopes {
-            Some(s) => s.to_vec(),
-            None => memories.scopes().cloned().collect(),
-        };
+        let all: Vec<ScopeKey> = memories.scopes().filter(|s| wanted(s)).cloned().collect();
         let mut events = Vec::new();
         for scope in &all {
             events.extend(plan(&memories, scope, &self.policy, steps).events);
@@ -135,7 +145,7 @@ impl crate::ReadModel for ConsolidatorModel {
         crate::off_runtime(move || {
             let steps: Vec<&str> = request.steps.iter().map(String::as_str).collect();
             Ok(ConsolidateResponse {
-                events: projection.plans(Some(&scopes[..1]), &steps),
+                events: projection.plans(|s| *s == scopes[0], &steps),
                 visible_seq: visible,
             })
         })
@@ -149,54 +159,116 @@ impl crate::ReadModel for ConsolidatorModel {
         bus: Bus,
         stop: CancellationToken,
     ) -> Option<JoinHandle<()>> {
-        let interval = config.consolidator.interval;
-        if interval.is_zero() {
+        let replica = config.replica.clone();
+        let config = config.consolidator.clone();
+        if config.interval.is_zero() {
             return None;
         }
+        // Unique per process (a fresh v7 uuid), so a restarted replica is a new holder and
+        // waits for its old leases to expire rather than renewing a dead process's.
+        let holder = format!(
+            "{}-{}",
+            replica.map_or_else(|| "single".to_owned(), |r| r.to_string()),
+            engram_schema::EventId::new()
+        );
         Some(tokio::spawn(async move {
-            let mut tick = tokio::time::interval(interval);
-            tick.tick().await;
-            let mut last_run = 0;
-            loop {
-                tokio::select! {
-                    _ = stop.cancelled() => return,
-                    _ = tick.tick() => {}
-                }
-                let seen = visibility.current();
-                if seen == last_run {
-                    continue;
-                }
-                let started = std::time::Instant::now();
-                let p = projection.clone();
-                let Ok(events) = tokio::task::spawn_blocking(move || p.plans(None, &[])).await
-                else {
-                    continue;
-                };
-                let planned = events.len();
-                let mut appended = 0;
-                for result in bus.append_batch(&events, 256).await {
-                    match result {
-                        Ok(_) => appended += 1,
-                        Err(e) => {
-                            tracing::warn!(error = %e, "consolidation output not appended; planned again next run")
+            let leases = loop {
+                match engram_bus::Leases::open(&bus, LEASES, config.lease_ttl, holder.clone()).await
+                {
+                    Ok(leases) => break leases,
+                    Err(e) => {
+                        tracing::warn!(error = %e, "no lease bucket yet; consolidation waits");
+                        tokio::select! {
+                            _ = stop.cancelled() => return,
+                            _ = tokio::time::sleep(config.lease_ttl / 3) => {}
                         }
                     }
                 }
-                engram_telemetry::metrics::CONSOLIDATION_OUTPUTS
-                    .with_label_values(&["appended"])
-                    .inc_by(appended as u64);
-                engram_telemetry::metrics::CONSOLIDATION_SECONDS
-                    .observe(started.elapsed().as_secs_f64());
-                if planned > 0 {
-                    tracing::info!(
-                        planned,
-                        appended,
-                        took_ms = started.elapsed().as_millis() as u64,
-                        "consolidation run"
-                    );
-                }
-                last_run = seen;
-            }
+            };
+            run_schedule(config, projection, visibility, bus, leases, stop).await;
         }))
+    }
+}
+
+/// The KV bucket of the consolidator's partition leases.
+pub const LEASES: &str = "ENGRAM_LEASES";
+
+/// The lease key of partition `p`.
+pub fn lease_key(p: u32) -> String {
+    format!("consolidator.p{p}")
+}
+
+/// Renews the partition leases every third of their TTL, and every `interval` appends the
+/// plans of the scopes in the partitions held.
+async fn run_schedule(
+    config: ConsolidatorConfig,
+    projection: Arc<Consolidator>,
+    visibility: Visibility,
+    bus: Bus,
+    mut leases: engram_bus::Leases,
+    stop: CancellationToken,
+) {
+    let mut renew = tokio::time::interval(config.lease_ttl / 3);
+    let mut run = tokio::time::interval(config.interval);
+    run.tick().await;
+    let mut held = vec![false; config.partitions as usize];
+    let mut last_run = None;
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = renew.tick() => {
+                for (p, holds) in held.iter_mut().enumerate() {
+                    let now = leases.hold(&lease_key(p as u32)).await.unwrap_or(false);
+                    if now && !*holds {
+                        tracing::info!(partition = p, holder = leases.holder(), "consolidation partition taken");
+                        // A partition just taken is consolidated at once: its last holder
+                        // may have died with a run due.
+                        last_run = None;
+                    }
+                    *holds = now;
+                }
+                engram_telemetry::metrics::CONSOLIDATION_PARTITIONS_HELD
+                    .set(held.iter().filter(|h| **h).count() as i64);
+                continue;
+            }
+            _ = run.tick() => {}
+        }
+        let seen = visibility.current();
+        if last_run == Some(seen) || !held.iter().any(|h| *h) {
+            continue;
+        }
+        let started = std::time::Instant::now();
+        let (p, mine) = (projection.clone(), held.clone());
+        let partitions = config.partitions;
+        let Ok(events) = tokio::task::spawn_blocking(move || {
+            p.plans(|s| mine[s.partition(partitions) as usize], &[])
+        })
+        .await
+        else {
+            continue;
+        };
+        let planned = events.len();
+        let mut appended = 0;
+        for result in bus.append_batch(&events, 256).await {
+            match result {
+                Ok(_) => appended += 1,
+                Err(e) => {
+                    tracing::warn!(error = %e, "consolidation output not appended; planned again next run")
+                }
+            }
+        }
+        engram_telemetry::metrics::CONSOLIDATION_OUTPUTS
+            .with_label_values(&["appended"])
+            .inc_by(appended as u64);
+        engram_telemetry::metrics::CONSOLIDATION_SECONDS.observe(started.elapsed().as_secs_f64());
+        if planned > 0 {
+            tracing::info!(
+                planned,
+                appended,
+                took_ms = started.elapsed().as_millis() as u64,
+                "consolidation run"
+            );
+        }
+        last_run = Some(seen);
     }
 }

@@ -83,6 +83,10 @@ pub struct ProjectorsConfig {
     pub snapshots: SnapshotsConfig,
     /// When consolidation runs, and how it judges.
     pub consolidator: consolidator::ConsolidatorConfig,
+    /// This process's name among replicas of the same projectors (an ident), for a
+    /// deployment that runs several: each replica then reads with a durable consumer of its
+    /// own (`<projector>-<replica>`), and queries go to any of them. `None`: the only one.
+    pub replica: Option<engram_schema::Ident>,
 }
 
 impl Default for ProjectorsConfig {
@@ -102,6 +106,7 @@ impl Default for ProjectorsConfig {
             max_in_flight: 256,
             snapshots: SnapshotsConfig::default(),
             consolidator: consolidator::ConsolidatorConfig::default(),
+            replica: None,
         }
     }
 }

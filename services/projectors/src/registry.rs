@@ -238,6 +238,10 @@ where
 fn settings<M: ReadModel>(config: &ProjectorsConfig, dir: &Path) -> ProjectorSettings {
     ProjectorSettings {
         state_dir: Some(dir.to_owned()),
+        consumer: config
+            .replica
+            .as_ref()
+            .map(|replica| format!("{}-{replica}", M::NAME)),
         ..M::settings(config)
     }
 }

@@ -20,6 +20,7 @@ pub mod dlq;
 pub mod durable;
 pub mod error;
 pub mod head;
+pub mod lease;
 pub mod provision;
 pub mod read;
 pub mod working;
@@ -35,6 +36,7 @@ pub use config::{BusConfig, DeadLetterSettings, StreamSettings, WorkingMemorySet
 pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};
 pub use head::StreamHead;
+pub use lease::Leases;
 pub use provision::{ConfigDiff, ProvisionReport};
 pub use read::{EventStream, StartAt, StoredEvent};
 pub use working::{Entries, EntryBounds, WorkingMemory};

@@ -229,6 +229,10 @@ pub struct ProjectorSettings {
     /// sent again after a crash is still deduplicated. `None` uses the projection's
     /// [`Projection::state_dir`], and failing that a key for this process only.
     pub state_dir: Option<PathBuf>,
+    /// The durable consumer's name; `None` uses the projection's name. Replicas of one
+    /// projector each read the whole stream, so each has a consumer of its own
+    /// (`<projector>-<replica>`): sharing one would split the stream between them.
+    pub consumer: Option<String>,
 }
 
 impl Default for ProjectorSettings {
@@ -243,6 +247,7 @@ impl Default for ProjectorSettings {
             lag_sample_interval: Duration::from_secs(5),
             dead_letter_attempts: 10,
             state_dir: None,
+            consumer: None,
         }
     }
 }
@@ -379,6 +384,14 @@ impl<P: Projection> Projector<P> {
         }
     }
 
+    /// The durable consumer this projector reads with ([`ProjectorSettings::consumer`]).
+    fn consumer(&self) -> &str {
+        self.settings
+            .consumer
+            .as_deref()
+            .unwrap_or(self.projection.name())
+    }
+
     /// Asks this projector's loop ([`Projector::run`]) for snapshot cuts.
     pub fn cutter(&self) -> Cutter {
         self.cuts.0.clone()
@@ -429,7 +442,7 @@ impl<P: Projection> Projector<P> {
             state.ack_point = None;
             let mut reader = tokio::select! {
                 _ = &mut shutdown => break 'connect,
-                reader = self.bus.durable_reader(name, state.applied(), self.settings.batch) => match reader {
+                reader = self.bus.durable_reader(self.consumer(), state.applied(), self.settings.batch) => match reader {
                     Ok(reader) => reader,
                     Err(e) => {
                         metrics::PROJECTOR_ERRORS.with_label_values(&[name, "bus"]).inc();
@@ -610,14 +623,17 @@ impl<P: Projection> Projector<P> {
         };
         self.check_tail(from.seq).await?;
         let target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
-        self.bus.delete_durable(name).await.map_err(bus_err)?;
+        self.bus
+            .delete_durable(self.consumer())
+            .await
+            .map_err(bus_err)?;
         let mut state = LoopState::new(from, self.dead_letter_key()?);
         self.ledger.send_replace(state.ledger);
         self.publish_visible(from.seq);
         if target > from.seq {
             let mut reader = self
                 .bus
-                .durable_reader(name, from.seq, self.settings.batch)
+                .durable_reader(self.consumer(), from.seq, self.settings.batch)
                 .await
                 .map_err(bus_err)?;
             loop {

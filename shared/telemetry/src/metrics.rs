@@ -192,6 +192,16 @@ pub static CONSOLIDATION_OUTPUTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["outcome"],
     )
 });
+/// Consolidation partitions whose lease this process holds.
+pub static CONSOLIDATION_PARTITIONS_HELD: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "engram_consolidation_partitions_held",
+            "consolidation partitions whose lease this process holds",
+        )
+        .unwrap(),
+    )
+});
 /// Time of one scheduled consolidation run over every scope (plan and append).
 pub static CONSOLIDATION_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
     register(

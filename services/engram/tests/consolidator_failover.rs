@@ -1,0 +1,182 @@
+//! Two consolidator replicas as processes of their own: one holds the partition lease and
+//! consolidates; `kill -9` it, and the other takes over within the lease's bound, with no
+//! consolidation output stored twice.
+
+use std::collections::HashSet;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use engram_bus::{Bus, StartAt};
+use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind, SubjectFilter};
+use engram_testkit::TestNats;
+use futures::StreamExt;
+
+const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
+/// One partition, so one lease decides who consolidates everything; a short TTL.
+const CONFIG: &str = r#"
+[projectors.consolidator]
+interval = "200ms"
+partitions = 1
+lease_ttl = "2s"
+"#;
+const LEASE_TTL: Duration = Duration::from_secs(2);
+
+struct KillOnDrop(Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(home: &std::path::Path, url: &str, replica: &str) -> KillOnDrop {
+    std::fs::create_dir_all(home).unwrap();
+    std::fs::write(home.join("engram.toml"), CONFIG).unwrap();
+    let child = Command::new(ENGRAM)
+        .arg("--home")
+        .arg(home)
+        .arg("--config")
+        .arg(home.join("engram.toml"))
+        .args([
+            "--log-format",
+            "json",
+            "--nats",
+            url,
+            "projector",
+            "consolidator",
+        ])
+        .env("ENGRAM_PROJECTORS__REPLICA", replica)
+        .env_remove("ENGRAM_CONFIG")
+        .env_remove("ENGRAM_HOME")
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(home.join("projector.log")).unwrap())
+        .spawn()
+        .expect("spawn engram projector consolidator");
+    KillOnDrop(child)
+}
+
+fn duplicates(scope: &str) -> Vec<Envelope> {
+    let text =
+        format!("the deploy of {scope} fails when the migration lock is held by another job");
+    [text.clone(), format!("{text}!"), format!("{text} again")]
+        .into_iter()
+        .map(|t| {
+            Envelope::new(
+                Ident::parse("tenant", "acme").unwrap(),
+                Scope::new(ScopeKind::Team, scope).unwrap(),
+                Ident::parse("agent_id", "agent-1").unwrap(),
+                Ident::parse("instance_id", "i-1").unwrap(),
+                Layer::Episodic,
+                EventKind::Observation,
+                Content::text(t),
+            )
+        })
+        .collect()
+}
+
+/// The consolidation outputs stored so far: (event id, scope id) of each.
+async fn outputs(bus: &Bus) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    let mut events = bus
+        .replay(&SubjectFilter::all(), StartAt::Beginning)
+        .await
+        .unwrap();
+    while let Some(item) = events.next().await {
+        let stored = item.unwrap();
+        if stored.event.agent_id.as_str() == "consolidator" {
+            out.push((
+                stored.event.event_id.to_string(),
+                stored.event.scope.id.to_string(),
+            ));
+        }
+    }
+    out
+}
+
+/// Waits until a consolidation output of `scope` is stored; returns when it was seen.
+async fn wait_for_output(
+    bus: &Bus,
+    scope: &str,
+    within: Duration,
+    logs: &[&std::path::Path],
+) -> Instant {
+    let deadline = Instant::now() + within;
+    loop {
+        if outputs(bus).await.iter().any(|(_, s)| s == scope) {
+            return Instant::now();
+        }
+        if Instant::now() > deadline {
+            let logs: Vec<String> = logs
+                .iter()
+                .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+                .collect();
+            panic!(
+                "no consolidation of {scope} within {within:?}; logs:\n{}",
+                logs.join("\n---\n")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_the_active_consolidator_hands_its_partition_to_the_other_within_the_lease() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (home_a, home_b) = (dir.path().join("a"), dir.path().join("b"));
+    let mut a = Some(spawn(&home_a, &nats.url(), "a"));
+    let b = spawn(&home_b, &nats.url(), "b");
+    let logs = [home_a.join("projector.log"), home_b.join("projector.log")];
+    let logs: Vec<&std::path::Path> = logs.iter().map(|p| p.as_path()).collect();
+
+    // Given duplicates consolidated by whichever replica holds the lease.
+    for e in duplicates("first") {
+        bus.append(&e, Default::default()).await.unwrap();
+    }
+    wait_for_output(&bus, "first", Duration::from_secs(60), &logs).await;
+    let leases = engram_bus::Leases::open(&bus, "ENGRAM_LEASES", LEASE_TTL, "test".into())
+        .await
+        .unwrap();
+    let holder = leases
+        .holder_of("consolidator.p0")
+        .await
+        .unwrap()
+        .expect("a holder");
+    let (mut active, standby_name) = if holder.starts_with("a-") {
+        (a.take().unwrap(), "b")
+    } else {
+        (b, "a")
+    };
+
+    // When the active one is killed...
+    active.0.kill().unwrap();
+    active.0.wait().unwrap();
+    let killed = Instant::now();
+    for e in duplicates("second") {
+        bus.append(&e, Default::default()).await.unwrap();
+    }
+    // ...then the other consolidates the new duplicates within the lease's TTL plus a
+    // renewal and a run (asserted with room for a slow machine: twenty times that).
+    let seen = wait_for_output(&bus, "second", LEASE_TTL * 20, &logs).await;
+    let takeover = seen - killed;
+    eprintln!("takeover after kill -9: {takeover:?}");
+    let now = leases
+        .holder_of("consolidator.p0")
+        .await
+        .unwrap()
+        .expect("a holder");
+    assert!(
+        now.starts_with(&format!("{standby_name}-")),
+        "held by {now}"
+    );
+    // And no output is stored twice: each id once, one merge and one supersession per scope.
+    let all = outputs(&bus).await;
+    let ids: HashSet<&str> = all.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids.len(), all.len(), "{all:?}");
+    for scope in ["first", "second"] {
+        assert_eq!(all.iter().filter(|(_, s)| s == scope).count(), 2, "{all:?}");
+    }
+    drop(active);
+}
