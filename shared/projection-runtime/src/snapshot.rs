@@ -1,7 +1,8 @@
 //! Checkpoint files: a read model and the [`ApplyLedger`] of what it includes, saved as one
 //! unit.
 //!
-//! Layout: `ENGRAMSNAP2` magic, then MessagePack of `(ledger, model)`, then the blake3 hash of
+//! Layout: `ENGRAMSNAP2` magic, then MessagePack of `(ledger, model)` (structs as arrays;
+//! files with named fields load too), then the blake3 hash of
 //! everything before it. (`ENGRAMSNAP1` files held a bare sequence; they are refused with a
 //! request to rebuild, since the events applied to them were never counted.) Written to a temporary file, fsynced, renamed over the old one and
 //! the directory fsynced, so a crash at any point leaves either the old or the new
@@ -21,10 +22,12 @@ const MAGIC: &[u8] = b"ENGRAMSNAP2";
 const MAGIC_WITHOUT_LEDGER: &[u8] = b"ENGRAMSNAP1";
 
 /// `model` with `ledger` in the checkpoint format: what [`save`] writes, and what a
-/// versioned snapshot of the model carries.
+/// versioned snapshot of the model carries. Structs are written as arrays, without field
+/// names: a million fact versions named every field again and made a snapshot half names
+/// (the models round-trip either way, and files written with names still load).
 pub fn encode<T: Serialize>(ledger: &ApplyLedger, model: &T) -> Result<Vec<u8>, ProjectionError> {
     let mut bytes = MAGIC.to_vec();
-    rmp_serde::encode::write_named(&mut bytes, &(ledger, model))
+    rmp_serde::encode::write(&mut bytes, &(ledger, model))
         .map_err(|e| ProjectionError::Fatal(format!("cannot encode checkpoint: {e}")))?;
     let hash = blake3::hash(&bytes);
     bytes.extend_from_slice(hash.as_bytes());
