@@ -58,6 +58,15 @@ struct Cli {
     #[arg(long, env = "ENGRAM_LOADTEST_SKILL_CHECK")]
     skill_check: Option<f64>,
 
+    /// Share of steps that also edit the team's task board. [default: 0.1]
+    #[arg(long, env = "ENGRAM_LOADTEST_DOC_EDIT")]
+    doc_edit: Option<f64>,
+
+    /// Share of instances offline for the middle third of the run, pushing their board
+    /// edits late. [default: 0.2]
+    #[arg(long, env = "ENGRAM_LOADTEST_OFFLINE")]
+    offline: Option<f64>,
+
     /// Share of an operation's requests (appends, recalls, queries, ...) that may fail with a
     /// retryable error (busy, unavailable, timed out) outside chaos outages before the run
     /// fails. Errors retrying cannot fix always fail it. [default: 0.01]
@@ -168,6 +177,8 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
         recall,
         fact_check,
         skill_check,
+        doc_edit,
+        offline,
         error_budget,
         context_every,
         query,

@@ -56,6 +56,9 @@ pub(crate) struct Shared {
     pub(crate) recall: f64,
     pub(crate) fact_check: f64,
     pub(crate) skill_check: f64,
+    pub(crate) doc_edit: f64,
+    pub(crate) offline: f64,
+    pub(crate) boards: Arc<super::docs::Boards>,
     pub(crate) context_every: u64,
     pub(crate) query: f64,
     pub(crate) wait: Duration,
@@ -93,6 +96,8 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
         private_acked: Vec::new(),
         rng: SmallRng::seed_from_u64(seed.rotate_left(29)),
         shared: shared.clone(),
+        board: None,
+        offline: None,
     };
     let offset = shared.period.mul_f64(rng.random::<f64>());
     let run_for = shared.end.saturating_duration_since(shared.start);
@@ -105,6 +110,9 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
     let mut dies_at = rng
         .random_bool(shared.churn.clamp(0.0, 1.0))
         .then(|| shared.start + run_for.mul_f64(rng.random_range(0.2..0.8)));
+    agent.offline = rng
+        .random_bool(shared.offline.clamp(0.0, 1.0))
+        .then(|| (shared.start + run_for / 3, shared.start + run_for * 2 / 3));
     for step in 0..steps_due {
         let due = due_at(step);
         if *shared.stop.borrow() {
@@ -123,6 +131,8 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
         }
         agent.step(step, due).await;
     }
+    // Back online at the end: what it edited offline goes now.
+    agent.push_board().await;
 }
 
 struct Instance {
@@ -139,6 +149,10 @@ struct Instance {
     private_acked: Vec<String>,
     rng: SmallRng,
     shared: Arc<Shared>,
+    /// The team's task board, as this instance's copy; opened on its first edit.
+    board: Option<super::docs::Board>,
+    /// When this instance works offline, if it does.
+    offline: Option<(Instant, Instant)>,
 }
 
 impl Instance {
@@ -223,6 +237,60 @@ impl Instance {
         }
         if self.rng.random_bool(self.shared.query) {
             self.ask().await;
+        }
+        if self.rng.random_bool(self.shared.doc_edit) {
+            self.edit_board(step).await;
+        }
+    }
+
+    /// One edit of the team's board (opened on the first), pushed unless offline.
+    async fn edit_board(&mut self, step: u64) {
+        let recorder = self.shared.recorder.clone();
+        let p = &self.profile;
+        if self.board.is_none() {
+            recorder.attempt("doc_open");
+            let agent = match self.client.agent(
+                p.tenant.as_str(),
+                p.agent_id.as_str(),
+                p.instance_id.as_str(),
+            ) {
+                Ok(agent) => agent,
+                Err(e) => return recorder.error("doc_open", "invalid", false, &e.to_string()),
+            };
+            match super::docs::Board::open(&agent, p.team_scope.clone(), self.offline).await {
+                Ok(board) => self.board = Some(board),
+                Err(e) => return recorder.error("doc_open", "unavailable", true, &e.to_string()),
+            }
+        }
+        let board = self.board.as_mut().expect("opened above");
+        recorder.attempt("doc_edit");
+        if let Err(e) = board
+            .edit(
+                &self.shared.boards,
+                &p.tenant,
+                &p.team_scope,
+                p.instance_id.as_str(),
+                step,
+            )
+            .await
+        {
+            recorder.error("doc_edit", "unavailable", true, &e.to_string());
+        }
+    }
+
+    /// Pushes what the board copy holds unsent (end of the run).
+    async fn push_board(&mut self) {
+        let p = &self.profile;
+        if let Some(board) = self.board.as_mut() {
+            self.shared.recorder.attempt("doc_edit");
+            if let Err(e) = board
+                .push(&self.shared.boards, &p.tenant, &p.team_scope)
+                .await
+            {
+                self.shared
+                    .recorder
+                    .error("doc_edit", "unavailable", true, &e.to_string());
+            }
         }
     }
 
@@ -536,6 +604,8 @@ impl Instance {
         self.profile.instance_id = instance_id.clone();
         self.workload.set_instance(instance_id);
         self.last_seq = None;
+        // The board copy dies with the instance, unpushed edits with it.
+        self.board = None;
 
         let recorder = self.shared.recorder.clone();
         let started = Instant::now();

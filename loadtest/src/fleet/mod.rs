@@ -16,6 +16,7 @@
 //! The run fails (exit code 1 from the binary) if anything was lost, duplicated or invisible.
 
 pub mod charts;
+pub mod docs;
 mod instance;
 mod record;
 pub mod reference;
@@ -72,6 +73,11 @@ pub struct FleetConfig {
     pub fact_check: f64,
     /// Share of skill records the writer checks with its token.
     pub skill_check: f64,
+    /// Share of steps that also edit the team's task board.
+    pub doc_edit: f64,
+    /// Share of instances that work offline for the middle third of the run: they keep
+    /// editing the board and push their edits when back.
+    pub offline: f64,
     /// Share of an operation's requests that may fail with a retryable error outside chaos
     /// outages; beyond it the run fails. Errors no retry can fix always fail it.
     pub error_budget: f64,
@@ -113,6 +119,8 @@ impl Default for FleetConfig {
             recall: 0.3,
             fact_check: 0.5,
             skill_check: 0.5,
+            doc_edit: 0.1,
+            offline: 0.2,
             error_budget: 0.01,
             context_every: 5,
             query: 0.2,
@@ -168,6 +176,8 @@ impl FleetConfig {
             ("--recall", self.recall),
             ("--fact-check", self.fact_check),
             ("--skill-check", self.skill_check),
+            ("--doc-edit", self.doc_edit),
+            ("--offline", self.offline),
             ("--error-budget", self.error_budget),
             ("--query", self.query),
         ] {
@@ -254,6 +264,7 @@ async fn load_and_verify(
     let start = Instant::now() + Duration::from_secs(1);
     let end = start + config.duration;
     let recorder = Arc::new(Recorder::new(start));
+    let boards = Arc::new(docs::Boards::default());
     let shared = Arc::new(instance::Shared {
         recorder: recorder.clone(),
         clients: pool
@@ -269,6 +280,9 @@ async fn load_and_verify(
         recall: config.recall,
         fact_check: config.fact_check,
         skill_check: config.skill_check,
+        doc_edit: config.doc_edit,
+        offline: config.offline,
+        boards: boards.clone(),
         context_every: config.context_every,
         query: config.query,
         wait: config.wait,
@@ -323,15 +337,19 @@ async fn load_and_verify(
         recorded.ledger.len()
     );
     let verification = match &drain {
-        Ok(_) => Some(
-            verify::verify(
+        Ok(_) => {
+            let mut v = verify::verify(
                 &monitor,
                 &recorded.ledger,
                 crate::workload::TENANT,
                 &baseline,
             )
-            .await?,
-        ),
+            .await?;
+            let last = recorded.ledger.iter().map(|a| a.seq).max().unwrap_or(0);
+            let client = Client::from_bus(monitor.clone(), RetryPolicy::default());
+            v.docs = Some(docs::verify(&client, &boards, last).await);
+            Some(v)
+        }
         Err(e) => {
             eprintln!("[verify] skipped: {e}");
             None

@@ -198,6 +198,17 @@ impl FleetReport {
         if let Some(e) = &self.drain_error {
             out.push(e.clone());
         }
+        if let Some(d) = self.verification.as_ref().and_then(|v| v.docs.as_ref())
+            && d.failures() > 0
+        {
+            out.push(format!(
+                "task boards: {} pushed items missing, {} boards where readers disagree, {} changes held; e.g. {}",
+                d.items_missing,
+                d.readers_disagree,
+                d.held,
+                d.examples.first().map_or("", String::as_str)
+            ));
+        }
         if let Some(v) = &self.verification {
             for p in v.projectors.iter().filter(|p| p.error.is_some()) {
                 out.push(format!(
@@ -358,6 +369,19 @@ impl FleetReport {
                 "| stream events after seq {} (of them unacknowledged load-test appends) | {} ({}) |",
                 v.baseline_seq, v.stream_events, v.stored_unacked
             );
+            if let Some(d) = &v.docs {
+                let _ = writeln!(
+                    out,
+                    "| task boards: edits, pushes (late), items checked, missing, readers disagreeing, conflicting fields | {}, {} ({}), {}, {}, {}, {} |",
+                    d.edits,
+                    d.pushes,
+                    d.late_pushes,
+                    d.items_expected,
+                    d.items_missing,
+                    d.readers_disagree,
+                    d.conflicts
+                );
+            }
             let _ = writeln!(
                 out,
                 "\n| projector | after seq | through seq | applied | expected | dead-lettered | digest |\n|---|---|---|---|---|---|---|"

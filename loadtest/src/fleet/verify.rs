@@ -55,6 +55,9 @@ pub struct Verification {
     /// unacknowledged append may or may not be stored.
     pub stored_unacked: u64,
     pub projectors: Vec<ProjectorCheck>,
+    /// The teams' task boards: every pushed edit on the merged board, readers agreeing.
+    #[serde(default)]
+    pub docs: Option<super::docs::DocsCheck>,
     /// Examples of what went wrong, at most ten.
     pub examples: Vec<String>,
 }
@@ -94,6 +97,10 @@ impl Verification {
                 .iter()
                 .map(|p| p.lost + p.duplicated + u64::from(p.error.is_some()))
                 .sum::<u64>()
+            + self
+                .docs
+                .as_ref()
+                .map_or(0, super::docs::DocsCheck::failures)
     }
 
     fn example(&mut self, text: String) {
