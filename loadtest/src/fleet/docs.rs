@@ -25,11 +25,14 @@ pub const BOARD: &str = "sprint";
 /// The item every instance of a team claims.
 const SHARED_ITEM: &str = "team-goal";
 
+/// One board's tenant and scope, and the items pushed to it.
+type Pushed = (Ident, Scope, BTreeSet<String>);
+
 /// What the instances pushed, for the check at the end.
 #[derive(Default)]
 pub(crate) struct Boards {
-    /// Per board (`tenant/scope`): its tenant and scope, and the items pushed to it.
-    pushed: Mutex<BTreeMap<String, (Ident, Scope, BTreeSet<String>)>>,
+    /// Per board (`tenant/scope`).
+    pushed: Mutex<BTreeMap<String, Pushed>>,
     pushes: AtomicU64,
     late_pushes: AtomicU64,
     edits: AtomicU64,
