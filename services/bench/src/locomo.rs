@@ -37,6 +37,182 @@ pub struct LocomoArgs {
     /// Only the first N conversations (quick runs).
     #[arg(long)]
     pub conversations: Option<usize>,
+    /// Also ingest every conversation into a second tenant with each session's end marked,
+    /// consolidate it (merge near-duplicates, summarise sessions) and ask every question
+    /// there too, as mode `hybrid-consolidated`: consolidation on and off in one run.
+    #[arg(long)]
+    pub consolidation: bool,
+}
+
+/// What an ingest stored: the turns each sequence stands for, the last sequence, and each
+/// turn's event id with its dia id and text.
+struct Ingested {
+    dia_of_seq: HashMap<u64, Vec<DiaId>>,
+    last_seq: u64,
+    turns: HashMap<String, (DiaId, String)>,
+}
+
+/// Ingests `conversations` into `tenant`, one scope each; with `session_ends`, a
+/// `checkpoint` marked finished follows each session's turns.
+async fn ingest(
+    client: &Client,
+    tenant: &Ident,
+    agent: &Ident,
+    conversations: &[&engram_locomo::Conversation],
+    session_ends: bool,
+) -> anyhow::Result<Ingested> {
+    let turns: usize = conversations.iter().map(|c| c.turn_count()).sum();
+    let bar = progress(turns as u64, "ingesting turns");
+    let mut out = Ingested {
+        dia_of_seq: HashMap::new(),
+        last_seq: 0,
+        turns: HashMap::new(),
+    };
+    let ingest_started = Instant::now();
+    for conv in conversations {
+        let scope = Scope::new(ScopeKind::Task, &conv.sample_id)?;
+        let mut events = Vec::new();
+        let mut dias = Vec::new();
+        let mut session_of_last: Option<u32> = None;
+        let end_of = |at: chrono::DateTime<chrono::Utc>| {
+            let mut end = Envelope::new(
+                tenant.clone(),
+                scope.clone(),
+                agent.clone(),
+                agent.clone(),
+                Layer::Working,
+                EventKind::Checkpoint,
+                Content {
+                    text: "session over".into(),
+                    data: Some(serde_json::json!({"finished": true})),
+                },
+            );
+            end.occurred_at = at;
+            end
+        };
+        let mut last_at = None;
+        for (session, turn) in conv.turns() {
+            if session_ends
+                && session_of_last.is_some_and(|s| s != turn.dia_id.session)
+                && let Some(at) = last_at
+            {
+                events.push(end_of(at));
+                dias.push(None);
+            }
+            session_of_last = Some(turn.dia_id.session);
+            let mut event = Envelope::new(
+                tenant.clone(),
+                scope.clone(),
+                agent.clone(),
+                agent.clone(),
+                Layer::Episodic,
+                EventKind::Observation,
+                Content::text(turn.memory_text()),
+            );
+            // Turns of one session keep their order within the session's date.
+            event.occurred_at = session.date + ChronoDuration::seconds(turn.dia_id.turn.into());
+            last_at = Some(event.occurred_at);
+            out.turns.insert(
+                event.event_id.to_string(),
+                (turn.dia_id, event.content.text.clone()),
+            );
+            events.push(event);
+            dias.push(Some(turn.dia_id));
+        }
+        if session_ends && let Some(at) = last_at {
+            events.push(end_of(at));
+            dias.push(None);
+        }
+        for (chunk, dia_chunk) in events.chunks(256).zip(dias.chunks(256)) {
+            let receipts = client.append_batch(chunk).await;
+            for (receipt, dia) in receipts.into_iter().zip(dia_chunk) {
+                let receipt = receipt?;
+                out.last_seq = out.last_seq.max(receipt.seq);
+                if let Some(dia) = dia {
+                    out.dia_of_seq.insert(receipt.seq, vec![*dia]);
+                    bar.inc(1);
+                }
+            }
+        }
+    }
+    bar.finish_and_clear();
+    eprintln!(
+        "ingested {turns} turns into {tenant} in {:.1}s; waiting for projection",
+        ingest_started.elapsed().as_secs_f64()
+    );
+    Ok(out)
+}
+
+/// Consolidates every conversation of `tenant` (dedup and session summaries; decay stays
+/// off, as the questions are about everything ever said and nothing reports use) and maps
+/// each output to the turns it stands for: a summary to those whose sentences it quotes, a
+/// merged memory to its representative. Returns the last output's sequence.
+async fn consolidate(
+    client: &Client,
+    tenant: &Ident,
+    conversations: &[&engram_locomo::Conversation],
+    ingested: &Ingested,
+    dia_of_seq: &mut HashMap<u64, Vec<DiaId>>,
+) -> anyhow::Result<u64> {
+    let started = Instant::now();
+    let (mut summaries, mut merged, mut last) = (0, 0, ingested.last_seq);
+    for conv in conversations {
+        let request = engram_memory::proto::ConsolidateRequest {
+            scopes: ScopeRequest {
+                tenant: tenant.clone(),
+                scope: Scope::new(ScopeKind::Task, &conv.sample_id)?,
+                grants: Vec::new(),
+            },
+            steps: vec!["dedup".into(), "summarise".into()],
+            consistency: Consistency {
+                min_seq: Some(ingested.last_seq),
+                wait_ms: Some(engram_memory::proto::limits::MAX_WAIT_MS),
+            },
+        };
+        let (events, receipts) = client.consolidate(&request).await?;
+        for (event, receipt) in events.iter().zip(receipts) {
+            let seq = receipt?.seq;
+            last = last.max(seq);
+            if event.kind != EventKind::Consolidated {
+                continue;
+            }
+            let data = event.content.data.as_ref();
+            let sources: Vec<&str> = data
+                .and_then(|d| d["sources"].as_array())
+                .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
+                .unwrap_or_default();
+            let dias: Vec<DiaId> = match data.and_then(|d| d["op"].as_str()) {
+                Some("summary") => {
+                    summaries += 1;
+                    sources
+                        .iter()
+                        .filter_map(|id| ingested.turns.get(*id))
+                        .filter(|(_, text)| {
+                            engram_consolidate::summary::sentences(text)
+                                .iter()
+                                .any(|s| event.content.text.contains(s.as_str()))
+                        })
+                        .map(|(dia, _)| *dia)
+                        .collect()
+                }
+                _ => {
+                    merged += 1;
+                    event
+                        .causation_id
+                        .as_ref()
+                        .and_then(|id| ingested.turns.get(id.as_str()))
+                        .map(|(dia, _)| vec![*dia])
+                        .unwrap_or_default()
+                }
+            };
+            dia_of_seq.insert(seq, dias);
+        }
+    }
+    eprintln!(
+        "consolidated {tenant}: {summaries} session summaries, {merged} merged memories, in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(last)
 }
 
 /// The modes compared, with the ranking each uses (`None`: the service's configured default).
@@ -118,51 +294,44 @@ async fn bench(
         .take(args.conversations.unwrap_or(usize::MAX))
         .collect();
 
-    let turns: usize = conversations.iter().map(|c| c.turn_count()).sum();
-    let bar = progress(turns as u64, "ingesting turns");
-    let mut dia_of_seq: HashMap<u64, DiaId> = HashMap::new();
-    let mut last_seq = 0;
-    let ingest_started = Instant::now();
-    for conv in &conversations {
-        let scope = Scope::new(ScopeKind::Task, &conv.sample_id)?;
-        let mut events = Vec::new();
-        let mut dias = Vec::new();
-        for (session, turn) in conv.turns() {
-            let mut event = Envelope::new(
-                tenant.clone(),
-                scope.clone(),
-                agent.clone(),
-                agent.clone(),
-                Layer::Episodic,
-                EventKind::Observation,
-                Content::text(turn.memory_text()),
-            );
-            // Turns of one session keep their order within the session's date.
-            event.occurred_at = session.date + ChronoDuration::seconds(turn.dia_id.turn.into());
-            events.push(event);
-            dias.push(turn.dia_id);
-        }
-        for (chunk, dia_chunk) in events.chunks(256).zip(dias.chunks(256)) {
-            let receipts = client.append_batch(chunk).await;
-            for (receipt, dia) in receipts.into_iter().zip(dia_chunk) {
-                let receipt = receipt?;
-                last_seq = last_seq.max(receipt.seq);
-                dia_of_seq.insert(receipt.seq, *dia);
-            }
-            bar.inc(chunk.len() as u64);
-        }
-    }
-    bar.finish_and_clear();
-    eprintln!(
-        "ingested {turns} turns in {:.1}s; waiting for projection",
-        ingest_started.elapsed().as_secs_f64()
-    );
+    let mut ingested = ingest(client, &tenant, &agent, &conversations, false).await?;
+    let last_seq = ingested.last_seq;
+    // The same conversations again, in a tenant of their own, with each session's end marked
+    // and every conversation consolidated (merged duplicates, session summaries): the
+    // consolidation pass asks there, in the same run.
+    let consolidated = if args.consolidation {
+        let tenant = Ident::parse("tenant", format!("{tenant}-c"))?;
+        let with_ends = ingest(client, &tenant, &agent, &conversations, true).await?;
+        ingested.dia_of_seq.extend(with_ends.dia_of_seq.clone());
+        let done = consolidate(
+            client,
+            &tenant,
+            &conversations,
+            &with_ends,
+            &mut ingested.dia_of_seq,
+        )
+        .await?;
+        Some((tenant, done))
+    } else {
+        None
+    };
+    let dia_of_seq = ingested.dia_of_seq;
 
     // The first pass embeds every question (dense only, "dense-cold"); the embedding cache
     // then holds them, so the timed modes after it compare retrieval, not who embedded first.
     // Without it, whichever mode asked first would carry a model forward pass per query.
     let mut passes = vec![vec![("dense-cold", RetrievalMode::Dense, None)]];
     passes.push(modes(ranking));
+    // Which tenant each pass asks in, and the token it waits for.
+    let mut asked_in = vec![(tenant.clone(), last_seq); passes.len()];
+    if let Some((tenant_c, done)) = &consolidated {
+        passes.push(vec![(
+            "hybrid-consolidated",
+            RetrievalMode::Hybrid,
+            Some(ranking.clone()),
+        )]);
+        asked_in.push((tenant_c.clone(), *done));
+    }
     let asked: usize = conversations
         .iter()
         .map(|c| c.questions.iter().filter(|q| q.is_asked()).count())
@@ -172,7 +341,15 @@ async fn bench(
     let mut evaluator = Evaluator::default();
     let mut breakdown = Breakdown::default();
     let mut first = true;
-    for modes in &passes {
+    let mut waited_for = None;
+    for (modes, (tenant, last_seq)) in passes.iter().zip(&asked_in) {
+        let last_seq = *last_seq;
+        // A pass with a token of its own waits for it on its first query, as the first pass
+        // waits for the ingest.
+        if waited_for != Some((tenant.clone(), last_seq)) {
+            first = true;
+            waited_for = Some((tenant.clone(), last_seq));
+        }
         for conv in &conversations {
             let scopes = ScopeRequest {
                 tenant: tenant.clone(),
@@ -214,10 +391,14 @@ async fn bench(
                     } else {
                         started.elapsed()
                     };
+                    // A summary stands for the turns it quotes, each taking a place of the
+                    // top k, so a summary is never worth more than the turns it holds.
                     let ranked: Vec<DiaId> = response
                         .results
                         .iter()
-                        .filter_map(|r| dia_of_seq.get(&r.seq).copied())
+                        .filter_map(|r| dia_of_seq.get(&r.seq))
+                        .flatten()
+                        .copied()
                         .collect();
                     if !latency.is_zero() {
                         breakdown.add(mode_name, latency, Timers::read().since(&before));

@@ -73,13 +73,22 @@ fn locomo_ingests_a_conversation_and_scores_every_mode() {
             data.to_str().unwrap(),
             "--top-k",
             "20",
+            "--consolidation",
         ],
         &dir.path().join("home"),
     );
     assert_eq!(report["dataset"]["questions_asked"], 3, "{report:#}");
     // Every mode asked all three; with 20 results from a scope of 6 turns, each retriever
-    // returns every turn that matches at all, and each question's evidence turn does.
-    for mode in ["dense-cold", "hybrid", "hybrid-rrf", "dense", "bm25"] {
+    // returns every turn that matches at all, and each question's evidence turn does; so
+    // does the consolidated tenant's, whose summaries stand for turns they quote.
+    for mode in [
+        "dense-cold",
+        "hybrid",
+        "hybrid-rrf",
+        "dense",
+        "bm25",
+        "hybrid-consolidated",
+    ] {
         let overall = &report["modes"][mode]["overall"];
         assert_eq!(overall["questions"], 3, "{mode}: {report:#}");
         assert_eq!(overall["turn_recall"]["20"], 1.0, "{mode}: {report:#}");

@@ -25,7 +25,7 @@ const STOPWORDS: &[&str] = &[
 ];
 
 /// Splits a memory's text into sentences.
-fn sentences(text: &str) -> Vec<String> {
+pub fn sentences(text: &str) -> Vec<String> {
     let mut out = Vec::new();
     let mut current = String::new();
     for c in text.chars() {
