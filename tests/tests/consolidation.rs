@@ -92,6 +92,7 @@ async fn consolidating_a_scope_merges_duplicates_for_retrieval_and_never_stores_
     let request = ConsolidateRequest {
         scopes: scopes(),
         steps: vec![],
+        restore: vec![],
         consistency: at(last),
     };
     let (events, receipts) = engram.client.consolidate(&request).await.unwrap();
@@ -119,6 +120,33 @@ async fn consolidating_a_scope_merges_duplicates_for_retrieval_and_never_stores_
         .await
         .unwrap();
     assert!(replanned.is_empty(), "{replanned:?}");
+    // A superseded memory can be brought back: a copy naming it, in retrieval again.
+    let original = events[0].content.data.as_ref().unwrap()["sources"][1]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let (restored, receipts) = engram
+        .client
+        .consolidate(&ConsolidateRequest {
+            restore: vec![engram_schema::EventId::parse(&original).unwrap()],
+            consistency: at(done),
+            ..request.clone()
+        })
+        .await
+        .unwrap();
+    assert_eq!(restored.len(), 1);
+    assert_eq!(restored[0].content.data.as_ref().unwrap()["op"], "restored");
+    assert_eq!(
+        restored[0].causation_id.as_ref().map(|c| c.as_str()),
+        Some(original.as_str())
+    );
+    let back = receipts[0].as_ref().unwrap().seq;
+    let hits = keyword_hits(&engram, "staging migration lock", back).await;
+    assert_eq!(
+        hits.len(),
+        2,
+        "the merged memory and the restored copy: {hits:?}"
+    );
     // A request for a step that does not exist, or with grants, is refused.
     let bad = engram
         .client

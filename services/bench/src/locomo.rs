@@ -164,6 +164,7 @@ async fn consolidate(
                 grants: Vec::new(),
             },
             steps: vec!["dedup".into(), "summarise".into()],
+            restore: Vec::new(),
             consistency: Consistency {
                 min_seq: Some(ingested.last_seq),
                 wait_ms: Some(engram_memory::proto::limits::MAX_WAIT_MS),

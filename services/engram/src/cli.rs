@@ -88,6 +88,10 @@ pub enum Command {
         /// Only these steps (dedup, summarise, decay); repeatable.
         #[arg(long)]
         step: Vec<String>,
+        /// Instead: bring this archived or superseded memory back into default retrieval
+        /// (as a copy naming it); repeatable.
+        #[arg(long, value_name = "EVENT_ID", conflicts_with = "step")]
+        restore: Vec<String>,
         #[arg(long)]
         dry_run: bool,
     },
@@ -517,8 +521,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Consolidate {
             scope,
             step,
+            restore,
             dry_run,
-        } => commands::consolidate::run(&config, scope, step, dry_run, json).await,
+        } => commands::consolidate::run(&config, scope, step, restore, dry_run, json).await,
         Command::Dlq(command) => commands::dlq::run(&config, command, json).await,
         Command::Projector { names } => commands::projector::run(&config, names).await,
         Command::Rebuild {

@@ -143,9 +143,15 @@ impl crate::ReadModel for ConsolidatorModel {
     ) -> Result<ConsolidateResponse, Failure> {
         let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
         crate::off_runtime(move || {
-            let steps: Vec<&str> = request.steps.iter().map(String::as_str).collect();
+            let events = if request.restore.is_empty() {
+                let steps: Vec<&str> = request.steps.iter().map(String::as_str).collect();
+                projection.plans(|s| *s == scopes[0], &steps)
+            } else {
+                let memories = projection.memories.read();
+                engram_consolidate::restore(&memories, &scopes[0], &request.restore).events
+            };
             Ok(ConsolidateResponse {
-                events: projection.plans(|s| *s == scopes[0], &steps),
+                events,
                 visible_seq: visible,
             })
         })

@@ -26,4 +26,4 @@ pub mod steps;
 pub mod summary;
 
 pub use model::{Memories, Memory, ScopeState};
-pub use steps::{Plan, Policy, STEPS, Step, plan};
+pub use steps::{Plan, Policy, STEPS, Step, plan, restore};

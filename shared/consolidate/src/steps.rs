@@ -165,6 +165,49 @@ pub fn plan(memories: &Memories, scope: &ScopeKey, policy: &Policy, only: &[&str
     }
 }
 
+/// Copies that bring hidden (archived or superseded) memories of `scope` back into default
+/// retrieval: one `consolidated` event (`op: restored`) per id, with the memory's text and
+/// importance, its decay clock restarted at the scope's clock. Ids that are not hidden
+/// memories of the scope are left out.
+pub fn restore(memories: &Memories, scope: &ScopeKey, ids: &[EventId]) -> Plan {
+    let mut events = Vec::new();
+    if let Some(state) = memories.scope(scope)
+        && let Some(now) = state.latest
+    {
+        let ctx = Ctx {
+            scope,
+            state,
+            policy: &Policy::default(),
+            now,
+            claimed: BTreeSet::new(),
+        };
+        let at = memories.applied_seq().unwrap_or(0).to_string();
+        for id in ids {
+            let Some(m) = state.memory(id.as_str()).filter(|m| m.hidden) else {
+                continue;
+            };
+            // Derived from the memory and the sequence the restore was planned at: a retry
+            // of this restore is stored once, a restore after a later archive is new.
+            let out = EventId::derived(&["restored", id.as_str(), &at]);
+            if ctx.done(&out) {
+                continue;
+            }
+            events.push(ctx.output(
+                out,
+                EventKind::Consolidated,
+                m.text.clone(),
+                json!({"op": "restored", "sources": [id.as_str()], "recurrences": m.recurrences}),
+                m.importance,
+                Some(id.clone()),
+            ));
+        }
+    }
+    Plan {
+        scope: scope.clone(),
+        events,
+    }
+}
+
 /// Near-duplicate memories become one: candidates share a MinHash band, and are one when
 /// their estimated shingle similarity reaches [`Policy::dedup_similarity`]. The merged
 /// memory keeps every source's id, counts the recurrences, gains importance per

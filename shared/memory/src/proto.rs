@@ -595,6 +595,11 @@ pub struct ConsolidateRequest {
     /// Only these steps (`dedup`, `summarise`, `decay`); all when empty.
     #[serde(default)]
     pub steps: Vec<String>,
+    /// Instead of the steps: bring these archived or superseded memories of the scope back
+    /// into default retrieval, each as a `consolidated` copy (`op: restored`). At most 1000.
+    #[serde(default)]
+    #[schemars(length(max = 1000))]
+    pub restore: Vec<EventId>,
     #[serde(default, flatten)]
     pub consistency: Consistency,
 }
@@ -775,6 +780,13 @@ impl ConsolidateRequest {
             ));
         }
         check_range("steps", self.steps.len(), 0, CONSOLIDATION_STEPS.len())?;
+        check_range("restore", self.restore.len(), 0, 1000)?;
+        if !self.restore.is_empty() && !self.steps.is_empty() {
+            return Err(InvalidField::new(
+                "restore",
+                "a restore runs no steps: ask for one or the other",
+            ));
+        }
         if let Some(bad) = self
             .steps
             .iter()

@@ -12,15 +12,20 @@ pub async fn run(
     config: &Config,
     scope: ScopeArgs,
     steps: Vec<String>,
+    restore: Vec<String>,
     dry_run: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let client = super::connect(config).await?;
     let request = ConsolidateRequest {
         scopes: scope.to_request()?,
         steps,
+        restore: restore
+            .iter()
+            .map(|id| engram_schema::EventId::parse(id))
+            .collect::<Result<_, _>>()?,
         consistency: scope.consistency(),
     };
+    let client = super::connect(config).await?;
     request.validate()?;
     let (events, receipts) = if dry_run {
         let plan: proto::ConsolidateResponse = engram_rpc::call(
