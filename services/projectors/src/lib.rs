@@ -324,15 +324,33 @@ where
             .model()
             .launch(config, dir, bus, &serving, shutdown.clone())
             .await?;
-        let (c, st) = (cutter.clone(), store.clone());
+        let (c, st, v) = (cutter.clone(), store.clone(), visibility.clone());
+        // One cut at a time: a cut exports the whole model, so requests wait for the one in
+        // progress, and one that would cut the state the newest snapshot already holds gets
+        // that snapshot instead of a copy.
+        let cutting = Arc::new(tokio::sync::Mutex::new(()));
         engram_rpc::serve(
             &service,
             &proto::projector_subject(projector, "snapshot"),
             "snapshot",
             serving.limits,
             move |req: SnapshotRequest| {
-                let (cutter, store) = (c.clone(), st.clone());
-                async move { cut_and_store(&cutter, &store, req.label.as_deref()).await }
+                let (cutter, store, v, cutting) =
+                    (c.clone(), st.clone(), v.clone(), cutting.clone());
+                async move {
+                    let _one = cutting.lock().await;
+                    if req.label.is_none()
+                        && let Some(newest) = store
+                            .list(Some(cutter.projector()))
+                            .await
+                            .ok()
+                            .and_then(|m| m.into_iter().last())
+                        && newest.version >= v.ledger().seq
+                    {
+                        return Ok(newest);
+                    }
+                    cut_and_store(&cutter, &store, req.label.as_deref()).await
+                }
             },
         )
         .await
