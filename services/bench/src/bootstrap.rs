@@ -273,10 +273,8 @@ async fn bench(
                 .await?;
         let bytes = std::fs::read(dir.join(format!("{name}.snap")))
             .with_context(|| format!("reading the {name} checkpoint"))?;
-        let (ledger, _): (
-            engram_projection_runtime::ApplyLedger,
-            serde::de::IgnoredAny,
-        ) = engram_projection_runtime::snapshot::decode(&bytes, "the checkpoint", name.as_str())?;
+        let ledger =
+            engram_projection_runtime::snapshot::check(&bytes, "the checkpoint", name.as_str())?;
         store
             .put(
                 name.as_str(),

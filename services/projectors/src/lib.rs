@@ -517,13 +517,9 @@ async fn bootstrap_slice(
         .await
         .map_err(|e| Failure::new(ErrorCode::Internal, e.to_string()))?;
     let check = move |bytes: &[u8]| {
-        engram_projection_runtime::snapshot::decode::<serde::de::IgnoredAny>(
-            bytes,
-            "the snapshot",
-            projector,
-        )
-        .map(drop)
-        .map_err(|e| e.to_string())
+        engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
+            .map(drop)
+            .map_err(|e| e.to_string())
     };
     let selection = store
         .load_latest_good(projector, req.version, check)
@@ -661,14 +657,10 @@ pub async fn rebuild_from_snapshot(
     let store = SnapshotStore::open(&bus, config.snapshots.clone())
         .await
         .map_err(|source| StartError::Snapshots { projector, source })?;
-    let check = |bytes: &[u8]| {
-        engram_projection_runtime::snapshot::decode::<serde::de::IgnoredAny>(
-            bytes,
-            "the snapshot",
-            projector,
-        )
-        .map(drop)
-        .map_err(|e| e.to_string())
+    let check = move |bytes: &[u8]| {
+        engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
+            .map(drop)
+            .map_err(|e| e.to_string())
     };
     let selection = store
         .load_latest_good(projector, version, check)

@@ -570,8 +570,7 @@ impl<P: Projection> Projector<P> {
             source,
         };
         // The tail must be there before anything is replaced.
-        let (held, _): (ApplyLedger, serde::de::IgnoredAny) =
-            snapshot::decode(snapshot, "the snapshot", name).map_err(projection_err)?;
+        let held = snapshot::check(snapshot, "the snapshot", name).map_err(projection_err)?;
         self.check_tail(held.seq).await?;
         if let Err(e) = self.projection.restore().await {
             tracing::info!(projector = name, error = %e, "discarding unusable checkpoint");

@@ -62,6 +62,13 @@ pub fn decode<T: DeserializeOwned>(
         .map_err(|e| corrupt(&format!("does not decode: {e}")))
 }
 
+/// Checks bytes in the checkpoint format (magic, checksum, a well-formed body) without
+/// building the model, and returns the ledger they hold: what a bootstrap verifies before it
+/// replaces anything.
+pub fn check(bytes: &[u8], what: &str, projector: &str) -> Result<ApplyLedger, ProjectionError> {
+    decode::<serde::de::IgnoredAny>(bytes, what, projector).map(|(ledger, _)| ledger)
+}
+
 /// Saves `model` with `ledger` at `path`, atomically.
 pub fn save<T: Serialize>(
     path: &Path,
