@@ -27,7 +27,7 @@ pub use error::SchemaError;
 pub use ident::{EventId, Ident};
 pub use payload::{
     Cardinality, Consolidated, ConsolidationOp, DocChanged, FactAsserted, FactRetracted, Forgotten,
-    Payload, PayloadError, SkillOutcome, SkillRecorded,
+    Payload, PayloadError, SkillOutcome, SkillRecorded, Used,
 };
 pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
 
@@ -84,6 +84,19 @@ pub fn json_schema() -> schemars::Schema {
                 "required": ["skill"],
             },
             "then": skill_outcome,
+        } } } } },
+    }));
+    // Feedback's data is free unless it reports use; then it lists the memories used.
+    let used = generator.subschema_for::<Used>();
+    rules.push(serde_json::json!({
+        "if": { "properties": { "kind": { "const": EventKind::Feedback.as_str() } }, "required": ["kind"] },
+        "then": { "properties": { "content": { "properties": { "data": {
+            "if": {
+                "type": "object",
+                "properties": { "used": { "not": { "type": "null" } } },
+                "required": ["used"],
+            },
+            "then": used,
         } } } } },
     }));
     let mut schema = generator.into_root_schema_for::<Envelope>();

@@ -251,6 +251,17 @@ pub struct Consolidated {
     pub recurrences: Option<u32>,
 }
 
+/// `content.data` of a `feedback` event that reports use: the memories an agent used in a
+/// step (it acted on them, quoted them, found them right). One event per step, not one per
+/// memory. The consolidator reinforces them: their decay restarts and they gain importance.
+/// Feedback without a `used` key is about something else: its data is free and unchecked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Used {
+    /// 1-1000 event ids of memories of the event's own tenant and scope.
+    #[schemars(length(min = 1, max = MAX_FORGOTTEN))]
+    pub used: Vec<EventId>,
+}
+
 /// A checked payload of any of the kinds that carry one.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
@@ -261,6 +272,7 @@ pub enum Payload {
     Forgotten(Forgotten),
     DocChanged(DocChanged),
     Consolidated(Consolidated),
+    Used(Used),
 }
 
 impl Payload {
@@ -278,10 +290,13 @@ impl Payload {
             EventKind::Forgotten => Self::Forgotten(Forgotten::from_event(event)?),
             EventKind::DocChanged => Self::DocChanged(DocChanged::from_event(event)?.0),
             EventKind::Consolidated => Self::Consolidated(Consolidated::from_event(event)?),
+            EventKind::Feedback => match Used::from_event(event)? {
+                Some(used) => Self::Used(used),
+                None => return Ok(None),
+            },
             EventKind::Observation
             | EventKind::Action
             | EventKind::Preference
-            | EventKind::Feedback
             | EventKind::Checkpoint => return Ok(None),
         }))
     }
@@ -341,6 +356,10 @@ const SKILL_OUTCOME_FIELDS: &[Field] = fields! {
 
 const FORGOTTEN_FIELDS: &[Field] = fields! {
     required "event_ids" => "an array of event ids (UUIDs or ULIDs)";
+};
+
+const USED_FIELDS: &[Field] = fields! {
+    required "used" => "an array of event ids (UUIDs or ULIDs)";
 };
 
 const CONSOLIDATED_FIELDS: &[Field] = fields! {
@@ -484,6 +503,31 @@ impl Forgotten {
             ));
         }
         Ok(forgotten)
+    }
+}
+
+impl Used {
+    /// Checks the `content.data` of a feedback event: `None` when it reports no use (data
+    /// absent, not an object, or without a non-null `used`), else 1 to [`MAX_FORGOTTEN`]
+    /// event ids.
+    pub fn from_event(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        let reports_use = matches!(
+            &event.content.data,
+            Some(Value::Object(data)) if data.get("used").is_some_and(|u| !u.is_null())
+        );
+        if !reports_use {
+            return Ok(None);
+        }
+        let example = r#"{"used": ["0192f0c4-7a6e-7cc1-9a43-5a1bd3f2e0a1"]}"#;
+        let used: Self = read(event, USED_FIELDS, example)?;
+        let count = used.used.len();
+        if count == 0 || count > MAX_FORGOTTEN {
+            return Err(PayloadError::new(
+                "content.data.used",
+                format!("{count} ids; give 1..={MAX_FORGOTTEN} per event"),
+            ));
+        }
+        Ok(Some(used))
     }
 }
 

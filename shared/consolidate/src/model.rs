@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use engram_memory::model::{EventModel, ScopedModel};
 use engram_memory::{ScopeKey, Seq, is_text_memory};
 use engram_schema::{
-    Consolidated, ConsolidationOp, Envelope, EventId, EventKind, Forgotten, PayloadError,
+    Consolidated, ConsolidationOp, Envelope, EventId, EventKind, Forgotten, PayloadError, Used,
 };
 use serde::{Deserialize, Serialize};
 
@@ -49,6 +49,9 @@ pub struct Memory {
     /// When it was last written, recalled as a recurrence, or used: decay counts from here.
     pub last_useful: DateTime<Utc>,
     pub recurrences: u32,
+    /// Times an agent reported using it (`feedback` with `used`): each reinforces it.
+    #[serde(default)]
+    pub uses: u32,
     pub signature: Option<Signature>,
     /// Superseded, archived or forgotten: out of default retrieval, still in the log.
     pub hidden: bool,
@@ -82,6 +85,18 @@ impl ScopeState {
         self.memories.get(self.by_id.get(id)?)
     }
 
+    /// Agents used these memories at `at`: their decay restarts, and each use counts.
+    fn used(&mut self, ids: &[EventId], at: DateTime<Utc>) {
+        for id in ids {
+            if let Some(seq) = self.by_id.get(id.as_str())
+                && let Some(m) = self.memories.get_mut(seq)
+            {
+                m.uses = m.uses.saturating_add(1);
+                m.last_useful = m.last_useful.max(at);
+            }
+        }
+    }
+
     fn hide(&mut self, ids: &[EventId]) {
         for id in ids {
             if let Some(seq) = self.by_id.get(id.as_str())
@@ -112,6 +127,7 @@ impl ScopeState {
                 occurred_at: event.occurred_at,
                 last_useful: event.occurred_at,
                 recurrences,
+                uses: 0,
                 hidden: false,
                 origin,
             },
@@ -156,7 +172,8 @@ impl EventModel for Memories {
     type Error = Refused;
 
     /// Text memories and consolidation outputs are recorded; `forgotten` hides what it
-    /// names (own scope only); a `checkpoint` with `"finished": true` finishes the scope.
+    /// names (own scope only); `feedback` with `used` reinforces what it names; a
+    /// `checkpoint` with `"finished": true` finishes the scope.
     /// Everything else only moves the scope's clock. Returns whether a memory was added.
     fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<bool, Refused> {
         // Parse before touching anything.
@@ -166,6 +183,10 @@ impl EventModel for Memories {
         };
         let forgotten = match event.kind {
             EventKind::Forgotten => Some(Forgotten::from_event(event)?),
+            _ => None,
+        };
+        let used = match event.kind {
+            EventKind::Feedback => Used::from_event(event)?,
             _ => None,
         };
         let applied = self.model.apply(seq, |scopes| {
@@ -183,6 +204,8 @@ impl EventModel for Memories {
             } else if let Some(forgotten) = &forgotten {
                 state.outputs.insert(event.event_id.as_str().to_owned());
                 state.hide(&forgotten.event_ids);
+            } else if let Some(used) = &used {
+                state.used(&used.used, event.occurred_at);
             } else if is_text_memory(event) {
                 state.insert(seq, event, Origin::Source, 1);
                 added = true;
@@ -220,6 +243,7 @@ impl EventModel for Memories {
                     canon.time(m.occurred_at);
                     canon.time(m.last_useful);
                     canon.u64(u64::from(m.recurrences));
+                    canon.u64(u64::from(m.uses));
                     canon.u8(u8::from(m.hidden));
                     canon.u8(m.origin as u8);
                 }

@@ -29,6 +29,8 @@ pub struct Policy {
     pub half_life_days: f64,
     /// Decayed importance below which a memory is archived.
     pub archive_below: f64,
+    /// Importance each reported use adds before decay (up to 1).
+    pub reinforcement: f64,
     /// Importance of a session summary.
     pub summary_importance: f64,
     /// Most events one plan holds; the rest wait for the next run.
@@ -42,6 +44,7 @@ impl Default for Policy {
             importance_per_recurrence: 0.1,
             half_life_days: 30.0,
             archive_below: 0.05,
+            reinforcement: 0.1,
             summary_importance: 0.7,
             max_events: 256,
         }
@@ -60,6 +63,7 @@ impl Policy {
         unit("dedup_similarity", self.dedup_similarity)?;
         unit("importance_per_recurrence", self.importance_per_recurrence)?;
         unit("archive_below", self.archive_below)?;
+        unit("reinforcement", self.reinforcement)?;
         unit("summary_importance", self.summary_importance)?;
         if !(self.half_life_days > 0.0 && self.half_life_days.is_finite()) {
             return Err("consolidator.half_life_days must be a positive number of days".into());
@@ -373,8 +377,10 @@ impl Step for Summarise {
 }
 
 /// Importance decays by half every [`Policy::half_life_days`] since a memory was last
-/// useful; below [`Policy::archive_below`] it is archived: a `forgotten` event marked
-/// `"archived": true`, so it leaves default retrieval and stays in the log.
+/// useful (written, recurred, or reported used); each reported use adds
+/// [`Policy::reinforcement`] before decay. Below [`Policy::archive_below`] it is archived: a
+/// `forgotten` event marked `"archived": true`, so it leaves default retrieval and stays in
+/// the log.
 pub struct Decay;
 
 /// A memory's importance after decay, at `now`.

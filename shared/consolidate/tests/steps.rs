@@ -236,6 +236,59 @@ fn importance_halves_every_half_life_and_what_falls_below_the_threshold_is_archi
 }
 
 #[test]
+fn a_memory_reported_used_is_reinforced_and_not_archived() {
+    let team = scope("acme", "core");
+    let mut old = memory(
+        &team,
+        "the release checklist lives in the ops wiki",
+        "2025-06-01",
+    );
+    old.importance = 0.3;
+    let fresh = memory(&team, "standup moved to ten", "2026-03-01");
+    // Given an old memory that decay would archive...
+    let stream = Stream::<Memories>::given(&[old.clone(), fresh.clone()]);
+    assert_eq!(
+        plan(&stream.model, &team, &Policy::default(), &["decay"])
+            .events
+            .len(),
+        1
+    );
+    // ...when an agent reports using it (one feedback event for its step)...
+    let mut used = engram_memory::testing::event(
+        &team,
+        Layer::Episodic,
+        EventKind::Feedback,
+        Some(json!({"used": [old.event_id.as_str()]})),
+        t("2026-02-20"),
+    );
+    used.content.text = "used in step 12".into();
+    used.validate().unwrap();
+    let mut stream = Stream::<Memories>::given(&[old.clone(), fresh.clone()]);
+    stream.apply(&used).unwrap();
+    // ...then its decay restarts from the use, and it stays in default retrieval.
+    let m = stream
+        .model
+        .scope(&team)
+        .unwrap()
+        .memory(old.event_id.as_str())
+        .unwrap();
+    assert_eq!((m.uses, m.last_useful), (1, t("2026-02-20")));
+    assert!(
+        plan(&stream.model, &team, &Policy::default(), &["decay"])
+            .events
+            .is_empty()
+    );
+    // A use report naming no memory list is refused at append, naming the field.
+    used.content.data = Some(json!({"used": []}));
+    assert!(
+        used.validate()
+            .unwrap_err()
+            .to_string()
+            .contains("content.data.used")
+    );
+}
+
+#[test]
 fn the_same_stream_plans_byte_identical_outputs() {
     let team = scope("acme", "core");
     let events = vec![

@@ -367,6 +367,26 @@ impl Agent {
         );
         self.client.append(&event).await
     }
+
+    /// Reports the memories of `scope` this step used (acted on, quoted, found right), in
+    /// one `feedback` event: the consolidator reinforces them, so they decay from now and
+    /// count a use. Report once per step, not once per memory; at most 1000 ids.
+    pub async fn used(
+        &self,
+        scope: Scope,
+        event_ids: &[EventId],
+    ) -> Result<AppendReceipt, AppendError> {
+        let ids: Vec<&str> = event_ids.iter().map(EventId::as_str).collect();
+        self.event(
+            scope,
+            Layer::Episodic,
+            EventKind::Feedback,
+            format!("used {} memories", ids.len()),
+        )
+        .data(serde_json::json!({ "used": ids }))
+        .append()
+        .await
+    }
 }
 
 /// Builds one event; [`EventBuilder::append`] sends it.
