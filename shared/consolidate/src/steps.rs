@@ -13,6 +13,8 @@ use crate::model::{Memories, Origin, ScopeState};
 
 /// The agent and instance consolidation outputs are written as.
 pub const CONSOLIDATOR: &str = "consolidator";
+/// Members of a MinHash bucket each candidate is compared with.
+pub const BUCKET_NEIGHBOURS: usize = 32;
 /// Most source ids one output names (the payload's bound).
 pub const MAX_SOURCES: usize = engram_schema::payload::MAX_FORGOTTEN;
 
@@ -253,17 +255,22 @@ impl Step for Dedup {
         }
         for seqs in buckets.values() {
             for (i, a) in seqs.iter().enumerate() {
-                for b in &seqs[i + 1..] {
+                // Each candidate is compared with the next few in its bucket, not all: a
+                // scope flooded with one text makes a bucket of thousands, whose pairs would
+                // be millions. Near-duplicates chain through their neighbours into one group.
+                for b in seqs[i + 1..].iter().take(BUCKET_NEIGHBOURS) {
                     let (ia, ib) = (index[a], index[b]);
+                    let (ra, rb) = (root(&mut parent, ia), root(&mut parent, ib));
+                    if ra == rb {
+                        // Already one group: nothing to learn from comparing them.
+                        continue;
+                    }
                     let (sa, sb) = (
                         candidates[ia].1.signature.expect("filtered"),
                         candidates[ib].1.signature.expect("filtered"),
                     );
                     if sa.similarity(&sb) >= ctx.policy.dedup_similarity {
-                        let (ra, rb) = (root(&mut parent, ia), root(&mut parent, ib));
-                        if ra != rb {
-                            parent[ra.max(rb)] = ra.min(rb);
-                        }
+                        parent[ra.max(rb)] = ra.min(rb);
                     }
                 }
             }

@@ -102,6 +102,25 @@ fn near_duplicates_merge_into_one_memory_that_counts_them_and_supersedes_them() 
 }
 
 #[test]
+fn a_scope_flooded_with_one_text_merges_it_once_in_bounded_work() {
+    let team = scope("acme", "core");
+    let text = "retry the upload when the gateway answers 502";
+    let events: Vec<Envelope> = (0..3_000)
+        .map(|_| memory(&team, text, "2026-01-01"))
+        .collect();
+    let stream = Stream::<Memories>::given(&events);
+    let started = std::time::Instant::now();
+    let p = plan(&stream.model, &team, &Policy::default(), &["dedup"]);
+    // Every copy in one merge (sources capped at the payload's 1000), and its supersession.
+    assert_eq!(p.events.len(), 2);
+    let data = p.events[0].content.data.as_ref().unwrap();
+    assert_eq!(data["sources"].as_array().unwrap().len(), 1_000);
+    // Not a timing assertion on the machine's speed: all pairs would be 4.5 million
+    // comparisons per band; the bound keeps it near 3,000 x 32.
+    eprintln!("planned in {:?}", started.elapsed());
+}
+
+#[test]
 fn memories_that_only_share_a_topic_are_not_merged() {
     let team = scope("acme", "core");
     let stream = Stream::<Memories>::given(&[
