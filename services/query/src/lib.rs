@@ -339,85 +339,98 @@ impl Query {
         Ok(RetrieveResponse { results, visible })
     }
 
-    /// Facts, through the fact projector (scopes checked here first).
+    /// A request answered by one projector: its scopes and fields checked here first, its
+    /// read-your-writes token refused at once if no append returned it, then forwarded to
+    /// `engram.p.<model>.<op>`.
+    async fn forward<Req, Resp>(
+        &self,
+        scopes: &proto::ScopeRequest,
+        request: &Req,
+        model: &str,
+        op: &str,
+        extra: Duration,
+    ) -> Result<Resp, Failure>
+    where
+        Req: Serialize + proto::ProjectorRequest,
+        Resp: serde::de::DeserializeOwned,
+    {
+        scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        let consistency = request.consistency();
+        self.check_visible_token(&consistency).await?;
+        engram_rpc::call(
+            &self.client,
+            &proto::projector_subject(model, op),
+            request,
+            self.timeout(consistency.wait_ms) + extra,
+        )
+        .await
+        .map_err(Failure::from)
+    }
+
+    /// Facts, through the fact projector.
     pub async fn facts(&self, request: FactsRequest) -> Result<FactsResponse, Failure> {
-        request.scopes.resolve().map_err(Failure::invalid)?;
-        request.validate().map_err(Failure::from)?;
-        self.check_visible_token(&request.consistency).await?;
-        engram_rpc::call(
-            &self.client,
-            &proto::projector_subject(read_models::FACTS, "query"),
+        let scopes = request.scopes.clone();
+        self.forward(
+            &scopes,
             &request,
-            self.timeout(request.consistency.wait_ms),
+            read_models::FACTS,
+            "query",
+            Duration::ZERO,
         )
         .await
-        .map_err(Failure::from)
     }
 
-    /// Skills, through the skill projector (scopes checked here first).
+    /// Skills, through the skill projector.
     pub async fn skills(&self, request: SkillsRequest) -> Result<SkillsResponse, Failure> {
-        request.scopes.resolve().map_err(Failure::invalid)?;
-        request.validate().map_err(Failure::from)?;
-        self.check_visible_token(&request.consistency).await?;
-        engram_rpc::call(
-            &self.client,
-            &proto::projector_subject(read_models::SKILLS, "search"),
+        let scopes = request.scopes.clone();
+        self.forward(
+            &scopes,
             &request,
-            self.timeout(request.consistency.wait_ms),
+            read_models::SKILLS,
+            "search",
+            Duration::ZERO,
         )
         .await
-        .map_err(Failure::from)
     }
 
-    /// The consolidation plan of one scope, through the consolidator (scopes checked here
-    /// first).
+    /// The consolidation plan of one scope, through the consolidator.
     pub async fn consolidate(
         &self,
         request: ConsolidateRequest,
     ) -> Result<ConsolidateResponse, Failure> {
-        request.scopes.resolve().map_err(Failure::invalid)?;
-        request.validate().map_err(Failure::from)?;
-        self.check_visible_token(&request.consistency).await?;
-        engram_rpc::call(
-            &self.client,
-            &proto::projector_subject(read_models::CONSOLIDATOR, "plan"),
+        let scopes = request.scopes.clone();
+        self.forward(
+            &scopes,
             &request,
-            self.timeout(request.consistency.wait_ms),
+            read_models::CONSOLIDATOR,
+            "plan",
+            Duration::ZERO,
         )
         .await
-        .map_err(Failure::from)
     }
 
-    /// A scope's slice of a read model's snapshot, through that model's projector (scopes
-    /// checked here first).
+    /// A scope's slice of a read model's snapshot, through that model's projector. Loading a
+    /// snapshot takes longer than a query: a minute more.
     pub async fn bootstrap(&self, request: BootstrapRequest) -> Result<BootstrapResponse, Failure> {
-        request.scopes.resolve().map_err(Failure::invalid)?;
-        request.validate().map_err(Failure::from)?;
-        self.check_visible_token(&request.consistency).await?;
-        engram_rpc::call(
-            &self.client,
-            &proto::projector_subject(request.model.as_str(), "bootstrap"),
+        let scopes = request.scopes.clone();
+        let model = request.model.clone();
+        self.forward(
+            &scopes,
             &request,
-            self.timeout(request.consistency.wait_ms) + Duration::from_secs(60),
+            model.as_str(),
+            "bootstrap",
+            Duration::from_secs(60),
         )
         .await
-        .map_err(Failure::from)
     }
 
     /// A shared document, or the documents of the readable scopes, through the document
-    /// projector (scopes checked here first).
+    /// projector.
     pub async fn doc(&self, request: DocRequest) -> Result<DocResponse, Failure> {
-        request.scopes.resolve().map_err(Failure::invalid)?;
-        request.validate().map_err(Failure::from)?;
-        self.check_visible_token(&request.consistency).await?;
-        engram_rpc::call(
-            &self.client,
-            &proto::projector_subject(read_models::DOCS, "get"),
-            &request,
-            self.timeout(request.consistency.wait_ms),
-        )
-        .await
-        .map_err(Failure::from)
+        let scopes = request.scopes.clone();
+        self.forward(&scopes, &request, read_models::DOCS, "get", Duration::ZERO)
+            .await
     }
 
     /// Assembles working, episodic, semantic and procedural memory for one agent step.
