@@ -64,6 +64,9 @@ impl AgentProfile {
     }
 }
 
+/// Text memories an agent remembers writing, for repeating one.
+const RECENT_TEXTS: usize = 16;
+
 /// The event stream of one simulated agent.
 #[derive(Debug)]
 pub struct AgentWorkload {
@@ -73,6 +76,22 @@ pub struct AgentWorkload {
     episode: u32,
     /// The last action, which the next outcome names as its cause.
     last_action: Option<EventId>,
+    /// What consolidation gets to work on; nothing unless [`Self::consolidation_material`]
+    /// asks for it, so that other benchmarks' content stays as it was.
+    material: Material,
+    /// Events generated so far.
+    events: u64,
+    /// The agent's latest episodic texts and the scope each went to, newest last.
+    recent: Vec<(Scope, String)>,
+    /// Whether the last event repeated an earlier text.
+    last_was_duplicate: bool,
+}
+
+/// Consolidation's material in a workload: repeated memories and finished sessions.
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+struct Material {
+    duplicates: f64,
+    finish_every: u64,
 }
 
 impl AgentWorkload {
@@ -83,7 +102,31 @@ impl AgentWorkload {
             rng: SmallRng::seed_from_u64(seed),
             episode: 0,
             last_action: None,
+            material: Material::default(),
+            events: 0,
+            recent: Vec::new(),
+            last_was_duplicate: false,
         }
+    }
+
+    /// Gives consolidation something to do: a `duplicates` share of the episodic memories
+    /// (observations, actions, outcomes) repeats the text of one of the agent's recent ones
+    /// in that one's scope, as an agent that sees the same thing again writes it again; and
+    /// every `finish_every`-th event (0: never) is a `checkpoint` with `"finished": true` in
+    /// the private scope, which ends a session the consolidator summarises. With neither (the
+    /// default) the stream is the one [`Self::new`] gives for the seed.
+    pub fn consolidation_material(mut self, duplicates: f64, finish_every: u64) -> Self {
+        self.material = Material {
+            duplicates: duplicates.clamp(0.0, 1.0),
+            finish_every,
+        };
+        self
+    }
+
+    /// Whether the last event repeated the text of an earlier one (see
+    /// [`Self::consolidation_material`]): consolidation may merge it away at any moment.
+    pub fn last_was_duplicate(&self) -> bool {
+        self.last_was_duplicate
     }
 
     pub fn profile(&self) -> &AgentProfile {
@@ -104,6 +147,12 @@ impl AgentWorkload {
 
     /// The next event, stamped as the SDK's `Agent` would stamp it.
     pub fn next_event(&mut self) -> Envelope {
+        self.events += 1;
+        self.last_was_duplicate = false;
+        let finish_every = self.material.finish_every;
+        if finish_every > 0 && self.events.is_multiple_of(finish_every) {
+            return self.session_finished();
+        }
         let kind = self.pick_kind();
         let (layer, shared) = match kind {
             EventKind::Observation if self.rng.random_bool(0.3) => (Layer::Working, 0.75),
@@ -119,7 +168,22 @@ impl AgentWorkload {
         } else {
             self.profile.private_scope.clone()
         };
-        let text = self.text(kind);
+        let mut text = self.text(kind);
+        let mut scope = scope;
+        if layer == Layer::Episodic && self.material.duplicates > 0.0 {
+            // Drawn only when asked for, so that a workload without duplicates draws what it
+            // always drew.
+            if !self.recent.is_empty() && self.rng.random_bool(self.material.duplicates) {
+                let (s, t) = self.recent[self.rng.random_range(0..self.recent.len())].clone();
+                (scope, text) = (s, t);
+                self.last_was_duplicate = true;
+            } else {
+                if self.recent.len() == RECENT_TEXTS {
+                    self.recent.remove(0);
+                }
+                self.recent.push((scope.clone(), text.clone()));
+            }
+        }
         let data = self.data(kind);
         let mut event = Envelope::new(
             self.profile.tenant.clone(),
@@ -144,6 +208,27 @@ impl AgentWorkload {
             EventKind::Outcome => event.causation_id = self.last_action.take(),
             _ => {}
         }
+        event
+    }
+
+    /// The end of a session in the private scope: what the consolidator summarises.
+    fn session_finished(&mut self) -> Envelope {
+        let mut event = Envelope::new(
+            self.profile.tenant.clone(),
+            self.profile.private_scope.clone(),
+            self.profile.agent_id.clone(),
+            self.profile.instance_id.clone(),
+            Layer::Working,
+            EventKind::Checkpoint,
+            Content {
+                text: format!(
+                    "Session {} finished.",
+                    self.events / self.material.finish_every
+                ),
+                data: Some(json!({"finished": true})),
+            },
+        );
+        event.correlation_id = Some(format!("{}-ep-{:05}", self.profile.agent_id, self.episode));
         event
     }
 
@@ -616,6 +701,47 @@ mod tests {
             (2_000..3_500).contains(&with_data),
             "{with_data} of 5000 events carry data"
         );
+    }
+
+    #[test]
+    fn consolidation_material_repeats_texts_in_their_scope_and_ends_sessions() {
+        let profile = AgentProfile::new(3, 5);
+        let plain: Vec<Envelope> = {
+            let mut w = AgentWorkload::new(profile.clone(), 9);
+            (0..200).map(|_| w.next_event()).collect()
+        };
+        let mut again = AgentWorkload::new(profile.clone(), 9).consolidation_material(0.0, 0);
+        for event in &plain {
+            assert_eq!(
+                again.next_event().content,
+                event.content,
+                "no material, same stream"
+            );
+        }
+        let mut w = AgentWorkload::new(profile.clone(), 9).consolidation_material(0.2, 10);
+        let (mut seen, mut repeats, mut finishes) = (Vec::new(), 0, 0);
+        for n in 1..=400u64 {
+            let event = w.next_event();
+            if n % 10 == 0 {
+                assert_eq!(event.kind, EventKind::Checkpoint);
+                assert_eq!(event.scope, profile.private_scope);
+                assert_eq!(event.content.data, Some(json!({"finished": true})));
+                finishes += 1;
+                continue;
+            }
+            let key = (event.scope.clone(), event.content.text.clone());
+            if w.last_was_duplicate() {
+                assert_eq!(event.layer, Layer::Episodic);
+                assert!(
+                    seen.contains(&key),
+                    "a repeat of an earlier text, in its scope"
+                );
+                repeats += 1;
+            }
+            seen.push(key);
+        }
+        assert_eq!(finishes, 40);
+        assert!((20..80).contains(&repeats), "{repeats} repeats");
     }
 
     #[test]

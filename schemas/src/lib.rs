@@ -26,8 +26,9 @@ pub use envelope::{Content, Embedding, Envelope, EventKind, Layer, Scope, ScopeK
 pub use error::SchemaError;
 pub use ident::{EventId, Ident};
 pub use payload::{
-    Cardinality, Consolidated, ConsolidationOp, DocChanged, FactAsserted, FactRetracted, Forgotten,
-    Payload, PayloadError, SkillOutcome, SkillRecorded, Used,
+    Cardinality, Consolidated, ConsolidationOp, Contradicts, DocChanged, FactAsserted,
+    FactRetracted, FaultyInstance, Forgotten, ObservedOutcomes, Payload, PayloadError, Retrieved,
+    SkillOutcome, SkillRecorded, Used,
 };
 pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
 
@@ -86,19 +87,52 @@ pub fn json_schema() -> schemars::Schema {
             "then": skill_outcome,
         } } } } },
     }));
-    // Feedback's data is free unless it reports use; then it lists the memories used.
-    let used = generator.subschema_for::<Used>();
+    // Feedback's data is free unless it reports use (the memories used) or retrieval (how
+    // often each memory was returned); it may report both, each checked on its own.
+    let reports = |key: &str, payload: schemars::Schema| {
+        serde_json::json!({
+            "if": {
+                "type": "object",
+                "properties": { key: { "not": { "type": "null" } } },
+                "required": [key],
+            },
+            "then": payload,
+        })
+    };
+    let used = reports("used", generator.subschema_for::<Used>());
+    let retrieved = reports("retrieved", generator.subschema_for::<Retrieved>());
     rules.push(serde_json::json!({
         "if": { "properties": { "kind": { "const": EventKind::Feedback.as_str() } }, "required": ["kind"] },
         "then": { "properties": { "content": { "properties": { "data": {
-            "if": {
-                "type": "object",
-                "properties": { "used": { "not": { "type": "null" } } },
-                "required": ["used"],
-            },
-            "then": used,
+            "allOf": [used, retrieved],
         } } } } },
     }));
+    // An outcome or feedback may also name memories it contradicts, and feedback a faulty
+    // instance: each key checked on its own, beside the kind's own payload.
+    let mut distrust = |kinds: &[EventKind], key: &str, payload: schemars::Schema| {
+        let kinds: Vec<&str> = kinds.iter().map(|k| k.as_str()).collect();
+        rules.push(serde_json::json!({
+            "if": { "properties": { "kind": { "enum": kinds } }, "required": ["kind"] },
+            "then": { "properties": { "content": { "properties": { "data": {
+                "if": {
+                    "type": "object",
+                    "properties": { key: { "not": { "type": "null" } } },
+                    "required": [key],
+                },
+                "then": payload,
+            } } } } },
+        }));
+    };
+    distrust(
+        &[EventKind::Outcome, EventKind::Feedback],
+        "contradicts",
+        generator.subschema_for::<Contradicts>(),
+    );
+    distrust(
+        &[EventKind::Feedback],
+        "faulty_instance",
+        generator.subschema_for::<FaultyInstance>(),
+    );
     let mut schema = generator.into_root_schema_for::<Envelope>();
     schema.insert("allOf".into(), rules.into());
     schema

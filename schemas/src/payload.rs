@@ -1,8 +1,11 @@
 //! The structured payloads (`content.data`) that read models interpret, and their checks.
 //!
-//! Seven kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
-//! `outcome` (when it names a skill), `forgotten`, `doc_changed` and `consolidated`. Each type here is the wire shape (serde
-//! and JSON Schema); its `from_event` is the check. [`Envelope::validate`] runs that check on
+//! Eight kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
+//! `outcome` (when it names a skill), `forgotten`, `doc_changed`, `consolidated` and
+//! `feedback` (when it reports use or retrieval). An outcome or feedback may also name the
+//! memories it contradicts, and a feedback a faulty instance ([`Contradicts`],
+//! [`FaultyInstance`]), beside its own payload. Each type here is the wire shape (serde and
+//! JSON Schema); its `from_event` is the check. [`Envelope::validate`] runs that check on
 //! every append, so a payload a read model could not apply is refused before anything is
 //! published. The read models run it again on what they read: an event can still reach the
 //! stream by a raw publish, or from before this contract existed, and they must reject it
@@ -18,6 +21,8 @@
 //!
 //! A refusal is a [`PayloadError`] naming the field, `content.data.<name>`, or
 //! `content.data` itself when the payload is not a JSON object.
+
+use std::collections::BTreeMap;
 
 use chrono::{DateTime, Utc};
 use schemars::JsonSchema;
@@ -55,6 +60,8 @@ pub const MAX_DOC_CHANGES: usize = 1_024;
 /// Most heads one `doc_changed` event names. A document has one head per concurrent branch
 /// not yet merged; a writer past this many has not merged what it saw.
 pub const MAX_DOC_HEADS: usize = 64;
+/// Most memories one `feedback` event's `retrieved` counts; more go in further events.
+pub const MAX_RETRIEVED: usize = 1_000;
 
 /// Why a payload was refused. `field` is `content.data.<name>`, or `content.data` when the
 /// payload is missing or not a JSON object; `reason` says what to send instead.
@@ -178,6 +185,20 @@ pub struct SkillRecorded {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_LIST_ITEMS), inner(length(max = MAX_TEXT_CHARS)))]
     pub preconditions: Option<Vec<String>>,
+    /// Outcomes of this way of working seen before it was recorded (the consolidator
+    /// promotes recurring successful action sequences with theirs): the version starts with
+    /// these counts instead of untried. At least one outcome; default: none.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub observed: Option<ObservedOutcomes>,
+}
+
+/// How often a skill worked before it was recorded, for `skill_recorded`'s `observed`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+pub struct ObservedOutcomes {
+    /// Times it worked.
+    pub successes: u32,
+    /// Times it did not. Together with `successes`, at least 1.
+    pub failures: u32,
 }
 
 /// `content.data` of an `outcome` that reports on a skill: it counts towards that skill's
@@ -262,6 +283,51 @@ pub struct Used {
     pub used: Vec<EventId>,
 }
 
+/// The `contradicts` key an `outcome` or `feedback` may carry (beside any other key of its
+/// data): memories this outcome showed wrong. Each loses confidence in the vector and
+/// keyword read models, so retrieval can leave it out (`filter.min_confidence`) and a
+/// context leaves it out by default. Only memories of the event's own tenant and scope,
+/// recorded before it, are affected; other ids are ignored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Contradicts {
+    /// 1-1000 event ids of memories of the event's own tenant and scope. An id named twice
+    /// counts once.
+    #[schemars(length(min = 1, max = MAX_FORGOTTEN))]
+    pub contradicts: Vec<EventId>,
+}
+
+/// The `faulty_instance` key a `feedback` may carry (beside any other key of its data): an
+/// agent instance found faulty (hallucinating, compromised, misconfigured). Every memory it
+/// wrote before this event, in the event's own tenant and scope, loses confidence; what it
+/// writes afterwards does not (the report is about what it did, and instance ids are reused
+/// after a restart). Scope-limited like `forgotten`: instance ids are the client's own names,
+/// not unique across tenants or scopes, and a writer of one scope has no say over what
+/// another reads, so a flag can never be turned against another scope's memories. To distrust
+/// an instance in several scopes, send one flag in each.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct FaultyInstance {
+    /// The `instance_id` of the faulty instance, as its events carry it.
+    pub faulty_instance: crate::Ident,
+}
+
+/// `content.data` of a `feedback` event that reports retrieval: how many times each memory
+/// was returned by `retrieve` or `build_context` since the previous report. The query
+/// service writes these, one per scope per `query.usage_interval`, never one per query.
+/// Being returned is not evidence that a memory helped: the consolidator counts it but
+/// reinforces only on `used`. A feedback event may carry `used`, `retrieved`, or both; each
+/// is checked on its own. Feedback without either key is free and unchecked.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Retrieved {
+    /// 1-1000 event ids of memories of the event's own tenant and scope, each with the
+    /// number of times it was returned (at least 1).
+    #[schemars(extend(
+        "minProperties" = 1,
+        "maxProperties" = MAX_RETRIEVED,
+        "additionalProperties" = {"type": "integer", "format": "uint32", "minimum": 1, "maximum": u32::MAX},
+    ))]
+    pub retrieved: BTreeMap<EventId, u32>,
+}
+
 /// A checked payload of any of the kinds that carry one.
 #[derive(Clone, Debug, PartialEq)]
 pub enum Payload {
@@ -273,12 +339,21 @@ pub enum Payload {
     DocChanged(DocChanged),
     Consolidated(Consolidated),
     Used(Used),
+    Retrieved(Retrieved),
+    /// A feedback event that reports both use and retrieval.
+    UsedAndRetrieved(Used, Retrieved),
 }
 
 impl Payload {
     /// The checked payload of `event`, or `None` for a kind without one (and for an outcome
     /// that names no skill).
+    ///
+    /// The keys an outcome or feedback may carry beside its own payload, `contradicts` and
+    /// (feedback) `faulty_instance`, are checked here too, each on its own; they are read with
+    /// [`Contradicts::from_event`] and [`FaultyInstance::from_event`].
     pub fn of(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        Contradicts::from_event(event)?;
+        FaultyInstance::from_event(event)?;
         Ok(Some(match event.kind {
             EventKind::FactAsserted => Self::FactAsserted(FactAsserted::from_event(event)?),
             EventKind::FactRetracted => Self::FactRetracted(FactRetracted::from_event(event)?),
@@ -290,10 +365,14 @@ impl Payload {
             EventKind::Forgotten => Self::Forgotten(Forgotten::from_event(event)?),
             EventKind::DocChanged => Self::DocChanged(DocChanged::from_event(event)?.0),
             EventKind::Consolidated => Self::Consolidated(Consolidated::from_event(event)?),
-            EventKind::Feedback => match Used::from_event(event)? {
-                Some(used) => Self::Used(used),
-                None => return Ok(None),
-            },
+            EventKind::Feedback => {
+                match (Used::from_event(event)?, Retrieved::from_event(event)?) {
+                    (Some(used), None) => Self::Used(used),
+                    (None, Some(retrieved)) => Self::Retrieved(retrieved),
+                    (Some(used), Some(retrieved)) => Self::UsedAndRetrieved(used, retrieved),
+                    (None, None) => return Ok(None),
+                }
+            }
             EventKind::Observation
             | EventKind::Action
             | EventKind::Preference
@@ -346,6 +425,7 @@ const SKILL_RECORDED_FIELDS: &[Field] = fields! {
     optional "steps" => "an array of strings";
     optional "script" => "a string";
     optional "preconditions" => "an array of strings";
+    optional "observed" => "an object such as {\"successes\": 3, \"failures\": 1} (whole numbers, at least one outcome)";
 };
 
 const SKILL_OUTCOME_FIELDS: &[Field] = fields! {
@@ -360,6 +440,10 @@ const FORGOTTEN_FIELDS: &[Field] = fields! {
 
 const USED_FIELDS: &[Field] = fields! {
     required "used" => "an array of event ids (UUIDs or ULIDs)";
+};
+
+const RETRIEVED_FIELDS: &[Field] = fields! {
+    required "retrieved" => "an object of event ids (UUIDs or ULIDs) to counts of at least 1";
 };
 
 const CONSOLIDATED_FIELDS: &[Field] = fields! {
@@ -459,6 +543,15 @@ impl SkillRecorded {
         if let Some(script) = &skill.script {
             at_most("content.data.script", script, MAX_SCRIPT_CHARS)?;
         }
+        if let Some(observed) = skill.observed
+            && observed.successes == 0
+            && observed.failures == 0
+        {
+            return Err(PayloadError::new(
+                "content.data.observed",
+                "it counts no outcome; leave it out when nothing was observed",
+            ));
+        }
         Ok(skill)
     }
 
@@ -528,6 +621,39 @@ impl Used {
             ));
         }
         Ok(Some(used))
+    }
+}
+
+impl Retrieved {
+    /// Checks the `content.data` of a feedback event: `None` when it reports no retrieval
+    /// (data absent, not an object, or without a non-null `retrieved`), else 1 to
+    /// [`MAX_RETRIEVED`] event ids, each counted at least once.
+    pub fn from_event(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        let reports_retrieval = matches!(
+            &event.content.data,
+            Some(Value::Object(data)) if data.get("retrieved").is_some_and(|r| !r.is_null())
+        );
+        if !reports_retrieval {
+            return Ok(None);
+        }
+        let example = r#"{"retrieved": {"0192f0c4-7a6e-7cc1-9a43-5a1bd3f2e0a1": 3}}"#;
+        let retrieved: Self = read(event, RETRIEVED_FIELDS, example)?;
+        let count = retrieved.retrieved.len();
+        if count == 0 || count > MAX_RETRIEVED {
+            return Err(PayloadError::new(
+                "content.data.retrieved",
+                format!(
+                    "{count} ids; give 1..={MAX_RETRIEVED} per event, the rest in further events"
+                ),
+            ));
+        }
+        if let Some((id, _)) = retrieved.retrieved.iter().find(|(_, n)| **n == 0) {
+            return Err(PayloadError::new(
+                "content.data.retrieved",
+                format!("{id} is counted 0 times; leave out what was not returned"),
+            ));
+        }
+        Ok(Some(retrieved))
     }
 }
 
@@ -616,6 +742,64 @@ impl DocChanged {
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((doc, changes))
+    }
+}
+
+const CONTRADICTS_FIELDS: &[Field] = fields! {
+    required "contradicts" => "an array of event ids (UUIDs or ULIDs) of memories of this scope";
+};
+
+const FAULTY_INSTANCE_FIELDS: &[Field] = fields! {
+    required "faulty_instance" => "the faulty instance's id (1-64 of A-Z a-z 0-9 _ -)";
+};
+
+/// Whether `event` is of one of `kinds` and its data is an object with a non-null `key`: an
+/// optional key of those kinds, to be checked.
+fn carries(event: &Envelope, kinds: &[EventKind], key: &str) -> bool {
+    kinds.contains(&event.kind)
+        && matches!(
+            &event.content.data,
+            Some(Value::Object(data)) if data.get(key).is_some_and(|v| !v.is_null())
+        )
+}
+
+impl Contradicts {
+    /// Checks the `contradicts` key of an outcome or feedback: `None` for other kinds, and
+    /// when the data is absent, not an object or has no (or a null) `contradicts`; else 1 to
+    /// [`MAX_FORGOTTEN`] event ids, each named once (in the order first named).
+    pub fn from_event(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        if !carries(
+            event,
+            &[EventKind::Outcome, EventKind::Feedback],
+            "contradicts",
+        ) {
+            return Ok(None);
+        }
+        let example = r#"{"contradicts": ["0192f0c4-7a6e-7cc1-9a43-5a1bd3f2e0a1"]}"#;
+        let mut contradicts: Self = read(event, CONTRADICTS_FIELDS, example)?;
+        let count = contradicts.contradicts.len();
+        if count == 0 || count > MAX_FORGOTTEN {
+            return Err(PayloadError::new(
+                "content.data.contradicts",
+                format!("{count} ids; give 1..={MAX_FORGOTTEN} per event"),
+            ));
+        }
+        let mut seen = std::collections::HashSet::with_capacity(count);
+        contradicts.contradicts.retain(|id| seen.insert(id.clone()));
+        Ok(Some(contradicts))
+    }
+}
+
+impl FaultyInstance {
+    /// Checks the `faulty_instance` key of a feedback event: `None` for other kinds, and when
+    /// the data is absent, not an object or has no (or a null) `faulty_instance`; else the
+    /// instance id, an identifier.
+    pub fn from_event(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        if !carries(event, &[EventKind::Feedback], "faulty_instance") {
+            return Ok(None);
+        }
+        let example = r#"{"faulty_instance": "worker-7"}"#;
+        read(event, FAULTY_INSTANCE_FIELDS, example).map(Some)
     }
 }
 
@@ -1015,6 +1199,7 @@ mod tests {
             Some(json!({
                 "name": " deploy ", "description": " roll out a service ", "version": 3,
                 "steps": ["build", "ship"], "script": "make deploy", "preconditions": null,
+                "observed": {"successes": 4, "failures": 0, "since": "ignored"},
             })),
         );
         e.validate().unwrap();
@@ -1024,6 +1209,13 @@ mod tests {
         assert_eq!(skill.version, Some(3));
         assert_eq!(skill.steps(), ["build", "ship"]);
         assert!(skill.preconditions().is_empty());
+        assert_eq!(
+            skill.observed,
+            Some(ObservedOutcomes {
+                successes: 4,
+                failures: 0
+            })
+        );
     }
 
     #[test]
@@ -1087,6 +1279,23 @@ mod tests {
                 skill(json!({"preconditions": vec!["p"; MAX_LIST_ITEMS + 1]})),
                 "content.data.preconditions",
             ),
+            (
+                skill(json!({"observed": {"successes": 0, "failures": 0}})),
+                "content.data.observed",
+            ),
+            (
+                skill(json!({"observed": {"successes": 3}})),
+                "content.data.observed",
+            ),
+            (
+                skill(json!({"observed": {"successes": -1, "failures": 2}})),
+                "content.data.observed",
+            ),
+            (
+                skill(json!({"observed": {"successes": 4_294_967_296u64, "failures": 0}})),
+                "content.data.observed",
+            ),
+            (skill(json!({"observed": 3})), "content.data.observed"),
         ];
         for (data, field) in cases {
             refused(EventKind::SkillRecorded, data, field);
@@ -1173,6 +1382,249 @@ mod tests {
     }
 
     #[test]
+    fn a_retrieval_report_counts_1_to_1000_ids_each_at_least_once() {
+        let (a, b) = (EventId::new(), EventId::new());
+        let e = event(
+            EventKind::Feedback,
+            Some(json!({"retrieved": {a.as_str(): 3, b.as_str(): 1}, "window": 7})),
+        );
+        e.validate().unwrap();
+        let retrieved = Retrieved::from_event(&e).unwrap().unwrap();
+        assert_eq!(
+            retrieved.retrieved,
+            BTreeMap::from([(a.clone(), 3), (b.clone(), 1)])
+        );
+        assert_eq!(
+            Payload::of(&e).unwrap(),
+            Some(Payload::Retrieved(retrieved))
+        );
+        let at_limit: BTreeMap<String, u32> = (0..MAX_RETRIEVED)
+            .map(|_| (EventId::new().to_string(), 1))
+            .collect();
+        let e = event(EventKind::Feedback, Some(json!({ "retrieved": at_limit })));
+        e.validate().unwrap();
+        let over: BTreeMap<String, u32> = (0..=MAX_RETRIEVED)
+            .map(|_| (EventId::new().to_string(), 1))
+            .collect();
+        for data in [
+            json!({"retrieved": {}}),
+            json!({"retrieved": over}),
+            json!({"retrieved": [a.as_str()]}),
+            json!({"retrieved": {"not-an-id": 1}}),
+            json!({"retrieved": {a.as_str(): 0}}),
+            json!({"retrieved": {a.as_str(): -1}}),
+            json!({"retrieved": {a.as_str(): 1.5}}),
+            json!({"retrieved": {a.as_str(): 4_294_967_296u64}}),
+            json!({"retrieved": {a.as_str(): "3"}}),
+        ] {
+            refused(EventKind::Feedback, Some(data), "content.data.retrieved");
+        }
+        // Feedback that reports neither use nor retrieval is free.
+        for data in [None, Some(json!("fine")), Some(json!({"retrieved": null}))] {
+            let e = event(EventKind::Feedback, data);
+            e.validate().unwrap();
+            assert_eq!(Payload::of(&e).unwrap(), None);
+        }
+    }
+
+    #[test]
+    fn feedback_may_report_use_and_retrieval_each_checked_on_its_own() {
+        let (a, b) = (EventId::new(), EventId::new());
+        let both = json!({"used": [a.as_str()], "retrieved": {a.as_str(): 2, b.as_str(): 5}});
+        let e = event(EventKind::Feedback, Some(both));
+        assert_eq!(
+            Payload::of(&e).unwrap(),
+            Some(Payload::UsedAndRetrieved(
+                Used {
+                    used: vec![a.clone()]
+                },
+                Retrieved {
+                    retrieved: BTreeMap::from([(a.clone(), 2), (b.clone(), 5)])
+                }
+            ))
+        );
+        // A bad half is refused, naming its own field, whatever the other half holds.
+        refused(
+            EventKind::Feedback,
+            Some(json!({"used": [a.as_str()], "retrieved": {a.as_str(): 0}})),
+            "content.data.retrieved",
+        );
+        refused(
+            EventKind::Feedback,
+            Some(json!({"used": [], "retrieved": {a.as_str(): 1}})),
+            "content.data.used",
+        );
+        let retrieved = Retrieved {
+            retrieved: BTreeMap::from([(b.clone(), 9)]),
+        };
+        let e = event(
+            EventKind::Feedback,
+            Some(serde_json::to_value(&retrieved).unwrap()),
+        );
+        assert_eq!(Used::from_event(&e).unwrap(), None);
+        assert_eq!(
+            Payload::of(&e).unwrap(),
+            Some(Payload::Retrieved(retrieved))
+        );
+    }
+
+    #[test]
+    fn contradicts_names_1_to_1000_memories_on_an_outcome_or_feedback() {
+        let ids: Vec<EventId> = (0..3).map(|_| EventId::new()).collect();
+        for kind in [EventKind::Outcome, EventKind::Feedback] {
+            let e = event(kind, Some(json!({"contradicts": ids, "note": "free"})));
+            e.validate().unwrap();
+            assert_eq!(
+                Contradicts::from_event(&e).unwrap().unwrap().contradicts,
+                ids
+            );
+            // Named twice, counted once, in the order first named
+            let twice = json!({"contradicts": [ids[1], ids[0], ids[1]]});
+            let e = event(kind, Some(twice));
+            assert_eq!(
+                Contradicts::from_event(&e).unwrap().unwrap().contradicts,
+                [ids[1].clone(), ids[0].clone()]
+            );
+            for data in [
+                None,
+                Some(json!("it failed")),
+                Some(json!({"contradicts": null})),
+            ] {
+                let e = event(kind, data.clone());
+                e.validate().unwrap();
+                assert_eq!(Contradicts::from_event(&e).unwrap(), None, "{data:?}");
+            }
+            let too_many: Vec<EventId> = (0..=MAX_FORGOTTEN).map(|_| EventId::new()).collect();
+            let at_most: Vec<EventId> = too_many[..MAX_FORGOTTEN].to_vec();
+            event(kind, Some(json!({"contradicts": at_most})))
+                .validate()
+                .unwrap();
+            for data in [
+                json!({"contradicts": []}),
+                json!({"contradicts": too_many}),
+                json!({"contradicts": ids[0]}),
+                json!({"contradicts": [7]}),
+                json!({"contradicts": ["*"]}),
+                json!({"contradicts": [ids[0], ">"]}),
+                json!({"contradicts": ["not-an-id"]}),
+                json!({"contradicts": {"id": ids[0]}}),
+            ] {
+                refused(kind, Some(data), "content.data.contradicts");
+            }
+        }
+        // Another kind's data is free: the key means nothing there
+        let e = event(EventKind::Observation, Some(json!({"contradicts": [7]})));
+        e.validate().unwrap();
+        assert_eq!(Contradicts::from_event(&e).unwrap(), None);
+    }
+
+    #[test]
+    fn contradicts_is_checked_on_its_own_beside_a_skill_outcome_or_used() {
+        let id = EventId::new();
+        let both = json!({"skill": "lint", "success": false, "contradicts": [id]});
+        let e = event(EventKind::Outcome, Some(both));
+        e.validate().unwrap();
+        assert!(matches!(
+            Payload::of(&e).unwrap(),
+            Some(Payload::SkillOutcome(_))
+        ));
+        assert_eq!(
+            Contradicts::from_event(&e).unwrap().unwrap().contradicts,
+            std::slice::from_ref(&id)
+        );
+        // A good skill report does not carry a bad contradiction, nor the other way round
+        refused(
+            EventKind::Outcome,
+            Some(json!({"skill": "lint", "success": true, "contradicts": []})),
+            "content.data.contradicts",
+        );
+        refused(
+            EventKind::Outcome,
+            Some(json!({"skill": "lint", "contradicts": [id]})),
+            "content.data.success",
+        );
+        // An outcome about no skill but naming a contradiction
+        let e = event(EventKind::Outcome, Some(json!({"contradicts": [id]})));
+        e.validate().unwrap();
+        assert_eq!(SkillOutcome::from_event(&e).unwrap(), None);
+        let with_use = json!({"used": [id], "contradicts": [id], "faulty_instance": "i-2"});
+        let e = event(EventKind::Feedback, Some(with_use));
+        e.validate().unwrap();
+        assert!(Used::from_event(&e).unwrap().is_some());
+        assert!(Contradicts::from_event(&e).unwrap().is_some());
+        assert!(FaultyInstance::from_event(&e).unwrap().is_some());
+        refused(
+            EventKind::Feedback,
+            Some(json!({"used": [id], "contradicts": "all of them"})),
+            "content.data.contradicts",
+        );
+    }
+
+    #[test]
+    fn a_faulty_instance_flag_is_an_identifier_on_feedback() {
+        let e = event(
+            EventKind::Feedback,
+            Some(json!({"faulty_instance": "worker-7", "why": "hallucinated prices"})),
+        );
+        e.validate().unwrap();
+        assert_eq!(
+            FaultyInstance::from_event(&e).unwrap(),
+            Some(FaultyInstance {
+                faulty_instance: Ident::parse("i", "worker-7").unwrap()
+            })
+        );
+        for data in [
+            None,
+            Some(json!("bad")),
+            Some(json!({"faulty_instance": null})),
+        ] {
+            let e = event(EventKind::Feedback, data.clone());
+            assert_eq!(FaultyInstance::from_event(&e).unwrap(), None, "{data:?}");
+        }
+        for value in [
+            json!(""),
+            json!("*"),
+            json!("worker.7"),
+            json!("worker >"),
+            json!("x".repeat(65)),
+            json!(7),
+            json!(["worker-7"]),
+            json!({"id": "worker-7"}),
+        ] {
+            let reason = refused(
+                EventKind::Feedback,
+                Some(json!({"faulty_instance": value})),
+                "content.data.faulty_instance",
+            );
+            assert!(reason.contains("send the faulty instance's id"), "{reason}");
+        }
+        // Only feedback flags an instance: an outcome's data is free
+        let e = event(EventKind::Outcome, Some(json!({"faulty_instance": 7})));
+        e.validate().unwrap();
+        assert_eq!(FaultyInstance::from_event(&e).unwrap(), None);
+    }
+
+    #[test]
+    fn distrust_payloads_built_from_the_types_pass_their_own_check() {
+        let contradicts = Contradicts {
+            contradicts: vec![EventId::new(), EventId::new()],
+        };
+        let e = event(
+            EventKind::Outcome,
+            Some(serde_json::to_value(&contradicts).unwrap()),
+        );
+        assert_eq!(Contradicts::from_event(&e).unwrap(), Some(contradicts));
+        let flag = FaultyInstance {
+            faulty_instance: Ident::parse("i", "i-9").unwrap(),
+        };
+        let e = event(
+            EventKind::Feedback,
+            Some(serde_json::to_value(&flag).unwrap()),
+        );
+        assert_eq!(FaultyInstance::from_event(&e).unwrap(), Some(flag));
+    }
+
+    #[test]
     fn kinds_without_a_payload_type_take_any_data() {
         for kind in [
             EventKind::Observation,
@@ -1208,6 +1660,10 @@ mod tests {
             steps: Some(vec!["cargo clippy".into()]),
             script: None,
             preconditions: None,
+            observed: Some(ObservedOutcomes {
+                successes: 3,
+                failures: 1,
+            }),
         };
         let e = event(
             EventKind::SkillRecorded,

@@ -46,7 +46,12 @@ fn at(min_seq: u64) -> Consistency {
     }
 }
 
-async fn keyword_hits(engram: &Engram, query: &str, min_seq: u64) -> Vec<String> {
+async fn keyword_search(
+    engram: &Engram,
+    query: &str,
+    min_seq: u64,
+    filter: engram_memory::MemoryFilter,
+) -> engram_memory::proto::RetrieveResponse {
     engram
         .client
         .retrieve(&RetrieveRequest {
@@ -54,15 +59,22 @@ async fn keyword_hits(engram: &Engram, query: &str, min_seq: u64) -> Vec<String>
             query: query.into(),
             vector: None,
             top_k: 20,
-            filter: Default::default(),
+            filter,
             consistency: at(min_seq),
             mode: RetrievalMode::Keyword,
             ranking: None,
         })
         .await
         .unwrap()
+}
+
+/// The texts retrieval returns: the results, then the session summaries beside them.
+async fn keyword_hits(engram: &Engram, query: &str, min_seq: u64) -> Vec<String> {
+    let response = keyword_search(engram, query, min_seq, Default::default()).await;
+    response
         .results
         .into_iter()
+        .chain(response.summaries)
         .map(|r| r.text)
         .collect()
 }
@@ -182,10 +194,31 @@ async fn the_schedule_summarises_a_finished_session_without_being_asked() {
         let bus = engram.client.bus();
         let head = bus.stream_summary().await.unwrap().last_seq;
         if head > last {
-            let hits = keyword_hits(&engram, "billing export default region", head).await;
-            if hits.iter().any(|h| {
-                h.starts_with("We looked at the billing export.") && h.contains("default region")
-            }) {
+            let query = "billing export default region";
+            let response = keyword_search(&engram, query, head, Default::default()).await;
+            let is_summary = |r: &&engram_memory::proto::MemoryResult| {
+                r.text.starts_with("We looked at the billing export.")
+                    && r.text.contains("default region")
+            };
+            if let Some(summary) = response.summaries.iter().find(is_summary) {
+                // Beside the results, not among them: it quotes what they already say.
+                assert!(!response.results.iter().any(|r| is_summary(&r)));
+                assert_eq!(summary.tags, [engram_memory::SUMMARY_TAG]);
+                // Dated when its session's last memory was written, not when planned.
+                let newest = response.results.iter().map(|r| r.occurred_at).max();
+                assert_eq!(Some(summary.occurred_at), newest);
+                // A filter that asks for summaries ranks them as results.
+                let asked = keyword_search(
+                    &engram,
+                    query,
+                    head,
+                    engram_memory::MemoryFilter {
+                        tags: vec![engram_memory::SUMMARY_TAG.into()],
+                        ..Default::default()
+                    },
+                )
+                .await;
+                assert!(asked.results.iter().any(|r| is_summary(&r)), "{asked:?}");
                 break;
             }
         }

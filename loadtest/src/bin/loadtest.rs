@@ -77,6 +77,33 @@ struct Cli {
     #[arg(long, env = "ENGRAM_LOADTEST_CONTEXT_EVERY")]
     context_every: Option<u64>,
 
+    /// Seconds between scheduled consolidation runs in the engram started here (0: off; a
+    /// remote deployment keeps its own schedule). [default: 5]
+    #[arg(long, env = "ENGRAM_LOADTEST_CONSOLIDATE_EVERY", value_parser = engram_loadtest::parse_secs)]
+    consolidate_every: Option<Duration>,
+
+    /// Share of episodic memories that repeat one of the instance's recent ones: the
+    /// near-duplicates consolidation merges. [default: 0.05]
+    #[arg(long, env = "ENGRAM_LOADTEST_DUPLICATES")]
+    duplicates: Option<f64>,
+
+    /// Every n-th event of an instance ends its session (`checkpoint {"finished": true}`),
+    /// which consolidation summarises; 0: never. [default: 20]
+    #[arg(long, env = "ENGRAM_LOADTEST_FINISH_EVERY")]
+    finish_every: Option<u64>,
+
+    /// Seconds between on-demand snapshots of every projector during the load, which the
+    /// successors of dying instances bootstrap from (0: none until the one after the load).
+    /// [default: 10]
+    #[arg(long, env = "ENGRAM_LOADTEST_SNAPSHOT_EVERY", value_parser = engram_loadtest::parse_secs)]
+    snapshot_every: Option<Duration>,
+
+    /// Prometheus endpoint of the deployment given with --nats (http://host:port/metrics),
+    /// for the figures only its processes measure (consolidation runs, batch times). An
+    /// engram started here is read without it.
+    #[arg(long, env = "ENGRAM_LOADTEST_METRICS")]
+    metrics: Option<String>,
+
     /// Share of steps that end with an ordinary retrieve. [default: 0.2]
     #[arg(long, env = "ENGRAM_LOADTEST_QUERY")]
     query: Option<f64>,
@@ -181,6 +208,10 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
         offline,
         error_budget,
         context_every,
+        consolidate_every,
+        duplicates,
+        finish_every,
+        snapshot_every,
         query,
         wait,
         connections,
@@ -195,6 +226,9 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
     }
     if cli.engram_bin.is_some() {
         config.engram_bin = cli.engram_bin;
+    }
+    if cli.metrics.is_some() {
+        config.metrics = cli.metrics;
     }
     if cli.engram_config.is_some() {
         config.engram_config = cli.engram_config;

@@ -1,6 +1,8 @@
 //! One simulated agent identity over the run: an instance that works through its task on an
 //! open-loop schedule, and, for some, dies midway and is succeeded by a fresh instance that
-//! takes over the identity by replaying its private scope.
+//! takes over the identity: it bootstraps its scopes' memory (snapshot slices and the tail
+//! after them), then replays the same scopes from the start to check that every event its
+//! predecessors were acknowledged is there.
 //!
 //! A step is due every `instances / rate` seconds, whatever happened to the previous one.
 //! Steps run in order, as an agent's do; when one runs late, the next starts late, and the
@@ -30,6 +32,7 @@ use engram_memory::proto::{
 };
 use engram_rpc::RpcError;
 use engram_schema::{Embedding, Envelope, EventKind, Ident, Layer, SubjectFilter};
+use engram_sdk::bootstrap::BootstrapError;
 use engram_sdk::{Client, StartAt};
 use futures::StreamExt;
 use rand::rngs::SmallRng;
@@ -61,6 +64,11 @@ pub(crate) struct Shared {
     pub(crate) boards: Arc<super::docs::Boards>,
     pub(crate) context_every: u64,
     pub(crate) query: f64,
+    /// Share of episodic memories that repeat a recent one, and every how many events a
+    /// session finishes: what consolidation works on (see
+    /// [`AgentWorkload::consolidation_material`]).
+    pub(crate) duplicates: f64,
+    pub(crate) finish_every: u64,
     pub(crate) wait: Duration,
     pub(crate) embedder: EmbedderChoice,
     pub(crate) seed: u64,
@@ -74,7 +82,8 @@ fn identity_seed(seed: u64, index: usize) -> u64 {
 }
 
 /// The content identity `index` of a run seeded with `seed` generates, exactly as the run
-/// does: to reproduce what a run wrote.
+/// does: to reproduce what a run wrote. A run with duplicates or finished sessions adds them
+/// with [`AgentWorkload::consolidation_material`].
 pub fn workload_of(seed: u64, index: usize, team_size: usize) -> AgentWorkload {
     AgentWorkload::new(
         AgentProfile::new(index, team_size),
@@ -89,7 +98,8 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
     let profile = AgentProfile::new(index, shared.team_size);
     let mut agent = Instance {
         client: shared.clients[index % shared.clients.len()].clone(),
-        workload: workload_of(shared.seed, index, shared.team_size),
+        workload: workload_of(shared.seed, index, shared.team_size)
+            .consolidation_material(shared.duplicates, shared.finish_every),
         profile,
         last_seq: None,
         context_phase: rng.random_range(0..shared.context_every.max(1)),
@@ -225,7 +235,10 @@ impl Instance {
         );
         self.last_seq = Some(self.last_seq.unwrap_or(0).max(receipt.seq));
 
-        if text_memory && self.rng.random_bool(self.shared.recall) {
+        // A repeated text may be merged away by consolidation at any moment, so it is not
+        // recalled: a miss would say nothing about visibility.
+        let repeated = self.workload.last_was_duplicate();
+        if text_memory && self.rng.random_bool(self.shared.recall) && !repeated {
             self.recall_own_write(&event, &marker, receipt.seq, acked)
                 .await;
         }
@@ -585,8 +598,10 @@ impl Instance {
     }
 
     /// The instance dies (an append may be in flight, its ack never seen), and a fresh
-    /// instance takes over the identity: it replays the private scope and must find every
-    /// event its predecessors were acknowledged there.
+    /// instance takes over the identity: it bootstraps the memory of its scopes, as a real
+    /// successor starts, then replays the same scopes from the start and must find every
+    /// event its predecessors were acknowledged in the private one. The replay is the ground
+    /// truth and the bootstrap's physical reference: both are timed.
     async fn die_and_succeed(&mut self) {
         let mut last_words = self.workload.next_event();
         self.attach_vector(&mut last_words);
@@ -608,8 +623,9 @@ impl Instance {
         self.board = None;
 
         let recorder = self.shared.recorder.clone();
+        let through = self.bootstrap().await;
         let started = Instant::now();
-        let Some((seen, max_seq)) = self.replay_private().await else {
+        let Some((seen, max_seq)) = self.replay_scopes().await else {
             recorder.unchecked(None);
             return;
         };
@@ -621,22 +637,71 @@ impl Instance {
             .filter(|id| !seen.contains(id.as_str()))
             .count() as u64;
         recorder.takeover(self.private_acked.len() as u64, missing);
-        // The successor reads with what it replayed as its token.
-        self.last_seq = (max_seq > 0).then_some(max_seq);
+        // The successor reads with the furthest of what it bootstrapped and replayed.
+        let token = max_seq.max(through.unwrap_or(0));
+        self.last_seq = (token > 0).then_some(token);
     }
 
-    /// The successor's replay of the private scope: every event id in it and the highest
-    /// sequence. A replay cut short by an outage starts again, until the run's give-up point;
-    /// `None` if none completed.
-    async fn replay_private(&self) -> Option<(std::collections::HashSet<String>, u64)> {
+    /// The successor's bootstrap of its scopes (private and team): the sequence its memory
+    /// holds everything up to. Retryable failures are retried until the run's give-up
+    /// point; `None` if none completed.
+    async fn bootstrap(&self) -> Option<u64> {
         let recorder = &self.shared.recorder;
-        let scope = &self.profile.private_scope;
-        let filter = SubjectFilter::all()
-            .tenant(self.profile.tenant.clone())
-            .scope(scope.kind, scope.id.clone());
+        let scopes = self.scopes();
+        let started = Instant::now();
+        loop {
+            recorder.attempt("bootstrap");
+            match self.client.bootstrap(&scopes, None).await {
+                Ok(booted) => {
+                    let now = Instant::now();
+                    recorder.latency(Metric::Bootstrap, now - started, now);
+                    recorder.bootstrapped(
+                        booted.snapshots.iter().any(|(_, s)| s.is_some()),
+                        booted.replayed,
+                        booted.skipped.len() as u64,
+                    );
+                    return Some(booted.memory.through);
+                }
+                Err(e) => {
+                    let (kind, retryable) = bootstrap_error_kind(&e);
+                    recorder.error("bootstrap", kind, retryable, &e.to_string());
+                    if !retryable || Instant::now() >= self.shared.give_up {
+                        recorder.bootstrap_failed();
+                        return None;
+                    }
+                    tokio::time::sleep(Duration::from_millis(250)).await;
+                }
+            }
+        }
+    }
+
+    /// The successor's replay of the scopes it bootstrapped, private then team: every event
+    /// id in them and the highest sequence. `None` if a replay never completed.
+    async fn replay_scopes(&self) -> Option<(std::collections::HashSet<String>, u64)> {
+        let mut seen = std::collections::HashSet::new();
+        let mut max_seq = 0;
+        for scope in [&self.profile.private_scope, &self.profile.team_scope] {
+            let filter = SubjectFilter::all()
+                .tenant(self.profile.tenant.clone())
+                .scope(scope.kind, scope.id.clone());
+            let (ids, seq) = self.replay(&filter).await?;
+            seen.extend(ids);
+            max_seq = max_seq.max(seq);
+        }
+        Some((seen, max_seq))
+    }
+
+    /// One scope's replay from the start: its event ids and highest sequence. A replay cut
+    /// short by an outage starts again, until the run's give-up point; `None` if none
+    /// completed.
+    async fn replay(
+        &self,
+        filter: &SubjectFilter,
+    ) -> Option<(std::collections::HashSet<String>, u64)> {
+        let recorder = &self.shared.recorder;
         loop {
             recorder.attempt("takeover");
-            let failed = match self.client.replay(&filter, StartAt::Beginning).await {
+            let failed = match self.client.replay(filter, StartAt::Beginning).await {
                 Ok(mut events) => {
                     let mut seen = std::collections::HashSet::new();
                     let mut max_seq = 0;
@@ -675,6 +740,22 @@ impl Instance {
             }
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
+    }
+}
+
+/// A bootstrap failure's kind, and whether bootstrapping again may succeed.
+fn bootstrap_error_kind(e: &BootstrapError) -> (&'static str, bool) {
+    match e {
+        BootstrapError::Rpc(e) => (error_kind(e), e.is_retryable()),
+        BootstrapError::Bus(e) => ("bus", e.is_retryable()),
+        // The read was cut short (a restarting server): read again.
+        BootstrapError::Read(engram_bus::ReadError::Consumer(_)) => ("read", true),
+        BootstrapError::Read(engram_bus::ReadError::Decode { .. }) => ("refused_event", false),
+        BootstrapError::Scope(_) => ("scope", false),
+        BootstrapError::Slice { .. } => ("slice", false),
+        // Retention removed the tail after the snapshot: a newer snapshot may cover it.
+        BootstrapError::TailGone { .. } => ("tail_gone", true),
+        BootstrapError::TailTooLong => ("tail_too_long", false),
     }
 }
 

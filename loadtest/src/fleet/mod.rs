@@ -6,9 +6,14 @@
 //!    `--nats`). With `--chaos`, the projectors run as processes of their own.
 //! 2. **Load.** Every identity steps on its open-loop schedule for `duration` (see
 //!    [`instance`]); a sampler records projector lag and process CPU and memory each second.
+//!    The consolidator runs on its schedule (`consolidate_every` in a target started here),
+//!    and every projector is asked for a snapshot every `snapshot_every` ([`snapshots`]),
+//!    which the successors of dying instances bootstrap from.
 //!    With `--chaos`, a projector and then nats-server are killed with SIGKILL and restarted.
 //! 3. **Drain.** Wait until every projector has applied the whole stream.
-//! 4. **Verify.** Read the stream and every projector's apply ledger ([`verify`]).
+//! 4. **Verify.** Read the stream and every projector's apply ledger ([`verify`]); then cut
+//!    one more snapshot of each projector, timed, and read the target's metrics again
+//!    ([`consolidation`]).
 //! 5. **Reference.** Raw JetStream publishes of the same sizes at the same schedule, a raw
 //!    tailing consumer, and a raw replay of the stream ([`reference`]).
 //! 6. **Report.** JSON, Markdown and SVG charts in the output dir.
@@ -16,12 +21,15 @@
 //! The run fails (exit code 1 from the binary) if anything was lost, duplicated or invisible.
 
 pub mod charts;
+pub mod consolidation;
 pub mod docs;
 mod instance;
+mod metrics;
 mod record;
 pub mod reference;
 pub mod report;
 mod sampler;
+pub mod snapshots;
 pub mod target;
 pub mod timeline;
 pub mod verify;
@@ -83,6 +91,23 @@ pub struct FleetConfig {
     pub error_budget: f64,
     /// Every n-th step starts with `build_context`.
     pub context_every: u64,
+    /// The consolidator's schedule in a target started here (0: off); a remote deployment
+    /// keeps its own.
+    #[serde(with = "humantime_serde")]
+    pub consolidate_every: Duration,
+    /// Share of episodic memories that repeat a recent one of the same instance: the
+    /// near-duplicates consolidation merges.
+    pub duplicates: f64,
+    /// Every n-th event of an instance ends its session (`checkpoint {"finished": true}`
+    /// in its private scope), which consolidation summarises; 0: never.
+    pub finish_every: u64,
+    /// How often every projector is asked for a snapshot during the load (0: never), so
+    /// that successors bootstrap from snapshots as they would in a deployment.
+    #[serde(with = "humantime_serde")]
+    pub snapshot_every: Duration,
+    /// The Prometheus endpoint of a remote deployment (`http://host:port/metrics`), for
+    /// the figures only its processes measure; a target started here is read without it.
+    pub metrics: Option<String>,
     /// Share of steps that end with an ordinary retrieve.
     pub query: f64,
     /// Read-your-writes wait per request.
@@ -123,6 +148,11 @@ impl Default for FleetConfig {
             offline: 0.2,
             error_budget: 0.01,
             context_every: 5,
+            consolidate_every: Duration::from_secs(5),
+            duplicates: 0.05,
+            finish_every: 20,
+            snapshot_every: Duration::from_secs(10),
+            metrics: None,
             query: 0.2,
             wait: Duration::from_secs(10),
             connections: 8,
@@ -180,6 +210,7 @@ impl FleetConfig {
             ("--offline", self.offline),
             ("--error-budget", self.error_budget),
             ("--query", self.query),
+            ("--duplicates", self.duplicates),
         ] {
             if !(0.0..=1.0).contains(&share) {
                 return invalid(format!("{name} is {share}; it must be between 0 and 1"));
@@ -226,6 +257,7 @@ pub async fn run(
         separate_projectors: config.chaos,
         embedder: config.embedder,
         extra_config: config.engram_config.clone(),
+        consolidate_every: config.consolidate_every,
     })
     .await?;
     let result = load_and_verify(&config, &mut target, machine, started_at, shutdown).await;
@@ -253,6 +285,9 @@ async fn load_and_verify(
         .remove(0);
 
     let baseline = verify::Baseline::take(&monitor).await?;
+    let metrics_url = config.metrics.clone().or_else(|| target.metrics_url());
+    let metrics_before = read_metrics(metrics_url.as_deref()).await;
+    let consolidator_cpu_before = consolidator_cpu(target);
     let (stop_tx, stop_rx) = watch::channel(false);
     let interrupt = {
         let stop_tx = stop_tx.clone();
@@ -285,6 +320,8 @@ async fn load_and_verify(
         boards: boards.clone(),
         context_every: config.context_every,
         query: config.query,
+        duplicates: config.duplicates,
+        finish_every: config.finish_every,
         wait: config.wait,
         embedder: config.embedder,
         seed: config.seed,
@@ -302,6 +339,15 @@ async fn load_and_verify(
         sampler_rx,
     ));
     let progress = tokio::spawn(progress(recorder.clone(), samples.clone(), start, end));
+    let cuts = snapshots::Cuts::default();
+    let (cutter_stop, cutter_rx) = watch::channel(false);
+    let cutter = tokio::spawn(snapshots::run_during_load(
+        monitor.client().clone(),
+        cuts.clone(),
+        start,
+        config.snapshot_every,
+        cutter_rx,
+    ));
     eprintln!(
         "[load] {} instances in teams of {}, {:.1} steps/s in all (one every {:.1}s each), for {:?}",
         config.instances,
@@ -327,10 +373,16 @@ async fn load_and_verify(
         }
     }
     progress.abort();
+    let _ = cutter_stop.send(true);
+    let _ = cutter.await;
     let load_ended = Instant::now();
     eprintln!("[drain] load done; waiting for the projectors to apply the whole stream");
+    let drain_started = Instant::now();
     let drain = verify::drain(&monitor, config.drain_limit).await;
-    let drain_secs = drain.as_ref().map(Duration::as_secs_f64).ok();
+    let drain_secs = drain.as_ref().map(|d| d.took.as_secs_f64()).ok();
+    let consolidator_cpu_secs = consolidator_cpu_before
+        .zip(consolidator_cpu(target))
+        .map(|(before, after)| after.saturating_sub(before).as_secs_f64());
     let recorded = recorder.finish();
     eprintln!(
         "[verify] reading the stream and the projectors' ledgers ({} acknowledged appends)",
@@ -355,6 +407,9 @@ async fn load_and_verify(
             None
         }
     };
+    let metrics_after = read_metrics(metrics_url.as_deref()).await;
+    eprintln!("[snapshots] cutting one snapshot of each projector");
+    let snapshots = cuts.finish(monitor.client()).await;
     let interrupted = *stop_rx.borrow();
     interrupt.abort();
     let reference = if interrupted {
@@ -399,6 +454,40 @@ async fn load_and_verify(
         .map(|(m, l)| (metric_name(*m).to_owned(), l.clone()))
         .collect();
     let appends_per_sec = appends as f64 / measured_secs.max(1e-9);
+    let metrics = match (metrics_before, metrics_after) {
+        (Ok(before), Ok(after)) => Ok((before, after)),
+        (Err(why), _) | (_, Err(why)) => Err(why),
+    };
+    let applied = verification
+        .iter()
+        .flat_map(|v| &v.projectors)
+        .filter(|p| p.error.is_none())
+        .map(|p| (p.projector.clone(), p.applied_events))
+        .collect();
+    let no_lag = Vec::new();
+    let inputs = consolidation::Inputs {
+        metrics: &metrics,
+        separate_projectors: target.separate_projectors(),
+        tally: verification.as_ref().map(|v| &v.tally),
+        interval_secs: config
+            .nats
+            .is_none()
+            .then(|| config.consolidate_every.as_secs_f64()),
+        lag: timeline
+            .lag_events
+            .get(engram_projectors::consolidator::NAME)
+            .unwrap_or(&no_lag),
+        caught_up_secs_after_load: drain.as_ref().ok().and_then(|d| {
+            d.caught_up
+                .get(engram_projectors::consolidator::NAME)
+                .map(|t| (drain_started - load_ended + *t).as_secs_f64())
+        }),
+        applied,
+        process_cpu_secs: consolidator_cpu_secs,
+        measured_secs,
+    };
+    let consolidation = consolidation::consolidation(&inputs);
+    let docs_merge = consolidation::docs_merge(&inputs);
     let ratios = reference.as_ref().map(|r| Ratios {
         appends_per_sec: appends_per_sec / r.publishes_per_sec.max(1e-9),
         ack_p50: recorded.latency[&Metric::Ack].p50 / r.ack_ms.p50.max(1e-9),
@@ -422,6 +511,10 @@ async fn load_and_verify(
         latency_ms: latency,
         takeovers: recorded.takeovers,
         takeover_events_checked: recorded.takeover_events_checked,
+        bootstraps: recorded.bootstraps.clone(),
+        consolidation,
+        docs_merge,
+        snapshots,
         problems: recorded.problems.clone(),
         drain_secs,
         drain_error: drain.err().map(|e| e.to_string()),
@@ -446,7 +539,34 @@ fn metric_name(metric: Metric) -> &'static str {
         Metric::Facts => "facts",
         Metric::Skills => "skills",
         Metric::Takeover => "takeover_replay",
+        Metric::Bootstrap => "takeover_bootstrap",
     }
+}
+
+/// The target's metrics now, or why there are none.
+async fn read_metrics(url: Option<&str>) -> Result<metrics::Scrape, String> {
+    let Some(url) = url else {
+        return Err(
+            "a remote deployment without --metrics (its Prometheus endpoint, http://host:port/metrics)"
+                .into(),
+        );
+    };
+    metrics::scrape(url).await.map_err(|e| {
+        tracing::warn!(error = %e, "cannot read the target's metrics");
+        format!("its metrics could not be read: {e}")
+    })
+}
+
+/// CPU time so far of the consolidator's process, when it has one of its own (chaos mode).
+fn consolidator_cpu(target: &Target) -> Option<Duration> {
+    if !target.separate_projectors() {
+        return None;
+    }
+    let (_, pid) = target
+        .pids()
+        .into_iter()
+        .find(|(name, _)| name == engram_projectors::consolidator::NAME)?;
+    crate::cpu::of_pid(pid)
 }
 
 /// Chaos mode, run alongside the load: at 30% of it, `kill -9` the vector projector (the one

@@ -66,12 +66,15 @@ pub(crate) enum Metric {
     Facts,
     /// A skills query with the token of the skill just recorded.
     Skills,
-    /// A successor instance replaying its predecessor's private scope.
+    /// A successor instance replaying its scopes (its private and its team's) from the
+    /// start: the ground-truth check, and the physical reference of [`Metric::Bootstrap`].
     Takeover,
+    /// A successor instance bootstrapping the same scopes: snapshot slices, then the tail.
+    Bootstrap,
 }
 
 impl Metric {
-    const ALL: [Metric; 8] = [
+    const ALL: [Metric; 9] = [
         Metric::Ack,
         Metric::AckService,
         Metric::Visibility,
@@ -80,6 +83,7 @@ impl Metric {
         Metric::Facts,
         Metric::Skills,
         Metric::Takeover,
+        Metric::Bootstrap,
     ];
 
     fn is_query(self) -> bool {
@@ -143,6 +147,24 @@ pub struct Acked {
     pub bytes: u32,
 }
 
+/// What the successors' bootstraps did (`Client::bootstrap` of their scopes).
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Bootstraps {
+    /// Bootstraps that completed.
+    pub completed: u64,
+    /// Of those, the ones where at least one read model came from a snapshot.
+    pub from_snapshot: u64,
+    /// Tail events they replayed after their snapshots (those from a snapshot).
+    pub tail_events_from_snapshot: u64,
+    /// Events replayed by the bootstraps that found no snapshot: their scopes' whole history.
+    pub events_without_snapshot: u64,
+    /// Newer snapshots the bootstraps found but could not use (they did not check).
+    pub skipped_snapshots: u64,
+    /// Bootstraps that never completed before the run gave up, or that failed with an
+    /// error no retry can fix; their errors are under the `bootstrap` operation.
+    pub failed: u64,
+}
+
 /// Counters of things that went wrong, by kind.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Problems {
@@ -202,6 +224,7 @@ struct Inner {
     problems: Problems,
     takeovers: u64,
     takeover_events_checked: u64,
+    bootstraps: Bootstraps,
     /// When each ledger entry was acknowledged, in order of recording.
     ack_times: Vec<Instant>,
 }
@@ -221,6 +244,7 @@ impl Recorder {
                 problems: Problems::default(),
                 takeovers: 0,
                 takeover_events_checked: 0,
+                bootstraps: Bootstraps::default(),
                 ack_times: Vec::new(),
             }),
         }
@@ -374,6 +398,25 @@ impl Recorder {
         inner.problems.takeover_missing += missing;
     }
 
+    /// A successor's bootstrap completed: whether any model came from a snapshot, the tail
+    /// events it replayed, and the newer snapshots it skipped.
+    pub(crate) fn bootstrapped(&self, from_snapshot: bool, replayed: u64, skipped: u64) {
+        let mut inner = self.lock();
+        let b = &mut inner.bootstraps;
+        b.completed += 1;
+        b.skipped_snapshots += skipped;
+        if from_snapshot {
+            b.from_snapshot += 1;
+            b.tail_events_from_snapshot += replayed;
+        } else {
+            b.events_without_snapshot += replayed;
+        }
+    }
+
+    pub(crate) fn bootstrap_failed(&self) {
+        self.lock().bootstraps.failed += 1;
+    }
+
     /// When the first append acknowledged at or after `at` was, if any yet.
     pub(crate) fn first_ack_after(&self, at: Instant) -> Option<Instant> {
         self.lock()
@@ -432,6 +475,7 @@ impl Recorder {
             problems: inner.problems.clone(),
             takeovers: inner.takeovers,
             takeover_events_checked: inner.takeover_events_checked,
+            bootstraps: inner.bootstraps.clone(),
             last_ack: inner.ack_times.iter().max().copied(),
         }
     }
@@ -463,6 +507,7 @@ pub(crate) struct Recorded {
     pub(crate) problems: Problems,
     pub(crate) takeovers: u64,
     pub(crate) takeover_events_checked: u64,
+    pub(crate) bootstraps: Bootstraps,
     pub(crate) last_ack: Option<Instant>,
 }
 

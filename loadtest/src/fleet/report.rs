@@ -8,8 +8,10 @@ use std::path::Path;
 use chrono::{DateTime, Utc};
 use serde::Serialize;
 
-use super::record::{Latency, Problems};
+use super::consolidation::{Consolidation, DocsMerge};
+use super::record::{Bootstraps, Latency, Problems};
 use super::reference::Reference;
+use super::snapshots::ProjectorSnapshots;
 use super::timeline::Timeline;
 use super::verify::Verification;
 use super::{FleetConfig, FleetError};
@@ -33,10 +35,19 @@ pub struct FleetReport {
     /// Appends the SDK retried after a lost ack and the stream recognised as stored.
     pub duplicate_acks: u64,
     /// By kind: ack (open loop), ack_service (from sent), visibility, query, context, facts,
-    /// takeover_replay.
+    /// skills, takeover_replay, takeover_bootstrap.
     pub latency_ms: BTreeMap<String, Latency>,
     pub takeovers: u64,
     pub takeover_events_checked: u64,
+    /// What the successors' bootstraps did; their time is `latency_ms.takeover_bootstrap`,
+    /// beside `takeover_replay`, the replay of the same scopes.
+    pub bootstraps: Bootstraps,
+    /// The consolidator during the run: runs, outputs, lag, cost, and what it hid.
+    pub consolidation: Consolidation,
+    /// The docs projector's merging of the task boards.
+    pub docs_merge: DocsMerge,
+    /// Per projector: snapshot cuts during the load and the one after it.
+    pub snapshots: Vec<ProjectorSnapshots>,
     pub problems: Problems,
     pub drain_secs: Option<f64>,
     pub drain_error: Option<String>,
@@ -194,6 +205,12 @@ impl FleetReport {
                     p.steps_due, p.steps_run, p.missed_steps
                 ));
             }
+        }
+        if self.bootstraps.failed > 0 {
+            out.push(format!(
+                "{} takeover bootstraps never completed (see Errors, operation bootstrap)",
+                self.bootstraps.failed
+            ));
         }
         if let Some(e) = &self.drain_error {
             out.push(e.clone());
@@ -439,7 +456,8 @@ impl FleetReport {
             "context" => "build_context (with token)",
             "facts" => "facts history (with token)",
             "skills" => "skill by name (with token)",
-            "takeover_replay" => "successor replays its scope",
+            "takeover_replay" => "successor replays its scopes (private and team)",
+            "takeover_bootstrap" => "successor bootstraps the same scopes",
             _ => "other",
         };
         for (kind, l) in &self.latency_ms {
@@ -499,6 +517,9 @@ impl FleetReport {
                 r.replay_events_per_sec
             );
         }
+        self.takeover_markdown(&mut out);
+        self.consolidation_markdown(&mut out);
+        self.snapshots_markdown(&mut out);
         if !self.chaos.is_empty() {
             let _ = writeln!(out, "\n## Chaos\n");
             let _ = writeln!(
@@ -588,4 +609,259 @@ impl FleetReport {
         );
         out
     }
+}
+
+/// A figure, or "absent" when this run could not measure it.
+fn or_absent<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
+    value.map_or_else(|| "absent".to_owned(), show)
+}
+
+impl FleetReport {
+    fn takeover_markdown(&self, out: &mut String) {
+        if self.takeovers == 0 && self.bootstraps.completed == 0 && self.bootstraps.failed == 0 {
+            return;
+        }
+        let b = &self.bootstraps;
+        let _ = writeln!(out, "\n## Takeovers: bootstrap against replay\n");
+        let _ = writeln!(
+            out,
+            "{} takeovers. Each successor bootstraps its scopes, private and team (the slices of the newest facts, skills and docs snapshots, then the stream after them), then replays the same scopes from the start: the replay checks that every event its predecessors were acknowledged is there, and is the bootstrap's reference.\n",
+            self.takeovers
+        );
+        let _ = writeln!(out, "| figure | value |\n|---|---|");
+        let _ = writeln!(
+            out,
+            "| bootstraps completed / failed | {} / {} |",
+            b.completed, b.failed
+        );
+        let _ = writeln!(
+            out,
+            "| of them from a snapshot (at least one model) | {} |",
+            b.from_snapshot
+        );
+        let _ = writeln!(
+            out,
+            "| tail events replayed after the snapshots | {}{} |",
+            b.tail_events_from_snapshot,
+            if b.from_snapshot > 0 {
+                format!(
+                    " ({:.1} per bootstrap)",
+                    b.tail_events_from_snapshot as f64 / b.from_snapshot as f64
+                )
+            } else {
+                String::new()
+            }
+        );
+        let _ = writeln!(
+            out,
+            "| events replayed by bootstraps that found no snapshot | {} |",
+            b.events_without_snapshot
+        );
+        let _ = writeln!(
+            out,
+            "| newer snapshots skipped (they did not check) | {} |",
+            b.skipped_snapshots
+        );
+        let figures =
+            |l: &Latency| format!("{:.2} / {:.2} / {:.2} / {:.2}", l.p50, l.p99, l.max, l.mean);
+        let boot = self.latency_ms.get("takeover_bootstrap");
+        let replay = self.latency_ms.get("takeover_replay");
+        if let Some(l) = boot {
+            let _ = writeln!(
+                out,
+                "| bootstrap ms: p50 / p99 / max / mean | {} |",
+                figures(l)
+            );
+        }
+        if let Some(l) = replay {
+            let _ = writeln!(
+                out,
+                "| replay of the same scopes ms: p50 / p99 / max / mean | {} |",
+                figures(l)
+            );
+        }
+        if let (Some(boot), Some(replay)) = (boot, replay)
+            && boot.count > 0
+            && replay.count > 0
+        {
+            let _ = writeln!(
+                out,
+                "| bootstrap / replay, p50 and mean | {:.2} and {:.2} |",
+                boot.p50 / replay.p50.max(1e-9),
+                boot.mean / replay.mean.max(1e-9)
+            );
+        }
+    }
+
+    fn consolidation_markdown(&self, out: &mut String) {
+        let c = &self.consolidation;
+        let _ = writeln!(out, "\n## Consolidation\n");
+        let _ = writeln!(
+            out,
+            "{}; {} of the episodic memories repeat a recent one, every {} events of an instance end its session.\n",
+            match c.interval_secs {
+                Some(s) if s > 0.0 => format!("The consolidator runs every {s:.0} s"),
+                Some(_) => "Scheduled consolidation is off".to_owned(),
+                None => "A remote deployment: the consolidator runs on its own schedule".to_owned(),
+            },
+            format_share(self.config.duplicates),
+            self.config.finish_every
+        );
+        let _ = writeln!(out, "| figure | value |\n|---|---|");
+        let _ = writeln!(
+            out,
+            "| scheduled runs | {} |",
+            or_absent(c.runs, |n| n.to_string())
+        );
+        let _ = writeln!(
+            out,
+            "| run seconds: total / mean / median at most / slowest at most (histogram buckets) | {} / {} / {} / {} |",
+            or_absent(c.run_secs_total, |s| format!("{s:.3}")),
+            or_absent(c.run_secs_mean, |s| format!("{s:.4}")),
+            or_absent(c.run_secs_p50_at_most, |s| format!("{s}")),
+            or_absent(c.run_secs_max_at_most, |s| format!("{s}"))
+        );
+        let _ = writeln!(
+            out,
+            "| outputs the runs appended | {} |",
+            or_absent(c.outputs_appended, |n| n.to_string())
+        );
+        let _ = writeln!(
+            out,
+            "| outputs in the stream, by what they are | {} |",
+            if c.outputs.is_empty() {
+                "none".to_owned()
+            } else {
+                c.outputs
+                    .iter()
+                    .map(|(op, n)| format!("{op} {n}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            }
+        );
+        let _ = writeln!(
+            out,
+            "| consolidator lag during the load, max / mean events | {} / {} |",
+            or_absent(c.lag_max_events, |n| n.to_string()),
+            or_absent(c.lag_mean_events, |n| format!("{n:.1}"))
+        );
+        let _ = writeln!(
+            out,
+            "| consolidator caught up with the stream after the load, s | {} |",
+            or_absent(c.caught_up_secs_after_load, |s| format!("{s:.2}"))
+        );
+        let _ = writeln!(
+            out,
+            "| events the consolidator applied | {} |",
+            or_absent(c.events_applied, |n| n.to_string())
+        );
+        let us = |v: Option<f64>| or_absent(v, |v| format!("{v:.1}"));
+        let _ = writeln!(
+            out,
+            "| cost per event applied, µs: scheduled runs (wall time) / applying to its model (batch time) / its process's CPU | {} / {} / {} |",
+            us(c.run_us_per_event),
+            us(c.apply_us_per_event),
+            us(c.process_cpu_us_per_event)
+        );
+        match &c.shrink {
+            Some(s) => {
+                let _ = writeln!(
+                    out,
+                    "| **searchable memories** | **{} before consolidation → {} after ({:+.1}%)**: {} hidden (superseded or archived), {} added (merged copies, summaries) |",
+                    s.before, s.after, s.change_percent, s.hidden, s.added
+                );
+            }
+            None => {
+                let _ = writeln!(out, "| searchable memories | absent |");
+            }
+        }
+        let d = &self.docs_merge;
+        let _ = writeln!(
+            out,
+            "| shared-document merge: doc_changed events merged by the docs projector, per second of the load | {} / {} |",
+            or_absent(d.doc_changes, |n| n.to_string()),
+            or_absent(d.changes_per_sec, |r| format!("{r:.1}"))
+        );
+        let _ = writeln!(
+            out,
+            "| docs projector batch time, s / per change, ms / changes per busy second | {} / {} / {} |",
+            or_absent(d.busy_secs, |s| format!("{s:.3}")),
+            or_absent(d.ms_per_change, |s| format!("{s:.3}")),
+            or_absent(d.changes_per_busy_sec, |r| format!("{r:.0}"))
+        );
+        let absent: Vec<String> = c
+            .absent
+            .iter()
+            .chain(&d.absent)
+            .map(|(figure, why)| format!("{figure}: {why}"))
+            .collect();
+        if !absent.is_empty() {
+            let _ = writeln!(out, "\nAbsent: {}.", absent.join("; "));
+        }
+    }
+
+    fn snapshots_markdown(&self, out: &mut String) {
+        if self.snapshots.is_empty() {
+            return;
+        }
+        let _ = writeln!(out, "\n## Snapshots\n");
+        let _ = writeln!(
+            out,
+            "Cut on demand (`engram.p.<projector>.snapshot`) every {:.0} s during the load, and once after it; timed from the request to the stored snapshot.\n",
+            self.config.snapshot_every.as_secs_f64()
+        );
+        let _ = writeln!(
+            out,
+            "| projector | cuts during the load | cut s there: median / max | cut after the load, s | bytes | seq | events |\n|---|---|---|---|---|---|---|"
+        );
+        for p in &self.snapshots {
+            if let Some(why) = &p.refused {
+                let _ = writeln!(out, "| {} | no snapshots: {why} | | | | | |", p.projector);
+                continue;
+            }
+            let secs = |v: Option<f64>| or_absent(v, |s| format!("{s:.3}"));
+            let (cut, bytes, seq, events) = match &p.final_cut {
+                Some(c) => (
+                    format!(
+                        "{:.3}{}",
+                        c.secs,
+                        if c.fresh {
+                            ""
+                        } else {
+                            " (an earlier one, nothing new to cut)"
+                        }
+                    ),
+                    c.bytes.to_string(),
+                    c.version.to_string(),
+                    c.events.to_string(),
+                ),
+                None => (
+                    format!(
+                        "failed: {}",
+                        p.first_failure.as_deref().unwrap_or("no answer")
+                    ),
+                    String::new(),
+                    String::new(),
+                    String::new(),
+                ),
+            };
+            let _ = writeln!(
+                out,
+                "| {} | {}{} | {} / {} | {cut} | {bytes} | {seq} | {events} |",
+                p.projector,
+                p.cuts_during_load,
+                if p.failures > 0 {
+                    format!(" ({} failed)", p.failures)
+                } else {
+                    String::new()
+                },
+                secs(p.cut_secs_p50_during_load),
+                secs(p.cut_secs_max_during_load),
+            );
+        }
+    }
+}
+
+fn format_share(share: f64) -> String {
+    format!("{:.0}%", share * 100.0)
 }

@@ -48,6 +48,8 @@ pub(crate) struct Proc {
     child: Option<Child>,
     args: Vec<String>,
     log: PathBuf,
+    /// `engram up`'s HTTP address (`host:port`), read from its ready line.
+    http: Option<String>,
 }
 
 impl Proc {
@@ -74,6 +76,8 @@ pub(crate) struct TargetOptions {
     pub(crate) separate_projectors: bool,
     pub(crate) embedder: EmbedderChoice,
     pub(crate) extra_config: Option<PathBuf>,
+    /// The consolidator's schedule in the engram processes started here (0: off).
+    pub(crate) consolidate_every: Duration,
 }
 
 impl Target {
@@ -116,7 +120,7 @@ impl Target {
             dir: Some(dir),
             keep: false,
         };
-        let base = config_toml(opts.embedder);
+        let base = config_toml(opts.embedder, opts.consolidate_every);
         let extra = match &opts.extra_config {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| FleetError::Setup(format!("cannot read {}: {e}", path.display())))?,
@@ -177,6 +181,7 @@ impl Target {
             child: None,
             args: full,
             log: home.join("engram.log"),
+            http: None,
         };
         self.launch(&mut proc).await?;
         self.procs.push(proc);
@@ -207,7 +212,14 @@ impl Target {
             loop {
                 let line = tokio::time::timeout_at(deadline, lines.next_line()).await;
                 match line {
-                    Ok(Ok(Some(line))) if line.starts_with("engram is up") => break,
+                    Ok(Ok(Some(line))) if line.starts_with("engram is up") => {
+                        // "engram is up  nats=...  http=http://127.0.0.1:PORT  home=..."
+                        proc.http = line
+                            .split_whitespace()
+                            .find_map(|field| field.strip_prefix("http=http://"))
+                            .map(str::to_owned);
+                        break;
+                    }
                     Ok(Ok(Some(_))) => {}
                     _ => return Err(self.failed_start(proc, &mut child).await),
                 }
@@ -264,6 +276,21 @@ impl Target {
             proc.log.display(),
             tail.into_iter().rev().collect::<Vec<_>>().join("\n")
         ))
+    }
+
+    /// The Prometheus endpoint of `engram up` started here; `None` for a remote target.
+    pub(crate) fn metrics_url(&self) -> Option<String> {
+        self.procs
+            .iter()
+            .find(|p| p.name == "engram")
+            .and_then(|p| p.http.as_ref())
+            .map(|addr| format!("http://{addr}/metrics"))
+    }
+
+    /// True when the projectors run in processes of their own (chaos mode), which serve
+    /// no metrics: `engram up`'s hold none of theirs.
+    pub(crate) fn separate_projectors(&self) -> bool {
+        self.procs.len() > 1
     }
 
     /// Processes to sample: (name, pid).
@@ -356,8 +383,13 @@ impl Target {
 /// The nats-server config `engram up` ships, so the server under test is configured alike.
 const NATS_CONF: &str = include_str!("../../../deploy/nats-server.conf");
 
-fn config_toml(embedder: EmbedderChoice) -> String {
+fn config_toml(embedder: EmbedderChoice, consolidate_every: Duration) -> String {
     let mut out = String::from("[http]\nlisten = \"127.0.0.1:0\"\n");
+    // Consolidation runs during the load, often enough to be seen in a short run.
+    out.push_str(&format!(
+        "\n[projectors.consolidator]\ninterval = \"{}ms\"\n",
+        consolidate_every.as_millis()
+    ));
     if embedder == EmbedderChoice::Client {
         out.push_str(&format!(
             "\n[projectors.embedder]\nkind = \"client_supplied\"\nmodel = \"{CLIENT_MODEL}\"\ndim = {CLIENT_DIM}\n"

@@ -52,8 +52,13 @@ pub struct Verification {
     pub stream_events: u64,
     /// Events of the load test's tenant in the stream that no instance saw acknowledged:
     /// appends abandoned by dying instances or failed during an outage. Not an error; an
-    /// unacknowledged append may or may not be stored.
+    /// unacknowledged append may or may not be stored. Board pushes, consolidation outputs
+    /// and the query service's usage reports are not appends the ledger holds, and are left
+    /// out (they are counted in `tally`).
     pub stored_unacked: u64,
+    /// What the run's part of the stream holds for the report: text memories, consolidation
+    /// outputs, document changes.
+    pub tally: super::consolidation::StreamTally,
     pub projectors: Vec<ProjectorCheck>,
     /// The teams' task boards: every pushed edit on the merged board, readers agreeing.
     #[serde(default)]
@@ -166,23 +171,41 @@ impl Baseline {
     }
 }
 
+/// How the drain went: how long until every projector had applied the whole stream at
+/// once, and when each first had.
+#[derive(Clone, Debug, Default)]
+pub struct Drained {
+    pub took: Duration,
+    /// Per projector, from the drain's start until its visible sequence first reached the
+    /// stream's last (which consolidation outputs may move on after).
+    pub caught_up: std::collections::BTreeMap<String, Duration>,
+}
+
 /// Waits until every projector has made the stream's last sequence visible, printing
 /// progress; returns how long that took, or an error naming the projectors still behind.
-pub async fn drain(bus: &Bus, limit: Duration) -> Result<Duration, FleetError> {
+pub async fn drain(bus: &Bus, limit: Duration) -> Result<Drained, FleetError> {
     let started = Instant::now();
     let mut last_print = Instant::now();
+    let mut caught_up = std::collections::BTreeMap::new();
     loop {
         let last = bus.stream_summary().await?.last_seq;
         let mut behind = Vec::new();
         for name in projectors() {
             match projector_ledger(bus.client(), name).await {
-                Ok(l) if l.visible_seq >= last => {}
+                Ok(l) if l.visible_seq >= last => {
+                    caught_up
+                        .entry(name.to_owned())
+                        .or_insert_with(|| started.elapsed());
+                }
                 Ok(l) => behind.push(format!("{name} at {} of {last}", l.visible_seq)),
                 Err(e) => behind.push(format!("{name} not answering ({e})")),
             }
         }
         if behind.is_empty() {
-            return Ok(started.elapsed());
+            return Ok(Drained {
+                took: started.elapsed(),
+                caught_up,
+            });
         }
         if started.elapsed() >= limit {
             return Err(FleetError::Drain(format!(
@@ -335,7 +358,7 @@ pub async fn verify(
             {
                 result.stream_events += 1;
                 if event.tenant.as_str() == tenant {
-                    ours += 1;
+                    ours += u64::from(result.tally.add(&event));
                 }
                 stored
                     .entry(event.event_id.as_str().to_owned())
@@ -376,6 +399,7 @@ pub async fn verify(
         }
     }
     result.stored_unacked = ours.saturating_sub(acked_ids.len() as u64);
+    result.tally.finish();
     for e in &expectations {
         if e.unaccounted > 0 {
             result.example(format!(

@@ -326,11 +326,22 @@ async fn bench(
     // Which tenant each pass asks in, and the token it waits for.
     let mut asked_in = vec![(tenant.clone(), last_seq); passes.len()];
     if let Some((tenant_c, done)) = &consolidated {
-        passes.push(vec![(
-            "hybrid-consolidated",
-            RetrievalMode::Hybrid,
-            Some(ranking.clone()),
-        )]);
+        passes.push(vec![
+            (
+                "hybrid-consolidated",
+                RetrievalMode::Hybrid,
+                Some(ranking.clone()),
+            ),
+            // Diagnostic: summaries competing with the turns for the top k places.
+            (
+                "hybrid-consolidated-competing",
+                RetrievalMode::Hybrid,
+                Some(Ranking {
+                    summary_results: true,
+                    ..ranking.clone()
+                }),
+            ),
+        ]);
         asked_in.push((tenant_c.clone(), *done));
     }
     let asked: usize = conversations
@@ -392,14 +403,18 @@ async fn bench(
                     } else {
                         started.elapsed()
                     };
-                    // A summary stands for the turns it quotes, each taking a place of the
-                    // top k, so a summary is never worth more than the turns it holds.
+                    // A summary stands for the turns it quotes, each new one taking a place
+                    // of the top k, so a summary is never worth more than the turns it
+                    // holds; a turn it quotes that a better-ranked result already showed
+                    // is not shown again, and takes no second place.
+                    let mut shown = std::collections::HashSet::new();
                     let ranked: Vec<DiaId> = response
                         .results
                         .iter()
                         .filter_map(|r| dia_of_seq.get(&r.seq))
                         .flatten()
                         .copied()
+                        .filter(|dia| shown.insert(*dia))
                         .collect();
                     if !latency.is_zero() {
                         breakdown.add(mode_name, latency, Timers::read().since(&before));

@@ -85,7 +85,7 @@ pub enum Command {
     Consolidate {
         #[command(flatten)]
         scope: ScopeArgs,
-        /// Only these steps (dedup, summarise, decay); repeatable.
+        /// Only these steps (dedup, summarise, promote, decay); repeatable.
         #[arg(long)]
         step: Vec<String>,
         /// Instead: bring this archived or superseded memory back into default retrieval
@@ -169,6 +169,10 @@ pub struct RetrieveArgs {
     pub tag: Vec<String>,
     #[arg(long)]
     pub min_importance: Option<f64>,
+    /// Leave out memories below this confidence (0..=1): ones later outcomes contradicted
+    /// (each halves it) or a faulty instance wrote (a quarter).
+    #[arg(long)]
+    pub min_confidence: Option<f64>,
 }
 
 #[derive(Debug, Args)]

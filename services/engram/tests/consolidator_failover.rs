@@ -180,3 +180,91 @@ async fn killing_the_active_consolidator_hands_its_partition_to_the_other_within
     }
     drop(active);
 }
+
+/// The same failover while agents keep writing: a writer appends a new scope's duplicates
+/// every 25 ms before, during and after the `kill -9`. Every scope written is consolidated
+/// exactly once (one merge, one supersession), by whichever replica held the lease when its
+/// run came, and no output id is stored twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failover_under_load_consolidates_every_scope_once() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let (home_a, home_b) = (dir.path().join("a"), dir.path().join("b"));
+    let a = spawn(&home_a, &nats.url(), "a");
+    let b = spawn(&home_b, &nats.url(), "b");
+    let logs = [home_a.join("projector.log"), home_b.join("projector.log")];
+    let logs: Vec<&std::path::Path> = logs.iter().map(|p| p.as_path()).collect();
+    for e in duplicates("warmup") {
+        bus.append(&e, Default::default()).await.unwrap();
+    }
+    wait_for_output(&bus, "warmup", Duration::from_secs(60), &logs).await;
+
+    // Given a writer that keeps adding scopes with duplicates...
+    let writer_bus = bus.clone();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let stopped = stop.clone();
+    let writer = tokio::spawn(async move {
+        let mut written = Vec::new();
+        while !stopped.is_cancelled() {
+            let scope = format!("load-{}", written.len());
+            for e in duplicates(&scope) {
+                writer_bus.append(&e, Default::default()).await.unwrap();
+            }
+            written.push(scope);
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        written
+    });
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    // ...when the lease holder is killed mid-load...
+    let leases = engram_bus::Leases::open(&bus, "ENGRAM_LEASES", LEASE_TTL, "test".into())
+        .await
+        .unwrap();
+    let holder = leases
+        .holder_of("consolidator.p0")
+        .await
+        .unwrap()
+        .expect("a holder");
+    let (mut active, _standby) = if holder.starts_with("a-") { (a, b) } else { (b, a) };
+    active.0.kill().unwrap();
+    active.0.wait().unwrap();
+    let killed = Instant::now();
+    tokio::time::sleep(LEASE_TTL * 2).await;
+    stop.cancel();
+    let written = writer.await.unwrap();
+    assert!(written.len() > 10, "the writer wrote {} scopes", written.len());
+
+    // ...then every scope written is consolidated, each once.
+    let deadline = Instant::now() + LEASE_TTL * 30;
+    let all = loop {
+        let all = outputs(&bus).await;
+        let done: HashSet<&str> = all.iter().map(|(_, s)| s.as_str()).collect();
+        if written.iter().all(|s| done.contains(s.as_str())) {
+            break all;
+        }
+        if Instant::now() > deadline {
+            let missing: Vec<&String> = written
+                .iter()
+                .filter(|s| !done.contains(s.as_str()))
+                .collect();
+            panic!("never consolidated: {missing:?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    eprintln!(
+        "under load: {} scopes written, all consolidated {:?} after the kill",
+        written.len(),
+        killed.elapsed()
+    );
+    let ids: HashSet<&str> = all.iter().map(|(id, _)| id.as_str()).collect();
+    assert_eq!(ids.len(), all.len(), "an output stored twice");
+    for scope in &written {
+        assert_eq!(
+            all.iter().filter(|(_, s)| s == scope).count(),
+            2,
+            "{scope}: one merge and one supersession"
+        );
+    }
+    drop(active);
+}

@@ -5,6 +5,12 @@
 //! Outputs carry ids derived from their inputs, so two replicas running the same schedule
 //! append the same events and the stream stores each once; the model then knows them and
 //! plans them no more.
+//!
+//! Both paths plan synchronously, then [`refine()`] the plan: with an LLM summariser
+//! configured (`[projectors.consolidator.summariser]`) it rewrites the session summaries
+//! and adds candidate facts. A rewritten summary keeps its derived id, so replicas still
+//! collide on one id and the stream stores one of their texts (see
+//! [`engram_consolidate::refine`](mod@engram_consolidate::refine)).
 
 use std::path::Path;
 use std::sync::Arc;
@@ -12,7 +18,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use engram_bus::{Bus, StoredEvent};
-use engram_consolidate::{Memories, Policy, plan};
+use engram_consolidate::{
+    Memories, Policy, RefineOptions, Summariser, SummariserConfig, Unrefined, plan, refine,
+};
 use engram_memory::proto::{ConsolidateRequest, ConsolidateResponse};
 use engram_memory::{ScopeKey, Seq};
 use engram_projection_runtime::model::SnapshotProjection;
@@ -40,6 +48,9 @@ pub struct ConsolidatorConfig {
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
     pub policy: Policy,
+    /// Who writes session summaries: the extractive summariser (default), or an
+    /// OpenAI-compatible chat endpoint, which also proposes candidate facts.
+    pub summariser: SummariserConfig,
 }
 
 impl Default for ConsolidatorConfig {
@@ -49,23 +60,55 @@ impl Default for ConsolidatorConfig {
             partitions: 8,
             lease_ttl: Duration::from_secs(15),
             policy: Policy::default(),
+            summariser: SummariserConfig::default(),
         }
     }
 }
 
-/// The memories model and the policy its plans follow.
+impl ConsolidatorConfig {
+    /// Checks what serde cannot; errors name the key under `consolidator`.
+    pub fn validate(&self) -> Result<(), String> {
+        self.policy.validate()?;
+        self.summariser
+            .validate()
+            .map_err(|e| format!("consolidator.{e}"))
+    }
+}
+
+/// How long an on-demand plan waits for the summariser: the SDK gives a consolidate call
+/// 15 s of work beyond its read-your-writes wait, and the plan must reach it in time. A
+/// summary not written by then keeps its extractive text.
+const ON_DEMAND_SUMMARY_TIME: Duration = Duration::from_secs(10);
+
+/// The memories model, the policy its plans follow, and who writes their summaries.
 pub struct Consolidator {
     memories: SnapshotProjection<Memories>,
     policy: Policy,
+    /// Rewrites planned summaries and proposes candidate facts; the extractive summariser
+    /// (which changes nothing) unless the config names another. Fixed at start.
+    summariser: Arc<dyn Summariser>,
+    refine: RefineOptions,
 }
 
 impl Consolidator {
-    /// The plans of the scopes `wanted` picks, at most `policy.max_events` events.
-    fn plans(
-        &self,
-        wanted: impl Fn(&ScopeKey) -> bool,
-        steps: &[&str],
-    ) -> Vec<engram_schema::Envelope> {
+    /// A consolidator whose model lives in `dir`.
+    fn new(
+        dir: &Path,
+        policy: Policy,
+        summariser: Arc<dyn Summariser>,
+        refine: RefineOptions,
+    ) -> Self {
+        Self {
+            memories: SnapshotProjection::new(NAME, dir),
+            policy,
+            summariser,
+            refine,
+        }
+    }
+
+    /// The plans of the scopes `wanted` picks, at most `policy.max_events` events, with the
+    /// source texts their refinement needs. Blocks: call it off the async runtime.
+    fn plans(&self, wanted: impl Fn(&ScopeKey) -> bool, steps: &[&str]) -> Unrefined {
         let memories = self.memories.read();
         let all: Vec<ScopeKey> = memories.scopes().filter(|s| wanted(s)).cloned().collect();
         let mut events = Vec::new();
@@ -76,7 +119,21 @@ impl Consolidator {
                 break;
             }
         }
-        events
+        Unrefined::new(&memories, events, self.summariser.as_ref(), &self.refine)
+    }
+
+    /// `unrefined` with its summaries written by the summariser and its candidate facts;
+    /// a summary whose call fails, or is still running at `deadline`, keeps its text.
+    async fn refine(
+        &self,
+        unrefined: Unrefined,
+        deadline: Option<tokio::time::Instant>,
+    ) -> Vec<engram_schema::Envelope> {
+        let options = RefineOptions {
+            deadline,
+            ..self.refine.clone()
+        };
+        refine(unrefined, self.summariser.as_ref(), &options).await
     }
 }
 
@@ -130,10 +187,13 @@ impl crate::ReadModel for ConsolidatorModel {
         config: &crate::ProjectorsConfig,
         dir: &Path,
     ) -> Result<Arc<Consolidator>, crate::StartError> {
-        Ok(Arc::new(Consolidator {
-            memories: SnapshotProjection::new(NAME, dir),
-            policy: config.consolidator.policy.clone(),
-        }))
+        let consolidator = &config.consolidator;
+        Ok(Arc::new(Consolidator::new(
+            dir,
+            consolidator.policy.clone(),
+            consolidator.summariser.build()?,
+            RefineOptions::of(&consolidator.summariser),
+        )))
     }
 
     async fn answer(
@@ -142,20 +202,28 @@ impl crate::ReadModel for ConsolidatorModel {
         visible: Seq,
     ) -> Result<ConsolidateResponse, Failure> {
         let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
-        crate::off_runtime(move || {
-            let events = if request.restore.is_empty() {
-                let steps: Vec<&str> = request.steps.iter().map(String::as_str).collect();
-                projection.plans(|s| *s == scopes[0], &steps)
-            } else {
-                let memories = projection.memories.read();
-                engram_consolidate::restore(&memories, &scopes[0], &request.restore).events
-            };
-            Ok(ConsolidateResponse {
-                events,
-                visible_seq: visible,
-            })
+        let deadline = tokio::time::Instant::now() + ON_DEMAND_SUMMARY_TIME;
+        let planner = projection.clone();
+        let unrefined = crate::off_runtime(move || {
+            if !request.restore.is_empty() {
+                let memories = planner.memories.read();
+                let events =
+                    engram_consolidate::restore(&memories, &scopes[0], &request.restore).events;
+                return Ok(Unrefined::new(
+                    &memories,
+                    events,
+                    planner.summariser.as_ref(),
+                    &planner.refine,
+                ));
+            }
+            let steps: Vec<&str> = request.steps.iter().map(String::as_str).collect();
+            Ok(planner.plans(|s| *s == scopes[0], &steps))
         })
-        .await
+        .await?;
+        Ok(ConsolidateResponse {
+            events: projection.refine(unrefined, Some(deadline)).await,
+            visible_seq: visible,
+        })
     }
 
     fn background(
@@ -223,18 +291,11 @@ async fn run_schedule(
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = renew.tick() => {
-                for (p, holds) in held.iter_mut().enumerate() {
-                    let now = leases.hold(&lease_key(p as u32)).await.unwrap_or(false);
-                    if now && !*holds {
-                        tracing::info!(partition = p, holder = leases.holder(), "consolidation partition taken");
-                        // A partition just taken is consolidated at once: its last holder
-                        // may have died with a run due.
-                        last_run = None;
-                    }
-                    *holds = now;
+                if renew_leases(&mut leases, &mut held).await {
+                    // A partition just taken is consolidated at once: its last holder
+                    // may have died with a run due.
+                    last_run = None;
                 }
-                engram_telemetry::metrics::CONSOLIDATION_PARTITIONS_HELD
-                    .set(held.iter().filter(|h| **h).count() as i64);
                 continue;
             }
             _ = run.tick() => {}
@@ -246,12 +307,25 @@ async fn run_schedule(
         let started = std::time::Instant::now();
         let (p, mine) = (projection.clone(), held.clone());
         let partitions = config.partitions;
-        let Ok(events) = tokio::task::spawn_blocking(move || {
+        let Ok(unrefined) = tokio::task::spawn_blocking(move || {
             p.plans(|s| mine[s.partition(partitions) as usize], &[])
         })
         .await
         else {
             continue;
+        };
+        // An LLM summariser can take minutes here (calls of up to its timeout, a few at a
+        // time). The leases are renewed meanwhile: expired mid-run, another replica would
+        // take the partitions and redo the same scopes.
+        let mut taken = false;
+        let refining = projection.refine(unrefined, None);
+        tokio::pin!(refining);
+        let events = loop {
+            tokio::select! {
+                events = &mut refining => break events,
+                _ = stop.cancelled() => return,
+                _ = renew.tick() => taken |= renew_leases(&mut leases, &mut held).await,
+            }
         };
         let planned = events.len();
         let mut appended = 0;
@@ -275,6 +349,27 @@ async fn run_schedule(
                 "consolidation run"
             );
         }
-        last_run = Some(seen);
+        // A partition taken during the run was not in it: the next tick runs again.
+        last_run = (!taken).then_some(seen);
     }
+}
+
+/// Holds (takes or renews) every partition's lease; returns whether one was newly taken.
+async fn renew_leases(leases: &mut engram_bus::Leases, held: &mut [bool]) -> bool {
+    let mut taken = false;
+    for (p, holds) in held.iter_mut().enumerate() {
+        let now = leases.hold(&lease_key(p as u32)).await.unwrap_or(false);
+        if now && !*holds {
+            tracing::info!(
+                partition = p,
+                holder = leases.holder(),
+                "consolidation partition taken"
+            );
+            taken = true;
+        }
+        *holds = now;
+    }
+    engram_telemetry::metrics::CONSOLIDATION_PARTITIONS_HELD
+        .set(held.iter().filter(|h| **h).count() as i64);
+    taken
 }

@@ -10,14 +10,22 @@
 //! forgotten ids, so after a restart a retry of a forgotten event that arrives outside the
 //! stream's duplicate window would be indexed again here (the vector projector keeps the ids
 //! in its checkpoint and would not).
+//!
+//! An outcome or feedback naming contradicted memories, or a feedback flagging a faulty
+//! instance, lowers the confidence of memories of its own scope recorded before it
+//! ([`engram_memory::confidence`]): each such memory's document is added again with its new
+//! confidence, which the index filters on. Signals applied are remembered only since the
+//! process started, like forgotten ids: after a restart, a retry of one arriving outside the
+//! duplicate window would lower its memories again here.
 
-use std::collections::{BTreeMap, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_keyword::{KeywordIndex, KeywordReader};
+use engram_memory::confidence::Distrust;
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{MemoryMeta, ScopeKey, Seq, is_text_memory};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected};
@@ -36,6 +44,8 @@ struct Table {
     /// Ids withdrawn by `forgotten` events since this process started; a restart forgets
     /// them (the index keeps no record), see the module docs.
     forgotten: HashSet<EventId>,
+    /// Ids of the distrust signals applied since this process started, likewise.
+    distrusted: HashSet<EventId>,
 }
 
 pub struct KeywordProjection {
@@ -50,26 +60,60 @@ pub struct KeywordProjection {
 
 #[derive(Default)]
 struct Staged {
-    memories: Vec<Memory>,
-    /// Their event ids and sequences: a backlog stages many thousands between commits.
+    /// Memories added, or given a new confidence, since the last commit: the latest version
+    /// of each.
+    memories: BTreeMap<Seq, Memory>,
+    /// The event ids and sequences of those added: a backlog stages many thousands between
+    /// commits.
     event_ids: HashMap<EventId, Seq>,
     /// Memories withdrawn since the last commit.
-    forgotten: Vec<(EventId, Seq)>,
+    forgotten: BTreeMap<Seq, EventId>,
+    /// Distrust signals applied since the last commit.
+    distrusted: Vec<EventId>,
     /// The last sequence applied, so that a retried batch skips what it already staged
     /// (a batch may end in events that stage nothing).
     applied: Seq,
 }
 
 impl Staged {
-    fn is_empty(&self) -> bool {
+    /// Whether the index has nothing uncommitted.
+    fn index_unchanged(&self) -> bool {
         self.memories.is_empty() && self.forgotten.is_empty()
     }
 }
 
 /// One step of a batch, in stream order.
 enum KwOp {
-    Add(Memory),
+    /// A memory to index: a new one (`fresh`), or one whose confidence changed, replacing
+    /// its document.
+    Put {
+        memory: Memory,
+        fresh: bool,
+    },
     Forget(Vec<(EventId, Seq)>),
+}
+
+/// Memory `seq` as a batch being planned has left it: as `ops` made it (`batch` says which
+/// op touched it last, `None` for a forgetting), else as staged, else as committed.
+fn current<'a>(
+    seq: Seq,
+    batch: &HashMap<Seq, Option<usize>>,
+    ops: &'a [KwOp],
+    staged: &'a Staged,
+    table: &'a Table,
+) -> Option<&'a Memory> {
+    match batch.get(&seq) {
+        Some(Some(i)) => match &ops[*i] {
+            KwOp::Put { memory, .. } => Some(memory),
+            KwOp::Forget(_) => None,
+        },
+        Some(None) => None,
+        None if staged.forgotten.contains_key(&seq) => None,
+        None => staged
+            .memories
+            .get(&seq)
+            .or_else(|| table.memories.get(&seq)),
+    }
 }
 
 fn fatal(e: impl std::fmt::Display) -> ProjectionError {
@@ -104,6 +148,23 @@ fn committed_ledger(index: &KeywordIndex) -> Result<ApplyLedger, ProjectionError
         )));
     }
     Ok(ledger)
+}
+
+/// Opens the index in `dir`. One of an older schema (a field added since) is derived state:
+/// it is removed and opened empty, and its empty ledger makes the projector rebuild it from
+/// the stream.
+fn open_index(dir: &std::path::Path) -> Result<KeywordIndex, ProjectionError> {
+    match KeywordIndex::open(dir) {
+        Err(engram_keyword::KeywordError::SchemaMismatch { .. }) => {
+            tracing::warn!(
+                dir = %dir.display(),
+                "keyword index has an older schema; rebuilding it from the stream"
+            );
+            std::fs::remove_dir_all(dir).map_err(fatal)?;
+            KeywordIndex::open(dir).map_err(fatal)
+        }
+        other => other.map_err(fatal),
+    }
 }
 
 impl KeywordProjection {
@@ -213,7 +274,7 @@ impl Projection for KeywordProjection {
     async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
         let dir = self.dir.clone();
         let (index, memories) = tokio::task::spawn_blocking(move || {
-            let index = KeywordIndex::open(&dir).map_err(fatal)?;
+            let index = open_index(&dir)?;
             let memories = index.reader().stored_all().map_err(fatal)?;
             Ok::<_, ProjectionError>((index, memories))
         })
@@ -237,19 +298,31 @@ impl Projection for KeywordProjection {
 
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
         let mut rejected = Vec::new();
-        // Stream order matters: a batch may hold a memory and then its forgetting.
+        // Stream order matters: a batch may hold a memory, then its forgetting or a signal
+        // lowering its confidence.
         let mut ops: Vec<KwOp> = Vec::new();
+        let mut signals: Vec<EventId> = Vec::new();
         let mut fresh_ids: HashMap<EventId, Seq> = HashMap::new();
         {
             let table = self.table.read().unwrap_or_else(|p| p.into_inner());
             let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            let staged_max = staged.memories.last().map_or(0, |m| m.meta.seq);
+            let staged_max = staged.memories.last_key_value().map_or(0, |(seq, _)| *seq);
             let applied = table.applied.max(staged_max).max(staged.applied);
             let known = |id: &EventId| {
                 table.event_ids.contains_key(id)
                     || staged.event_ids.contains_key(id)
                     || table.forgotten.contains(id)
             };
+            let seq_of = |fresh_ids: &HashMap<EventId, Seq>, id: &EventId| {
+                fresh_ids
+                    .get(id)
+                    .or_else(|| staged.event_ids.get(id))
+                    .or_else(|| table.event_ids.get(id))
+                    .copied()
+            };
+            // What the ops so far did to each memory they touched: `Some(i)` added it or
+            // gave it a new confidence (`ops[i]`), `None` forgot it.
+            let mut batch: HashMap<Seq, Option<usize>> = HashMap::new();
             for (index, stored) in events.iter().enumerate() {
                 let event = &stored.event;
                 if stored.seq <= applied {
@@ -269,28 +342,13 @@ impl Projection for KeywordProjection {
                     let scope = ScopeKey::of(event);
                     let mut seqs = Vec::new();
                     for id in ids {
-                        let seq = fresh_ids
-                            .get(&id)
-                            .or_else(|| staged.event_ids.get(&id))
-                            .or_else(|| table.event_ids.get(&id))
-                            .copied();
-                        let Some(seq) = seq else { continue };
-                        let owner = ops
-                            .iter()
-                            .find_map(|op| match op {
-                                KwOp::Add(m) if m.meta.seq == seq => Some(&m.meta.scope),
-                                _ => None,
-                            })
-                            .or_else(|| {
-                                staged
-                                    .memories
-                                    .iter()
-                                    .find(|m| m.meta.seq == seq)
-                                    .map(|m| &m.meta.scope)
-                            })
-                            .or_else(|| table.memories.get(&seq).map(|m| &m.meta.scope));
+                        let Some(seq) = seq_of(&fresh_ids, &id) else {
+                            continue;
+                        };
                         // A scope forgets only its own memories.
-                        if owner == Some(&scope) {
+                        let held = current(seq, &batch, &ops, &staged, &table);
+                        if held.is_some_and(|m| m.meta.scope == scope) {
+                            batch.insert(seq, None);
                             seqs.push((id, seq));
                         }
                     }
@@ -299,6 +357,80 @@ impl Projection for KeywordProjection {
                     }
                     continue;
                 }
+                // A signal that does not check is refused whole, its text included: a
+                // rejected event leaves the model as it was.
+                let signal = match Distrust::of(stored.seq, event) {
+                    Ok(signal) => signal,
+                    Err(e) => {
+                        rejected.push(Rejected {
+                            index,
+                            reason: e.to_string(),
+                        });
+                        continue;
+                    }
+                };
+                if let Some(signal) = signal
+                    && !table.distrusted.contains(&signal.event_id)
+                    && !staged.distrusted.contains(&signal.event_id)
+                    && !signals.contains(&signal.event_id)
+                {
+                    let mut about: BTreeSet<Seq> = signal
+                        .contradicts
+                        .iter()
+                        .filter_map(|id| seq_of(&fresh_ids, id))
+                        .collect();
+                    if let Some(instance) = &signal.faulty_instance {
+                        // Every memory the instance wrote in the scope: a scan, as flags
+                        // are rare; `factor` below decides.
+                        let by = |m: &Memory| {
+                            m.meta.scope == signal.scope
+                                && m.meta.instance_id.as_ref() == Some(instance)
+                        };
+                        about.extend(
+                            table
+                                .memories
+                                .values()
+                                .filter(|m| by(m))
+                                .map(|m| m.meta.seq),
+                        );
+                        about.extend(
+                            staged
+                                .memories
+                                .values()
+                                .filter(|m| by(m))
+                                .map(|m| m.meta.seq),
+                        );
+                        about.extend(
+                            batch
+                                .values()
+                                .flatten()
+                                .filter_map(|&i| match &ops[i] {
+                                    KwOp::Put { memory, .. } => Some(memory),
+                                    KwOp::Forget(_) => None,
+                                })
+                                .filter(|m| by(m))
+                                .map(|m| m.meta.seq),
+                        );
+                    }
+                    for seq in about {
+                        let Some(held) = current(seq, &batch, &ops, &staged, &table) else {
+                            continue;
+                        };
+                        let Some(meta) = signal.apply(&held.meta) else {
+                            continue;
+                        };
+                        let memory = Memory {
+                            meta,
+                            text: held.text.clone(),
+                        };
+                        batch.insert(seq, Some(ops.len()));
+                        ops.push(KwOp::Put {
+                            memory,
+                            fresh: false,
+                        });
+                    }
+                    signals.push(signal.event_id);
+                }
                 if !is_text_memory(event)
                     || known(&event.event_id)
                     || fresh_ids.contains_key(&event.event_id)
@@ -306,14 +438,18 @@ impl Projection for KeywordProjection {
                     continue;
                 }
                 fresh_ids.insert(event.event_id.clone(), stored.seq);
-                ops.push(KwOp::Add(Memory {
-                    meta: MemoryMeta::of(stored.seq, event),
-                    text: event.content.text.clone(),
-                }));
+                batch.insert(stored.seq, Some(ops.len()));
+                ops.push(KwOp::Put {
+                    memory: Memory {
+                        meta: MemoryMeta::of(stored.seq, event),
+                        text: event.content.text.clone(),
+                    },
+                    fresh: true,
+                });
             }
         }
         let last = events.last().map_or(0, |e| e.seq);
-        if ops.is_empty() {
+        if ops.is_empty() && signals.is_empty() {
             if !rejected.is_empty() {
                 self.staged
                     .lock()
@@ -326,7 +462,8 @@ impl Projection for KeywordProjection {
         self.with_writer(move |index| {
             for op in to_apply {
                 match op {
-                    KwOp::Add(m) => index.add(&m.meta, &m.text)?,
+                    // Adding a sequence the index holds replaces its document.
+                    KwOp::Put { memory, .. } => index.add(&memory.meta, &memory.text)?,
                     // tantivy orders deletes after earlier adds, committed or not.
                     KwOp::Forget(seqs) => {
                         for (_, seq) in seqs {
@@ -340,18 +477,23 @@ impl Projection for KeywordProjection {
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
         for op in ops {
             match op {
-                KwOp::Add(m) => {
-                    staged.event_ids.insert(m.meta.event_id.clone(), m.meta.seq);
-                    staged.memories.push(m);
+                KwOp::Put { memory, fresh } => {
+                    if fresh {
+                        staged
+                            .event_ids
+                            .insert(memory.meta.event_id.clone(), memory.meta.seq);
+                    }
+                    staged.memories.insert(memory.meta.seq, memory);
                 }
                 KwOp::Forget(seqs) => {
                     for (id, seq) in seqs {
-                        staged.memories.retain(|m| m.meta.seq != seq);
-                        staged.forgotten.push((id, seq));
+                        staged.memories.remove(&seq);
+                        staged.forgotten.insert(seq, id);
                     }
                 }
             }
         }
+        staged.distrusted.extend(signals);
         staged.applied = last;
         Ok(rejected)
     }
@@ -359,19 +501,19 @@ impl Projection for KeywordProjection {
     async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
         let ledger = serde_json::to_string(applied).map_err(fatal)?;
         let applied = applied.seq;
-        if self
-            .staged
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .is_empty()
-        {
+        let unchanged = {
+            let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            staged
+                .index_unchanged()
+                .then(|| std::mem::take(&mut staged.distrusted))
+        };
+        if let Some(signals) = unchanged {
             // Nothing new to search: skip the fsync. The commit's ledger lags, so a restart
-            // re-reads a few events that are not text memories and counts them again from
-            // that older ledger, which changes nothing.
-            self.table
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .applied = applied;
+            // re-reads a few events that changed nothing in the index and applies them again
+            // from that older ledger, which changes nothing either.
+            let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+            table.distrusted.extend(signals);
+            table.applied = applied;
             return Ok(());
         }
         // A commit fsyncs: off the async threads.
@@ -391,11 +533,12 @@ impl Projection for KeywordProjection {
         result.map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))?;
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-        for m in staged.memories {
-            table.event_ids.insert(m.meta.event_id.clone(), m.meta.seq);
-            table.memories.insert(m.meta.seq, m);
+        for (seq, m) in staged.memories {
+            table.event_ids.insert(m.meta.event_id.clone(), seq);
+            table.memories.insert(seq, m);
         }
-        for (id, seq) in staged.forgotten {
+        table.distrusted.extend(staged.distrusted);
+        for (seq, id) in staged.forgotten {
             table.memories.remove(&seq);
             table.forgotten.insert(id);
             engram_telemetry::metrics::PROJECTOR_FORGOTTEN
@@ -415,7 +558,7 @@ impl Projection for KeywordProjection {
         {
             let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             if guard.is_none() {
-                let index = KeywordIndex::open(&self.dir).map_err(fatal)?;
+                let index = open_index(&self.dir)?;
                 *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
                 *guard = Some(index);
             }

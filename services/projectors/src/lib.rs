@@ -126,7 +126,6 @@ impl ProjectorsConfig {
             .validate()
             .map_err(|e| format!("projectors.{e}"))?;
         self.consolidator
-            .policy
             .validate()
             .map_err(|e| format!("projectors.{e}"))?;
         self.hnsw
@@ -163,6 +162,8 @@ pub enum StartError {
     },
     #[error("cannot set up the embedder: {0}")]
     Embedder(#[from] engram_embed::EmbedError),
+    #[error("cannot set up the consolidator's summariser: {0}")]
+    Summariser(#[from] engram_consolidate::SummariserError),
     #[error("cannot start the {projector} query endpoint: {source}")]
     Service {
         projector: &'static str,

@@ -4,6 +4,11 @@
 //! otherwise the configured embedder makes them (through the embedding cache, so a rebuild
 //! does not embed again). One `VectorIndex` per scope keeps scopes apart by construction: a
 //! search only ever touches the indexes of the scopes it was given.
+//!
+//! An outcome or feedback naming contradicted memories, or a feedback flagging a faulty
+//! instance, lowers the confidence of memories of its own scope recorded before it
+//! ([`engram_memory::confidence`]), in stream order; the ids of the signals applied are kept
+//! in the checkpoint, so a late retry of one lowers nothing twice.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -12,6 +17,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_embed::Embedder;
+use engram_memory::confidence::Distrust;
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
@@ -44,6 +50,9 @@ struct State {
     /// Ids of memories withdrawn by `forgotten` events, kept in the checkpoint so that a late
     /// retry of one is never indexed again.
     forgotten: BTreeSet<EventId>,
+    /// Ids of the distrust signals applied, kept in the checkpoint so that a late retry of
+    /// one does not lower confidences again.
+    distrusted: BTreeSet<EventId>,
     scopes: HashMap<ScopeKey, VectorIndex>,
 }
 
@@ -61,6 +70,8 @@ struct Snapshot {
     /// The directory (under the state dir) the graphs of this checkpoint are in.
     #[serde(default)]
     graphs: Option<String>,
+    #[serde(default)]
+    distrusted: Vec<EventId>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -268,6 +279,18 @@ impl Projection for VectorProjection {
                 state.memories.insert(s, memory);
             }
             state.forgotten = snap.forgotten.into_iter().collect();
+            state.distrusted = snap.distrusted.into_iter().collect();
+            let writer_unknown = state
+                .memories
+                .values()
+                .filter(|m| m.meta.instance_id.is_none())
+                .count();
+            if writer_unknown > 0 {
+                tracing::warn!(
+                    memories = writer_unknown,
+                    "the vector checkpoint predates instance ids: faulty-instance flags cannot lower these memories; run `engram rebuild vector` to read them from the stream"
+                );
+            }
             let graphs = snap.graphs.map(|name| dir.join(name));
             let started = std::time::Instant::now();
             let (mut loaded, mut built) = (0usize, 0usize);
@@ -323,12 +346,14 @@ impl Projection for VectorProjection {
         let (model, dim) = (self.embedder.model_id().to_owned(), self.embedder.dim());
         let mut rejected = Vec::new();
         // What to do, in stream order: index a memory (with the vector if the client supplied
-        // a usable one), or forget some.
+        // a usable one), forget some, or distrust some.
         let mut wanted: Vec<(usize, Option<Vec<f32>>)> = Vec::new();
         let mut forgets: Vec<(usize, Vec<EventId>)> = Vec::new();
+        let mut distrusts: Vec<(usize, Distrust)> = Vec::new();
         {
             let state = self.read();
             let mut seen = HashSet::new();
+            let mut signals_seen = HashSet::new();
             for (index, stored) in events.iter().enumerate() {
                 let event = &stored.event;
                 if stored.seq <= state.applied {
@@ -343,6 +368,27 @@ impl Projection for VectorProjection {
                         }),
                     }
                     continue;
+                }
+                // A signal that does not check is refused whole, its text included: a
+                // rejected event leaves the model as it was. A signal that checks is applied
+                // even if its event's own text is refused below (no usable vector, text the
+                // embedder will not take): confidences must not depend on the embedder, or
+                // the two text models would disagree. Only the text is dead-lettered then.
+                match Distrust::of(stored.seq, event) {
+                    Ok(Some(signal))
+                        if !state.distrusted.contains(&signal.event_id)
+                            && signals_seen.insert(signal.event_id.clone()) =>
+                    {
+                        distrusts.push((index, signal));
+                    }
+                    Ok(_) => {}
+                    Err(e) => {
+                        rejected.push(Rejected {
+                            index,
+                            reason: e.to_string(),
+                        });
+                        continue;
+                    }
                 }
                 if !is_text_memory(event)
                     || state.event_ids.contains_key(&event.event_id)
@@ -410,7 +456,7 @@ impl Projection for VectorProjection {
             .with_label_values(&["client"])
             .inc_by(wanted.iter().filter(|(_, v)| v.is_some()).count() as u64);
 
-        let mut ops = Vec::with_capacity(wanted.len() + forgets.len());
+        let mut ops = Vec::with_capacity(wanted.len() + forgets.len() + distrusts.len());
         for (index, supplied) in wanted {
             let stored = &events[index];
             let vector = match supplied {
@@ -428,6 +474,9 @@ impl Projection for VectorProjection {
         for (index, ids) in forgets {
             let scope = ScopeKey::of(&events[index].event);
             ops.push(Op::Forget(index, scope, ids));
+        }
+        for (index, signal) in distrusts {
+            ops.push(Op::Distrust(index, signal));
         }
         ops.sort_by_key(Op::index);
         let last = events.last().map(|e| e.seq);
@@ -453,6 +502,11 @@ impl Projection for VectorProjection {
                         if forget(&state, &scope, &ids) {
                             worn.insert(scope);
                         }
+                    }
+                    Op::Distrust(_, signal) => {
+                        insert_chunk(&state, dim, &params, &pending, &mut refused);
+                        pending.clear();
+                        distrust(&state, &signal);
                     }
                 }
             }
@@ -533,6 +587,7 @@ impl Projection for VectorProjection {
                     forgotten: state.forgotten.iter().cloned().collect(),
                     graphs: graphs.exists().then_some(graphs_name.clone()),
                     scopes,
+                    distrusted: state.distrusted.iter().cloned().collect(),
                 }
             };
             if graphs.exists() {
@@ -574,6 +629,14 @@ impl Projection for VectorProjection {
         for id in &state.forgotten {
             hasher.update(id.as_str().as_bytes());
         }
+        // Marked off, and only when there are some, so a state without signals hashes as
+        // it did before they existed.
+        if !state.distrusted.is_empty() {
+            hasher.update(b"\0distrusted");
+            for id in &state.distrusted {
+                hasher.update(id.as_str().as_bytes());
+            }
+        }
         *hasher.finalize().as_bytes()
     }
 }
@@ -582,12 +645,13 @@ impl Projection for VectorProjection {
 enum Op {
     Insert(usize, Memory, Vec<f32>),
     Forget(usize, ScopeKey, Vec<EventId>),
+    Distrust(usize, Distrust),
 }
 
 impl Op {
     fn index(&self) -> usize {
         match self {
-            Op::Insert(index, ..) | Op::Forget(index, ..) => *index,
+            Op::Insert(index, ..) | Op::Forget(index, ..) | Op::Distrust(index, ..) => *index,
         }
     }
 }
@@ -691,6 +755,41 @@ fn forget(state: &RwLock<State>, scope: &ScopeKey, ids: &[EventId]) -> bool {
         .scopes
         .get(scope)
         .is_some_and(VectorIndex::wants_rebuild)
+}
+
+/// Lowers the confidence of the memories `signal` is about: those it contradicts and, for a
+/// faulty-instance flag, every memory of its scope (each scope's index holds exactly its live
+/// memories). [`Distrust::factor`] decides, so memories of other scopes and later ones are
+/// left alone. Records the signal, so a late retry of it is not applied again.
+fn distrust(state: &RwLock<State>, signal: &Distrust) {
+    let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+    let state = &mut *state;
+    state.distrusted.insert(signal.event_id.clone());
+    let mut about: BTreeSet<Seq> = signal
+        .contradicts
+        .iter()
+        .filter_map(|id| state.event_ids.get(id).copied())
+        .collect();
+    if signal.faulty_instance.is_some()
+        && let Some(index) = state.scopes.get(&signal.scope)
+    {
+        about.extend(index.iter().map(|(seq, _)| seq));
+    }
+    let mut lowered = 0usize;
+    for seq in about {
+        if let Some(memory) = state.memories.get_mut(&seq)
+            && let Some(meta) = signal.apply(&memory.meta)
+        {
+            memory.meta = meta;
+            lowered += 1;
+        }
+    }
+    tracing::debug!(
+        scope = %signal.scope,
+        seq = signal.seq,
+        lowered,
+        "memories distrusted"
+    );
 }
 
 /// Replaces a scope's index by one without tombstones. The replacement is built from a copy

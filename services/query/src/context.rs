@@ -2,9 +2,11 @@
 //!
 //! Five sources, fetched in parallel: working memory of the task (and of the own scope),
 //! the open items of the task boards of the readable scopes, skills matching the task,
-//! current facts matching the query, and hybrid retrieval of episodic and semantic memories.
-//! Items are deduplicated by normalised text and packed greedily by section priority
-//! (working, task board, procedural, facts, memories), each section capped
+//! current facts matching the query, and hybrid retrieval of episodic and semantic memories
+//! (without those below `query.context_min_confidence`, 0.3: memories later outcomes
+//! contradicted twice, or a faulty instance wrote). Items are deduplicated by normalised
+//! text and packed greedily by section priority
+//! (working, task board, procedural, facts, session summaries, memories), each section capped
 //! at a share of the budget so that one source cannot crowd out the rest; what the caps leave
 //! unused goes to whatever did not fit. The rendered text is counted with the model's
 //! tokenizer and never exceeds the budget.
@@ -12,6 +14,7 @@
 use std::collections::HashSet;
 
 use engram_bus::EntryBounds;
+use engram_memory::MemoryFilter;
 use engram_memory::proto::{
     Context, ContextItem, ContextRequest, DocRead, DocRequest, ErrorCode, FactsRequest,
     RetrievalMode, RetrieveRequest, SkillsRequest,
@@ -22,11 +25,12 @@ use engram_schema::{Layer, Scope, ScopeKind};
 use crate::{Query, unavailable};
 
 /// Share of the budget each section may take in the first pass.
-const CAPS: [(Section, f32); 5] = [
+const CAPS: [(Section, f32); 6] = [
     (Section::Working, 0.25),
     (Section::Board, 0.2),
     (Section::Skills, 0.2),
     (Section::Facts, 0.2),
+    (Section::Summaries, 0.2),
     (Section::Memories, 1.0),
 ];
 
@@ -36,6 +40,7 @@ enum Section {
     Board,
     Skills,
     Facts,
+    Summaries,
     Memories,
 }
 
@@ -46,6 +51,7 @@ impl Section {
             Self::Board => "task board",
             Self::Skills => "skills",
             Self::Facts => "facts",
+            Self::Summaries => "session summaries",
             Self::Memories => "memories",
         }
     }
@@ -144,7 +150,11 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
         query: request.query.clone(),
         vector: request.vector.clone(),
         top_k: 20,
-        filter: Default::default(),
+        // A context is what a model reads: no memory the log has come to distrust.
+        filter: MemoryFilter {
+            min_confidence: Some(q.config.context_min_confidence).filter(|m| *m > 0.0),
+            ..MemoryFilter::default()
+        },
         consistency,
         mode: RetrievalMode::Hybrid,
         ranking: None,
@@ -216,7 +226,28 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
             .map_or_else(|| "fact".to_owned(), |id| format!("fact from {id}"));
         push(Section::Facts, Layer::Semantic, text, source, 1.0);
     }
-    for memory in memories?.results {
+    let memories = memories?;
+    // The memories' scopes, by the item source they get: what is returned is counted as
+    // retrieval usage under each memory's own scope.
+    let memory_scopes: std::collections::HashMap<String, _> = memories
+        .summaries
+        .iter()
+        .chain(&memories.results)
+        .map(|m| {
+            let scope = engram_memory::ScopeKey::new(m.tenant.clone(), m.scope.clone());
+            (m.event_id.to_string(), (scope, m.event_id.clone()))
+        })
+        .collect();
+    for summary in memories.summaries {
+        push(
+            Section::Summaries,
+            summary.layer,
+            summary.text,
+            summary.event_id.to_string(),
+            summary.score,
+        );
+    }
+    for memory in memories.results {
         push(
             Section::Memories,
             memory.layer,
@@ -238,6 +269,13 @@ pub(crate) async fn build(q: &Query, request: ContextRequest) -> Result<Context,
     .await
     .map_err(|e| Failure::new(ErrorCode::Internal, format!("context packing failed: {e}")))?;
     context.dropped += working_left_out;
+    q.usage().count(
+        context
+            .items
+            .iter()
+            .filter_map(|item| memory_scopes.get(&item.source))
+            .map(|(scope, id)| (scope.clone(), id)),
+    );
     Ok(context)
 }
 

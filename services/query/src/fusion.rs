@@ -25,14 +25,35 @@ struct Candidate {
     keyword_rank: Option<usize>,
 }
 
-/// Ranks the union of both sides and returns the best `top_k`.
+/// What a retrieval returns: the best memories, and apart from them the best summaries.
+#[derive(Debug, Default)]
+pub struct Fused {
+    pub results: Vec<MemoryResult>,
+    pub summaries: Vec<MemoryResult>,
+}
+
+/// Ranks the union of both sides and returns the best `top_k`, with the best
+/// `ranking.summaries` session summaries apart from them unless `summaries_compete`.
 pub fn fuse(
     dense: &Side,
     keyword: &Side,
     ranking: &Ranking,
     now: DateTime<Utc>,
     top_k: usize,
-) -> Vec<MemoryResult> {
+) -> Fused {
+    fuse_with(dense, keyword, ranking, now, top_k, ranking.summary_results)
+}
+
+/// [`fuse`], with whether summaries compete for the `top_k` places decided by the caller
+/// (a filter that asks for summaries makes them results).
+pub fn fuse_with(
+    dense: &Side,
+    keyword: &Side,
+    ranking: &Ranking,
+    now: DateTime<Utc>,
+    top_k: usize,
+    summaries_compete: bool,
+) -> Fused {
     let mut candidates: HashMap<Seq, Candidate> = HashMap::new();
     for (rank, h) in dense.hits.iter().enumerate() {
         let c = candidates.entry(h.hit.seq).or_default();
@@ -115,6 +136,7 @@ pub fn fuse(
                 occurred_at: hit.meta.occurred_at,
                 importance: hit.meta.importance,
                 tags: hit.meta.tags.clone(),
+                confidence: hit.meta.confidence,
                 text: hit.text,
                 score,
                 parts: ScoreParts {
@@ -130,8 +152,59 @@ pub fn fuse(
         })
         .collect();
     results.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seq.cmp(&b.seq)));
-    results.truncate(top_k);
-    results
+    if summaries_compete {
+        return Fused {
+            results: collapse(results, top_k),
+            summaries: Vec::new(),
+        };
+    }
+    let (summaries, results): (Vec<_>, Vec<_>) = results.into_iter().partition(|r| {
+        r.kind == engram_schema::EventKind::Consolidated
+            && r.tags.iter().any(|t| t == engram_memory::SUMMARY_TAG)
+    });
+    Fused {
+        results: collapse(results, top_k),
+        summaries: collapse(summaries, ranking.summaries),
+    }
+}
+
+/// The best `top_k` of `ranked` (best first) that each tell the reader something new: a
+/// memory whose text is already wholly inside a better-ranked result's (a turn an
+/// extractive session summary quotes, a copy another instance wrote before consolidation
+/// merged them) is left out, and the next candidate takes its place. Every place of a
+/// context window is spent on new text. Compared case-insensitively, whitespace collapsed.
+pub fn collapse(ranked: Vec<MemoryResult>, top_k: usize) -> Vec<MemoryResult> {
+    let mut kept: Vec<MemoryResult> = Vec::with_capacity(top_k.min(ranked.len()));
+    let mut texts: Vec<String> = Vec::with_capacity(kept.capacity());
+    for result in ranked {
+        if kept.len() == top_k {
+            break;
+        }
+        let text = normalised(&result.text);
+        // Only a longer (or equal) text can hold this one; the checks are at most top_k
+        // per candidate, over texts the read models already bound.
+        let held = !text.is_empty()
+            && texts
+                .iter()
+                .any(|t| t.len() >= text.len() && t.contains(text.as_str()));
+        if held {
+            continue;
+        }
+        texts.push(text);
+        kept.push(result);
+    }
+    kept
+}
+
+fn normalised(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    for word in text.split_whitespace() {
+        if !out.is_empty() {
+            out.push(' ');
+        }
+        out.extend(word.chars().flat_map(char::to_lowercase));
+    }
+    out
 }
 
 #[cfg(test)]
@@ -158,6 +231,8 @@ mod tests {
                 occurred_at: Utc::now(),
                 importance,
                 tags: vec![],
+                instance_id: None,
+                confidence: 1.0,
             },
             text: format!("memory {seq}"),
         }
@@ -180,7 +255,7 @@ mod tests {
                 importance_weight: 0.0,
                 ..Ranking::default()
             };
-            let out = fuse(&dense, &keyword, &ranking, Utc::now(), 3);
+            let out = fuse(&dense, &keyword, &ranking, Utc::now(), 3).results;
             assert_eq!(out[0].seq, 2, "{fusion:?}: {out:?}");
             assert_eq!(out.len(), 3);
             assert_eq!(out[0].parts.dense_rank, Some(2));
@@ -201,8 +276,14 @@ mod tests {
             keyword_weight: 0.0,
             ..only_kw.clone()
         };
-        assert_eq!(fuse(&dense, &keyword, &only_kw, Utc::now(), 1)[0].seq, 2);
-        assert_eq!(fuse(&dense, &keyword, &only_dense, Utc::now(), 1)[0].seq, 1);
+        assert_eq!(
+            fuse(&dense, &keyword, &only_kw, Utc::now(), 1).results[0].seq,
+            2
+        );
+        assert_eq!(
+            fuse(&dense, &keyword, &only_dense, Utc::now(), 1).results[0].seq,
+            1
+        );
     }
 
     #[test]
@@ -213,7 +294,7 @@ mod tests {
             importance_weight: 0.5,
             ..Ranking::default()
         };
-        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2);
+        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2).results;
         assert_eq!(out[0].seq, 2);
         assert!(out[0].parts.importance_boost > 0.0);
 
@@ -225,7 +306,7 @@ mod tests {
             recency_weight: 1.0,
             ..Ranking::default()
         };
-        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2);
+        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2).results;
         assert_eq!(out[0].seq, 2, "the older memory decayed");
     }
 
@@ -244,19 +325,41 @@ mod tests {
             ..Ranking::default()
         };
         // Without its keyword score, 1 wins on keyword alone
-        let blind = fuse(&dense, &keyword, &ranking, Utc::now(), 3);
+        let blind = fuse(&dense, &keyword, &ranking, Utc::now(), 3).results;
         assert_eq!(blind[0].seq, 1, "{blind:?}");
         let two = blind.iter().find(|r| r.seq == 2).unwrap();
         assert_eq!(two.parts.keyword, None);
 
         // With it (and keyword's score of 8.5 is nearly its best), 2 wins
         keyword.also = vec![Hit { seq: 2, score: 8.5 }];
-        let out = fuse(&dense, &keyword, &ranking, Utc::now(), 3);
+        let out = fuse(&dense, &keyword, &ranking, Utc::now(), 3).results;
         assert_eq!(out[0].seq, 2, "{out:?}");
         assert_eq!(out[0].parts.keyword, Some(8.5));
         // Taken as a score, not a rank: the memory was not in keyword's list
         assert_eq!(out[0].parts.keyword_rank, None);
         assert_eq!(out[0].parts.dense_rank, Some(1));
+    }
+
+    /// A memory wholly quoted by a better-ranked one (a summary's sentence, a copy) gives its
+    /// place to the next candidate; one that holds more than a better-ranked one stays.
+    #[test]
+    fn a_result_already_inside_a_better_one_gives_its_place_to_the_next() {
+        let mut dense = side(&[(1, 0.9), (2, 0.8), (3, 0.7), (4, 0.6)]);
+        dense.hits[0].text = "Caroline went to a LGBTQ support group. It was powerful.".into();
+        dense.hits[1].text = "it was   POWERFUL.".into();
+        dense.hits[2].text =
+            "Caroline went to a LGBTQ support group. It was powerful. Then she left.".into();
+        let ranking = Ranking {
+            fusion: Fusion::Score,
+            importance_weight: 0.0,
+            ..Ranking::default()
+        };
+        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 3).results;
+        let seqs: Vec<Seq> = out.iter().map(|r| r.seq).collect();
+        assert_eq!(seqs, [1, 3, 4], "2 is inside 1; 3 holds 1 and more");
+        // Two places: the duplicate never takes one
+        let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2).results;
+        assert_eq!(out.iter().map(|r| r.seq).collect::<Vec<_>>(), [1, 3]);
     }
 
     /// `also` scores candidates the lists brought; it never adds a memory of its own, nor
@@ -272,7 +375,7 @@ mod tests {
             importance_weight: 0.0,
             ..Ranking::default()
         };
-        let out = fuse(&dense, &keyword, &ranking, Utc::now(), 10);
+        let out = fuse(&dense, &keyword, &ranking, Utc::now(), 10).results;
         let seqs: std::collections::BTreeSet<Seq> = out.iter().map(|r| r.seq).collect();
         assert_eq!(seqs, [1, 2].into());
         let one = out.iter().find(|r| r.seq == 1).unwrap();

@@ -4,6 +4,8 @@
 //! - [`fusion`]: hybrid ranking (pure).
 //! - [`context`]: `build_context`, the per-step call that assembles all four memory layers
 //!   within a token budget.
+//! - [`usage`]: how often each memory was returned, written to the log as periodic
+//!   aggregated `feedback {retrieved}` events, never one write per query.
 //! - this module: the service (`engram-query` on NATS), scope resolution, fan-out to the
 //!   projector services and read-your-writes propagation.
 //!
@@ -13,12 +15,14 @@
 
 pub mod context;
 pub mod fusion;
+pub mod usage;
 
 use std::sync::Arc;
 use std::time::Duration;
 
 use engram_bus::{Bus, StreamHead};
 use engram_embed::TokenCounter;
+use engram_memory::ScopeKey;
 use engram_memory::proto::{
     self, BootstrapRequest, BootstrapResponse, Consistency, ConsolidateRequest,
     ConsolidateResponse, Context, ContextRequest, DocRequest, DocResponse, ErrorCode, FactsRequest,
@@ -26,11 +30,15 @@ use engram_memory::proto::{
     SearchResponse, SkillsRequest, SkillsResponse, read_models,
 };
 use engram_rpc::{EndpointLimits, Failure};
+use engram_schema::Ident;
 use engram_telemetry::metrics;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::fusion::Side;
+
+/// The shortest `query.usage_interval`: usage events are aggregates, not a write per query.
+pub const MIN_USAGE_INTERVAL: Duration = Duration::from_millis(100);
 
 /// `[query]` in engram.toml.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -43,8 +51,19 @@ pub struct QueryConfig {
     pub projector_timeout: Duration,
     /// Most results one retrieval may ask for (at most 1000).
     pub max_top_k: usize,
+    /// Memories below this confidence (0..=1) are left out of contexts: a context is what a
+    /// model reads, so it carries no memory later outcomes contradicted twice, or a faulty
+    /// instance wrote (`engram_memory::confidence`). 0 leaves none out.
+    pub context_min_confidence: f64,
     /// Requests each endpoint handles at once; more are answered `busy` (429) at once.
     pub max_in_flight: usize,
+    /// How often the memories `retrieve` and `context` returned are written to the log, as
+    /// one `feedback {retrieved}` event per scope ([`usage`]); 0 counts nothing.
+    #[serde(with = "humantime_serde")]
+    pub usage_interval: Duration,
+    /// The instance id of the events this service writes (agent `query`). Give each
+    /// replica its own.
+    pub instance_id: Ident,
 }
 
 impl Default for QueryConfig {
@@ -53,7 +72,10 @@ impl Default for QueryConfig {
             ranking: Ranking::default(),
             projector_timeout: Duration::from_secs(10),
             max_top_k: 1000,
+            context_min_confidence: 0.3,
             max_in_flight: 64,
+            usage_interval: Duration::from_secs(60),
+            instance_id: Ident::parse("instance_id", usage::AGENT).expect("a valid ident"),
         }
     }
 }
@@ -67,8 +89,16 @@ impl QueryConfig {
                 proto::limits::MAX_TOP_K
             ));
         }
+        if !(0.0..=1.0).contains(&self.context_min_confidence) {
+            return Err("query.context_min_confidence must be a number in 0..=1".into());
+        }
         if self.max_in_flight == 0 {
             return Err("query.max_in_flight must be at least 1".into());
+        }
+        if !self.usage_interval.is_zero() && self.usage_interval < MIN_USAGE_INTERVAL {
+            return Err(format!(
+                "query.usage_interval must be 0 (off) or at least {MIN_USAGE_INTERVAL:?}"
+            ));
         }
         Ok(())
     }
@@ -91,6 +121,8 @@ pub struct Query {
     tokens: Arc<TokenCounter>,
     /// Tells tokens that an append returned from ones no append can have returned.
     head: StreamHead,
+    /// What the endpoints returned since the last usage flush.
+    usage: Arc<usage::Usage>,
 }
 
 impl Query {
@@ -101,6 +133,10 @@ impl Query {
         Ok(Arc::new(Self {
             client: bus.client().clone(),
             head: StreamHead::new(bus.clone()),
+            usage: Arc::new(usage::Usage::new(
+                config.instance_id.clone(),
+                !config.usage_interval.is_zero(),
+            )),
             bus,
             config,
             tokens: Arc::new(tokens),
@@ -108,7 +144,8 @@ impl Query {
     }
 
     /// Registers the service's endpoints and serves them until `shutdown` is cancelled (or
-    /// the connection closes); the returned task ends once they are stopped.
+    /// the connection closes); the returned task ends once they are stopped and the last
+    /// retrieval usage is appended.
     pub async fn serve(
         self: &Arc<Self>,
         shutdown: CancellationToken,
@@ -128,7 +165,17 @@ impl Query {
             limits,
             move |r: RetrieveRequest| {
                 let q = q.clone();
-                async move { q.retrieve(r).await }
+                async move {
+                    let response = q.retrieve(r).await?;
+                    let returned = response.results.iter().chain(&response.summaries);
+                    q.usage.count(returned.map(|m| {
+                        (
+                            ScopeKey::new(m.tenant.clone(), m.scope.clone()),
+                            &m.event_id,
+                        )
+                    }));
+                    Ok(response)
+                }
             },
         )
         .await?;
@@ -198,10 +245,25 @@ impl Query {
             async move { q.doc(r).await }
         })
         .await?;
+        // The flusher stops after the endpoints, so that what they answered last is counted.
+        let flusher_stop = CancellationToken::new();
+        let flusher = (!self.config.usage_interval.is_zero()).then(|| {
+            tokio::spawn(self.usage.clone().run(
+                self.bus.clone(),
+                self.config.usage_interval,
+                flusher_stop.clone(),
+            ))
+        });
         Ok(tokio::spawn(async move {
             shutdown.cancelled().await;
             if let Err(e) = service.stop().await {
                 tracing::debug!(error = %e, "query service did not stop cleanly");
+            }
+            flusher_stop.cancel();
+            if let Some(flusher) = flusher
+                && let Err(e) = flusher.await
+            {
+                tracing::warn!(error = %e, "retrieval usage flusher failed");
             }
         }))
     }
@@ -326,17 +388,32 @@ impl Query {
             }
         }
         let fusing = std::time::Instant::now();
-        let results = fusion::fuse(
+        // A filter that asks for summaries gets them as results.
+        let asks_for_summaries = request
+            .filter
+            .kinds
+            .contains(&engram_schema::EventKind::Consolidated)
+            || request
+                .filter
+                .tags
+                .iter()
+                .any(|t| t == engram_memory::SUMMARY_TAG);
+        let fusion::Fused { results, summaries } = fusion::fuse_with(
             &dense,
             &keyword,
             &ranking,
             chrono::Utc::now(),
             request.top_k,
+            ranking.summary_results || asks_for_summaries,
         );
         metrics::RETRIEVE_STAGE_SECONDS
             .with_label_values(&["fuse"])
             .observe(fusing.elapsed().as_secs_f64());
-        Ok(RetrieveResponse { results, visible })
+        Ok(RetrieveResponse {
+            results,
+            summaries,
+            visible,
+        })
     }
 
     /// A request answered by one projector: its scopes and fields checked here first, its
@@ -444,6 +521,10 @@ impl Query {
 
     pub(crate) fn bus(&self) -> &Bus {
         &self.bus
+    }
+
+    pub(crate) fn usage(&self) -> &usage::Usage {
+        &self.usage
     }
 }
 

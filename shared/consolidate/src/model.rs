@@ -7,16 +7,29 @@ use chrono::{DateTime, Utc};
 use engram_memory::model::{EventModel, ScopedModel};
 use engram_memory::{ScopeKey, Seq, is_text_memory};
 use engram_schema::{
-    Consolidated, ConsolidationOp, Envelope, EventId, EventKind, Forgotten, PayloadError, Used,
+    Consolidated, ConsolidationOp, Envelope, EventId, EventKind, Forgotten, PayloadError,
+    SkillOutcome, Used,
 };
 use serde::{Deserialize, Serialize};
 
 use crate::minhash::Signature;
+use crate::steps::CONSOLIDATOR;
 
 /// Bytes of a memory's text kept for summaries and merged memories.
 pub const MAX_TEXT_BYTES: usize = 2_048;
 /// Session ends one scope remembers.
 pub const MAX_FINISHES: usize = 4_096;
+/// Actions one episode holds. A longer one is not a procedure worth promoting, and a
+/// client may send any number: past this it is marked overflowed, and dropped when it ends.
+pub const MAX_EPISODE_ACTIONS: usize = 32;
+/// Ended episodes one scope remembers; older ones are dropped (their events are in the log).
+/// With the bounds below, at most about 16 MiB of episode text per scope, ended and open.
+pub const MAX_EPISODES: usize = 1_024;
+/// Episodes in progress one scope tracks; for a new one past this, the one idle longest is
+/// dropped. Groups are client-chosen (any correlation id), so they must be bounded too.
+pub const MAX_OPEN_EPISODES: usize = 1_024;
+/// Bytes of an action's text kept.
+pub const MAX_ACTION_BYTES: usize = 256;
 
 /// Where a memory came from.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize)]
@@ -52,6 +65,10 @@ pub struct Memory {
     /// Times an agent reported using it (`feedback` with `used`): each reinforces it.
     #[serde(default)]
     pub uses: u32,
+    /// Times queries returned it (`feedback` with `retrieved`, aggregated by the query
+    /// service). Reported, never reinforcing: being returned is not being useful.
+    #[serde(default)]
+    pub retrievals: u64,
     pub signature: Option<Signature>,
     /// Superseded, archived or forgotten: out of default retrieval, still in the log.
     pub hidden: bool,
@@ -71,8 +88,169 @@ pub struct ScopeState {
     /// session (or task) of the scope, whose memories since the previous one it summarises.
     /// At most [`MAX_FINISHES`]; older ones are dropped (their summaries are in the log).
     pub finishes: Vec<Seq>,
-    /// Ids of consolidation outputs (`consolidated`, `forgotten`) applied.
+    /// Ids of consolidation outputs (`consolidated`, `forgotten`, and `skill_recorded`
+    /// written by the consolidator) applied.
     pub outputs: BTreeSet<String>,
+    /// The scope's action sequences and how they ended, for promoting skills.
+    #[serde(default)]
+    pub episodes: Episodes,
+}
+
+/// An action sequence that an outcome ended.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+pub struct Episode {
+    /// The actions' texts in stream order, each at most [`MAX_ACTION_BYTES`]; 1 to
+    /// [`MAX_EPISODE_ACTIONS`] of them.
+    pub actions: Vec<String>,
+    /// The outcome's `content.data.success`.
+    pub success: bool,
+    /// The outcome event that ended it.
+    pub outcome: EventId,
+}
+
+/// An episode whose outcome has not arrived yet.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct OpenEpisode {
+    pub actions: Vec<String>,
+    /// More than [`MAX_EPISODE_ACTIONS`] arrived: the sequence is not known whole, so it
+    /// is dropped when it ends instead of promoted as a prefix.
+    pub overflowed: bool,
+    /// The seq of its latest action: which open episode has been idle longest.
+    pub last_seq: Seq,
+}
+
+/// A scope's episodes: the `action` events of one group (the events' `correlation_id`,
+/// else their `instance_id`) up to the `outcome` that ends them. An outcome ends its
+/// group's episode when it names no skill (a skill's outcome is the skill registry's) and
+/// its `content.data.success` is a boolean; other outcomes leave the episode open.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+pub struct Episodes {
+    /// By group key ([`Episodes::group`]).
+    open: BTreeMap<String, OpenEpisode>,
+    /// Group keys by their open episode's `last_seq`, to find the one idle longest without
+    /// a scan: a flood of new groups would otherwise scan thousands per event.
+    idle: BTreeMap<Seq, String>,
+    /// By the seq of the outcome that ended each, oldest first; at most [`MAX_EPISODES`].
+    ended: BTreeMap<Seq, Episode>,
+}
+
+impl Episodes {
+    /// The ended episodes, in stream order.
+    pub fn ended(&self) -> impl Iterator<Item = (&Seq, &Episode)> {
+        self.ended.iter()
+    }
+
+    /// The episodes in progress, by group key.
+    pub fn open(&self) -> impl Iterator<Item = (&String, &OpenEpisode)> {
+        self.open.iter()
+    }
+
+    /// The group an action or outcome belongs to. Hashed, because a correlation id is a
+    /// client's string of any length; prefixed, so that a correlation id equal to some
+    /// instance's id is still another group.
+    fn group(event: &Envelope) -> String {
+        let (tag, value) = match &event.correlation_id {
+            Some(correlation) => ("correlation", correlation.as_str()),
+            None => ("instance", event.instance_id.as_str()),
+        };
+        let mut hasher = blake3::Hasher::new();
+        hasher.update(tag.as_bytes());
+        hasher.update(&[0]);
+        hasher.update(value.as_bytes());
+        hasher.finalize().to_hex()[..32].to_owned()
+    }
+
+    fn action(&mut self, seq: Seq, event: &Envelope) {
+        let text = event.content.text.trim();
+        if text.is_empty() {
+            // Nothing to name a step by.
+            return;
+        }
+        let group = Self::group(event);
+        if !self.open.contains_key(&group)
+            && self.open.len() >= MAX_OPEN_EPISODES
+            && let Some((_, idlest)) = self.idle.pop_first()
+        {
+            self.open.remove(&idlest);
+        }
+        let episode = self.open.entry(group.clone()).or_default();
+        if self.idle.get(&episode.last_seq) == Some(&group) {
+            self.idle.remove(&episode.last_seq);
+        }
+        episode.last_seq = seq;
+        self.idle.insert(seq, group);
+        if episode.actions.len() == MAX_EPISODE_ACTIONS {
+            episode.overflowed = true;
+        } else {
+            episode
+                .actions
+                .push(truncated(text, MAX_ACTION_BYTES).to_owned());
+        }
+    }
+
+    fn outcome(&mut self, seq: Seq, event: &Envelope, success: bool) {
+        let Some(episode) = self.open.remove(&Self::group(event)) else {
+            return;
+        };
+        self.idle.remove(&episode.last_seq);
+        if episode.overflowed || episode.actions.is_empty() {
+            return;
+        }
+        if self.ended.len() >= MAX_EPISODES {
+            self.ended.pop_first();
+        }
+        self.ended.insert(
+            seq,
+            Episode {
+                actions: episode.actions,
+                success,
+                outcome: event.event_id.clone(),
+            },
+        );
+    }
+
+    fn hash(&self, canon: &mut engram_memory::canon::Canon) {
+        // `idle` is derived from `open`, so it is left out.
+        canon.len(self.open.len());
+        for (group, episode) in &self.open {
+            canon.str(group);
+            canon.strs(&episode.actions);
+            canon.u8(u8::from(episode.overflowed));
+            canon.u64(episode.last_seq);
+        }
+        canon.len(self.ended.len());
+        for (seq, episode) in &self.ended {
+            canon.u64(*seq);
+            canon.strs(&episode.actions);
+            canon.u8(u8::from(episode.success));
+            canon.str(episode.outcome.as_str());
+        }
+    }
+}
+
+/// The longest prefix of `text` of at most `max` bytes that ends on a character boundary.
+fn truncated(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
+    }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+/// The `success` of an outcome that ends an episode: one naming no skill, with a boolean
+/// `content.data.success`. `None` for every other event.
+fn episode_outcome(event: &Envelope) -> Option<bool> {
+    if event.kind != EventKind::Outcome {
+        return None;
+    }
+    // A skill's outcome, even a malformed one, is the skill registry's to count.
+    if !matches!(SkillOutcome::from_event(event), Ok(None)) {
+        return None;
+    }
+    event.content.data.as_ref()?.get("success")?.as_bool()
 }
 
 impl ScopeState {
@@ -97,6 +275,17 @@ impl ScopeState {
         }
     }
 
+    /// Queries returned these memories this many times: counted, their decay untouched.
+    fn retrieved(&mut self, counts: &BTreeMap<EventId, u32>) {
+        for (id, n) in counts {
+            if let Some(seq) = self.by_id.get(id.as_str())
+                && let Some(m) = self.memories.get_mut(seq)
+            {
+                m.retrievals = m.retrievals.saturating_add(u64::from(*n));
+            }
+        }
+    }
+
     fn hide(&mut self, ids: &[EventId]) {
         for id in ids {
             if let Some(seq) = self.by_id.get(id.as_str())
@@ -108,14 +297,7 @@ impl ScopeState {
     }
 
     fn insert(&mut self, seq: Seq, event: &Envelope, origin: Origin, recurrences: u32) {
-        let mut text = event.content.text.clone();
-        if text.len() > MAX_TEXT_BYTES {
-            let mut end = MAX_TEXT_BYTES;
-            while !text.is_char_boundary(end) {
-                end -= 1;
-            }
-            text.truncate(end);
-        }
+        let text = truncated(&event.content.text, MAX_TEXT_BYTES).to_owned();
         self.by_id.insert(event.event_id.as_str().to_owned(), seq);
         self.memories.insert(
             seq,
@@ -128,6 +310,7 @@ impl ScopeState {
                 last_useful: event.occurred_at,
                 recurrences,
                 uses: 0,
+                retrievals: 0,
                 hidden: false,
                 origin,
             },
@@ -172,8 +355,11 @@ impl EventModel for Memories {
     type Error = Refused;
 
     /// Text memories and consolidation outputs are recorded; `forgotten` hides what it
-    /// names (own scope only); `feedback` with `used` reinforces what it names; a
-    /// `checkpoint` with `"finished": true` finishes the scope.
+    /// names (own scope only); `feedback` with `used` reinforces what it names, and with
+    /// `retrieved` counts how often queries returned them (no reinforcement); a
+    /// `checkpoint` with `"finished": true` finishes the scope. Besides, `action`s and the
+    /// outcomes that end them make the scope's [`Episodes`], and a `skill_recorded` the
+    /// consolidator wrote is an output applied.
     /// Everything else only moves the scope's clock. Returns whether a memory was added.
     fn apply(&mut self, seq: Seq, event: &Envelope) -> Result<bool, Refused> {
         // Parse before touching anything.
@@ -189,6 +375,15 @@ impl EventModel for Memories {
             EventKind::Feedback => Used::from_event(event)?,
             _ => None,
         };
+        let retrieved = match event.kind {
+            EventKind::Feedback => engram_schema::Retrieved::from_event(event)?,
+            _ => None,
+        };
+        let ended = episode_outcome(event);
+        // The payload is the skill registry's to check; the consolidator only needs to know
+        // that its own promotion was applied.
+        let promoted =
+            event.kind == EventKind::SkillRecorded && event.agent_id.as_str() == CONSOLIDATOR;
         let applied = self.model.apply(seq, |scopes| {
             let state = scopes.scopes.entry(ScopeKey::of(event)).or_default();
             state.latest = Some(
@@ -196,6 +391,14 @@ impl EventModel for Memories {
                     .latest
                     .map_or(event.occurred_at, |t| t.max(event.occurred_at)),
             );
+            // An action or outcome may also be a text memory: episodes are kept besides.
+            if event.kind == EventKind::Action {
+                state.episodes.action(seq, event);
+            } else if let Some(success) = ended {
+                state.episodes.outcome(seq, event, success);
+            } else if promoted {
+                state.outputs.insert(event.event_id.as_str().to_owned());
+            }
             let mut added = false;
             if let Some(out) = &consolidated {
                 state.outputs.insert(event.event_id.as_str().to_owned());
@@ -204,8 +407,13 @@ impl EventModel for Memories {
             } else if let Some(forgotten) = &forgotten {
                 state.outputs.insert(event.event_id.as_str().to_owned());
                 state.hide(&forgotten.event_ids);
-            } else if let Some(used) = &used {
-                state.used(&used.used, event.occurred_at);
+            } else if used.is_some() || retrieved.is_some() {
+                if let Some(used) = &used {
+                    state.used(&used.used, event.occurred_at);
+                }
+                if let Some(retrieved) = &retrieved {
+                    state.retrieved(&retrieved.retrieved);
+                }
             } else if is_text_memory(event) {
                 state.insert(seq, event, Origin::Source, 1);
                 added = true;
@@ -233,7 +441,7 @@ impl EventModel for Memories {
 
     fn state_hash(&self) -> [u8; 32] {
         self.model
-            .state_hash("engram-consolidate/1", |canon, state| {
+            .state_hash("engram-consolidate/2", |canon, state| {
                 canon.len(state.memories.len());
                 for (seq, m) in &state.memories {
                     canon.u64(*seq);
@@ -244,6 +452,7 @@ impl EventModel for Memories {
                     canon.time(m.last_useful);
                     canon.u64(u64::from(m.recurrences));
                     canon.u64(u64::from(m.uses));
+                    canon.u64(m.retrievals);
                     canon.u8(u8::from(m.hidden));
                     canon.u8(m.origin as u8);
                 }
@@ -256,6 +465,7 @@ impl EventModel for Memories {
                 for id in &state.outputs {
                     canon.str(id);
                 }
+                state.episodes.hash(canon);
             })
     }
 }

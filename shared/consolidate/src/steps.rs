@@ -10,6 +10,7 @@ use serde::{Deserialize, Serialize};
 use serde_json::json;
 
 use crate::model::{Memories, Origin, ScopeState};
+use crate::promote::Promote;
 
 /// The agent and instance consolidation outputs are written as.
 pub const CONSOLIDATOR: &str = "consolidator";
@@ -35,6 +36,10 @@ pub struct Policy {
     pub reinforcement: f64,
     /// Importance of a session summary.
     pub summary_importance: f64,
+    /// Episodes an action sequence must have ended before it is promoted to a skill.
+    pub promote_min_occurrences: u32,
+    /// Share of those episodes that must have succeeded, 0-1.
+    pub promote_min_success: f64,
     /// Most events one plan holds; the rest wait for the next run.
     pub max_events: usize,
 }
@@ -48,6 +53,8 @@ impl Default for Policy {
             archive_below: 0.05,
             reinforcement: 0.1,
             summary_importance: 0.7,
+            promote_min_occurrences: 3,
+            promote_min_success: 0.6,
             max_events: 256,
         }
     }
@@ -67,6 +74,13 @@ impl Policy {
         unit("archive_below", self.archive_below)?;
         unit("reinforcement", self.reinforcement)?;
         unit("summary_importance", self.summary_importance)?;
+        unit("promote_min_success", self.promote_min_success)?;
+        if self.promote_min_occurrences < 2 {
+            return Err(format!(
+                "consolidator.promote_min_occurrences must be at least 2, not {}: a sequence seen once is not recurring",
+                self.promote_min_occurrences
+            ));
+        }
         if !(self.half_life_days > 0.0 && self.half_life_days.is_finite()) {
             return Err("consolidator.half_life_days must be a positive number of days".into());
         }
@@ -89,9 +103,9 @@ pub struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
-    /// An output event: semantic (what consolidation distils is knowledge), written by the
-    /// consolidator at the scope's clock.
-    fn output(
+    /// An output event: semantic (what consolidation distils is knowledge; a step writing
+    /// another layer sets it), written by the consolidator at the scope's clock.
+    pub(crate) fn output(
         &self,
         id: EventId,
         kind: EventKind,
@@ -122,7 +136,8 @@ impl Ctx<'_> {
         e
     }
 
-    fn done(&self, id: &EventId) -> bool {
+    /// Whether the output `id` was already applied, so planning it again is pointless.
+    pub(crate) fn done(&self, id: &EventId) -> bool {
         self.state.outputs.contains(id.as_str())
     }
 }
@@ -135,8 +150,9 @@ pub trait Step: Sync {
 }
 
 /// Every step, in the order a plan runs them: merging first, so that a summary and decay
-/// see one memory per recurring one.
-pub static STEPS: &[&dyn Step] = &[&Dedup, &Summarise, &Decay];
+/// see one memory per recurring one. Promotion reads episodes, not memories, so where it
+/// runs matters only for the order of the plan's events.
+pub static STEPS: &[&dyn Step] = &[&Dedup, &Summarise, &Promote, &Decay];
 
 /// A scope's planned events, in order.
 pub struct Plan {
@@ -371,14 +387,23 @@ impl Step for Summarise {
                 continue;
             };
             let ids: Vec<&str> = sources.iter().map(|m| m.event_id.as_str()).collect();
-            out.push(ctx.output(
+            let mut summary = ctx.output(
                 id,
                 EventKind::Consolidated,
                 text,
                 json!({"op": "summary", "sources": ids}),
                 ctx.policy.summary_importance,
                 sources.first().map(|m| m.event_id.clone()),
-            ));
+            );
+            // Retrieval tells a summary from the memories it distils by this tag.
+            summary.tags = vec![engram_memory::SUMMARY_TAG.to_owned()];
+            // Dated when its session ended (its newest source), not when it was planned: a
+            // question about when something happened finds the session's time, and the
+            // summary decays from there like what it summarises.
+            if let Some(end) = sources.iter().map(|m| m.occurred_at).max() {
+                summary.occurred_at = end;
+            }
+            out.push(summary);
         }
     }
 }
@@ -389,6 +414,14 @@ impl Step for Summarise {
 /// `forgotten` event marked `"archived": true`, so it leaves default retrieval and stays in
 /// the log.
 pub struct Decay;
+
+/// A memory's importance after reinforcement by `uses` reported uses (each adds
+/// `policy.reinforcement`, up to 1) and decay since it was last useful, at `now`.
+pub fn effective(memory: &crate::model::Memory, now: DateTime<Utc>, policy: &Policy) -> f64 {
+    let reinforced =
+        (memory.importance + policy.reinforcement * f64::from(memory.uses)).min(1.0);
+    decayed(reinforced, memory.last_useful, now, policy.half_life_days)
+}
 
 /// A memory's importance after decay, at `now`.
 pub fn decayed(
@@ -412,14 +445,7 @@ impl Step for Decay {
             .visible()
             .map(|(_, m)| m)
             .filter(|m| !ctx.claimed.contains(m.event_id.as_str()))
-            .filter(|m| {
-                decayed(
-                    m.importance,
-                    m.last_useful,
-                    ctx.now,
-                    ctx.policy.half_life_days,
-                ) < ctx.policy.archive_below
-            })
+            .filter(|m| effective(m, ctx.now, ctx.policy) < ctx.policy.archive_below)
             .map(|m| m.event_id.as_str())
             .collect();
         for chunk in archived.chunks(MAX_SOURCES) {

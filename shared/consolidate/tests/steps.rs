@@ -308,6 +308,40 @@ fn a_memory_reported_used_is_reinforced_and_not_archived() {
 }
 
 #[test]
+fn each_use_adds_reinforcement_so_a_memory_used_more_outlasts_one_used_once() {
+    let team = scope("acme", "core");
+    let mut once = memory(&team, "the cache key includes the region", "2026-01-01");
+    let mut thrice = memory(&team, "the deploy bot needs a fresh token", "2026-01-01");
+    once.importance = 0.3;
+    thrice.importance = 0.3;
+    let use_of = |m: &Envelope| {
+        let mut used = engram_memory::testing::event(
+            &team,
+            Layer::Episodic,
+            EventKind::Feedback,
+            Some(json!({"used": [m.event_id.as_str()]})),
+            t("2026-01-02"),
+        );
+        used.content.text = String::new();
+        used
+    };
+    // Given both used on the same day (so their decay restarts together), one three times...
+    let mut events = vec![once.clone(), thrice.clone(), use_of(&once)];
+    events.extend((0..3).map(|_| use_of(&thrice)));
+    // ...when 100 days pass (half-life 30: 0.4 decays to 0.04, 0.6 to 0.06)...
+    events.push(memory(&team, "the clock moves on", "2026-04-12"));
+    let stream = Stream::<Memories>::given(&events);
+    // ...then only the one used once falls below 0.05 and is archived.
+    let archived: Vec<String> = plan(&stream.model, &team, &Policy::default(), &["decay"])
+        .events
+        .iter()
+        .flat_map(|e| e.content.data.as_ref().unwrap()["event_ids"].as_array().unwrap().clone())
+        .map(|v| v.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(archived, [once.event_id.as_str().to_owned()]);
+}
+
+#[test]
 fn the_same_stream_plans_byte_identical_outputs() {
     let team = scope("acme", "core");
     let events = vec![

@@ -1,7 +1,8 @@
 //! Engram's keyword read model: a BM25 index (tantivy) over the text of episodic and semantic
 //! memories, keyed by the stream sequence of the event each came from.
 //!
-//! The projector owns a [`KeywordIndex`]: it stages [`add`](KeywordIndex::add)s and
+//! The projector owns a [`KeywordIndex`]: it stages [`add`](KeywordIndex::add)s (a memory
+//! whose confidence was lowered is added again, replacing its document) and
 //! [`delete`](KeywordIndex::delete)s, then [`commit`](KeywordIndex::commit)s them together
 //! with the last sequence applied. That sequence travels in the tantivy commit itself, so the
 //! index and its checkpoint can never disagree: after a crash, [`KeywordIndex::open`] finds the
@@ -363,7 +364,7 @@ impl KeywordReader {
     }
 
     /// A blake3 hash of the committed content: every memory's sequence, scope token, layer,
-    /// kind, tags, occurred_at, importance and text, in sequence order. Equal for equal
+    /// kind, tags, occurred_at, importance, confidence and text, in sequence order. Equal for equal
     /// content however it was batched, committed, merged or deleted on the way; a rebuilt index
     /// must hash like the one it replaces.
     pub fn state_hash(&self) -> Result<[u8; 32], KeywordError> {

@@ -124,6 +124,16 @@ pub(crate) fn build(
         )));
     }
 
+    if let Some(min) = filter.min_confidence {
+        if min.is_nan() {
+            return None;
+        }
+        restrictions.push(Box::new(RangeQuery::new(
+            Bound::Included(Term::from_field_f64(fields.confidence, min)),
+            Bound::Unbounded,
+        )));
+    }
+
     let restrictions = BooleanQuery::new(
         restrictions
             .into_iter()

@@ -51,6 +51,9 @@ pub(crate) struct Fields {
     /// Unix nanoseconds, so `since`/`until` filter with the full precision of the event time.
     pub occurred_at: Field,
     pub importance: Field,
+    /// Rewritten (the document replaced) when a later event lowers it, so that
+    /// `min_confidence` filters in the index, before the top k are cut.
+    pub confidence: Field,
     pub text: Field,
     /// A 128-bit blake3 digest of everything [`crate::KeywordIndex::add`] was given, in two
     /// halves; see [`digest`].
@@ -83,6 +86,7 @@ impl Fields {
             tags: builder.add_text_field("tags", STRING),
             occurred_at: builder.add_i64_field("occurred_at", INDEXED | FAST),
             importance: builder.add_f64_field("importance", INDEXED | FAST),
+            confidence: builder.add_f64_field("confidence", INDEXED | FAST),
             text: builder.add_text_field("text", text_options),
             digest_hi: builder.add_u64_field(DIGEST_HI, FAST),
             digest_lo: builder.add_u64_field(DIGEST_LO, FAST),
@@ -102,6 +106,7 @@ impl Fields {
         }
         doc.add_i64(self.occurred_at, unix_nanos(&meta.occurred_at));
         doc.add_f64(self.importance, meta.importance);
+        doc.add_f64(self.confidence, meta.confidence);
         doc.add_text(self.text, text);
         let (hi, lo) = digest(meta, text);
         doc.add_u64(self.digest_hi, hi);
@@ -132,7 +137,7 @@ pub(crate) fn unix_nanos(at: &chrono::DateTime<chrono::Utc>) -> i64 {
 /// 128 bits make an accidental collision between two versions of a memory implausible.
 pub(crate) fn digest(meta: &MemoryMeta, text: &str) -> (u64, u64) {
     let mut hasher = blake3::Hasher::new();
-    hasher.update(b"engram-keyword/doc/v1");
+    hasher.update(b"engram-keyword/doc/v2");
     hasher.update(&meta.seq.to_le_bytes());
     put_str(&mut hasher, &meta.scope.token());
     put_str(&mut hasher, meta.layer.as_str());
@@ -145,6 +150,7 @@ pub(crate) fn digest(meta: &MemoryMeta, text: &str) -> (u64, u64) {
     hasher.update(&meta.occurred_at.timestamp().to_le_bytes());
     hasher.update(&meta.occurred_at.timestamp_subsec_nanos().to_le_bytes());
     hasher.update(&meta.importance.to_bits().to_le_bytes());
+    hasher.update(&meta.confidence.to_bits().to_le_bytes());
     put_str(&mut hasher, text);
     let bytes = hasher.finalize();
     let bytes = bytes.as_bytes();

@@ -37,6 +37,8 @@ fn meta(seq: Seq, scope: &ScopeKey) -> MemoryMeta {
         occurred_at: epoch() + Duration::seconds(seq as i64),
         importance: 0.5,
         tags: Vec::new(),
+        instance_id: Some(ident("i-1")),
+        confidence: 1.0,
     }
 }
 
@@ -290,6 +292,7 @@ fn filters_agree_with_memory_filter_matches() {
             .map(|t| t.to_string())
             .collect();
         m.importance = (seq % 5) as f64 / 4.0;
+        m.confidence = 0.5f64.powi((seq % 4) as i32);
         // sub-second times, so the range bounds are tested at full precision
         m.occurred_at = epoch() + Duration::nanoseconds(seq as i64 * 1_000_000_007);
         index.add(&m, "incident report").unwrap();
@@ -385,6 +388,28 @@ fn filters_agree_with_memory_filter_matches() {
             since: Some(at(3)),
             until: Some(at(40)),
             min_importance: Some(0.25),
+            min_confidence: None,
+        },
+        MemoryFilter {
+            min_confidence: Some(0.5),
+            ..any()
+        },
+        MemoryFilter {
+            min_confidence: Some(0.6),
+            ..any()
+        },
+        MemoryFilter {
+            min_confidence: Some(0.0),
+            ..any()
+        },
+        MemoryFilter {
+            min_confidence: Some(f64::NAN),
+            ..any()
+        },
+        MemoryFilter {
+            min_importance: Some(0.5),
+            min_confidence: Some(0.25),
+            ..any()
         },
     ];
 
@@ -493,6 +518,37 @@ fn adding_an_existing_sequence_replaces_it() {
         seqs(&index.search("newest", &[a], &any(), 10).unwrap()),
         vec![1]
     );
+}
+
+/// A memory whose confidence a later event lowered is added again under its sequence: the
+/// new confidence filters in the index, and without the filter it is found as before.
+#[test]
+fn a_memory_added_again_with_lower_confidence_is_filtered_by_it() {
+    let a = team("a");
+    let mut index = index_with(&a, &["the deploy key rotates weekly", "deploy on fridays"]);
+    let before = seqs(&index.search("deploy", from_ref(&a), &any(), 10).unwrap());
+    let trusted = MemoryFilter {
+        min_confidence: Some(0.6),
+        ..any()
+    };
+    let mut lowered = meta(1, &a);
+    lowered.confidence = 0.5;
+    index
+        .add(&lowered, "the deploy key rotates weekly")
+        .unwrap();
+    index.commit(3).unwrap();
+    assert_eq!(index.doc_count(), 2);
+    assert_eq!(
+        seqs(&index.search("deploy", from_ref(&a), &any(), 10).unwrap()),
+        before
+    );
+    assert_eq!(
+        seqs(&index.search("deploy", from_ref(&a), &trusted, 10).unwrap()),
+        vec![2]
+    );
+    let stored = index.reader().stored_all().unwrap();
+    assert_eq!(stored[0].0.confidence, 0.5);
+    assert_eq!(stored[1].0.confidence, 1.0);
 }
 
 #[test]
@@ -685,6 +741,7 @@ fn state_hash_differs_for_different_content() {
     change(&|(m, _)| m.tags = vec!["t".into(), "2".into()]);
     change(&|(m, _)| m.occurred_at += Duration::nanoseconds(1));
     change(&|(m, _)| m.importance = 0.9);
+    change(&|(m, _)| m.confidence = 0.5);
     let mut fewer = base.clone();
     fewer.pop();
     variants.push(fewer);

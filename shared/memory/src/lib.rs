@@ -3,11 +3,15 @@
 //! Read models are keyed by sequence number: the stream sequence of the event a memory came
 //! from is unique, totally ordered, and what read-your-writes tokens speak of.
 //!
+//! [`confidence`] is the pollution-defence rule the vector and keyword models both apply:
+//! how contradicting outcomes and faulty-instance flags lower a memory's confidence.
+//!
 //! [`model`] is the base of the scope-keyed models (fact table, skill registry): the applied
 //! seq and the rule that skips events at or below it, their snapshot shape, provenance and
 //! payload errors. With the `test-util` feature, `testing` has their given/when/then helpers.
 
 pub mod canon;
+pub mod confidence;
 pub mod model;
 pub mod proto;
 #[cfg(feature = "test-util")]
@@ -82,7 +86,10 @@ impl fmt::Display for ScopeKey {
 }
 
 /// What the read models keep about a text memory besides its text and vector: enough to
-/// filter, rank by time and importance, and point back at the event.
+/// filter (by confidence too), rank by time and importance, and point back at the event.
+///
+/// Checkpoints encode it as an array: new fields go last, with a serde default, so that
+/// older checkpoints still load.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct MemoryMeta {
     pub seq: Seq,
@@ -94,6 +101,20 @@ pub struct MemoryMeta {
     pub occurred_at: DateTime<Utc>,
     pub importance: f64,
     pub tags: Vec<String>,
+    /// The instance that wrote it, which a faulty-instance flag names. `None` only for a
+    /// memory restored from a checkpoint written before it was kept: no flag reaches such a
+    /// memory until the read model is rebuilt from the stream.
+    #[serde(default)]
+    pub instance_id: Option<Ident>,
+    /// How much it is still trusted, in 0..=1: 1 when written, lowered by later outcomes that
+    /// contradict it and by flags on its writer ([`confidence`]).
+    #[serde(default = "full_confidence")]
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub confidence: f64,
+}
+
+fn full_confidence() -> f64 {
+    1.0
 }
 
 impl MemoryMeta {
@@ -108,9 +129,15 @@ impl MemoryMeta {
             occurred_at: event.occurred_at,
             importance: event.importance,
             tags: event.tags.clone(),
+            instance_id: Some(event.instance_id.clone()),
+            confidence: full_confidence(),
         }
     }
 }
+
+/// The tag the consolidator puts on a session summary. Retrieval keeps summaries apart
+/// from the memories they distil (see `Ranking::summary_results`), and finds them by it.
+pub const SUMMARY_TAG: &str = "summary";
 
 /// Whether an event is a text memory for the vector and keyword indexes: episodic and
 /// semantic events with text. Working memory lives in the KV bucket, procedural memory in
@@ -123,7 +150,8 @@ pub fn is_text_memory(event: &Envelope) -> bool {
 }
 
 /// Restrictions on which memories a query may return, beyond its scopes. Empty lists mean
-/// "any"; `tags` matches a memory carrying at least one of them.
+/// "any"; `tags` matches a memory carrying at least one of them; `min_confidence` leaves out
+/// memories that later outcomes contradicted or a faulty instance wrote ([`confidence`]).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
 #[serde(default)]
 pub struct MemoryFilter {
@@ -133,6 +161,9 @@ pub struct MemoryFilter {
     pub since: Option<DateTime<Utc>>,
     pub until: Option<DateTime<Utc>>,
     pub min_importance: Option<f64>,
+    /// 0..=1; default: none left out for their confidence.
+    #[schemars(range(min = 0.0, max = 1.0))]
+    pub min_confidence: Option<f64>,
 }
 
 impl MemoryFilter {
@@ -143,6 +174,7 @@ impl MemoryFilter {
             && self.since.is_none_or(|t| meta.occurred_at >= t)
             && self.until.is_none_or(|t| meta.occurred_at < t)
             && self.min_importance.is_none_or(|m| meta.importance >= m)
+            && self.min_confidence.is_none_or(|m| meta.confidence >= m)
     }
 }
 

@@ -65,6 +65,8 @@ pub mod limits {
     pub const MAX_TOP_K: usize = 1_000;
     /// Largest `ranking.candidates_factor`.
     pub const MAX_CANDIDATES_FACTOR: usize = 100;
+    /// Most session summaries one retrieval returns beside its results.
+    pub const MAX_SUMMARIES: usize = 20;
     /// Most candidates one projector search returns (`k`). The query service asks for
     /// `top_k * candidates_factor`, at least 50, at most this.
     pub const MAX_SEARCH_K: usize = 2_000;
@@ -252,6 +254,16 @@ pub struct Ranking {
     pub recency_weight: f32,
     /// Weight of importance (multiplies `1 + w * (importance - 0.5)`).
     pub importance_weight: f32,
+    /// Session summaries (the consolidator's, tagged [`crate::SUMMARY_TAG`]) returned
+    /// beside the results, in `summaries`, best first: at most
+    /// [`limits::MAX_SUMMARIES`].
+    #[schemars(range(max = limits::MAX_SUMMARIES))]
+    pub summaries: usize,
+    /// Whether summaries also compete with other memories for the `top_k` places. Off by
+    /// default: an extractive summary quotes what the memories already say, and on LoCoMo
+    /// it took places from the turns that answered (docs/benchmarks.md). A filter that
+    /// asks for summaries (kind `consolidated` or tag `summary`) ranks them as results.
+    pub summary_results: bool,
 }
 
 impl Ranking {
@@ -294,6 +306,12 @@ impl Ranking {
             f64::from(self.importance_weight),
             0.0,
             10.0,
+        )?;
+        check_range(
+            "ranking.summaries",
+            self.summaries,
+            0,
+            limits::MAX_SUMMARIES,
         )
     }
 
@@ -316,6 +334,8 @@ impl Default for Ranking {
             recency_half_life_hours: 0.0,
             recency_weight: 0.0,
             importance_weight: 0.1,
+            summaries: 3,
+            summary_results: false,
         }
     }
 }
@@ -361,6 +381,11 @@ pub struct MemoryResult {
     pub occurred_at: DateTime<Utc>,
     pub importance: f64,
     pub tags: Vec<String>,
+    /// 0..=1: lowered by outcomes that contradicted it and flags on its writer
+    /// ([`crate::confidence`]). Not part of the score: `filter.min_confidence` leaves
+    /// distrusted memories out instead of ranking them lower.
+    #[serde(default = "crate::full_confidence")]
+    pub confidence: f64,
     pub text: String,
     pub score: f32,
     pub parts: ScoreParts,
@@ -369,6 +394,10 @@ pub struct MemoryResult {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct RetrieveResponse {
     pub results: Vec<MemoryResult>,
+    /// The best session summaries for the query (`ranking.summaries` of them), apart
+    /// from `results` unless `ranking.summary_results`.
+    #[serde(default)]
+    pub summaries: Vec<MemoryResult>,
     /// The sequence each projector read from had made visible when it answered.
     pub visible: Vec<(String, Seq)>,
 }
@@ -888,6 +917,9 @@ impl MemoryFilter {
         if let Some(m) = self.min_importance {
             check_weight("filter.min_importance", m, 0.0, 1.0)?;
         }
+        if let Some(m) = self.min_confidence {
+            check_weight("filter.min_confidence", m, 0.0, 1.0)?;
+        }
         Ok(())
     }
 }
@@ -1150,6 +1182,28 @@ mod tests {
         );
         assert!(schema.contains("engram.q.retrieve"));
         assert!(schema.contains("\"status\":429"));
+    }
+
+    #[test]
+    fn min_confidence_is_a_finite_number_in_0_to_1() {
+        for ok in [0.0, 0.6, 1.0] {
+            let filter = MemoryFilter {
+                min_confidence: Some(ok),
+                ..MemoryFilter::default()
+            };
+            filter.validate().unwrap();
+        }
+        for bad in [-0.1, 1.5, f64::NAN, f64::INFINITY] {
+            let filter = MemoryFilter {
+                min_confidence: Some(bad),
+                ..MemoryFilter::default()
+            };
+            assert_eq!(
+                filter.validate().unwrap_err().field,
+                "filter.min_confidence",
+                "{bad}"
+            );
+        }
     }
 
     #[test]

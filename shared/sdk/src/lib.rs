@@ -24,9 +24,12 @@
 //! - [`bootstrap`]: a new instance's memory of its scopes, from snapshots and the tail.
 //! - [`doc`]: shared documents: a writer's copy ([`doc::SharedDoc`]) that edits offline and
 //!   pushes its changes, and the typed task board, profile and scratchpad.
+//! - [`usage`]: [`UsageReporter`], which aggregates the memories each step used into one
+//!   `feedback` event per scope per interval.
 
 pub mod bootstrap;
 pub mod doc;
+pub mod usage;
 
 use std::time::Duration;
 
@@ -46,6 +49,7 @@ pub use engram_schema::{
     Content, Embedding, Envelope, EventId, EventKind, Ident, Layer, SchemaError, Scope, ScopeKind,
     SubjectFilter,
 };
+pub use usage::UsageReporter;
 
 /// How appends retry when the server does not acknowledge.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -369,23 +373,21 @@ impl Agent {
     }
 
     /// Reports the memories of `scope` this step used (acted on, quoted, found right), in
-    /// one `feedback` event: the consolidator reinforces them, so they decay from now and
-    /// count a use. Report once per step, not once per memory; at most 1000 ids.
+    /// one `feedback` event appended now: the consolidator reinforces them, so they decay
+    /// from now and count a use. At most 1000 ids. This is one write per call, with its
+    /// receipt (to wait on the reinforcement, say); an agent reporting at every step should
+    /// use [`Agent::usage_reporter`] instead, which aggregates the reports into one event
+    /// per scope per interval. The text is empty, so the report is not itself a memory.
     pub async fn used(
         &self,
         scope: Scope,
         event_ids: &[EventId],
     ) -> Result<AppendReceipt, AppendError> {
         let ids: Vec<&str> = event_ids.iter().map(EventId::as_str).collect();
-        self.event(
-            scope,
-            Layer::Episodic,
-            EventKind::Feedback,
-            format!("used {} memories", ids.len()),
-        )
-        .data(serde_json::json!({ "used": ids }))
-        .append()
-        .await
+        self.event(scope, Layer::Episodic, EventKind::Feedback, "")
+            .data(serde_json::json!({ "used": ids }))
+            .append()
+            .await
     }
 }
 

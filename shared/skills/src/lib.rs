@@ -29,6 +29,7 @@
 //! | `steps` | at most 256 strings of at most 4096 characters | `[]` | how to do it |
 //! | `script` | string of at most 65536 characters | none | a runnable form of it |
 //! | `preconditions` | at most 256 strings of at most 4096 characters | `[]` | what must hold before using it |
+//! | `observed` | `{"successes": n, "failures": m}`, at least one outcome | none | outcomes seen before it was recorded: the version starts with them |
 //!
 //! `outcome` (only these fields matter here; outcome events carry other things too):
 //!
@@ -58,7 +59,10 @@
 //!   count for it, and later ones are history.
 //! - **Outcomes** add one success or failure to the version they name, or to the latest
 //!   one, and move its `last_used` to the outcome's `occurred_at` if that is later. Counts
-//!   belong to a version: a new version starts untried.
+//!   belong to a version: a new version starts untried, or with the counts its record says
+//!   were `observed` (the consolidator promotes recurring action sequences with the
+//!   outcomes of their episodes). Observed counts carry no time, so `last_used` stays as
+//!   the reported outcomes make it.
 //! - **Outcomes before their skill.** Instances append independently, so an outcome can
 //!   reach the stream before the skill it used. It is kept as pending
 //!   ([`SkillRegistry::pending`]) rather than dropped or counted on a placeholder: an

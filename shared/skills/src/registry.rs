@@ -338,6 +338,12 @@ fn record(
         recorded_at: event.recorded_at,
         source: Provenance::of(seq, event),
     };
+    // Only the holder of a version counts outcomes, so a record repeating a version number
+    // brings no counts of its own: observed ones included, or one way of working recorded
+    // twice would count twice.
+    if new_version && let Some(observed) = recording.observed {
+        skill.count(&Usage::observed(observed));
+    }
     if new_version && let Some(usage) = entry.pending.by_version.remove(&version) {
         skill.count(&usage);
     }

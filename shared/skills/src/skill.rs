@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use chrono::{DateTime, Utc};
 use engram_memory::ScopeKey;
 use engram_memory::model::Provenance;
+use engram_schema::ObservedOutcomes;
 use serde::{Deserialize, Serialize};
 
 /// One recorded version of a skill, with the outcomes counted for it.
@@ -18,8 +19,9 @@ pub struct Skill {
     pub steps: Vec<String>,
     pub script: Option<String>,
     pub preconditions: Vec<String>,
-    /// Outcomes reported for this version. A record repeating an existing version number
-    /// keeps zero: the first record of a version is the one outcomes count for.
+    /// Outcomes reported for this version, and those its record says were observed before
+    /// (`observed`). A record repeating an existing version number keeps zero: the first
+    /// record of a version is the one outcomes count for.
     pub successes: u64,
     pub failures: u64,
     /// The latest `occurred_at` of the outcomes counted.
@@ -59,6 +61,16 @@ impl Usage {
             self.failures += 1;
         }
         self.last_used = latest(self.last_used, Some(at));
+    }
+
+    /// Outcomes seen before the skill was recorded (`skill_recorded`'s `observed`). They
+    /// carry no time, so they leave `last_used` alone.
+    pub(crate) fn observed(observed: ObservedOutcomes) -> Self {
+        Self {
+            successes: u64::from(observed.successes),
+            failures: u64::from(observed.failures),
+            last_used: None,
+        }
     }
 
     pub fn is_empty(&self) -> bool {

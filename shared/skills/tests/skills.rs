@@ -165,6 +165,65 @@ fn of_two_records_of_one_version_the_first_stays_latest_and_gets_the_counts() {
 }
 
 #[test]
+fn a_skill_recorded_with_observed_outcomes_starts_with_those_counts() {
+    let team = scope("acme", "team-a");
+    // Given a skill recorded with the outcomes of the episodes it was promoted from...
+    let mut given = Stream::given(&[recorded(
+        &team,
+        json!({
+            "name": "promoted-open-file",
+            "description": "open file #, then edit file #",
+            "observed": {"successes": 3, "failures": 1},
+        }),
+        "2024-01-01",
+    )]);
+    let skill = given.model.get(&team, "promoted-open-file").unwrap();
+    // ...then it is not untried: its counts and success rate are the observed ones, and
+    // they carry no time of use.
+    assert_eq!(
+        (skill.successes, skill.failures, skill.last_used),
+        (3, 1, None)
+    );
+    assert!((skill.success_rate() - 4.0 / 6.0).abs() < 1e-12);
+
+    // When it is used again, the reported outcome adds to them.
+    given
+        .apply(&used(&team, "promoted-open-file", true, "2024-01-02"))
+        .unwrap();
+    let skill = given.model.get(&team, "promoted-open-file").unwrap();
+    assert_eq!(
+        (skill.successes, skill.failures, skill.last_used),
+        (4, 1, Some(t("2024-01-02")))
+    );
+
+    // A record repeating that version number is history and brings no counts, observed
+    // or not; a new version starts with its own observed counts, not the old version's.
+    given
+        .apply(&recorded(
+            &team,
+            json!({"name": "promoted-open-file", "version": 1, "description": "again",
+                   "observed": {"successes": 9, "failures": 0}}),
+            "2024-01-03",
+        ))
+        .unwrap();
+    given
+        .apply(&recorded(
+            &team,
+            json!({"name": "promoted-open-file", "description": "more evidence",
+                   "observed": {"successes": 5, "failures": 1}}),
+            "2024-01-04",
+        ))
+        .unwrap();
+    let counts: Vec<_> = given
+        .model
+        .versions(&team, "promoted-open-file")
+        .iter()
+        .map(|s| (s.version, s.successes, s.failures))
+        .collect();
+    assert_eq!(counts, [(1, 4, 1), (1, 0, 0), (2, 5, 1)]);
+}
+
+#[test]
 fn outcomes_count_for_the_latest_or_the_named_version() {
     let team = scope("acme", "team-a");
     let mut given = Stream::given(&[
@@ -600,6 +659,12 @@ fn malformed_payloads_are_rejected_and_change_nothing() {
         (
             record(json!({"name": "lint", "description": "d", "preconditions": {"a": 1}})),
             Some("preconditions"),
+        ),
+        (
+            record(
+                json!({"name": "lint", "description": "d", "observed": {"successes": 0, "failures": 0}}),
+            ),
+            Some("observed"),
         ),
         (
             (

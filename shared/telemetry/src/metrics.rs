@@ -202,6 +202,15 @@ pub static CONSOLIDATION_PARTITIONS_HELD: LazyLock<IntGauge> = LazyLock::new(|| 
         .unwrap(),
     )
 });
+/// Session summaries the configured summariser failed to write, by reason (timeout,
+/// unreachable, http, bad_response, empty): each kept its extractive summary.
+pub static CONSOLIDATION_SUMMARISER_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_consolidation_summariser_failures_total",
+        "session summaries the summariser failed to write, which kept the extractive summary, by reason",
+        &["reason"],
+    )
+});
 /// Time of one scheduled consolidation run over every scope (plan and append).
 pub static CONSOLIDATION_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
     register(
@@ -297,6 +306,25 @@ pub static RETRIEVE_STAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         prometheus::exponential_buckets(0.0001, 2.0, 18).unwrap(),
     )
 });
+/// Retrieval-usage events (`feedback` with `retrieved`) the query service wrote, by
+/// outcome: `appended`, `retried` (not acknowledged; kept to append again by the same id),
+/// `dropped` (refused, or past the bound of events waiting to be appended).
+pub static USAGE_EVENTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_query_usage_events_total",
+        "retrieval-usage events the query service wrote, by outcome",
+        &["outcome"],
+    )
+});
+/// Memories returned by `retrieve` and `build_context`, one per memory per response:
+/// `counted` for a usage event, or `dropped` past the bound of distinct memories held.
+pub static USAGE_RETRIEVALS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_query_retrievals_counted_total",
+        "memory returns the query service counted for retrieval usage, by outcome",
+        &["outcome"],
+    )
+});
 /// Embedding requests by source: cache hits, model calls, client-supplied vectors.
 pub static EMBEDDINGS: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter(
@@ -360,6 +388,12 @@ pub fn touch_all(layers: &[&str]) {
         for outcome in ["ok", "undecodable"] {
             EVENTS_READ.with_label_values(&[mode, outcome]);
         }
+    }
+    for outcome in ["appended", "retried", "dropped"] {
+        USAGE_EVENTS.with_label_values(&[outcome]);
+    }
+    for outcome in ["counted", "dropped"] {
+        USAGE_RETRIEVALS.with_label_values(&[outcome]);
     }
     LazyLock::force(&NATS_CONNECTED);
     LazyLock::force(&STREAM_MESSAGES);

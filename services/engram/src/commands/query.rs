@@ -53,6 +53,7 @@ pub async fn retrieve(config: &Config, args: RetrieveArgs, json: bool) -> anyhow
                 .collect::<Result<_, _>>()?,
             tags: args.tag,
             min_importance: args.min_importance,
+            min_confidence: args.min_confidence,
             ..MemoryFilter::default()
         },
         consistency: args.scope.consistency(),
@@ -79,6 +80,12 @@ pub async fn retrieve(config: &Config, args: RetrieveArgs, json: bool) -> anyhow
             r.parts.dense.map_or("-".into(), |d| format!("{d:.3}")),
             r.parts.keyword.map_or("-".into(), |k| format!("{k:.2}")),
         );
+        if r.confidence < 1.0 {
+            println!(
+                "    confidence {:.3}: contradicted or written by a faulty instance",
+                r.confidence
+            );
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -1,0 +1,448 @@
+//! Pollution defence in the text read models, given/when/then: a contradicted memory's
+//! confidence halves, a faulty instance's earlier memories drop to a quarter, and nothing of
+//! another tenant or scope moves. The vector and keyword projectors agree, and a replay in
+//! other batches gives the same state.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use engram_bus::StoredEvent;
+use engram_embed::HashEmbedder;
+use engram_memory::proto::{Consistency, SearchRequest, SearchResponse};
+use engram_memory::{MemoryFilter, ScopeKey};
+use engram_projection_runtime::{ApplyLedger, Projection};
+use engram_projectors::keyword::KeywordProjection;
+use engram_projectors::vector::VectorProjection;
+use engram_schema::{Content, Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_vector::HnswParams;
+use serde_json::json;
+
+fn ident(s: &str) -> Ident {
+    Ident::parse("test", s).unwrap()
+}
+
+/// An event of `tenant`, task scope `task`, written by instance `instance`.
+fn event(tenant: &str, task: &str, instance: &str, kind: EventKind, text: &str) -> Envelope {
+    Envelope::new(
+        ident(tenant),
+        Scope::new(ScopeKind::Task, task).unwrap(),
+        ident("agent"),
+        ident(instance),
+        Layer::Episodic,
+        kind,
+        Content::text(text),
+    )
+}
+
+fn memory(tenant: &str, task: &str, instance: &str, text: &str) -> Envelope {
+    event(
+        tenant,
+        task,
+        instance,
+        EventKind::Observation,
+        &format!("memory {text}"),
+    )
+}
+
+fn with_data(mut event: Envelope, data: serde_json::Value) -> Envelope {
+    event.content.data = Some(data);
+    event
+}
+
+fn stored(events: &[Envelope]) -> Vec<StoredEvent> {
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, event)| StoredEvent {
+            seq: i as u64 + 1,
+            subject: engram_schema::subject_for(event),
+            stored_at: chrono::Utc::now(),
+            pending: 0,
+            trace: None,
+            event: event.clone(),
+        })
+        .collect()
+}
+
+struct Models {
+    dir: tempfile::TempDir,
+    vector: VectorProjection,
+    keyword: KeywordProjection,
+    embedder: HashEmbedder,
+}
+
+impl Models {
+    async fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let embedder = HashEmbedder::new(32);
+        let vector = VectorProjection::new(
+            dir.path(),
+            Arc::new(embedder.clone()),
+            HnswParams::default(),
+        );
+        let keyword = KeywordProjection::new(dir.path());
+        vector.restore().await.unwrap();
+        keyword.restore().await.unwrap();
+        Self {
+            dir,
+            vector,
+            keyword,
+            embedder,
+        }
+    }
+
+    /// Applies `batch` to both models and publishes it; returns the indexes each rejected.
+    async fn apply(&self, batch: &[StoredEvent]) -> (Vec<usize>, Vec<usize>) {
+        let v = self.vector.apply(batch).await.unwrap();
+        let k = self.keyword.apply(batch).await.unwrap();
+        let ledger = ApplyLedger {
+            seq: batch.last().unwrap().seq,
+            ..ApplyLedger::default()
+        };
+        self.vector.publish(&ledger).await.unwrap();
+        self.keyword.publish(&ledger).await.unwrap();
+        (
+            v.iter().map(|r| r.index).collect(),
+            k.iter().map(|r| r.index).collect(),
+        )
+    }
+
+    /// The confidence of every memory of `scopes` that passes `filter`, by event id; the
+    /// vector and keyword models must agree on it.
+    async fn confidences(
+        &self,
+        scopes: &[ScopeKey],
+        filter: MemoryFilter,
+    ) -> BTreeMap<EventId, f64> {
+        let request = SearchRequest {
+            scopes: scopes.to_vec(),
+            query: "memory".into(),
+            vector: Some(self.embedder.embed_one("memory")),
+            k: 100,
+            filter,
+            consistency: Consistency::default(),
+            score_also: Vec::new(),
+            rest: 0,
+        };
+        let by_id = |r: SearchResponse| -> BTreeMap<EventId, f64> {
+            r.hits
+                .into_iter()
+                .map(|h| (h.meta.event_id, h.meta.confidence))
+                .collect()
+        };
+        let dense = by_id(self.vector.search(&request).await.unwrap());
+        let keyword = by_id(self.keyword.search(&request).await.unwrap());
+        assert_eq!(dense, keyword, "vector and keyword disagree");
+        dense
+    }
+}
+
+fn trusted(min: f64) -> MemoryFilter {
+    MemoryFilter {
+        min_confidence: Some(min),
+        ..MemoryFilter::default()
+    }
+}
+
+/// Memories of two tenants and two scopes, then the signals, then a memory the flagged
+/// instance writes after its flag.
+struct World {
+    events: Vec<Envelope>,
+    /// Event ids by name.
+    ids: BTreeMap<&'static str, EventId>,
+    scopes: Vec<ScopeKey>,
+}
+
+impl World {
+    fn add(&mut self, name: &'static str, event: Envelope) {
+        self.ids.insert(name, event.event_id.clone());
+        self.events.push(event);
+    }
+
+    fn id(&self, name: &str) -> EventId {
+        self.ids[name].clone()
+    }
+}
+
+fn world() -> World {
+    let key = |tenant: &str, task: &str| ScopeKey {
+        tenant: ident(tenant),
+        kind: ScopeKind::Task,
+        id: ident(task),
+    };
+    let mut w = World {
+        events: Vec::new(),
+        ids: BTreeMap::new(),
+        scopes: vec![key("acme", "t1"), key("acme", "t2"), key("umbrella", "t1")],
+    };
+    w.add(
+        "claim",
+        memory("acme", "t1", "i-1", "the api key is in vault"),
+    );
+    w.add(
+        "bad-1",
+        memory("acme", "t1", "i-2", "prices doubled overnight"),
+    );
+    w.add("bad-2", memory("acme", "t1", "i-2", "the ceo resigned"));
+    w.add(
+        "sound",
+        memory("acme", "t1", "i-3", "deploys run on fridays"),
+    );
+    w.add(
+        "t2-i2",
+        memory("acme", "t2", "i-2", "the cache warms at start"),
+    );
+    w.add(
+        "other-tenant",
+        memory("umbrella", "t1", "i-2", "the lab opens at nine"),
+    );
+    // When an outcome in t1 (itself a memory) contradicts the claim, a memory of t2 and an
+    // unknown id
+    let outcome = with_data(
+        event(
+            "acme",
+            "t1",
+            "i-3",
+            EventKind::Outcome,
+            "memory: the api key was not in vault",
+        ),
+        json!({"success": false, "contradicts": [w.id("claim"), w.id("t2-i2"), EventId::new()]}),
+    );
+    w.add("outcome", outcome);
+    // and an outcome of t2 names t1's sound memory, and feedback of the other tenant the claim
+    let t2 = with_data(
+        event("acme", "t2", "i-3", EventKind::Outcome, ""),
+        json!({"contradicts": [w.id("sound")]}),
+    );
+    w.add("t2-outcome", t2);
+    let other = with_data(
+        event("umbrella", "t1", "i-3", EventKind::Feedback, ""),
+        json!({"contradicts": [w.id("claim")]}),
+    );
+    w.add("tenant-feedback", other);
+    // and a feedback in t1 (reporting a use too) flags i-2
+    let flag = with_data(
+        event("acme", "t1", "i-9", EventKind::Feedback, ""),
+        json!({"faulty_instance": "i-2", "used": [w.id("sound")]}),
+    );
+    w.add("flag", flag);
+    // and i-2 writes again after the flag
+    w.add("after", memory("acme", "t1", "i-2", "the office moved"));
+    w
+}
+
+#[tokio::test]
+async fn contradicted_and_flagged_memories_lose_confidence_only_in_their_own_scope() {
+    // Given memories of two tenants and scopes, when the signals arrive in one batch
+    let World {
+        events,
+        ids,
+        scopes,
+    } = world();
+    let models = Models::new().await;
+    let (v, k) = models.apply(&stored(&events)).await;
+    assert!(v.is_empty() && k.is_empty(), "{v:?} {k:?}");
+
+    // Then the claim halves, i-2's memories in t1 before the flag drop to a quarter, and
+    // nothing else moves: not i-2 elsewhere, not what it wrote after the flag, not a memory
+    // named from another scope or tenant
+    let all = models.confidences(&scopes, MemoryFilter::default()).await;
+    let expected: BTreeMap<EventId, f64> = [
+        ("claim", 0.5),
+        ("bad-1", 0.25),
+        ("bad-2", 0.25),
+        ("sound", 1.0),
+        ("t2-i2", 1.0),
+        ("other-tenant", 1.0),
+        ("outcome", 1.0),
+        ("after", 1.0),
+    ]
+    .into_iter()
+    .map(|(name, c)| (ids[name].clone(), c))
+    .collect();
+    assert_eq!(all, expected);
+
+    // And a filter leaves them out, in both models
+    let kept = models.confidences(&scopes, trusted(0.6)).await;
+    let mut without = expected.clone();
+    without.retain(|_, c| *c >= 0.6);
+    assert_eq!(kept, without);
+    assert!(!kept.contains_key(&ids["claim"]) && !kept.contains_key(&ids["bad-1"]));
+
+    // When a second outcome contradicts the claim, and a late retry of the first one (the
+    // same event id, stored again) arrives
+    let again = with_data(
+        event("acme", "t1", "i-3", EventKind::Outcome, ""),
+        json!({"contradicts": [ids["claim"]]}),
+    );
+    let retry = events
+        .iter()
+        .find(|e| e.event_id == ids["outcome"])
+        .unwrap();
+    let mut tail = stored(&[again, retry.clone()]);
+    for (i, e) in tail.iter_mut().enumerate() {
+        e.seq = events.len() as u64 + 1 + i as u64;
+    }
+    models.apply(&tail).await;
+
+    // Then it halves once more, and only once
+    let all = models.confidences(&scopes, MemoryFilter::default()).await;
+    assert_eq!(all[&ids["claim"]], 0.25);
+    assert_eq!(all[&ids["bad-1"]], 0.25);
+}
+
+#[tokio::test]
+async fn a_replay_in_other_batches_gives_the_same_state() {
+    let World { events, .. } = world();
+    let all = stored(&events);
+    let whole = Models::new().await;
+    whole.apply(&all).await;
+    let one_by_one = Models::new().await;
+    for event in &all {
+        one_by_one.apply(std::slice::from_ref(event)).await;
+    }
+    assert_eq!(
+        whole.vector.state_hash().await,
+        one_by_one.vector.state_hash().await
+    );
+    assert_eq!(
+        whole.keyword.state_hash().await,
+        one_by_one.keyword.state_hash().await
+    );
+    // And the signals changed what the state hashes cover
+    let unsignalled = Models::new().await;
+    let stripped: Vec<StoredEvent> = all
+        .iter()
+        .cloned()
+        .map(|mut e| {
+            e.event.content.data = None;
+            e
+        })
+        .collect();
+    unsignalled.apply(&stripped).await;
+    assert_ne!(
+        whole.vector.state_hash().await,
+        unsignalled.vector.state_hash().await
+    );
+    assert_ne!(
+        whole.keyword.state_hash().await,
+        unsignalled.keyword.state_hash().await
+    );
+}
+
+#[tokio::test]
+async fn confidences_and_applied_signals_survive_a_vector_checkpoint() {
+    let World {
+        events,
+        ids,
+        scopes,
+    } = world();
+    let all = stored(&events);
+    let models = Models::new().await;
+    models.apply(&all).await;
+    let ledger = ApplyLedger {
+        seq: all.len() as u64,
+        ..ApplyLedger::default()
+    };
+    models.vector.checkpoint(&ledger).await.unwrap();
+    let before = models.confidences(&scopes, MemoryFilter::default()).await;
+
+    // When the vector model restarts from its checkpoint, and the flag is retried late
+    let restarted = VectorProjection::new(
+        models.dir.path(),
+        Arc::new(models.embedder.clone()),
+        HnswParams::default(),
+    );
+    restarted.restore().await.unwrap();
+    let flag = events.iter().find(|e| e.event_id == ids["flag"]).unwrap();
+    let mut retry = stored(std::slice::from_ref(flag));
+    retry[0].seq = all.len() as u64 + 1;
+    restarted.apply(&retry).await.unwrap();
+
+    // Then every confidence is as it was: the flag is not applied twice
+    let request = SearchRequest {
+        scopes: scopes.clone(),
+        query: "memory".into(),
+        vector: Some(models.embedder.embed_one("memory")),
+        k: 100,
+        filter: MemoryFilter::default(),
+        consistency: Consistency::default(),
+        score_also: Vec::new(),
+        rest: 0,
+    };
+    let after: BTreeMap<EventId, f64> = restarted
+        .search(&request)
+        .await
+        .unwrap()
+        .hits
+        .into_iter()
+        .map(|h| (h.meta.event_id, h.meta.confidence))
+        .collect();
+    assert_eq!(after, before);
+}
+
+#[tokio::test]
+async fn a_signal_that_does_not_check_is_refused_whole() {
+    // Given an outcome published raw (the append path would refuse it), with text
+    let models = Models::new().await;
+    let claim = memory("acme", "t1", "i-1", "the api key is in vault");
+    let bad = with_data(
+        event(
+            "acme",
+            "t1",
+            "i-3",
+            EventKind::Outcome,
+            "memory of a bad outcome",
+        ),
+        json!({"contradicts": [claim.event_id, "*"]}),
+    );
+    let bad_id = bad.event_id.clone();
+    // When both models apply it, then both refuse it: the claim keeps its confidence and the
+    // outcome's text is not indexed
+    let (v, k) = models.apply(&stored(&[claim.clone(), bad])).await;
+    assert_eq!((v, k), (vec![1], vec![1]));
+    let all = models
+        .confidences(&[ScopeKey::of(&claim)], MemoryFilter::default())
+        .await;
+    assert_eq!(all.get(&claim.event_id), Some(&1.0));
+    assert!(!all.contains_key(&bad_id));
+}
+
+/// Checkpoints written before confidence and instance ids existed still load: the vector
+/// checkpoint holds metadata as arrays, the keyword index as maps, both without the new
+/// trailing fields.
+#[test]
+fn metadata_of_older_checkpoints_loads_with_full_confidence() {
+    #[derive(serde::Serialize)]
+    struct OldMeta {
+        seq: u64,
+        event_id: EventId,
+        scope: ScopeKey,
+        agent_id: Ident,
+        layer: Layer,
+        kind: EventKind,
+        occurred_at: chrono::DateTime<chrono::Utc>,
+        importance: f64,
+        tags: Vec<String>,
+    }
+    let event = memory("acme", "t1", "i-1", "old");
+    let old = OldMeta {
+        seq: 3,
+        event_id: event.event_id.clone(),
+        scope: ScopeKey::of(&event),
+        agent_id: ident("agent"),
+        layer: Layer::Episodic,
+        kind: EventKind::Observation,
+        occurred_at: event.occurred_at,
+        importance: 0.5,
+        tags: vec![],
+    };
+    let as_array = rmp_serde::to_vec(&(&old, "old")).unwrap();
+    let as_map = rmp_serde::to_vec_named(&(&old, "old")).unwrap();
+    for bytes in [as_array, as_map] {
+        let (meta, _): (engram_memory::MemoryMeta, String) = rmp_serde::from_slice(&bytes).unwrap();
+        assert_eq!(meta.confidence, 1.0);
+        assert_eq!(meta.instance_id, None);
+        assert_eq!(meta.event_id, event.event_id);
+    }
+}
