@@ -405,3 +405,81 @@ async fn an_instance_bootstraps_its_scope_from_snapshots_and_the_tail() {
         .to_string();
     assert!(err.contains("not an ancestor"), "{err}");
 }
+
+/// SDK `client.snapshot(scope, label)`: every model that can export itself cuts one with the
+/// label (a bootstrap can then start exactly there); a bad label is refused before anything
+/// is cut; and labelled snapshots, which retention never deletes, are bounded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let engram = Engram::start(&nats).await;
+    let mut board = engram_docs::LocalDoc::genesis::<engram_docs::TaskBoard>().unwrap();
+    let end = append_events(&engram, 0..30, &mut board).await;
+    for name in EXPORTING {
+        status(&bus, name, end).await;
+    }
+    let scope = team_scope("acme", "team-0");
+    let cut = engram
+        .client
+        .snapshot(&scope, Some("before-deploy"))
+        .await
+        .unwrap();
+    let labelled: Vec<&str> = cut
+        .snapshots
+        .iter()
+        .filter(|m| m["label"] == "before-deploy")
+        .map(|m| m["projector"].as_str().unwrap())
+        .collect();
+    for name in EXPORTING {
+        assert!(labelled.contains(&name.as_str()), "{name}: {cut:?}");
+    }
+    // The labelled versions are the ones a bootstrap can ask for.
+    let facts = cut
+        .snapshots
+        .iter()
+        .find(|m| m["projector"] == "facts")
+        .unwrap();
+    let version = facts["version"].as_u64().unwrap();
+    let booted = engram.client.bootstrap(&scope, Some(version)).await.unwrap();
+    assert_eq!(
+        booted.snapshots[0].1.as_ref().map(|s| s.label.clone()),
+        Some(Some("before-deploy".to_owned()))
+    );
+
+    for bad in ["", "a b", "../x", "x*", &"y".repeat(65)] {
+        let err = engram
+            .client
+            .snapshot(&scope, Some(bad))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("label"), "{bad:?}: {err}");
+    }
+
+    // Labelled snapshots are bounded per projector: once MAX_LABELLED are kept, another
+    // label is refused with what to do, and nothing is stored.
+    let mut seq = end;
+    let mut refused = None;
+    for i in 0..=engram_snapshots::MAX_LABELLED {
+        seq = append_events(&engram, 30 + i..31 + i, &mut board).await;
+        status(&bus, ProjectorName::FACTS, seq).await;
+        let answer: Result<SnapshotMeta, _> = engram_rpc::call(
+            bus.client(),
+            &engram_memory::proto::projector_subject("facts", "snapshot"),
+            &engram_projectors::SnapshotRequest {
+                label: Some(format!("l{i}")),
+            },
+            Duration::from_secs(60),
+        )
+        .await;
+        if let Err(e) = answer {
+            refused = Some((i, e.to_string()));
+            break;
+        }
+    }
+    let (at, why) = refused.expect("a label beyond the bound is refused");
+    assert_eq!(at, engram_snapshots::MAX_LABELLED - 1, "the one from the SDK counts");
+    assert!(why.contains("labelled snapshots"), "{why}");
+    let _ = seq;
+}

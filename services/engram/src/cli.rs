@@ -315,8 +315,8 @@ pub enum DocCommand {
 
 #[derive(Debug, Subcommand)]
 pub enum SnapshotCommand {
-    /// Cut a snapshot of running projectors now (default: every one that can export:
-    /// facts, skills, docs). Labelled snapshots are kept by retention.
+    /// Cut a snapshot of running projectors now (default: every one: vector, keyword,
+    /// facts, skills, docs, consolidator). Labelled snapshots are kept by retention.
     Create {
         projectors: Vec<engram_projectors::ProjectorName>,
         #[arg(long)]

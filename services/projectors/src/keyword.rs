@@ -17,6 +17,15 @@
 //! confidence, which the index filters on. Signals applied are remembered only since the
 //! process started, like forgotten ids: after a restart, a retry of one arriving outside the
 //! duplicate window would lower its memories again here.
+//!
+//! A snapshot of the model (`export`) is every memory of the last commit with its metadata,
+//! and the forgotten and signal ids this process knows, in the checkpoint format; a replica
+//! `import`s it by replacing its index with those memories in one commit. It holds every
+//! memory's text once: a million memories make a blob of some hundreds of MB, built in one
+//! piece, like the other models' snapshots.
+//!
+//! A consolidation output starts at the least confidence of its sources as the batch being
+//! planned has left them ([`Inheritance`]), so batch boundaries do not change it.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -25,12 +34,13 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_keyword::{KeywordIndex, KeywordReader};
-use engram_memory::confidence::Distrust;
+use engram_memory::confidence::{Distrust, Inheritance};
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{MemoryMeta, ScopeKey, Seq, is_text_memory};
-use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected};
+use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
 use engram_schema::{EventId, EventKind};
+use serde::{Deserialize, Serialize};
 
 use crate::vector::Memory;
 
@@ -114,6 +124,39 @@ fn current<'a>(
             .get(&seq)
             .or_else(|| table.memories.get(&seq)),
     }
+}
+
+/// The model as a snapshot carries it (written as [`SnapshotOut`]).
+#[derive(Deserialize)]
+struct Snapshot {
+    /// In sequence order.
+    memories: Vec<Memory>,
+    forgotten: Vec<EventId>,
+    distrusted: Vec<EventId>,
+}
+
+/// [`Snapshot`] as written, borrowed from the table: the memories are encoded where they
+/// are, not copied first. Fields in [`Snapshot`]'s order (structs are encoded as arrays).
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    memories: MemoriesOut<'a>,
+    forgotten: Vec<&'a EventId>,
+    distrusted: Vec<&'a EventId>,
+}
+
+struct MemoriesOut<'a>(&'a BTreeMap<Seq, Memory>);
+
+impl Serialize for MemoriesOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_seq(self.0.values())
+    }
+}
+
+/// Ids in a fixed order, so that equal models export equal bytes.
+fn sorted(ids: &HashSet<EventId>) -> Vec<&EventId> {
+    let mut ids: Vec<&EventId> = ids.iter().collect();
+    ids.sort_unstable();
+    ids
 }
 
 fn fatal(e: impl std::fmt::Display) -> ProjectionError {
@@ -357,6 +400,18 @@ impl Projection for KeywordProjection {
                     }
                     continue;
                 }
+                // A consolidation output whose sources do not check is refused whole, like a
+                // signal that does not check.
+                let inherits = match Inheritance::of(event) {
+                    Ok(inherits) => inherits,
+                    Err(e) => {
+                        rejected.push(Rejected {
+                            index,
+                            reason: e.to_string(),
+                        });
+                        continue;
+                    }
+                };
                 // A signal that does not check is refused whole, its text included: a
                 // rejected event leaves the model as it was.
                 let signal = match Distrust::of(stored.seq, event) {
@@ -437,11 +492,19 @@ impl Projection for KeywordProjection {
                 {
                     continue;
                 }
+                let mut meta = MemoryMeta::of(stored.seq, event);
+                if let Some(inherits) = inherits {
+                    // Its sources as every op before it left them, this batch's included.
+                    meta.confidence = inherits.confidence(|id| {
+                        let seq = seq_of(&fresh_ids, id)?;
+                        current(seq, &batch, &ops, &staged, &table).map(|m| &m.meta)
+                    });
+                }
                 fresh_ids.insert(event.event_id.clone(), stored.seq);
                 batch.insert(stored.seq, Some(ops.len()));
                 ops.push(KwOp::Put {
                     memory: Memory {
-                        meta: MemoryMeta::of(stored.seq, event),
+                        meta,
                         text: event.content.text.clone(),
                     },
                     fresh: true,
@@ -567,6 +630,90 @@ impl Projection for KeywordProjection {
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Table::default();
         *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
         Ok(())
+    }
+
+    /// The table is what the last commit holds (a cut publishes first), so it is what is
+    /// exported, in sequence order.
+    async fn export(&self, applied: &ApplyLedger) -> Result<Option<Vec<u8>>, ProjectionError> {
+        let (table, applied) = (self.table.clone(), *applied);
+        tokio::task::spawn_blocking(move || {
+            let table = table.read().unwrap_or_else(|p| p.into_inner());
+            let out = SnapshotOut {
+                memories: MemoriesOut(&table.memories),
+                forgotten: sorted(&table.forgotten),
+                distrusted: sorted(&table.distrusted),
+            };
+            snapshot::encode(&applied, &out).map(Some)
+        })
+        .await
+        .map_err(fatal)?
+    }
+
+    /// Checks the blob, then replaces the index with its memories in one commit carrying its
+    /// ledger (tantivy's commit is the checkpoint), and the table with them. A blob that does
+    /// not check, or an index that fails before the commit, leaves the model as it was.
+    async fn import(&self, bytes: &[u8]) -> Result<ApplyLedger, ProjectionError> {
+        let bytes = bytes.to_vec();
+        let (ledger, snap) = tokio::task::spawn_blocking(move || {
+            snapshot::decode::<Snapshot>(&bytes, "the keyword snapshot", NAME)
+        })
+        .await
+        .map_err(fatal)??;
+        let note = serde_json::to_string(&ledger).map_err(fatal)?;
+        // Replacing the index discards what is staged; a loader runs before any apply.
+        if !self
+            .staged
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .index_unchanged()
+        {
+            return Err(ProjectionError::Fatal(
+                "keyword snapshot import with unpublished changes; import before applying".into(),
+            ));
+        }
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let index = match writer {
+            Some(index) => index,
+            // Not restored (its checkpoint was unusable): opened here, to be replaced.
+            None => open_index(&self.dir)?,
+        };
+        // Thousands of documents per second, and an fsync: off the async threads.
+        let (index, memories, result) = tokio::task::spawn_blocking(move || {
+            let mut index = index;
+            let mut memories = snap.memories;
+            memories.sort_by_key(|m| m.meta.seq);
+            let result = index.replace(
+                memories.iter().map(|m| (&m.meta, m.text.as_str())),
+                ledger.seq,
+                &note,
+            );
+            (index, memories, result)
+        })
+        .await
+        .map_err(fatal)?;
+        *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
+        result.map_err(|e| ProjectionError::Transient(format!("keyword snapshot import: {e}")))?;
+        let mut table = Table {
+            applied: ledger.seq,
+            forgotten: snap.forgotten.into_iter().collect(),
+            distrusted: snap.distrusted.into_iter().collect(),
+            ..Table::default()
+        };
+        for memory in memories {
+            table
+                .event_ids
+                .insert(memory.meta.event_id.clone(), memory.meta.seq);
+            table.memories.insert(memory.meta.seq, memory);
+        }
+        *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
+        *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
+        tracing::info!(
+            memories = self.len(),
+            seq = ledger.seq,
+            "keyword snapshot imported"
+        );
+        Ok(ledger)
     }
 
     async fn state_hash(&self) -> [u8; 32] {

@@ -185,6 +185,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot flush the projector endpoints' subscriptions to the server: {0}; is it up?")]
+    Flush(String),
     #[error("cannot connect the {projector} projector: {source}")]
     Bus {
         projector: &'static str,
@@ -434,6 +436,11 @@ where
         running.tasks.push((name, task));
         running.services.push((service, client));
     }
+    // Subscriptions reach the server on the next flush: until then another connection's
+    // request can find no responder. Started means answering.
+    for (_, client) in &running.services {
+        client.flush().await.map_err(|e| StartError::Flush(e.to_string()))?;
+    }
     Ok(running)
 }
 
@@ -472,7 +479,9 @@ async fn cut_and_store(
         .put(cutter.projector(), &cut, label)
         .await
         .map_err(|e| match e {
-            SnapshotError::InvalidLabel(_) | SnapshotError::TooLarge { .. } => {
+            SnapshotError::InvalidLabel(_)
+            | SnapshotError::TooLarge { .. }
+            | SnapshotError::TooManyLabelled { .. } => {
                 Failure::invalid(e.to_string())
             }
             other => Failure::new(ErrorCode::Unavailable, other.to_string()),

@@ -8,7 +8,9 @@
 //! An outcome or feedback naming contradicted memories, or a feedback flagging a faulty
 //! instance, lowers the confidence of memories of its own scope recorded before it
 //! ([`engram_memory::confidence`]), in stream order; the ids of the signals applied are kept
-//! in the checkpoint, so a late retry of one lowers nothing twice.
+//! in the checkpoint, so a late retry of one lowers nothing twice. A consolidation output
+//! starts at the least confidence of its sources as they are when it is applied
+//! ([`Inheritance`]).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
 use std::path::PathBuf;
@@ -17,7 +19,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_embed::Embedder;
-use engram_memory::confidence::Distrust;
+use engram_memory::confidence::{Distrust, Inheritance};
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
@@ -56,7 +58,9 @@ struct State {
     scopes: HashMap<ScopeKey, VectorIndex>,
 }
 
-#[derive(Serialize, Deserialize)]
+/// A checkpoint's model, and an exported snapshot's (without graphs). Written as
+/// [`SnapshotOut`], which must keep its fields in this order.
+#[derive(Deserialize)]
 struct Snapshot {
     model: String,
     dim: usize,
@@ -74,11 +78,162 @@ struct Snapshot {
     distrusted: Vec<EventId>,
 }
 
+/// [`Snapshot`] as it is written: borrowed from the state, so that a checkpoint or an export
+/// encodes every vector where it is instead of copying them all first. Structs are encoded
+/// as arrays, so the fields are [`Snapshot`]'s, in its order.
+#[derive(Serialize)]
+struct SnapshotOut<'a> {
+    model: &'a str,
+    dim: usize,
+    memories: MemoriesOut<'a>,
+    forgotten: &'a BTreeSet<EventId>,
+    scopes: Vec<SavedScope>,
+    graphs: Option<&'a str>,
+    distrusted: &'a BTreeSet<EventId>,
+}
+
+/// Every memory that has a vector, with it, in sequence order: `Snapshot::memories`.
+struct MemoriesOut<'a>(&'a State);
+
+impl MemoriesOut<'_> {
+    fn each(&self) -> impl Iterator<Item = (&Memory, &[f32])> {
+        let state = self.0;
+        state.memories.values().filter_map(|m| {
+            let vector = state.scopes.get(&m.meta.scope)?.vector(m.meta.seq)?;
+            Some((m, vector))
+        })
+    }
+}
+
+impl Serialize for MemoriesOut<'_> {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        use serde::ser::SerializeSeq;
+        // MessagePack writes the length first.
+        let mut seq = serializer.serialize_seq(Some(self.each().count()))?;
+        for memory in self.each() {
+            seq.serialize_element(&memory)?;
+        }
+        seq.end()
+    }
+}
+
 #[derive(Serialize, Deserialize)]
 struct SavedScope {
     scope: ScopeKey,
     layout: RowLayout,
     graph: Option<usize>,
+}
+
+impl State {
+    /// The state a checkpoint or an imported snapshot holds, at `ledger`: each scope's index
+    /// rebuilt row for row from its layout, its graph loaded from `dir` (the state dir) when
+    /// the checkpoint names one there, else built from the vectors. `what` names the source in
+    /// errors. Blocking: graph builds take minutes for large scopes.
+    fn restore(
+        snap: Snapshot,
+        ledger: &ApplyLedger,
+        params: HnswParams,
+        dir: Option<&std::path::Path>,
+        what: &str,
+    ) -> Result<Self, ProjectionError> {
+        let dim = snap.dim;
+        let corrupt =
+            |e: engram_vector::VectorError| ProjectionError::Fatal(format!("{what}: {e}"));
+        let mut grouped: HashMap<ScopeKey, Vec<(Seq, Vec<f32>)>> = HashMap::new();
+        let mut state = State {
+            applied: ledger.seq,
+            ..State::default()
+        };
+        for (memory, vector) in snap.memories {
+            let s = memory.meta.seq;
+            grouped
+                .entry(memory.meta.scope.clone())
+                .or_default()
+                .push((s, vector));
+            state.event_ids.insert(memory.meta.event_id.clone(), s);
+            state.memories.insert(s, memory);
+        }
+        state.forgotten = snap.forgotten.into_iter().collect();
+        state.distrusted = snap.distrusted.into_iter().collect();
+        let writer_unknown = state
+            .memories
+            .values()
+            .filter(|m| m.meta.instance_id.is_none())
+            .count();
+        if writer_unknown > 0 {
+            tracing::warn!(
+                memories = writer_unknown,
+                "the {what} predates instance ids: faulty-instance flags cannot lower these memories; run `engram rebuild vector` to read them from the stream"
+            );
+        }
+        let graphs = snap.graphs.and_then(|name| Some(dir?.join(name)));
+        let started = std::time::Instant::now();
+        let (mut loaded, mut built) = (0usize, 0usize);
+        for saved in snap.scopes {
+            let vectors: HashMap<Seq, Vec<f32>> = grouped
+                .remove(&saved.scope)
+                .unwrap_or_default()
+                .into_iter()
+                .collect();
+            let graph = saved
+                .graph
+                .and_then(|i| graphs.as_ref().map(|g| g.join(i.to_string())));
+            let (index, graph_loaded) = VectorIndex::restore(
+                dim,
+                params.clone(),
+                &saved.layout,
+                |seq| vectors.get(&seq).map(Vec::as_slice),
+                graph.as_deref(),
+            )
+            .map_err(corrupt)?;
+            if graph_loaded {
+                loaded += 1;
+            } else if index.has_graph() {
+                built += 1;
+            }
+            state.scopes.insert(saved.scope, index);
+        }
+        // Scopes the checkpoint has no layout for (one written before layouts were saved):
+        // their graphs are built again.
+        for (scope, vectors) in grouped {
+            let index = VectorIndex::from_vectors(dim, params.clone(), vectors).map_err(corrupt)?;
+            built += usize::from(index.has_graph());
+            state.scopes.insert(scope, index);
+        }
+        tracing::info!(
+            scopes = state.scopes.len(),
+            memories = state.memories.len(),
+            graphs_loaded = loaded,
+            graphs_built = built,
+            elapsed_ms = started.elapsed().as_millis() as u64,
+            "{what} restored"
+        );
+        Ok(state)
+    }
+
+    /// The state with `applied` in the checkpoint format: a checkpoint (with the graphs it
+    /// saved in `graphs`, a directory of the state dir) or an export (without).
+    fn encode(
+        &self,
+        applied: &ApplyLedger,
+        model: &str,
+        dim: usize,
+        scopes: Vec<SavedScope>,
+        graphs: Option<&str>,
+    ) -> Result<Vec<u8>, ProjectionError> {
+        snapshot::encode(
+            applied,
+            &SnapshotOut {
+                model,
+                dim,
+                memories: MemoriesOut(self),
+                forgotten: &self.forgotten,
+                scopes,
+                graphs,
+                distrusted: &self.distrusted,
+            },
+        )
+    }
 }
 
 /// Graph directories are named by the checkpoint: `vector-graphs-<seq>-<unix nanos>`.
@@ -106,6 +261,21 @@ impl VectorProjection {
 
     pub fn embedder(&self) -> &Arc<dyn Embedder> {
         &self.embedder
+    }
+
+    /// Refuses vectors of another model or dimension than the embedder's: they cannot be
+    /// compared with what it embeds. `what` names them (a checkpoint, a snapshot).
+    fn check_embedder(&self, snap: &Snapshot, what: &str) -> Result<(), ProjectionError> {
+        if snap.model == self.embedder.model_id() && snap.dim == self.embedder.dim() {
+            return Ok(());
+        }
+        Err(ProjectionError::Fatal(format!(
+            "{what} holds {}-dimensional vectors of model {}, but the embedder is {} ({} dimensions); rebuild from the stream to re-embed (`engram rebuild vector`)",
+            snap.dim,
+            snap.model,
+            self.embedder.model_id(),
+            self.embedder.dim()
+        )))
     }
 
     /// Memories held, for status and benchmarks.
@@ -250,91 +420,10 @@ impl Projection for VectorProjection {
         let Some((ledger, snap)) = loaded else {
             return Ok(ApplyLedger::default());
         };
-        if snap.model != self.embedder.model_id() || snap.dim != self.embedder.dim() {
-            return Err(ProjectionError::Fatal(format!(
-                "the vector checkpoint holds {}-dimensional vectors of model {}, but the embedder is {} ({} dimensions); run `engram rebuild vector` to re-embed",
-                snap.dim,
-                snap.model,
-                self.embedder.model_id(),
-                self.embedder.dim()
-            )));
-        }
-        let (dim, params, dir) = (snap.dim, self.params.clone(), self.dir.clone());
-        let state = tokio::task::spawn_blocking(move || -> Result<State, ProjectionError> {
-            let corrupt = |e: engram_vector::VectorError| {
-                ProjectionError::Fatal(format!("vector checkpoint: {e}"))
-            };
-            let mut grouped: HashMap<ScopeKey, Vec<(Seq, Vec<f32>)>> = HashMap::new();
-            let mut state = State {
-                applied: ledger.seq,
-                ..State::default()
-            };
-            for (memory, vector) in snap.memories {
-                let s = memory.meta.seq;
-                grouped
-                    .entry(memory.meta.scope.clone())
-                    .or_default()
-                    .push((s, vector));
-                state.event_ids.insert(memory.meta.event_id.clone(), s);
-                state.memories.insert(s, memory);
-            }
-            state.forgotten = snap.forgotten.into_iter().collect();
-            state.distrusted = snap.distrusted.into_iter().collect();
-            let writer_unknown = state
-                .memories
-                .values()
-                .filter(|m| m.meta.instance_id.is_none())
-                .count();
-            if writer_unknown > 0 {
-                tracing::warn!(
-                    memories = writer_unknown,
-                    "the vector checkpoint predates instance ids: faulty-instance flags cannot lower these memories; run `engram rebuild vector` to read them from the stream"
-                );
-            }
-            let graphs = snap.graphs.map(|name| dir.join(name));
-            let started = std::time::Instant::now();
-            let (mut loaded, mut built) = (0usize, 0usize);
-            for saved in snap.scopes {
-                let vectors: HashMap<Seq, Vec<f32>> = grouped
-                    .remove(&saved.scope)
-                    .unwrap_or_default()
-                    .into_iter()
-                    .collect();
-                let graph = saved
-                    .graph
-                    .and_then(|i| graphs.as_ref().map(|g| g.join(i.to_string())));
-                let (index, graph_loaded) = VectorIndex::restore(
-                    dim,
-                    params.clone(),
-                    &saved.layout,
-                    |seq| vectors.get(&seq).map(Vec::as_slice),
-                    graph.as_deref(),
-                )
-                .map_err(corrupt)?;
-                if graph_loaded {
-                    loaded += 1;
-                } else if index.has_graph() {
-                    built += 1;
-                }
-                state.scopes.insert(saved.scope, index);
-            }
-            // Scopes the checkpoint has no layout for (one written before layouts were
-            // saved): their graphs are built again.
-            for (scope, vectors) in grouped {
-                let index =
-                    VectorIndex::from_vectors(dim, params.clone(), vectors).map_err(corrupt)?;
-                built += usize::from(index.has_graph());
-                state.scopes.insert(scope, index);
-            }
-            tracing::info!(
-                scopes = state.scopes.len(),
-                memories = state.memories.len(),
-                graphs_loaded = loaded,
-                graphs_built = built,
-                elapsed_ms = started.elapsed().as_millis() as u64,
-                "vector checkpoint restored"
-            );
-            Ok(state)
+        self.check_embedder(&snap, "the vector checkpoint")?;
+        let (params, dir) = (self.params.clone(), self.dir.clone());
+        let state = tokio::task::spawn_blocking(move || {
+            State::restore(snap, &ledger, params, Some(&dir), "vector checkpoint")
         })
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
@@ -346,8 +435,9 @@ impl Projection for VectorProjection {
         let (model, dim) = (self.embedder.model_id().to_owned(), self.embedder.dim());
         let mut rejected = Vec::new();
         // What to do, in stream order: index a memory (with the vector if the client supplied
-        // a usable one), forget some, or distrust some.
-        let mut wanted: Vec<(usize, Option<Vec<f32>>)> = Vec::new();
+        // a usable one, and the sources it inherits its confidence from), forget some, or
+        // distrust some.
+        let mut wanted: Vec<(usize, Option<Vec<f32>>, Option<Inheritance>)> = Vec::new();
         let mut forgets: Vec<(usize, Vec<EventId>)> = Vec::new();
         let mut distrusts: Vec<(usize, Distrust)> = Vec::new();
         {
@@ -369,6 +459,18 @@ impl Projection for VectorProjection {
                     }
                     continue;
                 }
+                // A consolidation output whose sources do not check is refused whole, like a
+                // signal that does not check.
+                let inherits = match Inheritance::of(event) {
+                    Ok(inherits) => inherits,
+                    Err(e) => {
+                        rejected.push(Rejected {
+                            index,
+                            reason: e.to_string(),
+                        });
+                        continue;
+                    }
+                };
                 // A signal that does not check is refused whole, its text included: a
                 // rejected event leaves the model as it was. A signal that checks is applied
                 // even if its event's own text is refused below (no usable vector, text the
@@ -402,13 +504,13 @@ impl Projection for VectorProjection {
                     .as_ref()
                     .filter(|e| e.model == model && e.vector.len() == dim)
                     .map(|e| e.vector.clone());
-                wanted.push((index, supplied));
+                wanted.push((index, supplied, inherits));
             }
         }
         let to_embed: Vec<String> = wanted
             .iter()
-            .filter(|(_, v)| v.is_none())
-            .map(|(i, _)| events[*i].event.content.text.clone())
+            .filter(|(_, v, _)| v.is_none())
+            .map(|(i, ..)| events[*i].event.content.text.clone())
             .collect();
         let mut embedded = if to_embed.is_empty() {
             Vec::new()
@@ -430,7 +532,7 @@ impl Projection for VectorProjection {
                     }
                     .into_iter();
                     let mut vectors = Vec::with_capacity(to_embed.len());
-                    wanted.retain(|(i, v)| {
+                    wanted.retain(|(i, v, _)| {
                         if v.is_some() {
                             return true;
                         }
@@ -454,10 +556,10 @@ impl Projection for VectorProjection {
         .into_iter();
         metrics::EMBEDDINGS
             .with_label_values(&["client"])
-            .inc_by(wanted.iter().filter(|(_, v)| v.is_some()).count() as u64);
+            .inc_by(wanted.iter().filter(|(_, v, _)| v.is_some()).count() as u64);
 
         let mut ops = Vec::with_capacity(wanted.len() + forgets.len() + distrusts.len());
-        for (index, supplied) in wanted {
+        for (index, supplied, inherits) in wanted {
             let stored = &events[index];
             let vector = match supplied {
                 Some(v) => v,
@@ -469,7 +571,7 @@ impl Projection for VectorProjection {
                 meta: MemoryMeta::of(stored.seq, &stored.event),
                 text: stored.event.content.text.clone(),
             };
-            ops.push(Op::Insert(index, memory, vector));
+            ops.push(Op::Insert(index, memory, vector, inherits));
         }
         for (index, ids) in forgets {
             let scope = ScopeKey::of(&events[index].event);
@@ -489,7 +591,20 @@ impl Projection for VectorProjection {
             let mut worn: HashSet<ScopeKey> = HashSet::new();
             for op in ops {
                 match op {
-                    Op::Insert(index, memory, vector) => {
+                    Op::Insert(index, mut memory, vector, inherits) => {
+                        if let Some(inherits) = inherits {
+                            // A source still in the chunk is inserted first, so that the
+                            // state holds every source as the events before this one left
+                            // it, wherever the chunk and batch boundaries fall.
+                            if pending
+                                .iter()
+                                .any(|(_, m, _)| inherits.sources.contains(&m.meta.event_id))
+                            {
+                                insert_chunk(&state, dim, &params, &pending, &mut refused);
+                                pending.clear();
+                            }
+                            memory.meta.confidence = inherited(&state, &inherits);
+                        }
                         pending.push((index, memory, vector));
                         if pending.len() == INSERT_CHUNK {
                             insert_chunk(&state, dim, &params, &pending, &mut refused);
@@ -550,7 +665,7 @@ impl Projection for VectorProjection {
                 .map_or(0, |d| d.as_nanos());
             let graphs_name = format!("{GRAPHS_PREFIX}{}-{nanos}", applied.seq);
             let graphs = dir.join(&graphs_name);
-            let snap = {
+            let (bytes, saved) = {
                 // Writers wait while the graphs are written; searches do not.
                 let state = state.read().unwrap_or_else(|p| p.into_inner());
                 let mut scopes = Vec::with_capacity(state.scopes.len());
@@ -572,36 +687,75 @@ impl Projection for VectorProjection {
                         graph,
                     });
                 }
-                let memories = state
-                    .memories
-                    .values()
-                    .filter_map(|m| {
-                        let vector = state.scopes.get(&m.meta.scope)?.vector(m.meta.seq)?;
-                        Some((m.clone(), vector.to_vec()))
-                    })
-                    .collect();
-                Snapshot {
-                    model,
-                    dim,
-                    memories,
-                    forgotten: state.forgotten.iter().cloned().collect(),
-                    graphs: graphs.exists().then_some(graphs_name.clone()),
-                    scopes,
-                    distrusted: state.distrusted.iter().cloned().collect(),
-                }
+                let saved = graphs.exists().then_some(graphs_name.as_str());
+                (state.encode(&applied, &model, dim, scopes, saved)?, saved)
             };
-            if graphs.exists() {
+            if saved.is_some() {
                 std::fs::File::open(&graphs)
                     .and_then(|d| d.sync_all())
                     .map_err(|e| io("sync", &graphs, e))?;
             }
-            snapshot::save(&path, &applied, &snap)?;
+            // Encoded under the read lock, written to disk after it is released.
+            snapshot::write_atomic(&path, &bytes)?;
             // The new snapshot is durable: older graph directories are garbage now.
-            remove_graphs_except(&dir, snap.graphs.as_deref());
+            remove_graphs_except(&dir, saved);
             Ok(())
         })
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))?
+    }
+
+    /// The checkpoint's content without the graphs, which stay local: the importing replica
+    /// builds them from the vectors, and what it saves is re-embedding every memory, the
+    /// slow part of a replay. Encoded straight from the state, under its read lock, so the
+    /// only copy is the blob: about 2 GB for a million 384-dimensional memories.
+    async fn export(&self, applied: &ApplyLedger) -> Result<Option<Vec<u8>>, ProjectionError> {
+        let (state, model, dim, applied) = (
+            self.state.clone(),
+            self.embedder.model_id().to_owned(),
+            self.embedder.dim(),
+            *applied,
+        );
+        tokio::task::spawn_blocking(move || {
+            let state = state.read().unwrap_or_else(|p| p.into_inner());
+            let scopes = state
+                .scopes
+                .iter()
+                .map(|(scope, index)| SavedScope {
+                    scope: scope.clone(),
+                    layout: index.layout(),
+                    graph: None,
+                })
+                .collect();
+            state.encode(&applied, &model, dim, scopes, None).map(Some)
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))?
+    }
+
+    /// Checks the blob, its model and dimension against this replica's embedder, and builds
+    /// the state from it as [`restore`](Projection::restore) does from a checkpoint (graphs
+    /// built from the vectors); then checkpoints, graphs included, so a restart loads them.
+    /// Until the state is built, nothing is replaced.
+    async fn import(&self, bytes: &[u8]) -> Result<ApplyLedger, ProjectionError> {
+        let bytes = bytes.to_vec();
+        let (ledger, mut snap) = tokio::task::spawn_blocking(move || {
+            snapshot::decode::<Snapshot>(&bytes, "the vector snapshot", NAME)
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        self.check_embedder(&snap, "the vector snapshot")?;
+        // Graph directories are another replica's, never ours.
+        snap.graphs = None;
+        let params = self.params.clone();
+        let state = tokio::task::spawn_blocking(move || {
+            State::restore(snap, &ledger, params, None, "vector snapshot")
+        })
+        .await
+        .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        self.checkpoint(&ledger).await?;
+        Ok(ledger)
     }
 
     async fn reset(&self) -> Result<(), ProjectionError> {
@@ -643,7 +797,9 @@ impl Projection for VectorProjection {
 
 /// One step of a batch, in stream order (the index into the batch).
 enum Op {
-    Insert(usize, Memory, Vec<f32>),
+    /// A memory, its vector, and for a consolidation output the sources it inherits its
+    /// confidence from.
+    Insert(usize, Memory, Vec<f32>, Option<Inheritance>),
     Forget(usize, ScopeKey, Vec<EventId>),
     Distrust(usize, Distrust),
 }
@@ -656,7 +812,6 @@ impl Op {
     }
 }
 
-/// Inserts one chunk under one hold of the write lock; refused vectors go to `refused`.
 /// Embeds `texts` one at a time, after the embedder refused them together for an input fault:
 /// a vector for each text it takes, the reason for each it refuses on its own. An outage midway
 /// is transient, as for the whole batch.
@@ -682,6 +837,7 @@ async fn embed_each(
     Ok(each)
 }
 
+/// Inserts one chunk under one hold of the write lock; refused vectors go to `refused`.
 fn insert_chunk(
     state: &RwLock<State>,
     dim: usize,
@@ -755,6 +911,16 @@ fn forget(state: &RwLock<State>, scope: &ScopeKey, ids: &[EventId]) -> bool {
         .scopes
         .get(scope)
         .is_some_and(VectorIndex::wants_rebuild)
+}
+
+/// The confidence a consolidation output starts at, from its sources as the state holds
+/// them ([`Inheritance::confidence`]).
+fn inherited(state: &RwLock<State>, inherits: &Inheritance) -> f64 {
+    let state = state.read().unwrap_or_else(|p| p.into_inner());
+    inherits.confidence(|id| {
+        let seq = state.event_ids.get(id)?;
+        state.memories.get(seq).map(|m| &m.meta)
+    })
 }
 
 /// Lowers the confidence of the memories `signal` is about: those it contradicts and, for a

@@ -408,6 +408,182 @@ async fn a_signal_that_does_not_check_is_refused_whole() {
     assert!(!all.contains_key(&bad_id));
 }
 
+/// A `consolidated` event of acme/t1 (a merged, summary or restored memory) with `sources`.
+fn consolidated(op: &str, text: &str, sources: &[EventId]) -> Envelope {
+    with_data(
+        event(
+            "acme",
+            "t1",
+            "consolidator",
+            EventKind::Consolidated,
+            &format!("memory {text}"),
+        ),
+        json!({"op": op, "sources": sources}),
+    )
+}
+
+/// A contradicted claim and a clean copy of it, a flagged instance's memory, and the
+/// consolidation outputs made from them.
+fn consolidation_world() -> World {
+    let mut w = World {
+        events: Vec::new(),
+        ids: BTreeMap::new(),
+        scopes: vec![ScopeKey::of(&memory("acme", "t1", "i-1", "x"))],
+    };
+    w.add(
+        "claim",
+        memory("acme", "t1", "i-1", "the api key is in vault"),
+    );
+    w.add(
+        "copy",
+        memory("acme", "t1", "i-3", "the api key is in the vault"),
+    );
+    w.add(
+        "bad",
+        memory("acme", "t1", "i-2", "prices doubled overnight"),
+    );
+    // Of another scope, distrusted there: no say over what t1 reads
+    w.add("t2", memory("acme", "t2", "i-2", "the api key is in vault"));
+    let outcome = with_data(
+        event("acme", "t1", "i-3", EventKind::Outcome, ""),
+        json!({"success": false, "contradicts": [w.id("claim")]}),
+    );
+    w.add("outcome", outcome);
+    let flag = with_data(
+        event("acme", "t1", "i-9", EventKind::Feedback, ""),
+        json!({"faulty_instance": "i-2"}),
+    );
+    w.add("flag", flag);
+    let t2_flag = with_data(
+        event("acme", "t2", "i-9", EventKind::Feedback, ""),
+        json!({"faulty_instance": "i-2"}),
+    );
+    w.add("t2-flag", t2_flag);
+    // When the consolidator merges the claim with its copy (naming t2's memory too), a copy
+    // of the merged memory is restored at once (before the merge's sources are superseded,
+    // so in the same chunk of inserts), and the flagged memory is restored as a copy
+    let merged = consolidated(
+        "merged",
+        "the api key is in vault (merged)",
+        &[w.id("claim"), w.id("copy"), w.id("t2")],
+    );
+    w.add("merged", merged);
+    w.add(
+        "restored-merged",
+        consolidated("restored", "the api key is in vault", &[w.id("merged")]),
+    );
+    let superseded = with_data(
+        event(
+            "acme",
+            "t1",
+            "consolidator",
+            EventKind::Forgotten,
+            "superseded",
+        ),
+        json!({"event_ids": [w.id("claim"), w.id("copy")]}),
+    );
+    w.add("superseded", superseded);
+    w.add(
+        "restored",
+        consolidated("restored", "prices doubled overnight", &[w.id("bad")]),
+    );
+    // and summarises a clean memory and one it does not hold
+    w.add(
+        "clean",
+        memory("acme", "t1", "i-3", "deploys run on fridays"),
+    );
+    w.add(
+        "summary",
+        consolidated(
+            "summary",
+            "a session on deploys",
+            &[w.id("clean"), EventId::new()],
+        ),
+    );
+    w
+}
+
+#[tokio::test]
+async fn a_consolidation_output_keeps_the_least_confidence_of_its_sources() {
+    // Given a contradicted claim (0.5), a clean copy and a flagged instance's memory (0.25)
+    let World {
+        events,
+        ids,
+        scopes,
+    } = consolidation_world();
+    // When the consolidation outputs arrive, in one batch with their sources
+    let models = Models::new().await;
+    let (v, k) = models.apply(&stored(&events)).await;
+    assert!(v.is_empty() && k.is_empty(), "{v:?} {k:?}");
+
+    // Then the merged memory is no more trusted than the claim, the restored copy than the
+    // flagged memory, a copy of the merged memory than the merged memory; the summary of clean
+    // memories is trusted; t2's distrust counts for nothing in t1
+    let all = models.confidences(&scopes, MemoryFilter::default()).await;
+    let expected: BTreeMap<EventId, f64> = [
+        ("bad", 0.25),
+        ("merged", 0.5),
+        ("restored", 0.25),
+        ("restored-merged", 0.5),
+        ("clean", 1.0),
+        ("summary", 1.0),
+    ]
+    .into_iter()
+    .map(|(name, c)| (ids[name].clone(), c))
+    .collect();
+    assert_eq!(all, expected);
+    // And a context's threshold leaves the laundered copies out as it does their sources
+    let kept = models.confidences(&scopes, trusted(0.3)).await;
+    assert!(!kept.contains_key(&ids["restored"]) && kept.contains_key(&ids["merged"]));
+}
+
+#[tokio::test]
+async fn a_consolidation_output_inherits_the_same_in_any_batches() {
+    let World { events, ids, .. } = consolidation_world();
+    let all = stored(&events);
+    let whole = Models::new().await;
+    whole.apply(&all).await;
+    // One event at a time, and in batches that cut between sources and outputs
+    let one_by_one = Models::new().await;
+    for event in &all {
+        one_by_one.apply(std::slice::from_ref(event)).await;
+    }
+    let split = Models::new().await;
+    let cut = events
+        .iter()
+        .position(|e| e.event_id == ids["merged"])
+        .unwrap()
+        + 1;
+    for batch in [&all[..3], &all[3..cut], &all[cut..]] {
+        split.apply(batch).await;
+    }
+    for models in [&one_by_one, &split] {
+        assert_eq!(
+            whole.vector.state_hash().await,
+            models.vector.state_hash().await
+        );
+        assert_eq!(
+            whole.keyword.state_hash().await,
+            models.keyword.state_hash().await
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_consolidation_output_whose_sources_do_not_check_is_refused_whole() {
+    // Given a merged memory published raw with no sources (the append path would refuse it)
+    let models = Models::new().await;
+    let claim = memory("acme", "t1", "i-1", "the api key is in vault");
+    let bad = consolidated("merged", "the api key is in vault", &[]);
+    // When both models apply it, then both refuse it
+    let (v, k) = models.apply(&stored(&[claim.clone(), bad])).await;
+    assert_eq!((v, k), (vec![1], vec![1]));
+    let all = models
+        .confidences(&[ScopeKey::of(&claim)], MemoryFilter::default())
+        .await;
+    assert_eq!(all.keys().collect::<Vec<_>>(), vec![&claim.event_id]);
+}
+
 /// Checkpoints written before confidence and instance ids existed still load: the vector
 /// checkpoint holds metadata as arrays, the keyword index as maps, both without the new
 /// trailing fields.

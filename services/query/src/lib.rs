@@ -240,11 +240,32 @@ impl Query {
         )
         .await?;
         let q = self.clone();
+        engram_rpc::serve(
+            &service,
+            proto::SNAPSHOT,
+            "snapshot",
+            limits,
+            move |r: proto::SnapshotCutRequest| {
+                let q = q.clone();
+                async move { q.snapshot(r).await }
+            },
+        )
+        .await?;
+        let q = self.clone();
         engram_rpc::serve(&service, proto::DOC, "doc", limits, move |r: DocRequest| {
             let q = q.clone();
             async move { q.doc(r).await }
         })
         .await?;
+        // Subscriptions reach the server on the next flush: until then another connection's
+        // request can find no responder. Served means answering.
+        self.client
+            .flush()
+            .await
+            .map_err(|e| engram_rpc::RpcError::Transport {
+                subject: proto::QUERY_SERVICE.to_owned(),
+                reason: format!("flushing the endpoints' subscriptions: {e}"),
+            })?;
         // The flusher stops after the endpoints, so that what they answered last is counted.
         let flusher_stop = CancellationToken::new();
         let flusher = (!self.config.usage_interval.is_zero()).then(|| {
@@ -500,6 +521,37 @@ impl Query {
             Duration::from_secs(60),
         )
         .await
+    }
+
+    /// Cuts a snapshot of every read model, through each projector's snapshot endpoint, one
+    /// model after another (each projector cuts one at a time, and returns its newest
+    /// snapshot rather than a copy when nothing was applied since).
+    pub async fn snapshot(
+        &self,
+        request: proto::SnapshotCutRequest,
+    ) -> Result<proto::SnapshotCutResponse, Failure> {
+        request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        let mut response = proto::SnapshotCutResponse {
+            snapshots: Vec::new(),
+            skipped: Vec::new(),
+        };
+        let body = serde_json::json!({ "label": request.label });
+        for model in read_models::ALL {
+            let cut: Result<serde_json::Value, _> = engram_rpc::call(
+                &self.client,
+                &proto::projector_subject(model, "snapshot"),
+                &body,
+                Duration::from_secs(600),
+            )
+            .await;
+            match cut {
+                Ok(meta) => response.snapshots.push(meta),
+                // A model that cannot export itself, or one not running here.
+                Err(e) => response.skipped.push(format!("{model}: {e}")),
+            }
+        }
+        Ok(response)
     }
 
     /// A shared document, or the documents of the readable scopes, through the document

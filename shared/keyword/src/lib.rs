@@ -235,6 +235,45 @@ impl KeywordIndex {
         Ok(())
     }
 
+    /// Replaces the whole index with `memories` (in sequence order) in one commit, carrying
+    /// `applied_seq` and `note` as [`commit_with_note`](Self::commit_with_note) does: a
+    /// snapshot loaded into this replica. Anything staged is discarded. The checkpoint may
+    /// move back (the snapshot may be older than what the index held). Atomic: after an
+    /// error, or a crash, the index is its last commit, and the writer is left as that
+    /// commit left it.
+    pub fn replace<'m>(
+        &mut self,
+        memories: impl IntoIterator<Item = (&'m MemoryMeta, &'m str)>,
+        applied_seq: Seq,
+        note: &str,
+    ) -> Result<(), KeywordError> {
+        // As in `clear`: without the rollback, documents still buffered in the indexing
+        // thread could outlive `delete_all_documents`.
+        self.writer.rollback()?;
+        let result = self.add_all_and_commit(memories, applied_seq, note);
+        if result.is_err() {
+            // Discard the half-staged replacement; the high-water mark of the last commit
+            // is the one that stays true.
+            self.writer.rollback()?;
+            self.high_water = self.reader.max_seq()?;
+        }
+        result
+    }
+
+    fn add_all_and_commit<'m>(
+        &mut self,
+        memories: impl IntoIterator<Item = (&'m MemoryMeta, &'m str)>,
+        applied_seq: Seq,
+        note: &str,
+    ) -> Result<(), KeywordError> {
+        self.writer.delete_all_documents()?;
+        self.high_water = 0;
+        for (meta, text) in memories {
+            self.add(meta, text)?;
+        }
+        self.durable_commit(applied_seq, Some(note))
+    }
+
     /// The sequence carried by the last commit: 0 for a new index.
     pub fn committed_seq(&self) -> Seq {
         self.reader.committed_seq()

@@ -19,6 +19,11 @@
 //! same confidences bit for bit. The read models apply a signal once per event id, so a
 //! retry stored again after the stream's duplicate window does not lower anything twice.
 //!
+//! A consolidation output (a merged memory, a session summary, a restored copy) says again
+//! what its sources said, so it starts at the least of their confidences instead of 1
+//! ([`Inheritance`]): merging a contradicted claim with a clean copy of it must not make it
+//! trusted again.
+//!
 //! Retrieval leaves low-confidence memories out only when asked (`filter.min_confidence`);
 //! a context leaves out those below `query.context_min_confidence` (0.3), so one
 //! contradiction (0.5) keeps a memory in a context and two (0.25), or one faulty flag, take
@@ -27,7 +32,9 @@
 use std::collections::HashSet;
 
 use engram_schema::payload::PayloadError;
-use engram_schema::{Contradicts, Envelope, EventId, FaultyInstance, Ident};
+use engram_schema::{
+    Consolidated, Contradicts, Envelope, EventId, EventKind, FaultyInstance, Ident,
+};
 
 use crate::{MemoryMeta, ScopeKey, Seq};
 
@@ -108,6 +115,60 @@ impl Distrust {
     }
 }
 
+/// The memories a consolidation output inherits its confidence from: the sources of a
+/// `consolidated` event (merged, summary or restored), as the event names them.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Inheritance {
+    /// The output's own tenant and scope: only sources of it count.
+    pub scope: ScopeKey,
+    pub sources: Vec<EventId>,
+}
+
+impl Inheritance {
+    /// The sources `event` inherits from: `None` for an event that is no consolidation
+    /// output, the payload error of a `consolidated` event whose data does not check (the
+    /// read models dead-letter it whole, as they do a signal that does not check).
+    pub fn of(event: &Envelope) -> Result<Option<Self>, PayloadError> {
+        if event.kind != EventKind::Consolidated {
+            return Ok(None);
+        }
+        let consolidated = Consolidated::from_event(event)?;
+        Ok(Some(Self {
+            scope: ScopeKey::of(event),
+            sources: consolidated.sources,
+        }))
+    }
+
+    /// The confidence the output starts at: the least of its sources' confidences, 1 if it
+    /// has none in the read model.
+    ///
+    /// Why: the output repeats its sources. Started at 1 it would launder their distrust: a
+    /// contradicted claim merged with a clean copy of itself would be trusted again. Why the
+    /// least: one distrusted source is enough to doubt what was distilled from it, and a
+    /// product would count twice a doubt that near-copies share.
+    ///
+    /// `memory` looks a source up in the read model as every event before the output left
+    /// it (sources inserted earlier in the same batch included, with their own confidence).
+    /// A source of another tenant or scope is ignored (the `forgotten` rule: an output speaks
+    /// only for its own scope), and a source the model does not hold (never indexed, or
+    /// forgotten) counts as 1: the read model keeps nothing of it to inherit. So a restored
+    /// copy of a memory already withdrawn by a `forgotten` event (archived, superseded)
+    /// starts at 1; one restored while its source is still held keeps the source's. Computed
+    /// when the output is applied, in stream order, it is a pure function of the stream, so a
+    /// live apply and a replay in other batches give the same confidence bit for bit.
+    pub fn confidence<'a>(
+        &self,
+        mut memory: impl FnMut(&EventId) -> Option<&'a MemoryMeta>,
+    ) -> f64 {
+        self.sources
+            .iter()
+            .filter_map(&mut memory)
+            .filter(|source| source.scope == self.scope)
+            .map(|source| source.confidence)
+            .fold(1.0, f64::min)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use engram_schema::{Content, EventKind, Layer, Scope, ScopeKind};
@@ -167,6 +228,46 @@ mod tests {
             ..MemoryMeta::of(5, &event("acme", "t1", "i-1", EventKind::Observation))
         };
         assert_eq!(signal.factor(&unknown), 1.0);
+    }
+
+    #[test]
+    fn a_consolidation_output_starts_at_the_least_confidence_of_its_own_scopes_sources() {
+        let sources: Vec<MemoryMeta> = [
+            ("acme", "t1", 0.5),
+            ("acme", "t1", 1.0),
+            ("acme", "t2", 0.25),
+        ]
+        .into_iter()
+        .enumerate()
+        .map(|(i, (tenant, scope, confidence))| MemoryMeta {
+            confidence,
+            ..MemoryMeta::of(
+                i as u64 + 1,
+                &event(tenant, scope, "i-1", EventKind::Observation),
+            )
+        })
+        .collect();
+        let lookup = |id: &EventId| sources.iter().find(|m| &m.event_id == id);
+        let inherited = |event: &Envelope| {
+            Inheritance::of(event).map(|i| i.map_or(1.0, |i| i.confidence(lookup)))
+        };
+        let mut merged = event("acme", "t1", "consolidator", EventKind::Consolidated);
+        merged.content.data = Some(json!({
+            "op": "merged",
+            "sources": [sources[0].event_id, sources[1].event_id, sources[2].event_id, EventId::new()],
+        }));
+        // The contradicted source counts; the other scope's quarter and the unknown id do not
+        assert_eq!(inherited(&merged).unwrap(), CONTRADICTED);
+        merged.content.data = Some(json!({"op": "summary", "sources": [sources[1].event_id]}));
+        assert_eq!(inherited(&merged).unwrap(), 1.0);
+        // Any other memory starts at 1, and an output whose data does not check is refused
+        let plain = event("acme", "t1", "i-1", EventKind::Observation);
+        assert_eq!(inherited(&plain).unwrap(), 1.0);
+        merged.content.data = Some(json!({"op": "merged", "sources": []}));
+        assert_eq!(
+            inherited(&merged).unwrap_err().field,
+            "content.data.sources"
+        );
     }
 
     #[test]

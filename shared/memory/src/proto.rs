@@ -34,6 +34,7 @@ pub const SKILLS: &str = "engram.q.skills";
 pub const DOC: &str = "engram.q.doc";
 pub const BOOTSTRAP: &str = "engram.q.bootstrap";
 pub const CONSOLIDATE: &str = "engram.q.consolidate";
+pub const SNAPSHOT: &str = "engram.q.snapshot";
 
 /// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
 /// module in the projector services uses the same constant.
@@ -44,6 +45,8 @@ pub mod read_models {
     pub const SKILLS: &str = "skills";
     pub const DOCS: &str = "docs";
     pub const CONSOLIDATOR: &str = "consolidator";
+    /// Every read model, in the order a snapshot of all of them is cut.
+    pub const ALL: [&str; 6] = [FACTS, SKILLS, DOCS, CONSOLIDATOR, VECTOR, KEYWORD];
 }
 
 /// The subject of a projector service's endpoint.
@@ -652,6 +655,48 @@ pub struct BootstrapRequest {
     pub version: Option<Seq>,
     #[serde(default, flatten)]
     pub consistency: Consistency,
+}
+
+/// Cut a snapshot of every read model now (SDK `client.snapshot`), with an optional label:
+/// labelled snapshots are kept by retention, so a run can be bootstrapped from exactly this
+/// point later. A snapshot holds every scope of a model; a bootstrap hands each instance only
+/// the slice of its own scopes, which the scopes here are checked like any request's.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotCutRequest {
+    #[serde(flatten)]
+    pub scopes: ScopeRequest,
+    /// 1-64 of `A-Z a-z 0-9 _ - .`.
+    #[serde(default)]
+    pub label: Option<String>,
+}
+
+impl SnapshotCutRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if let Some(label) = &self.label {
+            let ok = (1..=64).contains(&label.len())
+                && label
+                    .chars()
+                    .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
+            if !ok {
+                return Err(InvalidField::new(
+                    "label",
+                    "use 1-64 of A-Z a-z 0-9 _ - .",
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The snapshots cut, one per read model that can export itself.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotCutResponse {
+    /// Each model's snapshot index entry (projector, version, label, sizes, hashes): the
+    /// newest one, when nothing was applied since it and no label was asked for.
+    pub snapshots: Vec<serde_json::Value>,
+    /// Models that did not cut one, and why (one that cannot export itself, one not running).
+    #[serde(default)]
+    pub skipped: Vec<String>,
 }
 
 /// The snapshot a bootstrap slice was cut from.

@@ -224,9 +224,17 @@ impl Client {
         for stored in &tail {
             memory.apply(stored.seq, &stored.event);
         }
-        memory.facts.advance_through(through);
-        memory.skills.advance_through(through);
-        memory.docs.advance_through(through);
+        // A model already at `through` (the stream's last event was one of these scopes', or
+        // nothing came after its snapshot) holds it: advancing again would go nowhere.
+        if memory.facts.applied_seq() < Some(through) {
+            memory.facts.advance_through(through);
+        }
+        if memory.skills.applied_seq() < Some(through) {
+            memory.skills.advance_through(through);
+        }
+        if memory.docs.applied_seq() < Some(through) {
+            memory.docs.advance_through(through);
+        }
         memory.through = memory.through.max(through);
         Ok(tail.len() as u64)
     }

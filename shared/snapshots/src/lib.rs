@@ -134,6 +134,10 @@ pub enum SnapshotError {
     NotFound { projector: String, version: u64 },
     #[error("label {0:?}: use 1-64 of A-Z a-z 0-9 _ - .")]
     InvalidLabel(String),
+    #[error(
+        "{projector} already keeps {max} labelled snapshots, which retention never deletes; delete old ones (`engram snapshot list` shows them) before labelling more"
+    )]
+    TooManyLabelled { projector: String, max: usize },
     #[error("snapshot of {projector} is {bytes} bytes, over snapshots.max_bytes ({max})")]
     TooLarge {
         projector: String,
@@ -154,6 +158,9 @@ pub struct Selection {
     /// Newer snapshots that did not check, with why.
     pub skipped: Vec<(SnapshotMeta, String)>,
 }
+
+/// Labelled snapshots one projector keeps at most.
+pub const MAX_LABELLED: usize = 32;
 
 /// The snapshot objects and their index.
 #[derive(Clone)]
@@ -234,6 +241,20 @@ impl SnapshotStore {
     ) -> Result<SnapshotMeta, SnapshotError> {
         if let Some(label) = label {
             check_label(label)?;
+            // Labelled snapshots outlive retention, and agents may ask for them: bounded, or
+            // a loop of labelled cuts would fill the store.
+            let labelled = self
+                .list(Some(projector))
+                .await?
+                .iter()
+                .filter(|m| m.label.is_some() && m.version != cut.ledger.seq)
+                .count();
+            if labelled >= MAX_LABELLED {
+                return Err(SnapshotError::TooManyLabelled {
+                    projector: projector.to_owned(),
+                    max: MAX_LABELLED,
+                });
+            }
         }
         let bytes = cut.bytes.len() as u64;
         if bytes > self.config.max_bytes {
