@@ -228,7 +228,8 @@ async fn loadtest_drives_a_deployment_and_verifies_it() {
     assert_eq!(
         names,
         engram_loadtest::fleet::target::projectors(),
-        "{snapshots:#}"
+        "{:#}",
+        report["snapshots"]
     );
     for s in snapshots {
         if s["refused"].is_string() {

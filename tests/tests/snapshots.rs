@@ -441,7 +441,11 @@ async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
         .find(|m| m["projector"] == "facts")
         .unwrap();
     let version = facts["version"].as_u64().unwrap();
-    let booted = engram.client.bootstrap(&scope, Some(version)).await.unwrap();
+    let booted = engram
+        .client
+        .bootstrap(&scope, Some(version))
+        .await
+        .unwrap();
     assert_eq!(
         booted.snapshots[0].1.as_ref().map(|s| s.label.clone()),
         Some(Some("before-deploy".to_owned()))
@@ -479,7 +483,11 @@ async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
         }
     }
     let (at, why) = refused.expect("a label beyond the bound is refused");
-    assert_eq!(at, engram_snapshots::MAX_LABELLED - 1, "the one from the SDK counts");
+    assert_eq!(
+        at,
+        engram_snapshots::MAX_LABELLED - 1,
+        "the one from the SDK counts"
+    );
     assert!(why.contains("labelled snapshots"), "{why}");
     let _ = seq;
 }

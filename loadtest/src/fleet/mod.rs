@@ -472,7 +472,7 @@ async fn load_and_verify(
         interval_secs: config
             .nats
             .is_none()
-            .then(|| config.consolidate_every.as_secs_f64()),
+            .then_some(config.consolidate_every.as_secs_f64()),
         lag: timeline
             .lag_events
             .get(engram_projectors::consolidator::NAME)

@@ -62,36 +62,31 @@ pub struct ProjectorSnapshots {
     /// Failed requests (timeouts, unavailable) and the first failure's message.
     pub failures: u64,
     pub first_failure: Option<String>,
+    /// The seconds of the cuts during the load, for the median and max.
+    #[serde(skip)]
+    secs_during_load: Vec<f64>,
 }
 
 /// What the cuts found so far, shared by the cutter during the load and the final cut.
 #[derive(Clone, Default)]
-pub(crate) struct Cuts(Arc<Mutex<BTreeMap<String, (ProjectorSnapshots, Vec<f64>)>>>);
+pub(crate) struct Cuts(Arc<Mutex<BTreeMap<String, ProjectorSnapshots>>>);
 
 impl Cuts {
-    fn with<T>(
-        &self,
-        projector: &str,
-        f: impl FnOnce(&mut ProjectorSnapshots, &mut Vec<f64>) -> T,
-    ) -> T {
+    fn with<T>(&self, projector: &str, f: impl FnOnce(&mut ProjectorSnapshots) -> T) -> T {
         let mut all = self
             .0
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let (entry, secs) = all.entry(projector.to_owned()).or_insert_with(|| {
-            (
-                ProjectorSnapshots {
-                    projector: projector.to_owned(),
-                    ..ProjectorSnapshots::default()
-                },
-                Vec::new(),
-            )
-        });
-        f(entry, secs)
+        f(all
+            .entry(projector.to_owned())
+            .or_insert_with(|| ProjectorSnapshots {
+                projector: projector.to_owned(),
+                ..ProjectorSnapshots::default()
+            }))
     }
 
     fn refused(&self, projector: &str) -> bool {
-        self.with(projector, |p, _| p.refused.is_some())
+        self.with(projector, |p| p.refused.is_some())
     }
 
     /// Asks `projector` for a cut and records the answer; the cut if one came.
@@ -116,11 +111,11 @@ impl Cuts {
                 fresh: stored.created_at + chrono::TimeDelta::seconds(1) >= requested_at,
             }),
             Err(e) if e.code() == ErrorCode::Invalid => {
-                self.with(projector, |p, _| p.refused = Some(e.to_string()));
+                self.with(projector, |p| p.refused = Some(e.to_string()));
                 None
             }
             Err(e) => {
-                self.with(projector, |p, _| {
+                self.with(projector, |p| {
                     p.failures += 1;
                     p.first_failure.get_or_insert_with(|| e.to_string());
                 });
@@ -136,9 +131,9 @@ impl Cuts {
                 continue;
             }
             if let Some(cut) = self.cut(client, projector).await {
-                self.with(projector, |p, secs| {
+                self.with(projector, |p| {
                     p.cuts_during_load += 1;
-                    secs.push(cut.secs);
+                    p.secs_during_load.push(cut.secs);
                 });
             }
         }
@@ -148,14 +143,15 @@ impl Cuts {
     pub(crate) async fn finish(&self, client: &async_nats::Client) -> Vec<ProjectorSnapshots> {
         for projector in projectors() {
             if let Some(cut) = self.cut(client, projector).await {
-                self.with(projector, |p, _| p.final_cut = Some(cut));
+                self.with(projector, |p| p.final_cut = Some(cut));
             }
         }
         projectors()
             .into_iter()
             .map(|projector| {
-                self.with(projector, |p, secs| {
-                    secs.sort_by(f64::total_cmp);
+                self.with(projector, |p| {
+                    p.secs_during_load.sort_by(f64::total_cmp);
+                    let secs = &p.secs_during_load;
                     p.cut_secs_p50_during_load = secs.get(secs.len() / 2).copied();
                     p.cut_secs_max_during_load = secs.last().copied();
                     p.clone()

@@ -226,14 +226,22 @@ async fn failover_under_load_consolidates_every_scope_once() {
         .await
         .unwrap()
         .expect("a holder");
-    let (mut active, _standby) = if holder.starts_with("a-") { (a, b) } else { (b, a) };
+    let (mut active, _standby) = if holder.starts_with("a-") {
+        (a, b)
+    } else {
+        (b, a)
+    };
     active.0.kill().unwrap();
     active.0.wait().unwrap();
     let killed = Instant::now();
     tokio::time::sleep(LEASE_TTL * 2).await;
     stop.cancel();
     let written = writer.await.unwrap();
-    assert!(written.len() > 10, "the writer wrote {} scopes", written.len());
+    assert!(
+        written.len() > 10,
+        "the writer wrote {} scopes",
+        written.len()
+    );
 
     // ...then every scope written is consolidated, each once.
     let deadline = Instant::now() + LEASE_TTL * 30;

@@ -439,7 +439,10 @@ where
     // Subscriptions reach the server on the next flush: until then another connection's
     // request can find no responder. Started means answering.
     for (_, client) in &running.services {
-        client.flush().await.map_err(|e| StartError::Flush(e.to_string()))?;
+        client
+            .flush()
+            .await
+            .map_err(|e| StartError::Flush(e.to_string()))?;
     }
     Ok(running)
 }
@@ -481,9 +484,7 @@ async fn cut_and_store(
         .map_err(|e| match e {
             SnapshotError::InvalidLabel(_)
             | SnapshotError::TooLarge { .. }
-            | SnapshotError::TooManyLabelled { .. } => {
-                Failure::invalid(e.to_string())
-            }
+            | SnapshotError::TooManyLabelled { .. } => Failure::invalid(e.to_string()),
             other => Failure::new(ErrorCode::Unavailable, other.to_string()),
         })?;
     engram_telemetry::metrics::SNAPSHOT_SECONDS

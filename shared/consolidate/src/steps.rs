@@ -418,8 +418,7 @@ pub struct Decay;
 /// A memory's importance after reinforcement by `uses` reported uses (each adds
 /// `policy.reinforcement`, up to 1) and decay since it was last useful, at `now`.
 pub fn effective(memory: &crate::model::Memory, now: DateTime<Utc>, policy: &Policy) -> f64 {
-    let reinforced =
-        (memory.importance + policy.reinforcement * f64::from(memory.uses)).min(1.0);
+    let reinforced = (memory.importance + policy.reinforcement * f64::from(memory.uses)).min(1.0);
     decayed(reinforced, memory.last_useful, now, policy.half_life_days)
 }
 

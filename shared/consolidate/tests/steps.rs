@@ -335,7 +335,12 @@ fn each_use_adds_reinforcement_so_a_memory_used_more_outlasts_one_used_once() {
     let archived: Vec<String> = plan(&stream.model, &team, &Policy::default(), &["decay"])
         .events
         .iter()
-        .flat_map(|e| e.content.data.as_ref().unwrap()["event_ids"].as_array().unwrap().clone())
+        .flat_map(|e| {
+            e.content.data.as_ref().unwrap()["event_ids"]
+                .as_array()
+                .unwrap()
+                .clone()
+        })
         .map(|v| v.as_str().unwrap().to_owned())
         .collect();
     assert_eq!(archived, [once.event_id.as_str().to_owned()]);

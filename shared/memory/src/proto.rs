@@ -678,10 +678,7 @@ impl SnapshotCutRequest {
                     .chars()
                     .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'));
             if !ok {
-                return Err(InvalidField::new(
-                    "label",
-                    "use 1-64 of A-Z a-z 0-9 _ - .",
-                ));
+                return Err(InvalidField::new("label", "use 1-64 of A-Z a-z 0-9 _ - ."));
             }
         }
         Ok(())

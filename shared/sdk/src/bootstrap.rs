@@ -122,15 +122,23 @@ impl Client {
         let mut snapshots = Vec::new();
         let mut skipped = Vec::new();
         let mut from = Seq::MAX;
-        for model in [read_models::FACTS, read_models::SKILLS, read_models::DOCS] {
-            let request = BootstrapRequest {
+        let models = [read_models::FACTS, read_models::SKILLS, read_models::DOCS];
+        let mut requests = Vec::with_capacity(models.len());
+        for model in models {
+            requests.push(BootstrapRequest {
                 scopes: scopes.clone(),
                 model: Ident::parse("model", model)
                     .map_err(|e| BootstrapError::Scope(e.to_string()))?,
                 version,
                 consistency: Consistency::default(),
-            };
-            let response = self.query_bootstrap(&request).await?;
+            });
+        }
+        // Each projector loads its own snapshot: asked at once, the slowest sets the time,
+        // not the sum.
+        let responses =
+            futures::future::join_all(requests.iter().map(|r| self.query_bootstrap(r))).await;
+        for (model, response) in models.into_iter().zip(responses) {
+            let response = response?;
             skipped.extend(response.skipped.iter().map(|s| format!("{model} {s}")));
             let held = match &response.bytes {
                 None => 0,
