@@ -451,6 +451,12 @@ async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
         Some(Some("before-deploy".to_owned()))
     );
 
+    // A cut copies every model: within query.snapshot_min_interval another request gets
+    // the last cut's answer, however much was written since.
+    append_events(&engram, 200..210, &mut board).await;
+    let again = engram.client.snapshot(&scope, None).await.unwrap();
+    assert_eq!(again, cut);
+
     for bad in ["", "a b", "../x", "x*", &"y".repeat(65)] {
         let err = engram
             .client

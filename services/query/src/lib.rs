@@ -64,6 +64,11 @@ pub struct QueryConfig {
     /// The instance id of the events this service writes (agent `query`). Give each
     /// replica its own.
     pub instance_id: Ident,
+    /// Shortest time between two snapshot cuts agents ask for (`engram.q.snapshot`): a cut
+    /// copies every read model, so within it an unlabelled request gets the last cut's
+    /// answer and a labelled one is refused as busy. 0 never holds one back.
+    #[serde(with = "humantime_serde")]
+    pub snapshot_min_interval: Duration,
 }
 
 impl Default for QueryConfig {
@@ -76,6 +81,7 @@ impl Default for QueryConfig {
             max_in_flight: 64,
             usage_interval: Duration::from_secs(60),
             instance_id: Ident::parse("instance_id", usage::AGENT).expect("a valid ident"),
+            snapshot_min_interval: Duration::from_secs(60),
         }
     }
 }
@@ -123,6 +129,9 @@ pub struct Query {
     head: StreamHead,
     /// What the endpoints returned since the last usage flush.
     usage: Arc<usage::Usage>,
+    /// When agents last had a snapshot cut, and its answer: one cut at a time, and none
+    /// sooner than `snapshot_min_interval` after the last.
+    last_cut: tokio::sync::Mutex<Option<(std::time::Instant, proto::SnapshotCutResponse)>>,
 }
 
 impl Query {
@@ -140,6 +149,7 @@ impl Query {
             bus,
             config,
             tokens: Arc::new(tokens),
+            last_cut: tokio::sync::Mutex::new(None),
         }))
     }
 
@@ -532,6 +542,25 @@ impl Query {
     ) -> Result<proto::SnapshotCutResponse, Failure> {
         request.scopes.resolve().map_err(Failure::invalid)?;
         request.validate().map_err(Failure::from)?;
+        // Held for the whole cut: a second request waits for the first, then finds it.
+        let mut last = self.last_cut.lock().await;
+        if let Some((at, answer)) = last.as_ref() {
+            let since = at.elapsed();
+            if since < self.config.snapshot_min_interval {
+                if request.label.is_none() {
+                    return Ok(answer.clone());
+                }
+                let wait = self.config.snapshot_min_interval - since;
+                return Err(Failure::new(
+                    ErrorCode::Busy,
+                    format!(
+                        "a snapshot was cut {}s ago; a labelled one can be cut in {}s (query.snapshot_min_interval)",
+                        since.as_secs(),
+                        wait.as_secs() + 1
+                    ),
+                ));
+            }
+        }
         let mut response = proto::SnapshotCutResponse {
             snapshots: Vec::new(),
             skipped: Vec::new(),
@@ -551,6 +580,7 @@ impl Query {
                 Err(e) => response.skipped.push(format!("{model}: {e}")),
             }
         }
+        *last = Some((std::time::Instant::now(), response.clone()));
         Ok(response)
     }
 
