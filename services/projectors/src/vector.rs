@@ -532,13 +532,20 @@ impl Projection for VectorProjection {
                     }
                     .into_iter();
                     let mut vectors = Vec::with_capacity(to_embed.len());
-                    wanted.retain(|(i, v, _)| {
+                    wanted.retain_mut(|(i, v, inherits)| {
                         if v.is_some() {
                             return true;
                         }
                         match each.next() {
                             Some(Ok(vector)) => {
                                 vectors.push(vector);
+                                true
+                            }
+                            // A consolidation output the embedder will not take (vectors
+                            // come from clients, and the consolidator is none) gets one
+                            // from its sources at insert time.
+                            Some(Err(_)) if inherits.is_some() => {
+                                *v = Some(Vec::new());
                                 true
                             }
                             Some(Err(reason)) => {
@@ -554,9 +561,12 @@ impl Projection for VectorProjection {
             }
         }
         .into_iter();
-        metrics::EMBEDDINGS
-            .with_label_values(&["client"])
-            .inc_by(wanted.iter().filter(|(_, v, _)| v.is_some()).count() as u64);
+        metrics::EMBEDDINGS.with_label_values(&["client"]).inc_by(
+            wanted
+                .iter()
+                .filter(|(_, v, _)| v.as_ref().is_some_and(|v| !v.is_empty()))
+                .count() as u64,
+        );
 
         let mut ops = Vec::with_capacity(wanted.len() + forgets.len() + distrusts.len());
         for (index, supplied, inherits) in wanted {
@@ -592,7 +602,7 @@ impl Projection for VectorProjection {
             for op in ops {
                 match op {
                     Op::Insert(index, mut memory, vector, inherits) => {
-                        if let Some(inherits) = inherits {
+                        if let Some(inherits) = &inherits {
                             // A source still in the chunk is inserted first, so that the
                             // state holds every source as the events before this one left
                             // it, wherever the chunk and batch boundaries fall.
@@ -603,8 +613,22 @@ impl Projection for VectorProjection {
                                 insert_chunk(&state, dim, &params, &pending, &mut refused);
                                 pending.clear();
                             }
-                            memory.meta.confidence = inherited(&state, &inherits);
+                            memory.meta.confidence = inherited(&state, inherits);
                         }
+                        let vector = if vector.is_empty() {
+                            match inherits.as_ref().and_then(|i| from_sources(&state, i)) {
+                                Some(v) => v,
+                                None => {
+                                    refused.push(Rejected {
+                                        index,
+                                        reason: "no vector: the embedder takes vectors from clients only, and none of this consolidation output's sources has one here".into(),
+                                    });
+                                    continue;
+                                }
+                            }
+                        } else {
+                            vector
+                        };
                         pending.push((index, memory, vector));
                         if pending.len() == INSERT_CHUNK {
                             insert_chunk(&state, dim, &params, &pending, &mut refused);
@@ -915,6 +939,29 @@ fn forget(state: &RwLock<State>, scope: &ScopeKey, ids: &[EventId]) -> bool {
 
 /// The confidence a consolidation output starts at, from its sources as the state holds
 /// them ([`Inheritance::confidence`]).
+/// A vector for a consolidation output the embedder cannot embed: the normalised mean of
+/// its sources' vectors in its own scope (a merged memory's are near-duplicates of its
+/// text; a summary's are what it distils). `None` when no source is held (a restored copy's
+/// source was forgotten, and its vector with it). Read at insert time, in stream order, so
+/// a replay with other batch boundaries derives the same vector.
+fn from_sources(state: &RwLock<State>, inherits: &Inheritance) -> Option<Vec<f32>> {
+    let state = state.read().unwrap_or_else(|p| p.into_inner());
+    let index = state.scopes.get(&inherits.scope)?;
+    let mut sum: Option<Vec<f32>> = None;
+    for id in &inherits.sources {
+        let Some(vector) = state.event_ids.get(id).and_then(|seq| index.vector(*seq)) else {
+            continue;
+        };
+        match &mut sum {
+            None => sum = Some(vector.to_vec()),
+            Some(sum) => sum.iter_mut().zip(vector).for_each(|(s, x)| *s += x),
+        }
+    }
+    let mut mean = sum?;
+    engram_embed::l2_normalize(&mut mean);
+    Some(mean)
+}
+
 fn inherited(state: &RwLock<State>, inherits: &Inheritance) -> f64 {
     let state = state.read().unwrap_or_else(|p| p.into_inner());
     inherits.confidence(|id| {
