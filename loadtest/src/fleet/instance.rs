@@ -662,6 +662,14 @@ impl Instance {
                     );
                     return Some(booted.memory.through);
                 }
+                // Retention removed history of the stream that no snapshot covers (a
+                // deployment that held history before the run, cut none yet): refusing is
+                // right, loading the gap would not be. Counted, not an error; the replay
+                // after it still checks the scopes.
+                Err(BootstrapError::TailGone { .. }) => {
+                    recorder.bootstrap_refused_tail_gone();
+                    return None;
+                }
                 Err(e) => {
                     let (kind, retryable) = bootstrap_error_kind(&e);
                     recorder.error("bootstrap", kind, retryable, &e.to_string());
@@ -753,8 +761,8 @@ fn bootstrap_error_kind(e: &BootstrapError) -> (&'static str, bool) {
         BootstrapError::Read(engram_bus::ReadError::Decode { .. }) => ("refused_event", false),
         BootstrapError::Scope(_) => ("scope", false),
         BootstrapError::Slice { .. } => ("slice", false),
-        // Retention removed the tail after the snapshot: a newer snapshot may cover it.
-        BootstrapError::TailGone { .. } => ("tail_gone", true),
+        // Counted apart by the caller; never reaches here.
+        BootstrapError::TailGone { .. } => ("tail_gone", false),
         BootstrapError::TailTooLong => ("tail_too_long", false),
     }
 }

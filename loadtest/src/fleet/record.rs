@@ -163,6 +163,10 @@ pub struct Bootstraps {
     /// Bootstraps that never completed before the run gave up, or that failed with an
     /// error no retry can fix; their errors are under the `bootstrap` operation.
     pub failed: u64,
+    /// Bootstraps refused because retention removed history no snapshot covers: what a
+    /// bootstrap must do rather than load a gap (the successor's replay still checks its
+    /// scopes). Not a failure of the system under test.
+    pub refused_tail_gone: u64,
 }
 
 /// Counters of things that went wrong, by kind.
@@ -415,6 +419,10 @@ impl Recorder {
 
     pub(crate) fn bootstrap_failed(&self) {
         self.lock().bootstraps.failed += 1;
+    }
+
+    pub(crate) fn bootstrap_refused_tail_gone(&self) {
+        self.lock().bootstraps.refused_tail_gone += 1;
     }
 
     /// When the first append acknowledged at or after `at` was, if any yet.

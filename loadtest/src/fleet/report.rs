@@ -618,7 +618,11 @@ fn or_absent<T>(value: Option<T>, show: impl FnOnce(T) -> String) -> String {
 
 impl FleetReport {
     fn takeover_markdown(&self, out: &mut String) {
-        if self.takeovers == 0 && self.bootstraps.completed == 0 && self.bootstraps.failed == 0 {
+        if self.takeovers == 0
+            && self.bootstraps.completed == 0
+            && self.bootstraps.failed == 0
+            && self.bootstraps.refused_tail_gone == 0
+        {
             return;
         }
         let b = &self.bootstraps;
@@ -633,6 +637,11 @@ impl FleetReport {
             out,
             "| bootstraps completed / failed | {} / {} |",
             b.completed, b.failed
+        );
+        let _ = writeln!(
+            out,
+            "| refused: retention removed history no snapshot covers yet (correct; the replay still checks) | {} |",
+            b.refused_tail_gone
         );
         let _ = writeln!(
             out,

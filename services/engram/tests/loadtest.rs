@@ -402,6 +402,11 @@ async fn a_run_against_a_remote_deployment_verifies_it_too() {
         .expect("the run completes");
     neighbours.abort();
     assert!(report.passed(), "{}", report.markdown());
+    // Retention removed history before the run: a successor's bootstrap completes from a
+    // snapshot, or is refused for the gap (never loads it), and none fails otherwise.
+    let b = &report.bootstraps;
+    assert_eq!(b.failed, 0, "{}", report.markdown());
+    assert_eq!(b.completed + b.refused_tail_gone, report.takeovers, "{b:?}");
     assert!(
         report.problems.steps_due > 100,
         "{} steps due",
