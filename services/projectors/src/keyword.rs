@@ -441,28 +441,17 @@ impl Projection for KeywordProjection {
                             m.meta.scope == signal.scope
                                 && m.meta.instance_id.as_ref() == Some(instance)
                         };
+                        // Committed, staged, and planned earlier in this batch.
+                        let planned = batch.values().flatten().filter_map(|&i| match &ops[i] {
+                            KwOp::Put { memory, .. } => Some(memory),
+                            KwOp::Forget(_) => None,
+                        });
                         about.extend(
                             table
                                 .memories
                                 .values()
-                                .filter(|m| by(m))
-                                .map(|m| m.meta.seq),
-                        );
-                        about.extend(
-                            staged
-                                .memories
-                                .values()
-                                .filter(|m| by(m))
-                                .map(|m| m.meta.seq),
-                        );
-                        about.extend(
-                            batch
-                                .values()
-                                .flatten()
-                                .filter_map(|&i| match &ops[i] {
-                                    KwOp::Put { memory, .. } => Some(memory),
-                                    KwOp::Forget(_) => None,
-                                })
+                                .chain(staged.memories.values())
+                                .chain(planned)
                                 .filter(|m| by(m))
                                 .map(|m| m.meta.seq),
                         );

@@ -14,6 +14,7 @@ use engram_projectors::vector::VectorProjection;
 use engram_schema::{
     Content, Embedding, Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind,
 };
+use engram_testkit::stored;
 use engram_vector::HnswParams;
 use serde_json::json;
 
@@ -49,21 +50,6 @@ fn output(op: &str, text: &str, sources: &[&EventId]) -> Envelope {
     e.content.data = Some(json!({"op": op, "sources": sources}));
     e.agent_id = ident("consolidator");
     e
-}
-
-fn stored(events: &[Envelope]) -> Vec<StoredEvent> {
-    events
-        .iter()
-        .enumerate()
-        .map(|(i, event)| StoredEvent {
-            seq: i as u64 + 1,
-            subject: engram_schema::subject_for(event),
-            stored_at: chrono::Utc::now(),
-            pending: 0,
-            trace: None,
-            event: event.clone(),
-        })
-        .collect()
 }
 
 async fn projection() -> (tempfile::TempDir, VectorProjection) {
@@ -113,7 +99,7 @@ async fn consolidation_outputs_take_their_sources_vectors_when_clients_supply_th
     );
     let merged = output("merged", "the build cache lives in s3", &[&a.event_id]);
     let restored = output("restored", "an old memory", &[&gone]);
-    let events = stored(&[a, b, summary.clone(), merged.clone(), restored]);
+    let events = stored(&[a, b, summary.clone(), merged.clone(), restored], 1);
 
     // ...when the vector projector applies them, all at once or one by one...
     let (_d1, whole) = projection().await;

@@ -14,6 +14,7 @@ use engram_projection_runtime::{ApplyLedger, Projection};
 use engram_projectors::keyword::KeywordProjection;
 use engram_projectors::vector::VectorProjection;
 use engram_schema::{Content, Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_testkit::stored;
 use engram_vector::HnswParams;
 use serde_json::json;
 
@@ -47,21 +48,6 @@ fn memory(tenant: &str, task: &str, instance: &str, text: &str) -> Envelope {
 fn with_data(mut event: Envelope, data: serde_json::Value) -> Envelope {
     event.content.data = Some(data);
     event
-}
-
-fn stored(events: &[Envelope]) -> Vec<StoredEvent> {
-    events
-        .iter()
-        .enumerate()
-        .map(|(i, event)| StoredEvent {
-            seq: i as u64 + 1,
-            subject: engram_schema::subject_for(event),
-            stored_at: chrono::Utc::now(),
-            pending: 0,
-            trace: None,
-            event: event.clone(),
-        })
-        .collect()
 }
 
 struct Models {
@@ -240,7 +226,7 @@ async fn contradicted_and_flagged_memories_lose_confidence_only_in_their_own_sco
         scopes,
     } = world();
     let models = Models::new().await;
-    let (v, k) = models.apply(&stored(&events)).await;
+    let (v, k) = models.apply(&stored(&events, 1)).await;
     assert!(v.is_empty() && k.is_empty(), "{v:?} {k:?}");
 
     // Then the claim halves, i-2's memories in t1 before the flag drop to a quarter, and
@@ -279,7 +265,7 @@ async fn contradicted_and_flagged_memories_lose_confidence_only_in_their_own_sco
         .iter()
         .find(|e| e.event_id == ids["outcome"])
         .unwrap();
-    let mut tail = stored(&[again, retry.clone()]);
+    let mut tail = stored(&[again, retry.clone()], 1);
     for (i, e) in tail.iter_mut().enumerate() {
         e.seq = events.len() as u64 + 1 + i as u64;
     }
@@ -294,7 +280,7 @@ async fn contradicted_and_flagged_memories_lose_confidence_only_in_their_own_sco
 #[tokio::test]
 async fn a_replay_in_other_batches_gives_the_same_state() {
     let World { events, .. } = world();
-    let all = stored(&events);
+    let all = stored(&events, 1);
     let whole = Models::new().await;
     whole.apply(&all).await;
     let one_by_one = Models::new().await;
@@ -337,7 +323,7 @@ async fn confidences_and_applied_signals_survive_a_vector_checkpoint() {
         ids,
         scopes,
     } = world();
-    let all = stored(&events);
+    let all = stored(&events, 1);
     let models = Models::new().await;
     models.apply(&all).await;
     let ledger = ApplyLedger {
@@ -355,7 +341,7 @@ async fn confidences_and_applied_signals_survive_a_vector_checkpoint() {
     );
     restarted.restore().await.unwrap();
     let flag = events.iter().find(|e| e.event_id == ids["flag"]).unwrap();
-    let mut retry = stored(std::slice::from_ref(flag));
+    let mut retry = stored(std::slice::from_ref(flag), 1);
     retry[0].seq = all.len() as u64 + 1;
     restarted.apply(&retry).await.unwrap();
 
@@ -399,7 +385,7 @@ async fn a_signal_that_does_not_check_is_refused_whole() {
     let bad_id = bad.event_id.clone();
     // When both models apply it, then both refuse it: the claim keeps its confidence and the
     // outcome's text is not indexed
-    let (v, k) = models.apply(&stored(&[claim.clone(), bad])).await;
+    let (v, k) = models.apply(&stored(&[claim.clone(), bad], 1)).await;
     assert_eq!((v, k), (vec![1], vec![1]));
     let all = models
         .confidences(&[ScopeKey::of(&claim)], MemoryFilter::default())
@@ -513,7 +499,7 @@ async fn a_consolidation_output_keeps_the_least_confidence_of_its_sources() {
     } = consolidation_world();
     // When the consolidation outputs arrive, in one batch with their sources
     let models = Models::new().await;
-    let (v, k) = models.apply(&stored(&events)).await;
+    let (v, k) = models.apply(&stored(&events, 1)).await;
     assert!(v.is_empty() && k.is_empty(), "{v:?} {k:?}");
 
     // Then the merged memory is no more trusted than the claim, the restored copy than the
@@ -540,7 +526,7 @@ async fn a_consolidation_output_keeps_the_least_confidence_of_its_sources() {
 #[tokio::test]
 async fn a_consolidation_output_inherits_the_same_in_any_batches() {
     let World { events, ids, .. } = consolidation_world();
-    let all = stored(&events);
+    let all = stored(&events, 1);
     let whole = Models::new().await;
     whole.apply(&all).await;
     // One event at a time, and in batches that cut between sources and outputs
@@ -576,7 +562,7 @@ async fn a_consolidation_output_whose_sources_do_not_check_is_refused_whole() {
     let claim = memory("acme", "t1", "i-1", "the api key is in vault");
     let bad = consolidated("merged", "the api key is in vault", &[]);
     // When both models apply it, then both refuse it
-    let (v, k) = models.apply(&stored(&[claim.clone(), bad])).await;
+    let (v, k) = models.apply(&stored(&[claim.clone(), bad], 1)).await;
     assert_eq!((v, k), (vec![1], vec![1]));
     let all = models
         .confidences(&[ScopeKey::of(&claim)], MemoryFilter::default())

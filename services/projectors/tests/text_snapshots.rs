@@ -14,6 +14,7 @@ use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError};
 use engram_projectors::keyword::KeywordProjection;
 use engram_projectors::vector::VectorProjection;
 use engram_schema::{Content, Envelope, EventId, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_testkit::stored;
 use engram_vector::HnswParams;
 use serde_json::json;
 
@@ -118,21 +119,6 @@ fn tail(head: &[Envelope]) -> Vec<Envelope> {
     let flag = head.iter().find(|e| e.kind == EventKind::Feedback).unwrap();
     events.extend([again, head[0].clone(), flag.clone()]);
     events
-}
-
-fn stored(events: &[Envelope], first_seq: u64) -> Vec<StoredEvent> {
-    events
-        .iter()
-        .enumerate()
-        .map(|(i, event)| StoredEvent {
-            seq: first_seq + i as u64,
-            subject: engram_schema::subject_for(event),
-            stored_at: chrono::Utc::now(),
-            pending: 0,
-            trace: None,
-            event: event.clone(),
-        })
-        .collect()
 }
 
 /// The vector model's hits (id, score, confidence) and the keyword model's (id, confidence).

@@ -111,3 +111,20 @@ pub fn event(tenant: &str, task: &str, text: &str) -> Envelope {
         Content::text(text),
     )
 }
+
+/// `events` as a projector reads them from the stream, at sequences `first_seq`,
+/// `first_seq + 1`, ...: for given/when/then tests that feed a read model without a server.
+pub fn stored(events: &[Envelope], first_seq: u64) -> Vec<engram_bus::StoredEvent> {
+    events
+        .iter()
+        .enumerate()
+        .map(|(i, event)| engram_bus::StoredEvent {
+            seq: first_seq + i as u64,
+            subject: engram_schema::subject_for(event),
+            stored_at: chrono::Utc::now(),
+            pending: 0,
+            trace: None,
+            event: event.clone(),
+        })
+        .collect()
+}
