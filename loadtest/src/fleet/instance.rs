@@ -209,11 +209,17 @@ impl Instance {
         }
         self.attach_vector(&mut event);
         let sent = Instant::now();
-        recorder.attempt("append");
+        let attempt = recorder.attempt("append");
         let receipt = match self.client.append(&event).await {
             Ok(receipt) => receipt,
             Err(e) => {
-                recorder.error("append", e.kind(), e.is_retryable(), &e.to_string());
+                recorder.error(
+                    attempt,
+                    "append",
+                    e.kind(),
+                    e.is_retryable(),
+                    &e.to_string(),
+                );
                 return;
             }
         };
@@ -261,22 +267,32 @@ impl Instance {
         let recorder = self.shared.recorder.clone();
         let p = &self.profile;
         if self.board.is_none() {
-            recorder.attempt("doc_open");
+            let attempt = recorder.attempt("doc_open");
             let agent = match self.client.agent(
                 p.tenant.as_str(),
                 p.agent_id.as_str(),
                 p.instance_id.as_str(),
             ) {
                 Ok(agent) => agent,
-                Err(e) => return recorder.error("doc_open", "invalid", false, &e.to_string()),
+                Err(e) => {
+                    return recorder.error(attempt, "doc_open", "invalid", false, &e.to_string());
+                }
             };
             match super::docs::Board::open(&agent, p.team_scope.clone(), self.offline).await {
                 Ok(board) => self.board = Some(board),
-                Err(e) => return recorder.error("doc_open", "unavailable", true, &e.to_string()),
+                Err(e) => {
+                    return recorder.error(
+                        attempt,
+                        "doc_open",
+                        "unavailable",
+                        true,
+                        &e.to_string(),
+                    );
+                }
             }
         }
         let board = self.board.as_mut().expect("opened above");
-        recorder.attempt("doc_edit");
+        let attempt = recorder.attempt("doc_edit");
         if let Err(e) = board
             .edit(
                 &self.shared.boards,
@@ -287,7 +303,7 @@ impl Instance {
             )
             .await
         {
-            recorder.error("doc_edit", "unavailable", true, &e.to_string());
+            recorder.error(attempt, "doc_edit", "unavailable", true, &e.to_string());
         }
     }
 
@@ -295,14 +311,18 @@ impl Instance {
     async fn push_board(&mut self) {
         let p = &self.profile;
         if let Some(board) = self.board.as_mut() {
-            self.shared.recorder.attempt("doc_edit");
+            let attempt = self.shared.recorder.attempt("doc_edit");
             if let Err(e) = board
                 .push(&self.shared.boards, &p.tenant, &p.team_scope)
                 .await
             {
-                self.shared
-                    .recorder
-                    .error("doc_edit", "unavailable", true, &e.to_string());
+                self.shared.recorder.error(
+                    attempt,
+                    "doc_edit",
+                    "unavailable",
+                    true,
+                    &e.to_string(),
+                );
             }
         }
     }
@@ -522,13 +542,19 @@ impl Instance {
             consistency: self.consistency(self.last_seq),
         };
         let started = Instant::now();
-        recorder.attempt("context");
+        let attempt = recorder.attempt("context");
         match self.client.build_context(&request).await {
             Ok(_) => {
                 let now = Instant::now();
                 recorder.latency(Metric::Context, now - started, now);
             }
-            Err(e) => recorder.error("context", error_kind(&e), e.is_retryable(), &e.to_string()),
+            Err(e) => recorder.error(
+                attempt,
+                "context",
+                error_kind(&e),
+                e.is_retryable(),
+                &e.to_string(),
+            ),
         }
     }
 
@@ -546,13 +572,19 @@ impl Instance {
             ranking: None,
         };
         let started = Instant::now();
-        recorder.attempt("query");
+        let attempt = recorder.attempt("query");
         match self.client.retrieve(&request).await {
             Ok(_) => {
                 let now = Instant::now();
                 recorder.latency(Metric::Query, now - started, now);
             }
-            Err(e) => recorder.error("query", error_kind(&e), e.is_retryable(), &e.to_string()),
+            Err(e) => recorder.error(
+                attempt,
+                "query",
+                error_kind(&e),
+                e.is_retryable(),
+                &e.to_string(),
+            ),
         }
     }
 
@@ -574,14 +606,20 @@ impl Instance {
     {
         let recorder = &self.shared.recorder;
         loop {
-            recorder.attempt(operation);
+            let attempt = recorder.attempt(operation);
             match call(self.client.clone()).await {
                 Ok(answer) => return Some(answer),
                 Err(e) => {
                     if e.code() == ErrorCode::NotYetVisible {
                         recorder.visibility_timeout();
                     } else {
-                        recorder.error(operation, error_kind(&e), e.is_retryable(), &e.to_string());
+                        recorder.error(
+                            attempt,
+                            operation,
+                            error_kind(&e),
+                            e.is_retryable(),
+                            &e.to_string(),
+                        );
                         if !e.is_retryable() {
                             recorder.unchecked(Some(check));
                             return None;
@@ -650,7 +688,7 @@ impl Instance {
         let scopes = self.scopes();
         let started = Instant::now();
         loop {
-            recorder.attempt("bootstrap");
+            let attempt = recorder.attempt("bootstrap");
             match self.client.bootstrap(&scopes, None).await {
                 Ok(booted) => {
                     let now = Instant::now();
@@ -672,7 +710,7 @@ impl Instance {
                 }
                 Err(e) => {
                     let (kind, retryable) = bootstrap_error_kind(&e);
-                    recorder.error("bootstrap", kind, retryable, &e.to_string());
+                    recorder.error(attempt, "bootstrap", kind, retryable, &e.to_string());
                     if !retryable || Instant::now() >= self.shared.give_up {
                         recorder.bootstrap_failed();
                         return None;
@@ -708,7 +746,7 @@ impl Instance {
     ) -> Option<(std::collections::HashSet<String>, u64)> {
         let recorder = &self.shared.recorder;
         loop {
-            recorder.attempt("takeover");
+            let attempt = recorder.attempt("takeover");
             let failed = match self.client.replay(filter, StartAt::Beginning).await {
                 Ok(mut events) => {
                     let mut seen = std::collections::HashSet::new();
@@ -723,7 +761,13 @@ impl Instance {
                             // An event refused by the reader is in the stream but not the
                             // scope's: nothing retrying changes.
                             Err(e @ engram_bus::ReadError::Decode { .. }) => {
-                                recorder.error("takeover", "refused_event", false, &e.to_string());
+                                recorder.error(
+                                    attempt,
+                                    "takeover",
+                                    "refused_event",
+                                    false,
+                                    &e.to_string(),
+                                );
                             }
                             Err(e) => {
                                 failed = Some(e.to_string());
@@ -737,12 +781,12 @@ impl Instance {
                     }
                 }
                 Err(e) if !e.is_retryable() => {
-                    recorder.error("takeover", "bus", false, &e.to_string());
+                    recorder.error(attempt, "takeover", "bus", false, &e.to_string());
                     return None;
                 }
                 Err(e) => e.to_string(),
             };
-            recorder.error("takeover", "unavailable", true, &failed);
+            recorder.error(attempt, "takeover", "unavailable", true, &failed);
             if Instant::now() >= self.shared.give_up {
                 return None;
             }

@@ -6,7 +6,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use hdrhistogram::Histogram;
@@ -182,8 +182,9 @@ pub struct Problems {
     /// outages, by `operation:error kind`. More than the error budget of an operation's
     /// attempts fails the run.
     pub errors: BTreeMap<String, u64>,
-    /// Retryable failures while a chaos kill was in progress (from the kill until every
-    /// projector had caught up): expected, shown, and not held against the budget.
+    /// Retryable failures of requests that overlapped a chaos outage (sent or failed between
+    /// the kill and every projector having caught up): expected, shown, and not held against
+    /// the budget.
     pub outage_errors: BTreeMap<String, u64>,
     /// The first message of each error kind, to say what happened.
     pub first_errors: BTreeMap<String, String>,
@@ -210,10 +211,20 @@ pub struct Problems {
     pub missed_steps: u64,
 }
 
+/// A request as counted by [`Recorder::attempt`]: the outage epoch it started in.
+#[derive(Clone, Copy, Debug)]
+#[must_use]
+pub(crate) struct Attempt {
+    epoch: u64,
+}
+
 pub(crate) struct Recorder {
     started: Instant,
     /// Set by chaos mode from a kill until the system has recovered.
-    outage: AtomicBool,
+    /// Counts outage starts and ends: odd while one lasts. A request is judged by the
+    /// epochs it started and failed in, so one sent during an outage and failing just after
+    /// it (a reply that waited on the dead server) is still the outage's.
+    outage: AtomicU64,
     inner: Mutex<Inner>,
 }
 
@@ -237,7 +248,7 @@ impl Recorder {
     pub(crate) fn new(started: Instant) -> Self {
         Self {
             started,
-            outage: AtomicBool::new(false),
+            outage: AtomicU64::new(0),
             inner: Mutex::new(Inner {
                 total: Metric::ALL.iter().map(|&m| (m, histogram())).collect(),
                 per_second: Vec::new(),
@@ -305,23 +316,38 @@ impl Recorder {
 
     /// Marks the start (true) or end (false) of a chaos outage.
     pub(crate) fn outage(&self, on: bool) {
-        self.outage.store(on, Ordering::SeqCst);
+        let epoch = self.outage.load(Ordering::SeqCst);
+        if (epoch % 2 == 1) != on {
+            self.outage.fetch_add(1, Ordering::SeqCst);
+        }
     }
 
-    /// Counts a request about to be made.
-    pub(crate) fn attempt(&self, operation: &str) {
+    /// Counts a request about to be made; the answer is passed to [`Recorder::error`] if it
+    /// fails.
+    pub(crate) fn attempt(&self, operation: &str) -> Attempt {
         *self
             .lock()
             .problems
             .attempts
             .entry(operation.to_owned())
             .or_default() += 1;
+        Attempt {
+            epoch: self.outage.load(Ordering::SeqCst),
+        }
     }
 
     /// Counts a failed request; `retryable` says whether the same request may succeed later.
-    pub(crate) fn error(&self, operation: &str, kind: &str, retryable: bool, message: &str) {
+    pub(crate) fn error(
+        &self,
+        attempt: Attempt,
+        operation: &str,
+        kind: &str,
+        retryable: bool,
+        message: &str,
+    ) {
         let key = format!("{operation}:{kind}");
-        let in_outage = self.outage.load(Ordering::SeqCst);
+        let now = self.outage.load(Ordering::SeqCst);
+        let in_outage = attempt.epoch % 2 == 1 || now != attempt.epoch;
         let mut inner = self.lock();
         let problems = &mut inner.problems;
         let counts = if !retryable {
@@ -546,5 +572,30 @@ mod tests {
         assert!(recorded.per_second[1].ack_p50.is_none());
         assert!((recorded.per_second[2].ack_p99.unwrap() - 50.0).abs() < 0.1);
         assert_eq!(recorded.queries_per_second, vec![0, 0, 1]);
+    }
+
+    #[test]
+    fn a_request_is_an_outage_error_if_an_outage_overlapped_it() {
+        let recorder = Recorder::new(Instant::now());
+        let before = recorder.attempt("query");
+        recorder.error(before, "query", "unavailable", true, "ordinary");
+        let spanning = recorder.attempt("query");
+        recorder.outage(true);
+        let during = recorder.attempt("query");
+        recorder.error(
+            spanning,
+            "query",
+            "unavailable",
+            true,
+            "failed in the outage",
+        );
+        recorder.outage(false);
+        // Sent while the server was down, failed once it was back.
+        recorder.error(during, "query", "unavailable", true, "failed just after");
+        let after = recorder.attempt("query");
+        recorder.error(after, "query", "unavailable", true, "ordinary again");
+        let problems = recorder.finish().problems;
+        assert_eq!(problems.errors["query:unavailable"], 2);
+        assert_eq!(problems.outage_errors["query:unavailable"], 2);
     }
 }
