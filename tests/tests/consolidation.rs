@@ -9,7 +9,7 @@ use engram_memory::proto::{
 use engram_query::QueryConfig;
 use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_testkit::TestNats;
-use engram_tests::{Engram, projectors_config};
+use engram_tests::{Engram, embedder, embedder_model, projectors_config};
 
 fn ident(s: &str) -> Ident {
     Ident::parse("test", s).unwrap()
@@ -115,9 +115,10 @@ async fn consolidating_a_scope_merges_duplicates_for_retrieval_and_never_stores_
     );
     let seqs: Vec<u64> = receipts.iter().map(|r| r.as_ref().unwrap().seq).collect();
     let done = *seqs.iter().max().unwrap();
-    // ...then retrieval finds the lesson once, as the merged memory counting three.
+    // ...then retrieval finds the lesson once, as the merged memory counting three, in its
+    // fullest telling (whose words hold the others').
     let hits = keyword_hits(&engram, "staging migration lock", done).await;
-    assert_eq!(hits, vec![lesson.to_owned()], "{hits:?}");
+    assert_eq!(hits, vec![format!("{lesson} again")], "{hits:?}");
     // And appending the same plan again stores nothing new; planning again plans nothing.
     for (event, first) in events.iter().zip(&seqs) {
         let again = engram.client.append(event).await.unwrap();
@@ -169,6 +170,75 @@ async fn consolidating_a_scope_merges_duplicates_for_retrieval_and_never_stores_
         .await
         .unwrap_err();
     assert!(bad.to_string().contains("unknown step"), "{bad}");
+}
+
+/// `memory(text)` with its vector, as a client embedding its own texts sends it.
+fn embedded(text: &str) -> Envelope {
+    let mut e = memory(text);
+    e.embedding = Some(engram_schema::Embedding {
+        model: embedder_model(),
+        vector: embedder().embed_one(text),
+    });
+    e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_reordered_memory_is_found_by_the_vector_model_and_merged() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    // Given one lesson told in two orders (the same words, few shared shingles, so MinHash
+    // alone never pairs them), and one that differs from it in a word that matters.
+    let first = embedded("deploy failed: disk full on node-3");
+    let reordered = embedded("disk full on node-3, deploy failed");
+    let other = embedded("deploy failed: disk full on node-4");
+    let shingles = |e: &Envelope| {
+        engram_consolidate::minhash::Signature::of(&e.content.text).expect("a text with words")
+    };
+    assert!(
+        shingles(&first).similarity(&shingles(&reordered))
+            < engram_consolidate::Policy::default().dedup_similarity,
+        "the pair must be one MinHash alone does not merge"
+    );
+    let mut last = 0;
+    for e in [&first, &reordered, &other] {
+        last = engram.client.append(e).await.unwrap().seq;
+    }
+    let request = ConsolidateRequest {
+        scopes: scopes(),
+        steps: vec!["dedup".into()],
+        restore: vec![],
+        consistency: at(last),
+    };
+    let (events, receipts) = engram.client.consolidate(&request).await.unwrap();
+    // Then the two tellings are merged, and the one about another node is left alone.
+    assert_eq!(events.len(), 2, "{events:#?}");
+    let data = events[0].content.data.as_ref().unwrap();
+    assert_eq!(data["op"], "merged");
+    let mut sources: Vec<&str> = data["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    sources.sort_unstable();
+    let mut wanted = vec![first.event_id.as_str(), reordered.event_id.as_str()];
+    wanted.sort_unstable();
+    assert_eq!(sources, wanted);
+    let done = receipts
+        .iter()
+        .map(|r| r.as_ref().unwrap().seq)
+        .max()
+        .unwrap();
+    // And once applied, planning again finds nothing more to merge.
+    let (again, _) = engram
+        .client
+        .consolidate(&ConsolidateRequest {
+            consistency: at(done),
+            ..request
+        })
+        .await
+        .unwrap();
+    assert!(again.is_empty(), "{again:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

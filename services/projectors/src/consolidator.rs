@@ -12,16 +12,21 @@
 //! collide on one id and the stream stores one of their texts (see
 //! [`engram_consolidate::refine`](mod@engram_consolidate::refine)).
 
+use std::collections::HashMap;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use async_trait::async_trait;
 use engram_bus::{Bus, StoredEvent};
+use engram_consolidate::model::Origin;
 use engram_consolidate::{
-    Memories, Policy, RefineOptions, Summariser, SummariserConfig, Unrefined, plan, refine,
+    Memories, Policy, RefineOptions, Summariser, SummariserConfig, Unrefined, plan_with, refine,
 };
-use engram_memory::proto::{ConsolidateRequest, ConsolidateResponse};
+use engram_memory::proto::{
+    Consistency, ConsolidateRequest, ConsolidateResponse, Neighbour, NeighboursRequest,
+    NeighboursResponse,
+};
 use engram_memory::{ScopeKey, Seq};
 use engram_projection_runtime::model::SnapshotProjection;
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, Visibility};
@@ -80,6 +85,14 @@ impl ConsolidatorConfig {
 /// summary not written by then keeps its extractive text.
 const ON_DEMAND_SUMMARY_TIME: Duration = Duration::from_secs(10);
 
+/// Neighbours asked per memory: near-duplicates chain through them into one group.
+const NEIGHBOURS_PER_MEMORY: usize = 4;
+/// Close pairs of one scope kept until a merge takes them (a plan cut short by
+/// `max_events`, an append that failed); the oldest go first past this.
+const MAX_PENDING_PAIRS: usize = 4_096;
+/// How long a neighbours request may take, its read-your-writes wait included.
+const NEIGHBOURS_TIMEOUT: Duration = Duration::from_secs(10);
+
 /// The memories model, the policy its plans follow, and who writes their summaries.
 pub struct Consolidator {
     memories: SnapshotProjection<Memories>,
@@ -88,6 +101,20 @@ pub struct Consolidator {
     /// (which changes nothing) unless the config names another. Fixed at start.
     summariser: Arc<dyn Summariser>,
     refine: RefineOptions,
+    /// Where the vector model is asked for close pairs; set when the loop starts (a
+    /// rebuild or bootstrap, which plans nothing, has none).
+    bus: OnceLock<Bus>,
+    /// Per scope, what the vector model was asked about: runtime state only, since a plan
+    /// never depends on what was asked before, only on the pairs given to it.
+    asked: Mutex<HashMap<ScopeKey, Asked>>,
+}
+
+/// A scope's memories asked about up to `through`, and the close pairs found whose
+/// memories were both still shown when last looked at.
+#[derive(Default)]
+struct Asked {
+    through: Seq,
+    pending: Vec<Neighbour>,
 }
 
 impl Consolidator {
@@ -103,17 +130,129 @@ impl Consolidator {
             policy,
             summariser,
             refine,
+            bus: OnceLock::new(),
+            asked: Mutex::default(),
         }
     }
 
-    /// The plans of the scopes `wanted` picks, at most `policy.max_events` events, with the
-    /// source texts their refinement needs. Blocks: call it off the async runtime.
-    fn plans(&self, wanted: impl Fn(&ScopeKey) -> bool, steps: &[&str]) -> Unrefined {
+    /// The scopes of the model `wanted` picks.
+    fn scopes(&self, wanted: impl Fn(&ScopeKey) -> bool) -> Vec<ScopeKey> {
+        self.memories
+            .read()
+            .scopes()
+            .filter(|s| wanted(s))
+            .cloned()
+            .collect()
+    }
+
+    /// The close pairs of each scope's memories, for dedup: the vector model is asked about
+    /// the memories written since it was last asked (at most
+    /// [`proto::limits::MAX_NEIGHBOUR_IDS`](engram_memory::proto::limits::MAX_NEIGHBOUR_IDS)
+    /// per scope and run; the rest the next run), and the pairs found before that no merge
+    /// has taken yet are offered again. A vector model that does not answer leaves dedup to
+    /// MinHash for the run, and is asked the same again the next.
+    async fn neighbours(&self, scopes: &[ScopeKey]) -> HashMap<ScopeKey, Vec<Neighbour>> {
+        let mut out = HashMap::new();
+        if self.policy.dedup_vector_similarity >= 1.0 {
+            // Turned off (only identical vectors would count, which MinHash finds anyway).
+            return out;
+        }
+        let Some(bus) = self.bus.get() else {
+            return out;
+        };
+        for scope in scopes {
+            let (ask, last, applied) = {
+                let memories = self.memories.read();
+                let Some(state) = memories.scope(scope) else {
+                    continue;
+                };
+                let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+                let entry = asked.entry(scope.clone()).or_default();
+                // Pairs a merge has taken (or that name a memory since hidden) are done.
+                let shown = |id: &engram_schema::EventId| {
+                    state.memory(id.as_str()).is_some_and(|m| !m.hidden)
+                };
+                entry.pending.retain(|p| shown(&p.a) && shown(&p.b));
+                let ask: Vec<(Seq, engram_schema::EventId)> = state
+                    .memories
+                    .range(entry.through + 1..)
+                    .filter(|(_, m)| {
+                        !m.hidden && m.origin != Origin::Summary && m.signature.is_some()
+                    })
+                    .take(engram_memory::proto::limits::MAX_NEIGHBOUR_IDS)
+                    .map(|(seq, m)| (*seq, m.event_id.clone()))
+                    .collect();
+                let last = ask.last().map(|(seq, _)| *seq);
+                (ask, last, memories.applied_seq().unwrap_or(0))
+            };
+            if let Some(last) = last {
+                let request = NeighboursRequest {
+                    scope: scope.clone(),
+                    event_ids: ask.into_iter().map(|(_, id)| id).collect(),
+                    min_similarity: self.policy.dedup_vector_similarity as f32,
+                    k: NEIGHBOURS_PER_MEMORY,
+                    // The vector model must have indexed what this model holds, or the newest
+                    // memories would be asked about before they have vectors.
+                    consistency: Consistency {
+                        min_seq: Some(applied),
+                        wait_ms: Some(5_000),
+                    },
+                };
+                let subject = engram_memory::proto::projector_subject(
+                    engram_memory::proto::read_models::VECTOR,
+                    engram_memory::proto::NEIGHBOURS_OP,
+                );
+                match engram_rpc::call::<_, NeighboursResponse>(
+                    bus.client(),
+                    &subject,
+                    &request,
+                    NEIGHBOURS_TIMEOUT,
+                )
+                .await
+                {
+                    Ok(answer) => {
+                        engram_telemetry::metrics::CONSOLIDATION_NEIGHBOUR_REQUESTS
+                            .with_label_values(&["ok"])
+                            .inc();
+                        engram_telemetry::metrics::CONSOLIDATION_NEIGHBOUR_PAIRS
+                            .inc_by(answer.pairs.len() as u64);
+                        let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+                        let entry = asked.entry(scope.clone()).or_default();
+                        entry.through = last;
+                        entry.pending.extend(answer.pairs);
+                        let over = entry.pending.len().saturating_sub(MAX_PENDING_PAIRS);
+                        entry.pending.drain(..over);
+                    }
+                    Err(e) => {
+                        engram_telemetry::metrics::CONSOLIDATION_NEIGHBOUR_REQUESTS
+                            .with_label_values(&["failed"])
+                            .inc();
+                        tracing::debug!(scope = %scope.scope(), error = %e, "no close pairs from the vector model; dedup by minhash alone this run");
+                    }
+                }
+            }
+            let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            if let Some(entry) = asked.get(scope).filter(|e| !e.pending.is_empty()) {
+                out.insert(scope.clone(), entry.pending.clone());
+            }
+        }
+        out
+    }
+
+    /// The plans of `scopes`, at most `policy.max_events` events, with the source texts
+    /// their refinement needs; `neighbours` are each scope's close pairs. Blocks: call it
+    /// off the async runtime.
+    fn plans(
+        &self,
+        scopes: &[ScopeKey],
+        steps: &[&str],
+        neighbours: &HashMap<ScopeKey, Vec<Neighbour>>,
+    ) -> Unrefined {
         let memories = self.memories.read();
-        let all: Vec<ScopeKey> = memories.scopes().filter(|s| wanted(s)).cloned().collect();
         let mut events = Vec::new();
-        for scope in &all {
-            events.extend(plan(&memories, scope, &self.policy, steps).events);
+        for scope in scopes {
+            let pairs = neighbours.get(scope).map_or(&[][..], Vec::as_slice);
+            events.extend(plan_with(&memories, scope, &self.policy, steps, pairs).events);
             if events.len() >= self.policy.max_events {
                 events.truncate(self.policy.max_events);
                 break;
@@ -203,6 +342,12 @@ impl crate::ReadModel for ConsolidatorModel {
     ) -> Result<ConsolidateResponse, Failure> {
         let scopes = request.scopes.resolve().map_err(Failure::invalid)?;
         let deadline = tokio::time::Instant::now() + ON_DEMAND_SUMMARY_TIME;
+        let dedup = request.steps.is_empty() || request.steps.iter().any(|s| s == "dedup");
+        let neighbours = if request.restore.is_empty() && dedup {
+            projection.neighbours(&scopes[..1]).await
+        } else {
+            HashMap::new()
+        };
         let planner = projection.clone();
         let unrefined = crate::off_runtime(move || {
             if !request.restore.is_empty() {
@@ -217,7 +362,7 @@ impl crate::ReadModel for ConsolidatorModel {
                 ));
             }
             let steps: Vec<&str> = request.steps.iter().map(String::as_str).collect();
-            Ok(planner.plans(|s| *s == scopes[0], &steps))
+            Ok(planner.plans(&scopes[..1], &steps, &neighbours))
         })
         .await?;
         Ok(ConsolidateResponse {
@@ -235,6 +380,8 @@ impl crate::ReadModel for ConsolidatorModel {
     ) -> Option<JoinHandle<()>> {
         let replica = config.replica.clone();
         let config = config.consolidator.clone();
+        // On-demand plans ask the vector model too, scheduled or not.
+        let _ = projection.bus.set(bus.clone());
         if config.interval.is_zero() {
             return None;
         }
@@ -305,12 +452,12 @@ async fn run_schedule(
             continue;
         }
         let started = std::time::Instant::now();
-        let (p, mine) = (projection.clone(), held.clone());
         let partitions = config.partitions;
-        let Ok(unrefined) = tokio::task::spawn_blocking(move || {
-            p.plans(|s| mine[s.partition(partitions) as usize], &[])
-        })
-        .await
+        let scopes = projection.scopes(|s| held[s.partition(partitions) as usize]);
+        let neighbours = projection.neighbours(&scopes).await;
+        let p = projection.clone();
+        let Ok(unrefined) =
+            tokio::task::spawn_blocking(move || p.plans(&scopes, &[], &neighbours)).await
         else {
             continue;
         };

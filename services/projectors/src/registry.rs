@@ -72,6 +72,64 @@ pub trait ReadModel: Send + Sync + 'static {
         request: Self::Request,
         visible: Seq,
     ) -> Result<Self::Response, Failure>;
+
+    /// Endpoints beside [`ReadModel::ENDPOINT`], each served by [`Endpoints::serve`] with
+    /// the same checks, bounds and read-your-writes wait: the vector model's neighbours,
+    /// which the consolidator asks. None by default.
+    async fn more_endpoints(
+        _projection: Arc<Self::Projection>,
+        _endpoints: &Endpoints<'_>,
+    ) -> Result<(), StartError> {
+        Ok(())
+    }
+}
+
+/// Where a model serves its endpoints: `engram.p.<name>.<op>`, each request validated, its
+/// consistency token waited for, and the in-flight work bounded by the service's limits.
+pub struct Endpoints<'a> {
+    name: &'static str,
+    serving: &'a Serving<'a>,
+    visibility: engram_projection_runtime::Visibility,
+}
+
+impl Endpoints<'_> {
+    /// Serves `op` (metrics label `label`) with `answer`, which gets the checked request and
+    /// the sequence queries can see.
+    pub async fn serve<Req, Resp, H, Fut>(
+        &self,
+        op: &'static str,
+        label: &'static str,
+        answer: H,
+    ) -> Result<(), StartError>
+    where
+        Req: ProjectorRequest + DeserializeOwned + Send + 'static,
+        Resp: Serialize + Send + 'static,
+        H: Fn(Req, Seq) -> Fut + Send + Sync + 'static,
+        Fut: std::future::Future<Output = Result<Resp, Failure>> + Send + 'static,
+    {
+        let (v, head) = (self.visibility.clone(), self.serving.head.clone());
+        let answer = Arc::new(answer);
+        engram_rpc::serve(
+            self.serving.service,
+            &proto::projector_subject(self.name, op),
+            label,
+            self.serving.limits,
+            move |request: Req| {
+                let (v, head, answer) = (v.clone(), head.clone(), answer.clone());
+                async move {
+                    request.validate()?;
+                    wait_visible(&v, &head, &request.consistency()).await?;
+                    answer(request, v.current()).await
+                }
+            },
+        )
+        .await
+        .map(|_| ())
+        .map_err(|source| StartError::Service {
+            projector: self.name,
+            source,
+        })
+    }
 }
 
 /// The read models, in the order `engram up` starts them.
@@ -150,28 +208,19 @@ impl<M: ReadModel> Registered for Entry<M> {
             bus,
             stop.clone(),
         );
-        let (v, head) = (visibility.clone(), serving.head.clone());
+        let endpoints = Endpoints {
+            name: M::NAME,
+            serving,
+            visibility: visibility.clone(),
+        };
         let (op, label) = M::ENDPOINT;
         let answering = projection.clone();
-        engram_rpc::serve(
-            serving.service,
-            &proto::projector_subject(M::NAME, op),
-            label,
-            serving.limits,
-            move |request: M::Request| {
-                let (projection, v, head) = (answering.clone(), v.clone(), head.clone());
-                async move {
-                    request.validate()?;
-                    wait_visible(&v, &head, &request.consistency()).await?;
-                    M::answer(projection, request, v.current()).await
-                }
-            },
-        )
-        .await
-        .map_err(|source| StartError::Service {
-            projector: M::NAME,
-            source,
-        })?;
+        endpoints
+            .serve(op, label, move |request: M::Request, visible| {
+                M::answer(answering.clone(), request, visible)
+            })
+            .await?;
+        M::more_endpoints(projection.clone(), &endpoints).await?;
         let status: Arc<dyn Projection> = projection;
         let cutter = projector.cutter();
         Ok((

@@ -20,7 +20,9 @@ use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_embed::Embedder;
 use engram_memory::confidence::{Distrust, Inheritance};
-use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
+use engram_memory::proto::{
+    MemoryHit, Neighbour, NeighboursRequest, NeighboursResponse, SearchRequest, SearchResponse,
+};
 use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
@@ -345,6 +347,70 @@ impl VectorProjection {
                 )
             })?
     }
+}
+
+impl VectorProjection {
+    /// Answers a neighbours request (already checked): for each named memory of the scope,
+    /// up to `k` others whose vectors are at least `min_similarity` from its own, by the
+    /// same index searches as retrieval. Summaries are left out on both sides: a summary is
+    /// close to what it summarises, and is no duplicate of it.
+    pub async fn neighbours(
+        &self,
+        request: NeighboursRequest,
+    ) -> Result<NeighboursResponse, Failure> {
+        let state = self.state.clone();
+        tokio::task::spawn_blocking(move || neighbours_state(&state, &request))
+            .await
+            .map_err(|e| {
+                Failure::new(
+                    engram_memory::proto::ErrorCode::Internal,
+                    format!("neighbours search failed: {e}"),
+                )
+            })?
+    }
+}
+
+fn neighbours_state(
+    state: &RwLock<State>,
+    request: &NeighboursRequest,
+) -> Result<NeighboursResponse, Failure> {
+    let mut pairs = Vec::new();
+    let mut visible_seq = 0;
+    for id in &request.event_ids {
+        // The lock is taken per memory: a request of a thousand searches must not hold
+        // the projector's writes back for all of them.
+        let state = state.read().unwrap_or_else(|p| p.into_inner());
+        visible_seq = state.applied;
+        let candidate = |seq: Seq| {
+            state.memories.get(&seq).is_some_and(|m| {
+                m.meta.scope == request.scope
+                    && !m.meta.tags.iter().any(|t| t == engram_memory::SUMMARY_TAG)
+            })
+        };
+        let (Some(&seq), Some(index)) = (state.event_ids.get(id), state.scopes.get(&request.scope))
+        else {
+            continue;
+        };
+        let Some(vector) = index.vector(seq).filter(|_| candidate(seq)) else {
+            continue;
+        };
+        let hits = index
+            .search(vector, request.k, &|s| s != seq && candidate(s))
+            .map_err(|e| Failure::invalid(e.to_string()))?;
+        for hit in hits {
+            if hit.score < request.min_similarity {
+                break;
+            }
+            if let Some(b) = state.memories.get(&hit.seq) {
+                pairs.push(Neighbour {
+                    a: id.clone(),
+                    b: b.meta.event_id.clone(),
+                    similarity: hit.score,
+                });
+            }
+        }
+    }
+    Ok(NeighboursResponse { pairs, visible_seq })
 }
 
 /// The search half of [`VectorProjection::search`], once the query vector is known.
@@ -1073,5 +1139,21 @@ impl crate::ReadModel for Vector {
         _visible: Seq,
     ) -> Result<SearchResponse, Failure> {
         projection.search(&request).await
+    }
+
+    async fn more_endpoints(
+        projection: Arc<VectorProjection>,
+        endpoints: &crate::registry::Endpoints<'_>,
+    ) -> Result<(), crate::StartError> {
+        endpoints
+            .serve(
+                engram_memory::proto::NEIGHBOURS_OP,
+                "vector_neighbours",
+                move |request: NeighboursRequest, _visible| {
+                    let projection = projection.clone();
+                    async move { projection.neighbours(request).await }
+                },
+            )
+            .await
     }
 }

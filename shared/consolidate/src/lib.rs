@@ -19,7 +19,8 @@
 //!   its session summaries and appends candidate `fact_asserted` events.
 //!
 //! # Why it is auditable and replayable
-//! A plan is a function of the model at one sequence, and its events carry ids derived from
+//! A plan is a function of the model at one sequence (and of the pairs the vector model
+//! offered dedup, which are exact below its scan threshold), and its events carry ids derived from
 //! their inputs ([`engram_schema::EventId::derived`]) and times taken from the scope's
 //! own events, never from a clock. The same stream gives byte-identical outputs on every
 //! replica; an output appended twice is stored once (the stream deduplicates by id), and
@@ -37,5 +38,5 @@ pub mod summary;
 
 pub use model::{Memories, Memory, ScopeState};
 pub use refine::{RefineOptions, Unrefined, refine};
-pub use steps::{Plan, Policy, STEPS, Step, plan, restore};
+pub use steps::{Plan, Policy, STEPS, Step, plan, plan_with, restore};
 pub use summariser::{Summariser, SummariserConfig, SummariserError};

@@ -38,19 +38,51 @@ pub fn words(text: &str) -> Vec<String> {
         .collect()
 }
 
+/// The hashes of the word 3-shingles of `text` (its words, for texts under three words),
+/// sorted and without repeats; empty for a text without words.
+pub fn shingles(text: &str) -> Vec<u64> {
+    let words = words(text);
+    if words.is_empty() {
+        return Vec::new();
+    }
+    let width = words.len().min(3);
+    let mut shingles: Vec<u64> = words
+        .windows(width)
+        .map(|w| fnv(w.join(" ").as_bytes()))
+        .collect();
+    shingles.sort_unstable();
+    shingles.dedup();
+    shingles
+}
+
+/// The exact Jaccard similarity of two [`shingles`] sets.
+pub fn jaccard(a: &[u64], b: &[u64]) -> f64 {
+    if a.is_empty() || b.is_empty() {
+        return 0.0;
+    }
+    let (mut i, mut j, mut shared) = (0, 0, 0usize);
+    while i < a.len() && j < b.len() {
+        match a[i].cmp(&b[j]) {
+            std::cmp::Ordering::Less => i += 1,
+            std::cmp::Ordering::Greater => j += 1,
+            std::cmp::Ordering::Equal => {
+                shared += 1;
+                i += 1;
+                j += 1;
+            }
+        }
+    }
+    shared as f64 / (a.len() + b.len() - shared) as f64
+}
+
 impl Signature {
     /// Of the word 3-shingles of `text` (its words, for texts under three words). `None`
     /// for a text without words.
     pub fn of(text: &str) -> Option<Self> {
-        let words = words(text);
-        if words.is_empty() {
+        let shingles = shingles(text);
+        if shingles.is_empty() {
             return None;
         }
-        let width = words.len().min(3);
-        let shingles: Vec<u64> = words
-            .windows(width)
-            .map(|w| fnv(w.join(" ").as_bytes()))
-            .collect();
         let mut sig = [u32::MAX; HASHES];
         for (i, slot) in sig.iter_mut().enumerate() {
             let seed = mix(i as u64 + 1);

@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, BTreeSet};
 
 use chrono::{DateTime, Utc};
 use engram_memory::ScopeKey;
+use engram_memory::proto::Neighbour;
 use engram_schema::{Content, Envelope, EventId, EventKind, Ident, Layer};
 use serde::{Deserialize, Serialize};
 use serde_json::json;
@@ -23,8 +24,17 @@ pub const MAX_SOURCES: usize = engram_schema::payload::MAX_FORGOTTEN;
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct Policy {
-    /// Estimated Jaccard similarity of word 3-shingles at which two memories are one.
+    /// Jaccard similarity of word 3-shingle sets at which two memories are one (MinHash
+    /// bands find the candidates; the sets themselves decide).
     pub dedup_similarity: f64,
+    /// Cosine similarity of two memories' vectors at which the vector model offers them as
+    /// near-duplicates beside the MinHash bands (a reworded or reordered text shares few
+    /// shingles). Such a pair is one only if the words of one hold every word of the other
+    /// and they share [`Policy::dedup_vector_words`] of their words: the merge keeps the
+    /// fuller text and loses nothing either said. 1 turns vector candidates off.
+    pub dedup_vector_similarity: f64,
+    /// Jaccard similarity of the word sets a vector-offered pair needs besides containment.
+    pub dedup_vector_words: f64,
     /// Importance a merged memory gains per recurrence beyond the first.
     pub importance_per_recurrence: f64,
     /// Days after which a memory's importance has halved, counted from when it was last
@@ -48,6 +58,8 @@ impl Default for Policy {
     fn default() -> Self {
         Self {
             dedup_similarity: 0.75,
+            dedup_vector_similarity: 0.9,
+            dedup_vector_words: 0.5,
             importance_per_recurrence: 0.1,
             half_life_days: 30.0,
             archive_below: 0.05,
@@ -70,6 +82,8 @@ impl Policy {
             }
         };
         unit("dedup_similarity", self.dedup_similarity)?;
+        unit("dedup_vector_similarity", self.dedup_vector_similarity)?;
+        unit("dedup_vector_words", self.dedup_vector_words)?;
         unit("importance_per_recurrence", self.importance_per_recurrence)?;
         unit("archive_below", self.archive_below)?;
         unit("reinforcement", self.reinforcement)?;
@@ -100,6 +114,8 @@ pub struct Ctx<'a> {
     pub now: DateTime<Utc>,
     /// Memories an earlier step of this plan already uses.
     pub claimed: BTreeSet<String>,
+    /// Pairs of the scope's memories whose vectors are close, from the vector model.
+    pub neighbours: &'a [Neighbour],
 }
 
 impl Ctx<'_> {
@@ -160,8 +176,23 @@ pub struct Plan {
     pub events: Vec<Envelope>,
 }
 
-/// Runs the steps named in `only` (all when empty) over `scope` of `memories`.
+/// Runs the steps named in `only` (all when empty) over `scope` of `memories`, with no
+/// vector neighbours: dedup finds candidates by MinHash alone.
 pub fn plan(memories: &Memories, scope: &ScopeKey, policy: &Policy, only: &[&str]) -> Plan {
+    plan_with(memories, scope, policy, only, &[])
+}
+
+/// [`plan`], with the pairs of `scope`'s memories the vector model found close
+/// ([`engram_memory::proto::NeighboursRequest`]) as further dedup candidates. The plan is a
+/// function of the model and these pairs; pairs naming memories the model does not show
+/// are ignored.
+pub fn plan_with(
+    memories: &Memories,
+    scope: &ScopeKey,
+    policy: &Policy,
+    only: &[&str],
+    neighbours: &[Neighbour],
+) -> Plan {
     let mut events = Vec::new();
     if let Some(state) = memories.scope(scope)
         && let Some(now) = state.latest
@@ -172,6 +203,7 @@ pub fn plan(memories: &Memories, scope: &ScopeKey, policy: &Policy, only: &[&str
             policy,
             now,
             claimed: BTreeSet::new(),
+            neighbours,
         };
         for step in STEPS
             .iter()
@@ -202,6 +234,7 @@ pub fn restore(memories: &Memories, scope: &ScopeKey, ids: &[EventId]) -> Plan {
             policy: &Policy::default(),
             now,
             claimed: BTreeSet::new(),
+            neighbours: &[],
         };
         let at = memories.applied_seq().unwrap_or(0).to_string();
         for id in ids {
@@ -230,11 +263,15 @@ pub fn restore(memories: &Memories, scope: &ScopeKey, ids: &[EventId]) -> Plan {
     }
 }
 
-/// Near-duplicate memories become one: candidates share a MinHash band, and are one when
-/// their estimated shingle similarity reaches [`Policy::dedup_similarity`]. The merged
-/// memory keeps every source's id, counts the recurrences, gains importance per
-/// recurrence, and takes the text of the memory that recurred most (the earliest of
-/// equals); the sources are superseded (a `forgotten` event caused by it), not deleted.
+/// Near-duplicate memories become one. Candidates come from two places: a shared MinHash
+/// band (one when the Jaccard similarity of their shingle sets reaches
+/// [`Policy::dedup_similarity`]),
+/// and the vector model's radius search ([`Ctx::neighbours`]: one when the words of one
+/// hold the other's, see [`Policy::dedup_vector_similarity`]). The merged memory keeps
+/// every source's id, counts the recurrences, gains importance per recurrence, and takes
+/// the text of the member with the most distinct words (then the one that recurred most,
+/// then the earliest), so a merge of a text into a fuller one loses nothing; the sources
+/// are superseded (a `forgotten` event caused by it), not deleted.
 pub struct Dedup;
 
 impl Step for Dedup {
@@ -262,6 +299,10 @@ impl Step for Dedup {
             }
             i
         }
+        let shingles: Vec<Vec<u64>> = candidates
+            .iter()
+            .map(|(_, m)| crate::minhash::shingles(&m.text))
+            .collect();
         let mut buckets: BTreeMap<(usize, u64), Vec<u64>> = BTreeMap::new();
         for (seq, m) in &candidates {
             let sig = m.signature.expect("filtered above");
@@ -281,14 +322,39 @@ impl Step for Dedup {
                         // Already one group: nothing to learn from comparing them.
                         continue;
                     }
-                    let (sa, sb) = (
-                        candidates[ia].1.signature.expect("filtered"),
-                        candidates[ib].1.signature.expect("filtered"),
-                    );
-                    if sa.similarity(&sb) >= ctx.policy.dedup_similarity {
+                    // The band only proposes; the shingle sets decide. A 32-hash estimate
+                    // is off by 0.08 typically, enough to merge two short texts that differ
+                    // in the one word that matters.
+                    if crate::minhash::jaccard(&shingles[ia], &shingles[ib])
+                        >= ctx.policy.dedup_similarity
+                    {
                         parent[ra.max(rb)] = ra.min(rb);
                     }
                 }
+            }
+        }
+        let by_id: std::collections::HashMap<&str, usize> = candidates
+            .iter()
+            .enumerate()
+            .map(|(i, (_, m))| (m.event_id.as_str(), i))
+            .collect();
+        for pair in ctx.neighbours {
+            if f64::from(pair.similarity) < ctx.policy.dedup_vector_similarity {
+                continue;
+            }
+            let (Some(&ia), Some(&ib)) = (by_id.get(pair.a.as_str()), by_id.get(pair.b.as_str()))
+            else {
+                continue;
+            };
+            let (ra, rb) = (root(&mut parent, ia), root(&mut parent, ib));
+            if ra != rb
+                && words_contained(
+                    &candidates[ia].1.text,
+                    &candidates[ib].1.text,
+                    ctx.policy.dedup_vector_words,
+                )
+            {
+                parent[ra.max(rb)] = ra.min(rb);
             }
         }
         let mut groups: BTreeMap<usize, Vec<usize>> = BTreeMap::new();
@@ -313,7 +379,13 @@ impl Step for Dedup {
             }
             let representative = members
                 .iter()
-                .max_by(|a, b| a.1.recurrences.cmp(&b.1.recurrences).then(b.0.cmp(&a.0)))
+                .map(|m| (distinct_words(&m.1.text), m))
+                .max_by(|(wa, a), (wb, b)| {
+                    wa.cmp(wb)
+                        .then(a.1.recurrences.cmp(&b.1.recurrences))
+                        .then(b.0.cmp(&a.0))
+                })
+                .map(|(_, m)| m)
                 .expect("a group has members");
             let recurrences: u32 = members.iter().map(|(_, m)| m.recurrences).sum();
             let top = members
@@ -346,6 +418,27 @@ impl Step for Dedup {
             }
         }
     }
+}
+
+fn distinct_words(text: &str) -> usize {
+    crate::minhash::words(text)
+        .into_iter()
+        .collect::<BTreeSet<_>>()
+        .len()
+}
+
+/// Whether the words of one text hold every word of the other, and the two share at least
+/// `min_jaccard` of their words: a rewording or reordering that adds nothing, or a fuller
+/// telling of the same thing.
+pub fn words_contained(a: &str, b: &str, min_jaccard: f64) -> bool {
+    let wa: BTreeSet<String> = crate::minhash::words(a).into_iter().collect();
+    let wb: BTreeSet<String> = crate::minhash::words(b).into_iter().collect();
+    if wa.is_empty() || wb.is_empty() {
+        return false;
+    }
+    let shared = wa.intersection(&wb).count();
+    let union = wa.len() + wb.len() - shared;
+    (shared == wa.len() || shared == wb.len()) && shared as f64 / union as f64 >= min_jaccard
 }
 
 /// A finished session or task (a `checkpoint` with `"finished": true`) becomes a semantic

@@ -3,9 +3,10 @@
 
 use engram_consolidate::model::Origin;
 use engram_consolidate::steps::decayed;
-use engram_consolidate::{Memories, Policy, plan};
+use engram_consolidate::{Memories, Policy, plan, plan_with};
 use engram_memory::ScopeKey;
 use engram_memory::model::EventModel;
+use engram_memory::proto::Neighbour;
 use engram_memory::testing::{Stream, scope, t};
 use engram_schema::{Envelope, EventKind, Layer};
 use serde_json::json;
@@ -118,6 +119,101 @@ fn a_scope_flooded_with_one_text_merges_it_once_in_bounded_work() {
     // Not a timing assertion on the machine's speed: all pairs would be 4.5 million
     // comparisons per band; the bound keeps it near 3,000 x 32.
     eprintln!("planned in {:?}", started.elapsed());
+}
+
+fn close(a: &Envelope, b: &Envelope, similarity: f32) -> Neighbour {
+    Neighbour {
+        a: a.event_id.clone(),
+        b: b.event_id.clone(),
+        similarity,
+    }
+}
+
+#[test]
+fn a_reworded_memory_the_vector_model_finds_close_merges_into_the_fuller_one() {
+    let team = scope("acme", "core");
+    // Given a reordered telling (few shared shingles), a fuller one, a near miss that
+    // differs in one word, and a pair the vector model finds not close enough.
+    let short = memory(&team, "deploy failed: disk full on node-3", "2026-01-01");
+    let fuller = memory(
+        &team,
+        "disk full on node-3, so the deploy failed",
+        "2026-01-02",
+    );
+    let staging = memory(&team, "the deploy to staging succeeded", "2026-01-03");
+    let production = memory(&team, "the deploy to production succeeded", "2026-01-04");
+    let cache = memory(&team, "the cache is cold after a restart", "2026-01-05");
+    let cache_again = memory(&team, "after a restart the cache is cold", "2026-01-06");
+    let stream = Stream::<Memories>::given(&[
+        short.clone(),
+        fuller.clone(),
+        staging.clone(),
+        production.clone(),
+        cache.clone(),
+        cache_again.clone(),
+    ]);
+    let policy = Policy::default();
+    // MinHash alone sees no duplicates among them.
+    assert!(
+        plan(&stream.model, &team, &policy, &["dedup"])
+            .events
+            .is_empty()
+    );
+    // When the vector model offers all three pairs.
+    let pairs = [
+        close(&short, &fuller, 0.95),
+        close(&staging, &production, 0.97),
+        close(&cache, &cache_again, 0.80),
+    ];
+    let p = plan_with(&stream.model, &team, &policy, &["dedup"], &pairs);
+    // Then only the telling whose words the other holds is merged, into the fuller text.
+    assert_eq!(p.events.len(), 2, "{:#?}", p.events);
+    let merged = &p.events[0];
+    let data = merged.content.data.as_ref().unwrap();
+    assert_eq!(data["op"], "merged");
+    assert_eq!(merged.content.text, fuller.content.text);
+    let mut sources: Vec<&str> = data["sources"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_str().unwrap())
+        .collect();
+    sources.sort_unstable();
+    let mut wanted = vec![short.event_id.as_str(), fuller.event_id.as_str()];
+    wanted.sort_unstable();
+    assert_eq!(sources, wanted);
+    // And a stricter vector threshold offers none of them.
+    let strict = Policy {
+        dedup_vector_similarity: 0.99,
+        ..Policy::default()
+    };
+    assert!(
+        plan_with(&stream.model, &team, &strict, &["dedup"], &pairs)
+            .events
+            .is_empty()
+    );
+}
+
+#[test]
+fn short_texts_that_differ_in_the_word_that_matters_are_not_merged() {
+    let team = scope("acme", "core");
+    let (a, b) = (
+        "deploy failed: disk full on node-3",
+        "deploy failed: disk full on node-4",
+    );
+    // Their signatures' estimate says near-duplicate (the reason the sets decide)...
+    let sig = |t| engram_consolidate::minhash::Signature::of(t).unwrap();
+    assert!(sig(a).similarity(&sig(b)) >= Policy::default().dedup_similarity);
+    // ...but 4 of their 6 shingles are shared: 0.67, under the 0.75 a merge takes.
+    let stream = Stream::<Memories>::given(&[
+        memory(&team, a, "2026-01-01"),
+        memory(&team, b, "2026-01-02"),
+    ]);
+    assert!(
+        plan(&stream.model, &team, &Policy::default(), &["dedup"])
+            .events
+            .is_empty()
+    );
 }
 
 #[test]

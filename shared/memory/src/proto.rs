@@ -49,6 +49,9 @@ pub mod read_models {
     pub const ALL: [&str; 6] = [FACTS, SKILLS, DOCS, CONSOLIDATOR, VECTOR, KEYWORD];
 }
 
+/// The vector model's neighbours endpoint: `engram.p.vector.neighbours`.
+pub const NEIGHBOURS_OP: &str = "neighbours";
+
 /// The subject of a projector service's endpoint.
 pub fn projector_subject(projector: &str, op: &str) -> String {
     format!("engram.p.{projector}.{op}")
@@ -91,6 +94,10 @@ pub mod limits {
     pub const MAX_DOC_BYTES: usize = 1024 * 1024;
     /// Most documents or history entries one doc request returns.
     pub const MAX_DOC_ITEMS: usize = 256;
+    /// Memories one neighbours request names.
+    pub const MAX_NEIGHBOUR_IDS: usize = 1_024;
+    /// Neighbours one memory gets in a neighbours answer.
+    pub const MAX_NEIGHBOURS: usize = 16;
 }
 
 /// A request field outside what the protocol allows; answered as a 400 that names it.
@@ -425,6 +432,36 @@ pub struct SearchRequest {
     /// the `k` hits, down to this rank (without their text). 0 for none.
     #[serde(default)]
     pub rest: usize,
+}
+
+/// The memories of one scope whose vectors lie within a radius of the named ones
+/// (internal): the near-duplicate candidates the consolidator checks by text. Summaries
+/// are never neighbours, nor memories out of default retrieval.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NeighboursRequest {
+    pub scope: ScopeKey,
+    /// Memories of `scope` to find the neighbours of; ids it does not hold are skipped.
+    pub event_ids: Vec<EventId>,
+    /// Cosine similarity a neighbour has at least, in 0..=1.
+    pub min_similarity: f32,
+    /// Neighbours per memory, at most [`limits::MAX_NEIGHBOURS`].
+    pub k: usize,
+    #[serde(default, flatten)]
+    pub consistency: Consistency,
+}
+
+/// Two memories of the scope whose vectors are close; `a` is one of the ids asked for.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct Neighbour {
+    pub a: EventId,
+    pub b: EventId,
+    pub similarity: f32,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct NeighboursResponse {
+    pub pairs: Vec<Neighbour>,
+    pub visible_seq: Seq,
 }
 
 /// A text memory as a projector holds it.
@@ -831,6 +868,7 @@ macro_rules! projector_request {
 projector_request!(
     ConsolidateRequest,
     SearchRequest,
+    NeighboursRequest,
     FactsRequest,
     SkillsRequest,
     DocRequest,
@@ -1007,6 +1045,21 @@ impl SearchRequest {
     }
 }
 
+impl NeighboursRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        check_limit("event_ids", self.event_ids.len(), limits::MAX_NEIGHBOUR_IDS)?;
+        check_limit("k", self.k, limits::MAX_NEIGHBOURS)?;
+        if !self.min_similarity.is_finite() {
+            return Err(InvalidField::new(
+                "min_similarity",
+                "must be a finite number",
+            ));
+        }
+        check_range("min_similarity", self.min_similarity, 0.0, 1.0)?;
+        self.consistency.validate()
+    }
+}
+
 impl FactsRequest {
     pub fn validate(&self) -> Result<(), InvalidField> {
         for (field, text) in [
@@ -1139,6 +1192,12 @@ pub fn json_schema() -> serde_json::Value {
             generator.subschema_for::<SearchResponse>(),
         ),
         endpoint(
+            &projector(read_models::VECTOR, NEIGHBOURS_OP),
+            "engram-vector",
+            generator.subschema_for::<NeighboursRequest>(),
+            generator.subschema_for::<NeighboursResponse>(),
+        ),
+        endpoint(
             &projector(read_models::KEYWORD, "search"),
             "engram-keyword",
             generator.subschema_for::<SearchRequest>(),
@@ -1224,6 +1283,63 @@ mod tests {
         );
         assert!(schema.contains("engram.q.retrieve"));
         assert!(schema.contains("\"status\":429"));
+    }
+
+    #[test]
+    fn a_neighbours_request_is_bounded_in_ids_neighbours_and_radius() {
+        let ok = NeighboursRequest {
+            scope: ScopeKey::new(
+                Ident::parse("tenant", "acme").unwrap(),
+                "team:core".parse().unwrap(),
+            ),
+            event_ids: vec![EventId::new()],
+            min_similarity: 0.9,
+            k: 4,
+            consistency: Consistency::default(),
+        };
+        ok.validate().unwrap();
+        let field = |r: NeighboursRequest| r.validate().unwrap_err().field;
+        let many = vec![EventId::new(); limits::MAX_NEIGHBOUR_IDS + 1];
+        for (bad, named) in [
+            (
+                NeighboursRequest {
+                    event_ids: many,
+                    ..ok.clone()
+                },
+                "event_ids",
+            ),
+            (
+                NeighboursRequest {
+                    event_ids: vec![],
+                    ..ok.clone()
+                },
+                "event_ids",
+            ),
+            (NeighboursRequest { k: 0, ..ok.clone() }, "k"),
+            (
+                NeighboursRequest {
+                    k: limits::MAX_NEIGHBOURS + 1,
+                    ..ok.clone()
+                },
+                "k",
+            ),
+            (
+                NeighboursRequest {
+                    min_similarity: f32::NAN,
+                    ..ok.clone()
+                },
+                "min_similarity",
+            ),
+            (
+                NeighboursRequest {
+                    min_similarity: 1.5,
+                    ..ok.clone()
+                },
+                "min_similarity",
+            ),
+        ] {
+            assert_eq!(field(bad), named);
+        }
     }
 
     #[test]

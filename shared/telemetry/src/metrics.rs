@@ -211,6 +211,25 @@ pub static CONSOLIDATION_SUMMARISER_FAILURES: LazyLock<IntCounterVec> = LazyLock
         &["reason"],
     )
 });
+/// The consolidator's requests to the vector model for close pairs (dedup candidates), by
+/// outcome (ok, failed) and the pairs they returned: a failed one leaves dedup to MinHash
+/// for that run, and is asked again the next.
+pub static CONSOLIDATION_NEIGHBOUR_REQUESTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_consolidation_neighbour_requests_total",
+        "requests to the vector model for close pairs of memories (dedup candidates), by outcome",
+        &["outcome"],
+    )
+});
+pub static CONSOLIDATION_NEIGHBOUR_PAIRS: LazyLock<prometheus::IntCounter> = LazyLock::new(|| {
+    register(
+        prometheus::IntCounter::new(
+            "engram_consolidation_neighbour_pairs_total",
+            "close pairs of memories the vector model offered dedup",
+        )
+        .expect("valid metric"),
+    )
+});
 /// Time of one scheduled consolidation run over every scope (plan and append).
 pub static CONSOLIDATION_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
     register(
