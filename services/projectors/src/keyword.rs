@@ -6,17 +6,17 @@
 //! searchable. It costs an fsync, so while the projector works through a backlog it commits
 //! every `keyword_commit_interval`, and at the tail at most every `keyword_tail_commit_gap`.
 //!
-//! A `forgotten` event deletes its memories' documents. The index keeps no record of
-//! forgotten ids, so after a restart a retry of a forgotten event that arrives outside the
-//! stream's duplicate window would be indexed again here (the vector projector keeps the ids
-//! in its checkpoint and would not).
+//! A `forgotten` event deletes its memories' documents. An outcome or feedback naming
+//! contradicted memories, or a feedback flagging a faulty instance, lowers the confidence
+//! of memories of its own scope recorded before it ([`engram_memory::confidence`]): each
+//! such memory's document is added again with its new confidence, which the index filters
+//! on.
 //!
-//! An outcome or feedback naming contradicted memories, or a feedback flagging a faulty
-//! instance, lowers the confidence of memories of its own scope recorded before it
-//! ([`engram_memory::confidence`]): each such memory's document is added again with its new
-//! confidence, which the index filters on. Signals applied are remembered only since the
-//! process started, like forgotten ids: after a restart, a retry of one arriving outside the
-//! duplicate window would lower its memories again here.
+//! The ids of forgotten memories and of the signals applied are kept across restarts, so
+//! that a late retry of either (outside the stream's duplicate window) is indexed or applied
+//! no second time: they go to an append-only log beside the index (`keyword-ids.log`),
+//! fsynced before each commit, and the commit's note records the log's length. A restart
+//! reads the log up to that length and cuts off what a crash left after it.
 //!
 //! A snapshot of the model (`export`) is every memory of the last commit with its metadata,
 //! and the forgotten and signal ids this process knows, in the checkpoint format; a replica
@@ -51,15 +51,20 @@ struct Table {
     applied: Seq,
     memories: BTreeMap<Seq, Memory>,
     event_ids: HashMap<EventId, Seq>,
-    /// Ids withdrawn by `forgotten` events since this process started; a restart forgets
-    /// them (the index keeps no record), see the module docs.
+    /// Ids withdrawn by `forgotten` events (kept in the ids log, see the module docs).
     forgotten: HashSet<EventId>,
-    /// Ids of the distrust signals applied since this process started, likewise.
+    /// Ids of the distrust signals applied, likewise.
     distrusted: HashSet<EventId>,
+    /// Signals applied by a publish that committed nothing (they lowered no confidence):
+    /// logged with the next commit. Until then a restart replays them, as the commit's
+    /// ledger lags them.
+    unlogged: Vec<EventId>,
 }
 
 pub struct KeywordProjection {
     dir: PathBuf,
+    /// Forgotten and signal ids, beside the index (see the module docs).
+    ids: IdsLog,
     writer: Mutex<Option<KeywordIndex>>,
     reader: RwLock<Option<KeywordReader>>,
     /// Visible memories (what the last commit holds), for hits' text and provenance.
@@ -163,23 +168,204 @@ fn fatal(e: impl std::fmt::Display) -> ProjectionError {
     ProjectionError::Fatal(format!("keyword index: {e}"))
 }
 
-/// The ledger saved with the index's last commit (JSON in the commit's note).
+/// What a commit's note holds (JSON): the apply ledger, and the part of the ids log the
+/// commit covers (absent in an index committed before the log existed).
+#[derive(Serialize, Deserialize)]
+struct CommitNote {
+    #[serde(flatten)]
+    ledger: ApplyLedger,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ids_log: Option<IdsMark>,
+}
+
+/// A log's generation (its first line; a new one each time it is emptied) and length: a
+/// commit names the log it was made with, so a log replaced behind its back is detected,
+/// not read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+struct IdsMark {
+    generation: String,
+    bytes: u64,
+}
+
+fn note(ledger: &ApplyLedger, mark: IdsMark) -> Result<String, ProjectionError> {
+    serde_json::to_string(&CommitNote {
+        ledger: *ledger,
+        ids_log: Some(mark),
+    })
+    .map_err(fatal)
+}
+
+/// The append-only log of forgotten and signal ids beside the index: a `g <generation>`
+/// line, then one `f <id>` or `d <id>` line each.
+struct IdsLog {
+    path: PathBuf,
+    generation: Mutex<String>,
+}
+
+impl IdsLog {
+    fn new(path: PathBuf) -> Self {
+        Self {
+            path,
+            generation: Mutex::new(EventId::new().as_str().to_owned()),
+        }
+    }
+
+    fn broken(&self, what: impl std::fmt::Display) -> ProjectionError {
+        ProjectionError::Fatal(format!(
+            "keyword ids log {}: {what}; run `engram rebuild {NAME}`",
+            self.path.display()
+        ))
+    }
+
+    /// The ids of the log `mark` names, the log cut to its length (what a crash left after
+    /// the last commit is dropped: its events are replayed).
+    fn load(
+        &self,
+        mark: &IdsMark,
+    ) -> Result<(HashSet<EventId>, HashSet<EventId>), ProjectionError> {
+        let (mut forgotten, mut distrusted) = (HashSet::new(), HashSet::new());
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = mark.generation.clone();
+        let file = match std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(&self.path)
+        {
+            Ok(file) => file,
+            // Nothing was ever logged under this generation.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound && mark.bytes == 0 => {
+                return Ok((forgotten, distrusted));
+            }
+            Err(e) => return Err(self.broken(e)),
+        };
+        let len = file.metadata().map_err(|e| self.broken(e))?.len();
+        if len < mark.bytes {
+            return Err(self.broken(format_args!(
+                "{len} bytes, but the index's last commit covers {}",
+                mark.bytes
+            )));
+        }
+        file.set_len(mark.bytes).map_err(|e| self.broken(e))?;
+        let mut text = String::new();
+        use std::io::Read;
+        (&file)
+            .read_to_string(&mut text)
+            .map_err(|e| self.broken(e))?;
+        let mut lines = text.lines();
+        if mark.bytes > 0 && lines.next() != Some(&format!("g {}", mark.generation)) {
+            return Err(self.broken("not the log the index's last commit was made with"));
+        }
+        for line in lines {
+            let parsed = line
+                .split_once(' ')
+                .and_then(|(k, id)| Some((k, EventId::parse(id).ok()?)));
+            match parsed {
+                Some(("f", id)) => {
+                    forgotten.insert(id);
+                }
+                Some(("d", id)) => {
+                    distrusted.insert(id);
+                }
+                _ => return Err(self.broken(format_args!("a line that does not parse ({line:?})"))),
+            }
+        }
+        Ok((forgotten, distrusted))
+    }
+
+    /// Appends the ids to the log at `path` (this log's, or a new one's) and fsyncs; returns
+    /// the mark of the log with them.
+    fn append_to<'a>(
+        &self,
+        path: &std::path::Path,
+        forgotten: impl Iterator<Item = &'a EventId>,
+        distrusted: impl Iterator<Item = &'a EventId>,
+    ) -> std::io::Result<IdsMark> {
+        use std::io::Write;
+        let generation = self
+            .generation
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(path)?;
+        let mut text = String::new();
+        if file.metadata()?.len() == 0 {
+            text.push_str(&format!("g {generation}\n"));
+        }
+        for (kind, id) in forgotten
+            .map(|id| ("f ", id))
+            .chain(distrusted.map(|id| ("d ", id)))
+        {
+            text.push_str(kind);
+            text.push_str(id.as_str());
+            text.push('\n');
+        }
+        if !text.is_empty() {
+            file.write_all(text.as_bytes())?;
+            file.sync_data()?;
+        }
+        Ok(IdsMark {
+            generation,
+            bytes: file.metadata()?.len(),
+        })
+    }
+
+    fn append<'a>(
+        &self,
+        forgotten: impl Iterator<Item = &'a EventId>,
+        distrusted: impl Iterator<Item = &'a EventId>,
+    ) -> std::io::Result<IdsMark> {
+        self.append_to(&self.path, forgotten, distrusted)
+    }
+
+    /// Starts a new generation; returns the one it replaces.
+    fn regenerate(&self) -> String {
+        std::mem::replace(
+            &mut *self.generation.lock().unwrap_or_else(|p| p.into_inner()),
+            EventId::new().as_str().to_owned(),
+        )
+    }
+
+    fn set_generation(&self, generation: String) {
+        *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = generation;
+    }
+
+    /// Empties the log, under a new generation.
+    fn clear(&self) -> std::io::Result<()> {
+        self.regenerate();
+        match std::fs::remove_file(&self.path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Where a replacing log is written before it takes this one's place.
+    fn replacement(&self) -> PathBuf {
+        self.path.with_extension("log.new")
+    }
+}
+
+/// The ledger saved with the index's last commit (JSON in the commit's note), and the
+/// length of the ids log it covers.
 ///
 /// An index committed before ledgers existed carries a bare sequence. It is refused, not read
 /// as a ledger with unknown counts: such a ledger could never be checked against the stream,
 /// which is its whole purpose, and the other projectors' checkpoints need the same rebuild.
-fn committed_ledger(index: &KeywordIndex) -> Result<ApplyLedger, ProjectionError> {
+fn committed_ledger(
+    index: &KeywordIndex,
+) -> Result<(ApplyLedger, Option<IdsMark>), ProjectionError> {
     let seq = index.committed_seq();
     let Some(note) = index.committed_note() else {
         if seq == 0 {
             // New, or cleared for a rebuild: nothing applied.
-            return Ok(ApplyLedger::default());
+            return Ok((ApplyLedger::default(), None));
         }
         return Err(ProjectionError::Fatal(format!(
             "the keyword index was committed at seq {seq} by an older engram, without an apply ledger; run `engram rebuild {NAME}` to replace it"
         )));
     };
-    let ledger: ApplyLedger = serde_json::from_str(note).map_err(|e| {
+    let CommitNote { ledger, ids_log } = serde_json::from_str(note).map_err(|e| {
         ProjectionError::Fatal(format!(
             "the keyword index's apply ledger {note:?} does not decode ({e}); run `engram rebuild {NAME}`"
         ))
@@ -190,7 +376,7 @@ fn committed_ledger(index: &KeywordIndex) -> Result<ApplyLedger, ProjectionError
             ledger.seq
         )));
     }
-    Ok(ledger)
+    Ok((ledger, ids_log))
 }
 
 /// Opens the index in `dir`. One of an older schema (a field added since) is derived state:
@@ -212,8 +398,10 @@ fn open_index(dir: &std::path::Path) -> Result<KeywordIndex, ProjectionError> {
 
 impl KeywordProjection {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
+        let dir = dir.into();
         Self {
-            dir: dir.into().join("keyword"),
+            ids: IdsLog::new(dir.join("keyword-ids.log")),
+            dir: dir.join("keyword"),
             writer: Mutex::new(None),
             reader: RwLock::new(None),
             table: Arc::default(),
@@ -323,9 +511,26 @@ impl Projection for KeywordProjection {
         })
         .await
         .map_err(fatal)??;
-        let ledger = committed_ledger(&index)?;
+        let (ledger, mark) = committed_ledger(&index)?;
+        let (forgotten, distrusted) = match mark {
+            Some(mark) => self.ids.load(&mark)?,
+            None => {
+                if ledger.seq > 0 {
+                    // Committed before the log existed: the ids were not kept. The log starts
+                    // now and keeps every id from here on.
+                    tracing::warn!(
+                        seq = ledger.seq,
+                        "keyword index committed without an ids log: forgotten and signal ids before this start are unknown (`engram rebuild keyword` recovers them)"
+                    );
+                }
+                self.ids.clear().map_err(fatal)?;
+                Default::default()
+            }
+        };
         let mut table = Table {
             applied: ledger.seq,
+            forgotten,
+            distrusted,
             ..Table::default()
         };
         for (meta, text) in memories {
@@ -551,7 +756,7 @@ impl Projection for KeywordProjection {
     }
 
     async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
-        let ledger = serde_json::to_string(applied).map_err(fatal)?;
+        let ledger = *applied;
         let applied = applied.seq;
         let unchanged = {
             let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
@@ -564,10 +769,23 @@ impl Projection for KeywordProjection {
             // re-reads a few events that changed nothing in the index and applies them again
             // from that older ledger, which changes nothing either.
             let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+            table.unlogged.extend(signals.iter().cloned());
             table.distrusted.extend(signals);
             table.applied = applied;
             return Ok(());
         }
+        // The ids this commit makes durable go to the log first: a crash after the log and
+        // before the commit leaves a tail the restart cuts off.
+        let logged = {
+            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+            self.ids.append(
+                staged.forgotten.values(),
+                table.unlogged.iter().chain(&staged.distrusted),
+            )
+        }
+        .map_err(|e| ProjectionError::Transient(format!("keyword ids log: {e}")))?;
+        let ledger = note(&ledger, logged)?;
         // A commit fsyncs: off the async threads.
         let writer = {
             let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -590,6 +808,7 @@ impl Projection for KeywordProjection {
             table.memories.insert(seq, m);
         }
         table.distrusted.extend(staged.distrusted);
+        table.unlogged.clear();
         for (seq, id) in staged.forgotten {
             table.memories.remove(&seq);
             table.forgotten.insert(id);
@@ -616,6 +835,7 @@ impl Projection for KeywordProjection {
             }
         }
         self.with_writer(|index| index.clear())?;
+        self.ids.clear().map_err(fatal)?;
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = Table::default();
         *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
         Ok(())
@@ -648,7 +868,6 @@ impl Projection for KeywordProjection {
         })
         .await
         .map_err(fatal)??;
-        let note = serde_json::to_string(&ledger).map_err(fatal)?;
         // Replacing the index discards what is staged; a loader runs before any apply.
         if !self
             .staged
@@ -666,6 +885,25 @@ impl Projection for KeywordProjection {
             // Not restored (its checkpoint was unusable): opened here, to be replaced.
             None => open_index(&self.dir)?,
         };
+        // The snapshot's ids go to a new log under a new generation, which takes the old
+        // one's place once the commit naming it is made. A crash between the two leaves the
+        // old log, which the commit does not name: the restart says so and asks for a
+        // rebuild, rather than reading the wrong ids.
+        let replacement = self.ids.replacement();
+        let previous = self.ids.regenerate();
+        let _ = std::fs::remove_file(&replacement);
+        let logged =
+            self.ids
+                .append_to(&replacement, snap.forgotten.iter(), snap.distrusted.iter());
+        let logged = match logged {
+            Ok(mark) => mark,
+            Err(e) => {
+                self.ids.set_generation(previous);
+                *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
+                return Err(ProjectionError::Transient(format!("keyword ids log: {e}")));
+            }
+        };
+        let note = note(&ledger, logged)?;
         // Thousands of documents per second, and an fsync: off the async threads.
         let (index, memories, result) = tokio::task::spawn_blocking(move || {
             let mut index = index;
@@ -682,7 +920,17 @@ impl Projection for KeywordProjection {
         .map_err(fatal)?;
         *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
-        result.map_err(|e| ProjectionError::Transient(format!("keyword snapshot import: {e}")))?;
+        if let Err(e) = result {
+            // The old commit stands, with its log.
+            self.ids.set_generation(previous);
+            return Err(ProjectionError::Transient(format!(
+                "keyword snapshot import: {e}"
+            )));
+        }
+        std::fs::rename(&replacement, &self.ids.path).map_err(|e| {
+            self.ids
+                .broken(format_args!("cannot put the imported log in place: {e}"))
+        })?;
         let mut table = Table {
             applied: ledger.seq,
             forgotten: snap.forgotten.into_iter().collect(),

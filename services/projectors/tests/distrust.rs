@@ -317,7 +317,7 @@ async fn a_replay_in_other_batches_gives_the_same_state() {
 }
 
 #[tokio::test]
-async fn confidences_and_applied_signals_survive_a_vector_checkpoint() {
+async fn confidences_and_applied_signals_survive_a_restart_of_either_model() {
     let World {
         events,
         ids,
@@ -357,6 +357,29 @@ async fn confidences_and_applied_signals_survive_a_vector_checkpoint() {
         rest: 0,
     };
     let after: BTreeMap<EventId, f64> = restarted
+        .search(&request)
+        .await
+        .unwrap()
+        .hits
+        .into_iter()
+        .map(|h| (h.meta.event_id, h.meta.confidence))
+        .collect();
+    assert_eq!(after, before);
+
+    // And the same for the keyword model, whose signal ids live in its ids log
+    let Models { dir, keyword, .. } = models;
+    drop(keyword);
+    let keyword = KeywordProjection::new(dir.path());
+    keyword.restore().await.unwrap();
+    assert!(keyword.apply(&retry).await.unwrap().is_empty());
+    keyword
+        .publish(&ApplyLedger {
+            seq: retry[0].seq,
+            ..ApplyLedger::default()
+        })
+        .await
+        .unwrap();
+    let after: BTreeMap<EventId, f64> = keyword
         .search(&request)
         .await
         .unwrap()
