@@ -299,10 +299,9 @@ impl Step for Dedup {
             }
             i
         }
-        let shingles: Vec<Vec<u64>> = candidates
-            .iter()
-            .map(|(_, m)| crate::minhash::shingles(&m.text))
-            .collect();
+        // Shingle sets of the candidates a band pairs, made when first compared: most
+        // memories of a large scope share no band with any other.
+        let mut shingles: Vec<Option<Vec<u64>>> = vec![None; candidates.len()];
         let mut buckets: BTreeMap<(usize, u64), Vec<u64>> = BTreeMap::new();
         for (seq, m) in &candidates {
             let sig = m.signature.expect("filtered above");
@@ -325,9 +324,13 @@ impl Step for Dedup {
                     // The band only proposes; the shingle sets decide. A 32-hash estimate
                     // is off by 0.08 typically, enough to merge two short texts that differ
                     // in the one word that matters.
-                    if crate::minhash::jaccard(&shingles[ia], &shingles[ib])
-                        >= ctx.policy.dedup_similarity
-                    {
+                    for i in [ia, ib] {
+                        if shingles[i].is_none() {
+                            shingles[i] = Some(crate::minhash::shingles(&candidates[i].1.text));
+                        }
+                    }
+                    let set = |i: usize| shingles[i].as_deref().unwrap_or_default();
+                    if crate::minhash::jaccard(set(ia), set(ib)) >= ctx.policy.dedup_similarity {
                         parent[ra.max(rb)] = ra.min(rb);
                     }
                 }
