@@ -64,7 +64,7 @@ struct Table {
 pub struct KeywordProjection {
     dir: PathBuf,
     /// Forgotten and signal ids, beside the index (see the module docs).
-    ids: IdsLog,
+    ids: Arc<IdsLog>,
     writer: Mutex<Option<KeywordIndex>>,
     reader: RwLock<Option<KeywordReader>>,
     /// Visible memories (what the last commit holds), for hits' text and provenance.
@@ -400,7 +400,7 @@ impl KeywordProjection {
     pub fn new(dir: impl Into<PathBuf>) -> Self {
         let dir = dir.into();
         Self {
-            ids: IdsLog::new(dir.join("keyword-ids.log")),
+            ids: Arc::new(IdsLog::new(dir.join("keyword-ids.log"))),
             dir: dir.join("keyword"),
             writer: Mutex::new(None),
             reader: RwLock::new(None),
@@ -776,31 +776,43 @@ impl Projection for KeywordProjection {
         }
         // The ids this commit makes durable go to the log first: a crash after the log and
         // before the commit leaves a tail the restart cuts off.
-        let logged = {
-            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        let (forgotten, distrusted): (Vec<EventId>, Vec<EventId>) = {
             let table = self.table.read().unwrap_or_else(|p| p.into_inner());
-            self.ids.append(
-                staged.forgotten.values(),
-                table.unlogged.iter().chain(&staged.distrusted),
+            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            (
+                staged.forgotten.values().cloned().collect(),
+                table
+                    .unlogged
+                    .iter()
+                    .chain(&staged.distrusted)
+                    .cloned()
+                    .collect(),
             )
-        }
-        .map_err(|e| ProjectionError::Transient(format!("keyword ids log: {e}")))?;
-        let ledger = note(&ledger, logged)?;
-        // A commit fsyncs: off the async threads.
+        };
         let writer = {
             let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
             guard.take()
         };
         let mut index = writer
             .ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
+        // Both fsync: off the async threads.
+        let ids = self.ids.clone();
         let (index, result) = tokio::task::spawn_blocking(move || {
-            let result = index.commit_with_note(applied, &ledger);
+            let result = ids
+                .append(forgotten.iter(), distrusted.iter())
+                .map_err(|e| ProjectionError::Transient(format!("keyword ids log: {e}")))
+                .and_then(|mark| note(&ledger, mark))
+                .and_then(|note| {
+                    index
+                        .commit_with_note(applied, &note)
+                        .map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))
+                });
             (index, result)
         })
         .await
         .map_err(fatal)?;
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
-        result.map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))?;
+        result?;
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
         for (seq, m) in staged.memories {
