@@ -327,7 +327,13 @@ where
             .model()
             .launch(config, dir, bus, &serving, shutdown.clone())
             .await?;
-        let (c, st, v) = (cutter.clone(), store.clone(), visibility.clone());
+        let newest = Arc::new(Newest::default());
+        let (c, st, v, kept) = (
+            cutter.clone(),
+            store.clone(),
+            visibility.clone(),
+            newest.clone(),
+        );
         // One cut at a time: a cut exports the whole model, so requests wait for the one in
         // progress, and one that would cut the state the newest snapshot already holds gets
         // that snapshot instead of a copy.
@@ -338,8 +344,13 @@ where
             "snapshot",
             serving.limits,
             move |req: SnapshotRequest| {
-                let (cutter, store, v, cutting) =
-                    (c.clone(), st.clone(), v.clone(), cutting.clone());
+                let (cutter, store, v, cutting, kept) = (
+                    c.clone(),
+                    st.clone(),
+                    v.clone(),
+                    cutting.clone(),
+                    kept.clone(),
+                );
                 async move {
                     let _one = cutting.lock().await;
                     if req.label.is_none()
@@ -352,13 +363,13 @@ where
                     {
                         return Ok(newest);
                     }
-                    cut_and_store(&cutter, &store, req.label.as_deref()).await
+                    cut_and_store(&cutter, &store, &kept, req.label.as_deref()).await
                 }
             },
         )
         .await
         .map_err(service_err)?;
-        let (st, model) = (store.clone(), name.model());
+        let (st, model, kept) = (store.clone(), name.model(), newest.clone());
         // Each slice decodes a whole snapshot: a few at once, the rest wait their turn.
         let slicing = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_SLICES));
         engram_rpc::serve(
@@ -367,8 +378,8 @@ where
             "bootstrap",
             serving.limits,
             move |req: proto::BootstrapRequest| {
-                let (store, slicing) = (st.clone(), slicing.clone());
-                async move { bootstrap_slice(model, &store, &slicing, req).await }
+                let (store, slicing, newest) = (st.clone(), slicing.clone(), kept.clone());
+                async move { bootstrap_slice(model, &store, &newest, &slicing, req).await }
             },
         )
         .await
@@ -378,6 +389,7 @@ where
             cutter,
             visibility.clone(),
             store,
+            newest,
             shutdown.clone(),
         ));
         let (v, head) = (visibility.clone(), serving.head.clone());
@@ -469,6 +481,7 @@ pub struct SnapshotRequest {
 async fn cut_and_store(
     cutter: &engram_projection_runtime::Cutter,
     store: &SnapshotStore,
+    newest: &Newest,
     label: Option<&str>,
 ) -> Result<SnapshotMeta, Failure> {
     let started = std::time::Instant::now();
@@ -500,7 +513,61 @@ async fn cut_and_store(
         took_ms = started.elapsed().as_millis() as u64,
         "snapshot cut"
     );
+    newest.keep(&meta, cut.bytes);
     Ok(meta)
+}
+
+/// Bytes of the newest snapshot kept in memory for bootstrap slices, at most.
+const MAX_KEPT_SNAPSHOT_BYTES: usize = 64 * 1024 * 1024;
+/// How long a kept snapshot is sliced from before the store is asked again: another
+/// replica may have cut a newer one, or retention removed this one.
+const KEPT_SNAPSHOT_TTL: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// The newest snapshot this process cut, or last loaded for a bootstrap, already checked:
+/// a bootstrap slices it without listing and fetching the store again. For a small scope the
+/// fetch was most of a bootstrap's time, making it slower than replaying the scope.
+#[derive(Default)]
+struct Newest(std::sync::Mutex<Option<Kept>>);
+
+struct Kept {
+    meta: SnapshotMeta,
+    bytes: Arc<Vec<u8>>,
+    at: std::time::Instant,
+}
+
+impl Newest {
+    /// Keeps a snapshot just cut, unless a newer one is kept.
+    fn keep(&self, meta: &SnapshotMeta, bytes: impl Into<Arc<Vec<u8>>>) {
+        let newer_kept = self
+            .0
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .as_ref()
+            .is_some_and(|k| k.meta.version > meta.version);
+        if !newer_kept {
+            self.replace(meta, bytes);
+        }
+    }
+
+    /// Keeps the newest snapshot the store holds, whatever was kept before.
+    fn replace(&self, meta: &SnapshotMeta, bytes: impl Into<Arc<Vec<u8>>>) {
+        let bytes = bytes.into();
+        let mut kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        *kept = (bytes.len() <= MAX_KEPT_SNAPSHOT_BYTES).then(|| Kept {
+            meta: meta.clone(),
+            bytes,
+            at: std::time::Instant::now(),
+        });
+    }
+
+    /// The kept snapshot, if it is fresh and answers a request for `version` (the newest
+    /// when `None`).
+    fn get(&self, version: Option<u64>) -> Option<(SnapshotMeta, Arc<Vec<u8>>)> {
+        let kept = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let k = kept.as_ref()?;
+        let fits = version.is_none_or(|v| v == k.meta.version);
+        (fits && k.at.elapsed() < KEPT_SNAPSHOT_TTL).then(|| (k.meta.clone(), k.bytes.clone()))
+    }
 }
 
 /// Bootstrap slices decoded at once by one projector service.
@@ -510,6 +577,7 @@ const MAX_CONCURRENT_SLICES: usize = 2;
 async fn bootstrap_slice(
     model: &'static dyn registry::Registered,
     store: &SnapshotStore,
+    newest: &Newest,
     slicing: &tokio::sync::Semaphore,
     req: proto::BootstrapRequest,
 ) -> Result<proto::BootstrapResponse, Failure> {
@@ -527,30 +595,40 @@ async fn bootstrap_slice(
         .acquire()
         .await
         .map_err(|e| Failure::new(ErrorCode::Internal, e.to_string()))?;
-    let check = move |bytes: &[u8]| {
-        engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
-            .map(drop)
-            .map_err(|e| e.to_string())
-    };
-    let selection = store
-        .load_latest_good(projector, req.version, check)
-        .await
-        .map_err(|e| match e {
-            SnapshotError::NotFound { .. } => Failure::invalid(e.to_string()),
-            other => Failure::new(ErrorCode::Unavailable, other.to_string()),
-        })?;
-    let skipped = selection
-        .skipped
-        .iter()
-        .map(|(m, why)| format!("version {}: {why}", m.version))
-        .collect();
-    let Some((meta, bytes)) = selection.chosen else {
-        return Ok(proto::BootstrapResponse {
-            model: req.model,
-            snapshot: None,
-            skipped,
-            bytes: None,
-        });
+    let (meta, bytes, skipped) = match newest.get(req.version) {
+        Some((meta, bytes)) => (meta, bytes, Vec::new()),
+        None => {
+            let check = move |bytes: &[u8]| {
+                engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            };
+            let selection = store
+                .load_latest_good(projector, req.version, check)
+                .await
+                .map_err(|e| match e {
+                    SnapshotError::NotFound { .. } => Failure::invalid(e.to_string()),
+                    other => Failure::new(ErrorCode::Unavailable, other.to_string()),
+                })?;
+            let skipped = selection
+                .skipped
+                .iter()
+                .map(|(m, why)| format!("version {}: {why}", m.version))
+                .collect();
+            let Some((meta, bytes)) = selection.chosen else {
+                return Ok(proto::BootstrapResponse {
+                    model: req.model,
+                    snapshot: None,
+                    skipped,
+                    bytes: None,
+                });
+            };
+            let bytes = Arc::new(bytes);
+            if req.version.is_none() {
+                newest.replace(&meta, bytes.clone());
+            }
+            (meta, bytes, skipped)
+        }
     };
     let sliced = off_runtime(move || {
         model
@@ -585,6 +663,7 @@ fn spawn_periodic_cuts(
     cutter: engram_projection_runtime::Cutter,
     visibility: Visibility,
     store: SnapshotStore,
+    newest: Arc<Newest>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
@@ -608,7 +687,7 @@ fn spawn_periodic_cuts(
             if visibility.ledger().seq < last_cut + config.min_events {
                 continue;
             }
-            match cut_and_store(&cutter, &store, None).await {
+            match cut_and_store(&cutter, &store, &newest, None).await {
                 Ok(meta) => last_cut = meta.version,
                 Err(f) if f.code == ErrorCode::Invalid => {
                     tracing::debug!(projector = cutter.projector(), reason = %f.message, "no periodic snapshots");
