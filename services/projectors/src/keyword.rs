@@ -34,7 +34,7 @@ use std::sync::{Arc, Mutex, RwLock};
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_keyword::{KeywordIndex, KeywordReader};
-use engram_memory::confidence::{Distrust, Inheritance};
+use engram_memory::confidence::{Distrust, Inheritance, Withdrawn};
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{MemoryMeta, ScopeKey, Seq, is_text_memory};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
@@ -55,6 +55,9 @@ struct Table {
     forgotten: HashSet<EventId>,
     /// Ids of the distrust signals applied, likewise.
     distrusted: HashSet<EventId>,
+    /// Distrusted memories among the forgotten, with scope and confidence (likewise): a copy
+    /// restored from one inherits it.
+    withdrawn: Withdrawn,
     /// Signals applied by a publish that committed nothing (they lowered no confidence):
     /// logged with the next commit. Until then a restart replays them, as the commit's
     /// ledger lags them.
@@ -85,6 +88,8 @@ struct Staged {
     forgotten: BTreeMap<Seq, EventId>,
     /// Distrust signals applied since the last commit.
     distrusted: Vec<EventId>,
+    /// Distrusted memories withdrawn since the last commit.
+    withdrawn: Withdrawn,
     /// The last sequence applied, so that a retried batch skips what it already staged
     /// (a batch may end in events that stage nothing).
     applied: Seq,
@@ -138,6 +143,8 @@ struct Snapshot {
     memories: Vec<Memory>,
     forgotten: Vec<EventId>,
     distrusted: Vec<EventId>,
+    #[serde(default)]
+    withdrawn: Withdrawn,
 }
 
 /// [`Snapshot`] as written, borrowed from the table: the memories are encoded where they
@@ -147,6 +154,7 @@ struct SnapshotOut<'a> {
     memories: MemoriesOut<'a>,
     forgotten: Vec<&'a EventId>,
     distrusted: Vec<&'a EventId>,
+    withdrawn: &'a Withdrawn,
 }
 
 struct MemoriesOut<'a>(&'a BTreeMap<Seq, Memory>);
@@ -196,7 +204,8 @@ fn note(ledger: &ApplyLedger, mark: IdsMark) -> Result<String, ProjectionError> 
 }
 
 /// The append-only log of forgotten and signal ids beside the index: a `g <generation>`
-/// line, then one `f <id>` or `d <id>` line each.
+/// line, then one `f <id>` or `d <id>` line each, and a `w <id> <confidence> <scope>` line
+/// for each distrusted memory withdrawn.
 struct IdsLog {
     path: PathBuf,
     generation: Mutex<String>,
@@ -219,11 +228,8 @@ impl IdsLog {
 
     /// The ids of the log `mark` names, the log cut to its length (what a crash left after
     /// the last commit is dropped: its events are replayed).
-    fn load(
-        &self,
-        mark: &IdsMark,
-    ) -> Result<(HashSet<EventId>, HashSet<EventId>), ProjectionError> {
-        let (mut forgotten, mut distrusted) = (HashSet::new(), HashSet::new());
+    fn load(&self, mark: &IdsMark) -> Result<Logged, ProjectionError> {
+        let mut logged = Logged::default();
         *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = mark.generation.clone();
         let file = match std::fs::OpenOptions::new()
             .read(true)
@@ -233,7 +239,7 @@ impl IdsLog {
             Ok(file) => file,
             // Nothing was ever logged under this generation.
             Err(e) if e.kind() == std::io::ErrorKind::NotFound && mark.bytes == 0 => {
-                return Ok((forgotten, distrusted));
+                return Ok(logged);
             }
             Err(e) => return Err(self.broken(e)),
         };
@@ -255,20 +261,31 @@ impl IdsLog {
             return Err(self.broken("not the log the index's last commit was made with"));
         }
         for line in lines {
-            let parsed = line
-                .split_once(' ')
-                .and_then(|(k, id)| Some((k, EventId::parse(id).ok()?)));
-            match parsed {
-                Some(("f", id)) => {
-                    forgotten.insert(id);
+            let bad = || self.broken(format_args!("a line that does not parse ({line:?})"));
+            let mut parts = line.split(' ');
+            let (kind, id) = match (parts.next(), parts.next().map(EventId::parse)) {
+                (Some(kind), Some(Ok(id))) => (kind, id),
+                _ => return Err(bad()),
+            };
+            match kind {
+                "f" => {
+                    logged.forgotten.insert(id);
                 }
-                Some(("d", id)) => {
-                    distrusted.insert(id);
+                "d" => {
+                    logged.distrusted.insert(id);
                 }
-                _ => return Err(self.broken(format_args!("a line that does not parse ({line:?})"))),
+                "w" => {
+                    let confidence = parts.next().and_then(|c| c.parse::<f64>().ok());
+                    let scope = parts.next().and_then(parse_scope);
+                    let (Some(confidence), Some(scope)) = (confidence, scope) else {
+                        return Err(bad());
+                    };
+                    logged.withdrawn.insert(id, (scope, confidence));
+                }
+                _ => return Err(bad()),
             }
         }
-        Ok((forgotten, distrusted))
+        Ok(logged)
     }
 
     /// Appends the ids to the log at `path` (this log's, or a new one's) and fsyncs; returns
@@ -278,6 +295,7 @@ impl IdsLog {
         path: &std::path::Path,
         forgotten: impl Iterator<Item = &'a EventId>,
         distrusted: impl Iterator<Item = &'a EventId>,
+        withdrawn: &Withdrawn,
     ) -> std::io::Result<IdsMark> {
         use std::io::Write;
         let generation = self
@@ -301,6 +319,10 @@ impl IdsLog {
             text.push_str(id.as_str());
             text.push('\n');
         }
+        for (id, (scope, confidence)) in withdrawn {
+            // `{:?}` writes the shortest text that parses back to the same f64.
+            text.push_str(&format!("w {} {confidence:?} {scope}\n", id.as_str()));
+        }
         if !text.is_empty() {
             file.write_all(text.as_bytes())?;
             file.sync_data()?;
@@ -315,8 +337,9 @@ impl IdsLog {
         &self,
         forgotten: impl Iterator<Item = &'a EventId>,
         distrusted: impl Iterator<Item = &'a EventId>,
+        withdrawn: &Withdrawn,
     ) -> std::io::Result<IdsMark> {
-        self.append_to(&self.path, forgotten, distrusted)
+        self.append_to(&self.path, forgotten, distrusted, withdrawn)
     }
 
     /// Starts a new generation; returns the one it replaces.
@@ -344,6 +367,21 @@ impl IdsLog {
     fn replacement(&self) -> PathBuf {
         self.path.with_extension("log.new")
     }
+}
+
+/// What the ids log holds.
+#[derive(Default)]
+struct Logged {
+    forgotten: HashSet<EventId>,
+    distrusted: HashSet<EventId>,
+    withdrawn: Withdrawn,
+}
+
+/// A scope as [`ScopeKey`]'s `Display` writes it: `tenant/kind:id`.
+fn parse_scope(text: &str) -> Option<ScopeKey> {
+    let (tenant, scope) = text.split_once('/')?;
+    let tenant = engram_schema::Ident::parse("tenant", tenant).ok()?;
+    Some(ScopeKey::new(tenant, scope.parse().ok()?))
 }
 
 /// The ledger saved with the index's last commit (JSON in the commit's note), and the
@@ -512,7 +550,7 @@ impl Projection for KeywordProjection {
         .await
         .map_err(fatal)??;
         let (ledger, mark) = committed_ledger(&index)?;
-        let (forgotten, distrusted) = match mark {
+        let logged = match mark {
             Some(mark) => self.ids.load(&mark)?,
             None => {
                 if ledger.seq > 0 {
@@ -529,8 +567,9 @@ impl Projection for KeywordProjection {
         };
         let mut table = Table {
             applied: ledger.seq,
-            forgotten,
-            distrusted,
+            forgotten: logged.forgotten,
+            distrusted: logged.distrusted,
+            withdrawn: logged.withdrawn,
             ..Table::default()
         };
         for (meta, text) in memories {
@@ -551,6 +590,8 @@ impl Projection for KeywordProjection {
         let mut ops: Vec<KwOp> = Vec::new();
         let mut signals: Vec<EventId> = Vec::new();
         let mut fresh_ids: HashMap<EventId, Seq> = HashMap::new();
+        // Distrusted memories this batch withdrew.
+        let mut withdrawn = Withdrawn::new();
         {
             let table = self.table.read().unwrap_or_else(|p| p.into_inner());
             let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
@@ -595,7 +636,8 @@ impl Projection for KeywordProjection {
                         };
                         // A scope forgets only its own memories.
                         let held = current(seq, &batch, &ops, &staged, &table);
-                        if held.is_some_and(|m| m.meta.scope == scope) {
+                        if let Some(m) = held.filter(|m| m.meta.scope == scope) {
+                            engram_memory::confidence::withdraw(&mut withdrawn, &m.meta);
                             batch.insert(seq, None);
                             seqs.push((id, seq));
                         }
@@ -690,8 +732,16 @@ impl Projection for KeywordProjection {
                 if let Some(inherits) = inherits {
                     // Its sources as every op before it left them, this batch's included.
                     meta.confidence = inherits.confidence(|id| {
-                        let seq = seq_of(&fresh_ids, id)?;
-                        current(seq, &batch, &ops, &staged, &table).map(|m| &m.meta)
+                        let held = seq_of(&fresh_ids, id)
+                            .and_then(|seq| current(seq, &batch, &ops, &staged, &table));
+                        match held {
+                            Some(m) => Some((&m.meta.scope, m.meta.confidence)),
+                            None => withdrawn
+                                .get(id)
+                                .or_else(|| staged.withdrawn.get(id))
+                                .or_else(|| table.withdrawn.get(id))
+                                .map(|(scope, c)| (scope, *c)),
+                        }
                     });
                 }
                 fresh_ids.insert(event.event_id.clone(), stored.seq);
@@ -751,6 +801,7 @@ impl Projection for KeywordProjection {
             }
         }
         staged.distrusted.extend(signals);
+        staged.withdrawn.extend(withdrawn);
         staged.applied = last;
         Ok(rejected)
     }
@@ -776,7 +827,7 @@ impl Projection for KeywordProjection {
         }
         // The ids this commit makes durable go to the log first: a crash after the log and
         // before the commit leaves a tail the restart cuts off.
-        let (forgotten, distrusted): (Vec<EventId>, Vec<EventId>) = {
+        let (forgotten, distrusted, withdrawn): (Vec<EventId>, Vec<EventId>, Withdrawn) = {
             let table = self.table.read().unwrap_or_else(|p| p.into_inner());
             let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
             (
@@ -787,6 +838,7 @@ impl Projection for KeywordProjection {
                     .chain(&staged.distrusted)
                     .cloned()
                     .collect(),
+                staged.withdrawn.clone(),
             )
         };
         let writer = {
@@ -799,7 +851,7 @@ impl Projection for KeywordProjection {
         let ids = self.ids.clone();
         let (index, result) = tokio::task::spawn_blocking(move || {
             let result = ids
-                .append(forgotten.iter(), distrusted.iter())
+                .append(forgotten.iter(), distrusted.iter(), &withdrawn)
                 .map_err(|e| ProjectionError::Transient(format!("keyword ids log: {e}")))
                 .and_then(|mark| note(&ledger, mark))
                 .and_then(|note| {
@@ -820,6 +872,7 @@ impl Projection for KeywordProjection {
             table.memories.insert(seq, m);
         }
         table.distrusted.extend(staged.distrusted);
+        table.withdrawn.extend(staged.withdrawn);
         table.unlogged.clear();
         for (seq, id) in staged.forgotten {
             table.memories.remove(&seq);
@@ -863,6 +916,7 @@ impl Projection for KeywordProjection {
                 memories: MemoriesOut(&table.memories),
                 forgotten: sorted(&table.forgotten),
                 distrusted: sorted(&table.distrusted),
+                withdrawn: &table.withdrawn,
             };
             snapshot::encode(&applied, &out).map(Some)
         })
@@ -904,9 +958,12 @@ impl Projection for KeywordProjection {
         let replacement = self.ids.replacement();
         let previous = self.ids.regenerate();
         let _ = std::fs::remove_file(&replacement);
-        let logged =
-            self.ids
-                .append_to(&replacement, snap.forgotten.iter(), snap.distrusted.iter());
+        let logged = self.ids.append_to(
+            &replacement,
+            snap.forgotten.iter(),
+            snap.distrusted.iter(),
+            &snap.withdrawn,
+        );
         let logged = match logged {
             Ok(mark) => mark,
             Err(e) => {
@@ -947,6 +1004,7 @@ impl Projection for KeywordProjection {
             applied: ledger.seq,
             forgotten: snap.forgotten.into_iter().collect(),
             distrusted: snap.distrusted.into_iter().collect(),
+            withdrawn: snap.withdrawn,
             ..Table::default()
         };
         for memory in memories {

@@ -19,7 +19,7 @@ use std::sync::{Arc, RwLock};
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_embed::Embedder;
-use engram_memory::confidence::{Distrust, Inheritance};
+use engram_memory::confidence::{Distrust, Inheritance, Withdrawn};
 use engram_memory::proto::{
     MemoryHit, Neighbour, NeighboursRequest, NeighboursResponse, SearchRequest, SearchResponse,
 };
@@ -57,6 +57,9 @@ struct State {
     /// Ids of the distrust signals applied, kept in the checkpoint so that a late retry of
     /// one does not lower confidences again.
     distrusted: BTreeSet<EventId>,
+    /// Distrusted memories withdrawn by `forgotten` events, with their scope and confidence:
+    /// a copy restored from one inherits it. Kept in the checkpoint.
+    withdrawn: Withdrawn,
     scopes: HashMap<ScopeKey, VectorIndex>,
 }
 
@@ -78,6 +81,8 @@ struct Snapshot {
     graphs: Option<String>,
     #[serde(default)]
     distrusted: Vec<EventId>,
+    #[serde(default)]
+    withdrawn: Withdrawn,
 }
 
 /// [`Snapshot`] as it is written: borrowed from the state, so that a checkpoint or an export
@@ -92,6 +97,7 @@ struct SnapshotOut<'a> {
     scopes: Vec<SavedScope>,
     graphs: Option<&'a str>,
     distrusted: &'a BTreeSet<EventId>,
+    withdrawn: &'a Withdrawn,
 }
 
 /// Every memory that has a vector, with it, in sequence order: `Snapshot::memories`.
@@ -157,6 +163,7 @@ impl State {
         }
         state.forgotten = snap.forgotten.into_iter().collect();
         state.distrusted = snap.distrusted.into_iter().collect();
+        state.withdrawn = snap.withdrawn;
         let writer_unknown = state
             .memories
             .values()
@@ -233,6 +240,7 @@ impl State {
                 scopes,
                 graphs,
                 distrusted: &self.distrusted,
+                withdrawn: &self.withdrawn,
             },
         )
     }
@@ -881,6 +889,14 @@ impl Projection for VectorProjection {
                 hasher.update(id.as_str().as_bytes());
             }
         }
+        if !state.withdrawn.is_empty() {
+            hasher.update(b"\0withdrawn");
+            for (id, (scope, confidence)) in &state.withdrawn {
+                hasher.update(id.as_str().as_bytes());
+                hasher.update(scope.to_string().as_bytes());
+                hasher.update(&confidence.to_le_bytes());
+            }
+        }
         *hasher.finalize().as_bytes()
     }
 }
@@ -988,7 +1004,9 @@ fn forget(state: &RwLock<State>, scope: &ScopeKey, ids: &[EventId]) -> bool {
         {
             continue;
         }
-        state.memories.remove(&seq);
+        if let Some(memory) = state.memories.remove(&seq) {
+            engram_memory::confidence::withdraw(&mut state.withdrawn, &memory.meta);
+        }
         state.forgotten.insert(id.clone());
         if let Some(index) = state.scopes.get_mut(scope) {
             index.remove(seq);
@@ -1031,8 +1049,14 @@ fn from_sources(state: &RwLock<State>, inherits: &Inheritance) -> Option<Vec<f32
 fn inherited(state: &RwLock<State>, inherits: &Inheritance) -> f64 {
     let state = state.read().unwrap_or_else(|p| p.into_inner());
     inherits.confidence(|id| {
-        let seq = state.event_ids.get(id)?;
-        state.memories.get(seq).map(|m| &m.meta)
+        let held = state
+            .event_ids
+            .get(id)
+            .and_then(|seq| state.memories.get(seq));
+        match held {
+            Some(m) => Some((&m.meta.scope, m.meta.confidence)),
+            None => state.withdrawn.get(id).map(|(scope, c)| (scope, *c)),
+        }
     })
 }
 

@@ -631,3 +631,103 @@ fn metadata_of_older_checkpoints_loads_with_full_confidence() {
         assert_eq!(meta.event_id, event.event_id);
     }
 }
+
+/// A contradicted memory, archived, then restored as a copy.
+fn archive_and_restore() -> World {
+    let mut w = World {
+        events: Vec::new(),
+        ids: BTreeMap::new(),
+        scopes: vec![ScopeKey::of(&memory("acme", "t1", "i-1", "x"))],
+    };
+    w.add(
+        "claim",
+        memory("acme", "t1", "i-1", "the api key is in vault"),
+    );
+    w.add(
+        "outcome",
+        with_data(
+            event("acme", "t1", "i-3", EventKind::Outcome, ""),
+            json!({"success": false, "contradicts": [w.id("claim")]}),
+        ),
+    );
+    w.add(
+        "archived",
+        with_data(
+            event(
+                "acme",
+                "t1",
+                "consolidator",
+                EventKind::Forgotten,
+                "archived",
+            ),
+            json!({"event_ids": [w.id("claim")], "archived": true}),
+        ),
+    );
+    w.add(
+        "restored",
+        consolidated("restored", "the api key is in vault", &[w.id("claim")]),
+    );
+    w
+}
+
+#[tokio::test]
+async fn a_restored_copy_of_an_archived_distrusted_memory_stays_distrusted() {
+    let World {
+        events,
+        ids,
+        scopes,
+    } = archive_and_restore();
+    let all = stored(&events, 1);
+    let expect = |all: &BTreeMap<EventId, f64>| {
+        assert_eq!(
+            all.get(&ids["restored"]).copied(),
+            Some(engram_memory::confidence::CONTRADICTED),
+            "{all:?}"
+        );
+        assert!(!all.contains_key(&ids["claim"]), "{all:?}");
+    };
+    // Given it all in one batch, or one event at a time
+    for batches in [vec![&all[..]], all.chunks(1).collect()] {
+        let models = Models::new().await;
+        for batch in batches {
+            models.apply(batch).await;
+        }
+        expect(&models.confidences(&scopes, MemoryFilter::default()).await);
+    }
+    // And with both models restarted between the archive and the restore
+    let models = Models::new().await;
+    models.apply(&all[..3]).await;
+    models
+        .vector
+        .checkpoint(&ApplyLedger {
+            seq: 3,
+            ..ApplyLedger::default()
+        })
+        .await
+        .unwrap();
+    let Models {
+        dir,
+        vector,
+        keyword,
+        embedder,
+    } = models;
+    drop((vector, keyword));
+    let restarted = Models {
+        vector: VectorProjection::new(
+            dir.path(),
+            Arc::new(embedder.clone()),
+            HnswParams::default(),
+        ),
+        keyword: KeywordProjection::new(dir.path()),
+        dir,
+        embedder,
+    };
+    restarted.vector.restore().await.unwrap();
+    restarted.keyword.restore().await.unwrap();
+    restarted.apply(&all[3..]).await;
+    expect(
+        &restarted
+            .confidences(&scopes, MemoryFilter::default())
+            .await,
+    );
+}

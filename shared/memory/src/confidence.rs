@@ -150,22 +150,37 @@ impl Inheritance {
     /// `memory` looks a source up in the read model as every event before the output left
     /// it (sources inserted earlier in the same batch included, with their own confidence).
     /// A source of another tenant or scope is ignored (the `forgotten` rule: an output speaks
-    /// only for its own scope), and a source the model does not hold (never indexed, or
-    /// forgotten) counts as 1: the read model keeps nothing of it to inherit. So a restored
-    /// copy of a memory already withdrawn by a `forgotten` event (archived, superseded)
-    /// starts at 1; one restored while its source is still held keeps the source's. Computed
-    /// when the output is applied, in stream order, it is a pure function of the stream, so a
-    /// live apply and a replay in other batches give the same confidence bit for bit.
+    /// only for its own scope), and a source the model never held counts as 1. A source
+    /// withdrawn by a `forgotten` event (archived, superseded) counts with the confidence it
+    /// had when withdrawn, which the read models keep for that ([`Withdrawn`]): a restored
+    /// copy of a distrusted memory stays distrusted. Computed when the output is applied, in
+    /// stream order, it is a pure function of the stream, so a live apply and a replay in
+    /// other batches give the same confidence bit for bit.
+    ///
+    /// `source` gives a source's scope and confidence, held or withdrawn.
     pub fn confidence<'a>(
         &self,
-        mut memory: impl FnMut(&EventId) -> Option<&'a MemoryMeta>,
+        mut source: impl FnMut(&EventId) -> Option<(&'a ScopeKey, f64)>,
     ) -> f64 {
         self.sources
             .iter()
-            .filter_map(&mut memory)
-            .filter(|source| source.scope == self.scope)
-            .map(|source| source.confidence)
+            .filter_map(&mut source)
+            .filter(|(scope, _)| **scope == self.scope)
+            .map(|(_, confidence)| confidence)
             .fold(1.0, f64::min)
+    }
+}
+
+/// What a read model keeps of the distrusted memories it withdrew (forgotten, archived,
+/// superseded): their scope and confidence, by id, so that a copy restored from one
+/// inherits its distrust ([`Inheritance::confidence`]). Only confidences under 1 are kept;
+/// a withdrawn memory not here was fully trusted.
+pub type Withdrawn = std::collections::BTreeMap<EventId, (ScopeKey, f64)>;
+
+/// `withdrawn` with `meta`'s memory, if it was distrusted.
+pub fn withdraw(withdrawn: &mut Withdrawn, meta: &MemoryMeta) {
+    if meta.confidence < 1.0 {
+        withdrawn.insert(meta.event_id.clone(), (meta.scope.clone(), meta.confidence));
     }
 }
 
@@ -247,7 +262,12 @@ mod tests {
             )
         })
         .collect();
-        let lookup = |id: &EventId| sources.iter().find(|m| &m.event_id == id);
+        let lookup = |id: &EventId| {
+            sources
+                .iter()
+                .find(|m| &m.event_id == id)
+                .map(|m| (&m.scope, m.confidence))
+        };
         let inherited = |event: &Envelope| {
             Inheritance::of(event).map(|i| i.map_or(1.0, |i| i.confidence(lookup)))
         };
