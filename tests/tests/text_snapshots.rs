@@ -305,3 +305,44 @@ async fn a_text_model_replica_from_a_snapshot_plus_the_tail_equals_the_running_o
         running.join().await.unwrap();
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_projector_named_in_skip_periodic_cuts_no_periodic_snapshots() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let mut config = config();
+    config.snapshots.interval = Duration::from_millis(100);
+    config.snapshots.min_events = 1;
+    config.snapshots.skip_periodic = vec!["vector".into()];
+    config.validate().unwrap();
+    let engram = Engram::start_with(&nats, config.clone(), QueryConfig::default()).await;
+    let at = append(&engram, &events(0..20)).await;
+    for name in TEXT {
+        status(&bus, name, at).await;
+    }
+    // When keyword has cut a periodic snapshot of what was appended...
+    let store = engram_snapshots::SnapshotStore::open(&bus, config.snapshots.clone())
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.list(Some("keyword")).await.unwrap().is_empty() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "keyword cut no periodic snapshot"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // ...vector, named in skip_periodic, has cut none (it was due as often), and still cuts
+    // one when asked.
+    assert!(store.list(Some("vector")).await.unwrap().is_empty());
+    let asked = cut(&bus, ProjectorName::VECTOR).await;
+    assert!(asked.version >= at);
+    engram.stop().await;
+    // And a name that is no projector is refused with the known ones.
+    config.snapshots.skip_periodic = vec!["vectors".into()];
+    let err = config.validate().unwrap_err();
+    assert!(
+        err.contains("skip_periodic") && err.contains("vector"),
+        "{err}"
+    );
+}

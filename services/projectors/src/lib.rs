@@ -125,6 +125,10 @@ impl ProjectorsConfig {
         self.snapshots
             .validate()
             .map_err(|e| format!("projectors.{e}"))?;
+        for name in &self.snapshots.skip_periodic {
+            name.parse::<ProjectorName>()
+                .map_err(|e| format!("projectors.snapshots.skip_periodic: {e}"))?;
+        }
         self.consolidator
             .validate()
             .map_err(|e| format!("projectors.{e}"))?;
@@ -668,7 +672,12 @@ fn spawn_periodic_cuts(
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let config = store.config().clone();
-        if config.interval.is_zero() {
+        if config.interval.is_zero()
+            || config
+                .skip_periodic
+                .iter()
+                .any(|p| p.as_str() == cutter.projector())
+        {
             return;
         }
         let mut last_cut = store

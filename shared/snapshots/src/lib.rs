@@ -52,6 +52,10 @@ pub struct SnapshotsConfig {
     pub min_events: u64,
     /// Largest snapshot object, in bytes: a cut past it is refused and logged.
     pub max_bytes: u64,
+    /// Projectors that cut no periodic snapshots, only asked-for ones: for example
+    /// `["vector"]`, whose snapshot of a million 384-dimensional memories is about 2 GB and
+    /// holds its loop while it encodes. Such a projector bootstraps by replay.
+    pub skip_periodic: Vec<String>,
 }
 
 impl Default for SnapshotsConfig {
@@ -63,6 +67,7 @@ impl Default for SnapshotsConfig {
             interval: Duration::from_secs(10 * 60),
             min_events: 10_000,
             max_bytes: 4 * 1024 * 1024 * 1024,
+            skip_periodic: Vec::new(),
         }
     }
 }
