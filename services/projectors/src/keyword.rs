@@ -62,6 +62,41 @@ struct Table {
     /// logged with the next commit. Until then a restart replays them, as the commit's
     /// ledger lags them.
     unlogged: Vec<EventId>,
+    /// The sequences of `memories` by scope, so that a faulty-instance flag looks at its own
+    /// scope's memories, not every tenant's.
+    by_scope: HashMap<ScopeKey, BTreeSet<Seq>>,
+}
+
+impl Table {
+    fn insert(&mut self, memory: Memory) {
+        let seq = memory.meta.seq;
+        self.event_ids.insert(memory.meta.event_id.clone(), seq);
+        self.by_scope
+            .entry(memory.meta.scope.clone())
+            .or_default()
+            .insert(seq);
+        self.memories.insert(seq, memory);
+    }
+
+    fn remove(&mut self, seq: Seq) -> Option<Memory> {
+        let memory = self.memories.remove(&seq)?;
+        if let Some(seqs) = self.by_scope.get_mut(&memory.meta.scope) {
+            seqs.remove(&seq);
+            if seqs.is_empty() {
+                self.by_scope.remove(&memory.meta.scope);
+            }
+        }
+        Some(memory)
+    }
+
+    /// The memories of `scope`.
+    fn of_scope<'a>(&'a self, scope: &ScopeKey) -> impl Iterator<Item = &'a Memory> + 'a {
+        self.by_scope
+            .get(scope)
+            .into_iter()
+            .flatten()
+            .filter_map(|seq| self.memories.get(seq))
+    }
 }
 
 pub struct KeywordProjection {
@@ -573,8 +608,7 @@ impl Projection for KeywordProjection {
             ..Table::default()
         };
         for (meta, text) in memories {
-            table.event_ids.insert(meta.event_id.clone(), meta.seq);
-            table.memories.insert(meta.seq, Memory { meta, text });
+            table.insert(Memory { meta, text });
         }
         *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
@@ -682,8 +716,9 @@ impl Projection for KeywordProjection {
                         .filter_map(|id| seq_of(&fresh_ids, id))
                         .collect();
                     if let Some(instance) = &signal.faulty_instance {
-                        // Every memory the instance wrote in the scope: a scan, as flags
-                        // are rare; `factor` below decides.
+                        // Every memory the instance wrote in the scope: a scan of the
+                        // scope's committed memories, and of what is staged or planned since;
+                        // `factor` below decides.
                         let by = |m: &Memory| {
                             m.meta.scope == signal.scope
                                 && m.meta.instance_id.as_ref() == Some(instance)
@@ -695,8 +730,7 @@ impl Projection for KeywordProjection {
                         });
                         about.extend(
                             table
-                                .memories
-                                .values()
+                                .of_scope(&signal.scope)
                                 .chain(staged.memories.values())
                                 .chain(planned)
                                 .filter(|m| by(m))
@@ -867,15 +901,14 @@ impl Projection for KeywordProjection {
         result?;
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
         let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-        for (seq, m) in staged.memories {
-            table.event_ids.insert(m.meta.event_id.clone(), seq);
-            table.memories.insert(seq, m);
+        for m in staged.memories.into_values() {
+            table.insert(m);
         }
         table.distrusted.extend(staged.distrusted);
         table.withdrawn.extend(staged.withdrawn);
         table.unlogged.clear();
         for (seq, id) in staged.forgotten {
-            table.memories.remove(&seq);
+            table.remove(seq);
             table.forgotten.insert(id);
             engram_telemetry::metrics::PROJECTOR_FORGOTTEN
                 .with_label_values(&[NAME])
@@ -1008,10 +1041,7 @@ impl Projection for KeywordProjection {
             ..Table::default()
         };
         for memory in memories {
-            table
-                .event_ids
-                .insert(memory.meta.event_id.clone(), memory.meta.seq);
-            table.memories.insert(memory.meta.seq, memory);
+            table.insert(memory);
         }
         *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
         *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
