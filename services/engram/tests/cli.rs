@@ -781,3 +781,32 @@ async fn doc_edit_show_conflicts_and_history_of_a_task_board() {
         0
     );
 }
+
+#[tokio::test]
+async fn a_secret_appended_through_the_cli_reaches_the_stream_redacted() {
+    let setup = Setup::bare().await;
+    let token = format!("ghp_{}", "a1B2c3D4e5".repeat(4));
+    let text = format!("ci token {token}, db password=hunter2hunter2, key AKIAIOSFODNN7EXAMPLE");
+    setup.append(&[observation(&text)]);
+    let _ = setup.ok(&[
+        "append", "--tenant", "acme", "--scope", "task:t1", "--agent", "a", "--text", &text,
+    ]);
+    let bus = setup.nats.bus().await;
+    let mut events = bus
+        .replay(
+            &engram_schema::SubjectFilter::all(),
+            engram_bus::StartAt::Beginning,
+        )
+        .await
+        .unwrap();
+    let mut seen = 0;
+    while let Some(event) = futures::StreamExt::next(&mut events).await {
+        let stored = event.unwrap().event.content.text;
+        for secret in [token.as_str(), "hunter2hunter2", "AKIAIOSFODNN7EXAMPLE"] {
+            assert!(!stored.contains(secret), "{stored}");
+        }
+        assert!(stored.contains("[REDACTED:github_token]"), "{stored}");
+        seen += 1;
+    }
+    assert_eq!(seen, 2, "both writes, as JSON and with --text");
+}

@@ -87,6 +87,10 @@ pub struct ProjectorsConfig {
     /// deployment that runs several: each replica then reads with a durable consumer of its
     /// own (`<projector>-<replica>`), and queries go to any of them. `None`: the only one.
     pub replica: Option<engram_schema::Ident>,
+    /// Which secrets are redacted, per tenant: the projectors' second line, for events raw
+    /// clients publish (the SDK and the CLI, which use the same policy, redact before
+    /// appending). Redacted in every read model and in dead-letter copies.
+    pub scrub: engram_scrub::ScrubConfig,
 }
 
 impl Default for ProjectorsConfig {
@@ -107,6 +111,7 @@ impl Default for ProjectorsConfig {
             snapshots: SnapshotsConfig::default(),
             consolidator: consolidator::ConsolidatorConfig::default(),
             replica: None,
+            scrub: engram_scrub::ScrubConfig::default(),
         }
     }
 }
@@ -132,6 +137,9 @@ impl ProjectorsConfig {
         self.consolidator
             .validate()
             .map_err(|e| format!("projectors.{e}"))?;
+        self.scrub
+            .validate()
+            .map_err(|e| format!("projectors.{e}"))?;
         self.hnsw
             .validate()
             .map_err(|e| format!("projectors.hnsw: {e}"))
@@ -151,6 +159,7 @@ impl ProjectorsConfig {
             batch: self.batch,
             checkpoint_interval: self.checkpoint_interval,
             checkpoint_every: self.checkpoint_every,
+            scrubbers: Some(engram_scrub::Scrubbers::new(&self.scrub)),
             ..ProjectorSettings::default()
         }
     }

@@ -233,6 +233,10 @@ pub struct ProjectorSettings {
     /// projector each read the whole stream, so each has a consumer of its own
     /// (`<projector>-<replica>`): sharing one would split the stream between them.
     pub consumer: Option<String>,
+    /// Redacts secrets from every event before the model sees it, and from dead-letter
+    /// copies: the second line behind the SDK's, for events raw clients publish. `None`
+    /// applies events as stored.
+    pub scrubbers: Option<engram_scrub::Scrubbers>,
 }
 
 impl Default for ProjectorSettings {
@@ -248,6 +252,7 @@ impl Default for ProjectorSettings {
             dead_letter_attempts: 10,
             state_dir: None,
             consumer: None,
+            scrubbers: None,
         }
     }
 }
@@ -736,7 +741,7 @@ impl<P: Projection> Projector<P> {
         let mut poison: Vec<(&Delivery, String)> = Vec::new();
         for delivery in &fresh {
             match &delivery.event {
-                Ok(event) => events.push(event.clone()),
+                Ok(event) => events.push(self.scrubbed(event)),
                 Err(e) => poison.push((delivery, e.to_string())),
             }
         }
@@ -772,7 +777,7 @@ impl<P: Projection> Projector<P> {
             .extend(poison.into_iter().map(|(delivery, reason)| DeadLetter {
                 seq: delivery.seq,
                 subject: delivery.subject().to_owned(),
-                payload: delivery.payload().to_vec(),
+                payload: self.dead_letter_payload(delivery),
                 reason,
                 attempts: 0,
             }));
@@ -784,6 +789,78 @@ impl<P: Projection> Projector<P> {
             .with_label_values(&[name])
             .observe(started.elapsed().as_secs_f64());
         self.send_dead_letters(state).await
+    }
+
+    /// `event` as the model may see it: with its secrets redacted by its tenant's policy
+    /// (counted under this projector's name), or as stored when nothing is redacted.
+    fn scrubbed(&self, event: &StoredEvent) -> StoredEvent {
+        let Some(scrubbers) = &self.settings.scrubbers else {
+            return event.clone();
+        };
+        match scrubbers.scrubbed(&event.event) {
+            None => event.clone(),
+            Some((clean, kinds)) => {
+                let name = self.projection.name();
+                for kind in &kinds {
+                    metrics::SCRUB_REDACTIONS
+                        .with_label_values(&[kind.as_str(), name])
+                        .inc();
+                }
+                tracing::warn!(
+                    projector = name,
+                    seq = event.seq,
+                    redactions = kinds.len(),
+                    "secrets redacted from a raw event before it was applied"
+                );
+                StoredEvent {
+                    event: clean,
+                    ..event.clone()
+                }
+            }
+        }
+    }
+
+    /// The bytes a dead letter carries: the stored message, unless secrets must be redacted
+    /// from it. An event is encoded again with its secrets redacted, as the model saw it; a
+    /// message that does not decode as an event is redacted as MessagePack data if it is
+    /// that, else as text.
+    fn dead_letter_payload(&self, delivery: &Delivery) -> Vec<u8> {
+        let raw = delivery.payload();
+        let Some(scrubbers) = &self.settings.scrubbers else {
+            return raw.to_vec();
+        };
+        let count = |kinds: &[engram_scrub::Kind]| {
+            for kind in kinds {
+                metrics::SCRUB_REDACTIONS
+                    .with_label_values(&[kind.as_str(), "dead_letter"])
+                    .inc();
+            }
+        };
+        if let Ok(stored) = &delivery.event {
+            return match scrubbers.scrubbed(&stored.event) {
+                None => raw.to_vec(),
+                Some((clean, kinds)) => {
+                    count(&kinds);
+                    rmp_serde::to_vec_named(&clean).unwrap_or_default()
+                }
+            };
+        }
+        let scrubber = scrubbers.for_tenant("");
+        if let Ok(mut value) = rmp_serde::from_slice::<serde_json::Value>(raw) {
+            let kinds = engram_scrub::scrub_json(scrubber, &mut value);
+            if kinds.is_empty() {
+                return raw.to_vec();
+            }
+            count(&kinds);
+            return rmp_serde::to_vec_named(&value).unwrap_or_default();
+        }
+        let text = String::from_utf8_lossy(raw);
+        let out = scrubber.scrub(&text);
+        if out.is_clean() {
+            return raw.to_vec();
+        }
+        count(&out.redactions.iter().map(|r| r.kind).collect::<Vec<_>>());
+        out.text.into_owned().into_bytes()
     }
 
     /// Sends the dead letters of applied batches, oldest first. The stream deduplicates them

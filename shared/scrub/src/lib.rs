@@ -31,6 +31,8 @@
 //! - `names`: key-like names (`DB_PASSWORD`, `apiKey`, `x-api-key`), judged by their parts.
 //! - `value`: judging candidates: values after names, and random-looking tokens.
 //! - `json`: [`scrub_json`], every string of a JSON value.
+//! - `tenants`: [`ScrubConfig`] (`[scrub]`, with per-tenant policies) and [`Scrubbers`],
+//!   which scrub a whole event by its tenant's policy.
 //!
 //! # Rules
 //! - Only the secret is replaced, not the name or the scheme around it:
@@ -51,8 +53,10 @@ mod json;
 mod names;
 mod policy;
 mod scrubber;
+mod tenants;
 mod value;
 
 pub use json::scrub_json;
 pub use policy::{Kind, ScrubPolicy};
 pub use scrubber::{Redaction, Scrubbed, Scrubber};
+pub use tenants::{ScrubConfig, Scrubbers};

@@ -85,6 +85,9 @@ impl RetryPolicy {
 pub struct Client {
     bus: Bus,
     retry: RetryPolicy,
+    /// Redacts secrets from every event before it is appended (the default policy unless
+    /// [`Client::with_scrub`] sets another).
+    scrubbers: engram_scrub::Scrubbers,
 }
 
 impl Client {
@@ -112,12 +115,39 @@ impl Client {
         if provision {
             bus.provision().await?;
         }
-        Ok(Self { bus, retry })
+        Ok(Self::from_bus(bus, retry))
     }
 
     /// Wraps an existing bus.
     pub fn from_bus(bus: Bus, retry: RetryPolicy) -> Self {
-        Self { bus, retry }
+        Self {
+            bus,
+            retry,
+            scrubbers: engram_scrub::Scrubbers::default(),
+        }
+    }
+
+    /// This client with secrets redacted by `config` (`[scrub]`) instead of the default
+    /// policy.
+    pub fn with_scrub(mut self, config: &engram_scrub::ScrubConfig) -> Self {
+        self.scrubbers = engram_scrub::Scrubbers::new(config);
+        self
+    }
+
+    /// `event` as it may be persisted: with its secrets redacted, counted.
+    fn scrubbed<'a>(&self, event: &'a Envelope) -> std::borrow::Cow<'a, Envelope> {
+        match self.scrubbers.scrubbed(event) {
+            None => std::borrow::Cow::Borrowed(event),
+            Some((clean, kinds)) => {
+                for kind in &kinds {
+                    engram_telemetry::metrics::SCRUB_REDACTIONS
+                        .with_label_values(&[kind.as_str(), "sdk"])
+                        .inc();
+                }
+                tracing::debug!(event_id = %event.event_id, redactions = kinds.len(), "secrets redacted before append");
+                std::borrow::Cow::Owned(clean)
+            }
+        }
     }
 
     pub fn bus(&self) -> &Bus {
@@ -150,6 +180,7 @@ impl Client {
         event: &Envelope,
         opts: AppendOptions,
     ) -> Result<AppendReceipt, AppendError> {
+        let event = &*self.scrubbed(event);
         let started = tokio::time::Instant::now();
         let mut backoff = self.retry.initial_backoff;
         let mut attempt = 1u32;
@@ -174,6 +205,10 @@ impl Client {
         &self,
         events: &[Envelope],
     ) -> Vec<Result<AppendReceipt, AppendError>> {
+        let scrubbed: Vec<std::borrow::Cow<'_, Envelope>> =
+            events.iter().map(|e| self.scrubbed(e)).collect();
+        let events: Vec<Envelope> = scrubbed.into_iter().map(|e| e.into_owned()).collect();
+        let events = &events[..];
         let inflight = self.bus.config().max_inflight;
         let mut results = self.bus.append_batch(events, inflight).await;
         let started = tokio::time::Instant::now();

@@ -230,6 +230,16 @@ pub static CONSOLIDATION_NEIGHBOUR_PAIRS: LazyLock<prometheus::IntCounter> = Laz
         .expect("valid metric"),
     )
 });
+/// Secrets redacted before they were persisted, by kind and where: `sdk` (an SDK or CLI
+/// write), `projector` (a raw event, redacted in the read models) or `dead_letter` (the
+/// copy a projector dead-lettered).
+pub static SCRUB_REDACTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_scrub_redactions_total",
+        "secrets redacted before they were persisted, by kind and where (sdk, projector, dead_letter)",
+        &["kind", "at"],
+    )
+});
 /// Time of one scheduled consolidation run over every scope (plan and append).
 pub static CONSOLIDATION_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
     register(

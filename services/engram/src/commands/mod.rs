@@ -19,5 +19,5 @@ use engram_sdk::{Client, RetryPolicy};
 /// Connects to the configured NATS without provisioning: only `engram up` creates resources.
 pub async fn connect(config: &Config) -> anyhow::Result<Client> {
     let bus = engram_bus::Bus::connect(config.bus_config(config.client_url())).await?;
-    Ok(Client::from_bus(bus, RetryPolicy::default()))
+    Ok(Client::from_bus(bus, RetryPolicy::default()).with_scrub(&config.projectors.scrub))
 }

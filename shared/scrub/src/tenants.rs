@@ -1,0 +1,113 @@
+//! Policies per tenant, and scrubbing a whole event.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use engram_schema::{Envelope, EventKind};
+use serde::{Deserialize, Serialize};
+
+use crate::{Kind, ScrubPolicy, Scrubber, scrub_json};
+
+/// `[scrub]` in engram.toml: the policy every tenant gets, and the tenants that differ
+/// (`[scrub.tenants.acme]`, a whole policy of their own).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct ScrubConfig {
+    #[serde(flatten)]
+    pub policy: ScrubPolicy,
+    pub tenants: BTreeMap<String, ScrubPolicy>,
+}
+
+impl ScrubConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        self.policy.validate()?;
+        for (tenant, policy) in &self.tenants {
+            policy
+                .validate()
+                .map_err(|e| format!("{e} (in scrub.tenants.{tenant})"))?;
+        }
+        Ok(())
+    }
+}
+
+/// The compiled scrubbers of a [`ScrubConfig`], one per distinct policy; cheap to clone.
+#[derive(Clone, Debug, Default)]
+pub struct Scrubbers {
+    default: Arc<Scrubber>,
+    tenants: Arc<BTreeMap<String, Scrubber>>,
+}
+
+impl Scrubbers {
+    pub fn new(config: &ScrubConfig) -> Self {
+        Self {
+            default: Arc::new(Scrubber::new(&config.policy)),
+            tenants: Arc::new(
+                config
+                    .tenants
+                    .iter()
+                    .map(|(t, p)| (t.clone(), Scrubber::new(p)))
+                    .collect(),
+            ),
+        }
+    }
+
+    /// The scrubber of `tenant`'s policy.
+    pub fn for_tenant(&self, tenant: &str) -> &Scrubber {
+        self.tenants.get(tenant).unwrap_or(&self.default)
+    }
+
+    /// `event` with its secrets redacted ([`Scrubbers::scrub_event`]) and the kinds redacted,
+    /// or `None` when it has none, without copying the event: the usual case on the append
+    /// path. (Only its data, usually small, is copied to be checked.)
+    pub fn scrubbed(&self, event: &Envelope) -> Option<(Envelope, Vec<Kind>)> {
+        let scrubber = self.for_tenant(event.tenant.as_str());
+        let dirty = |s: &str| !scrubber.scrub(s).is_clean();
+        let data_dirty = || {
+            event
+                .content
+                .data
+                .as_ref()
+                .filter(|_| event.kind != EventKind::DocChanged)
+                .is_some_and(|data| !scrub_json(scrubber, &mut data.clone()).is_empty())
+        };
+        if !dirty(&event.content.text) && !event.tags.iter().any(|t| dirty(t)) && !data_dirty() {
+            return None;
+        }
+        let mut copy = event.clone();
+        let kinds = self.scrub_event(&mut copy);
+        Some((copy, kinds))
+    }
+
+    fn scrub_text_and_tags(&self, event: &mut Envelope) -> Vec<Kind> {
+        let scrubber = self.for_tenant(event.tenant.as_str());
+        let mut kinds = Vec::new();
+        let text = |s: &mut String, kinds: &mut Vec<Kind>| {
+            let out = scrubber.scrub(s);
+            if !out.is_clean() {
+                kinds.extend(out.redactions.iter().map(|r| r.kind));
+                *s = out.text.into_owned();
+            }
+        };
+        text(&mut event.content.text, &mut kinds);
+        for tag in &mut event.tags {
+            text(tag, &mut kinds);
+        }
+        kinds
+    }
+
+    /// Redacts the secrets in `event`'s text, data (but a document change's) and tags, by its
+    /// tenant's policy; returns the kinds redacted, in order (none: the event is unchanged).
+    pub fn scrub_event(&self, event: &mut Envelope) -> Vec<Kind> {
+        let scrubber = self.for_tenant(event.tenant.as_str());
+        let mut kinds = self.scrub_text_and_tags(event);
+        // A document change's data is automerge change bytes in base64: a chance match
+        // inside one would corrupt the change, and a secret in a document's fields is not
+        // visible in the bytes anyway.
+        if event.kind != EventKind::DocChanged
+            && let Some(data) = event.content.data.as_mut()
+        {
+            kinds.extend(scrub_json(scrubber, data));
+        }
+        kinds
+    }
+}

@@ -1,0 +1,216 @@
+//! Secret scrubbing end to end, against a real nats-server: what the SDK appends is
+//! redacted before it reaches the stream, and what a raw client publishes is redacted in
+//! every read model and in the dead-letter copy, and counted.
+
+use std::time::Duration;
+
+use engram_bus::{AppendOptions, StartAt};
+use engram_memory::proto::{
+    Consistency, FactsRequest, RetrievalMode, RetrieveRequest, ScopeRequest,
+};
+use engram_schema::SubjectFilter;
+use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
+use engram_testkit::TestNats;
+use engram_tests::{Engram, embedder, embedder_model};
+use futures::StreamExt;
+
+const AWS: &str = "AKIAIOSFODNN7EXAMPLE";
+const PASSWORD: &str = "hunter2hunter2";
+
+fn github() -> String {
+    format!("ghp_{}", "a1B2c3D4e5".repeat(4))
+}
+
+fn secrets() -> Vec<String> {
+    vec![AWS.to_owned(), PASSWORD.to_owned(), github()]
+}
+
+fn ident(s: &str) -> Ident {
+    Ident::parse("test", s).unwrap()
+}
+
+fn team() -> Scope {
+    Scope::new(ScopeKind::Team, "core").unwrap()
+}
+
+/// An observation carrying all three secrets: in its text and in its data.
+fn leaky(text: &str, with_vector: bool) -> Envelope {
+    let text = format!("{text}: key {AWS}, db password={PASSWORD}");
+    let mut e = Envelope::new(
+        ident("acme"),
+        team(),
+        ident("agent-1"),
+        ident("i-1"),
+        Layer::Episodic,
+        EventKind::Observation,
+        Content {
+            text: text.clone(),
+            data: Some(serde_json::json!({"github_token": github(), "note": "rotated"})),
+        },
+    );
+    if with_vector {
+        e.embedding = Some(engram_schema::Embedding {
+            model: embedder_model(),
+            vector: embedder().embed_one(&text),
+        });
+    }
+    e
+}
+
+fn assert_clean(what: &str, text: &str) {
+    for secret in secrets() {
+        assert!(!text.contains(&secret), "{what} holds {secret}: {text}");
+    }
+}
+
+async fn retrieved(engram: &Engram, mode: RetrievalMode, min_seq: u64) -> Vec<String> {
+    let response = engram
+        .client
+        .retrieve(&RetrieveRequest {
+            scopes: ScopeRequest {
+                tenant: ident("acme"),
+                scope: team(),
+                grants: vec![],
+            },
+            query: "deploy credentials key password".into(),
+            vector: Some(embedder().embed_one("deploy credentials key password")),
+            top_k: 10,
+            filter: Default::default(),
+            consistency: Consistency {
+                min_seq: Some(min_seq),
+                wait_ms: Some(20_000),
+            },
+            mode,
+            ranking: None,
+        })
+        .await
+        .unwrap();
+    response.results.into_iter().map(|r| r.text).collect()
+}
+
+fn redactions(at: &str) -> u64 {
+    engram_scrub::Kind::ALL
+        .iter()
+        .map(|k| {
+            engram_telemetry::metrics::SCRUB_REDACTIONS
+                .with_label_values(&[k.as_str(), at])
+                .get()
+        })
+        .sum()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_sdk_write_reaches_the_stream_with_its_secrets_redacted() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let before = redactions("sdk");
+    let event = leaky("deploy credentials", true);
+    let seq = engram.client.append(&event).await.unwrap().seq;
+    assert!(redactions("sdk") >= before + 3);
+    // The stream holds the redacted event: text and data.
+    let mut stored = engram
+        .client
+        .replay(&SubjectFilter::all(), StartAt::Beginning)
+        .await
+        .unwrap();
+    let got = stored.next().await.unwrap().unwrap();
+    assert_eq!(got.seq, seq);
+    assert_eq!(got.event.event_id, event.event_id);
+    let raw = serde_json::to_string(&got.event).unwrap();
+    assert_clean("the stream", &raw);
+    assert!(raw.contains("[REDACTED:aws_access_key]"), "{raw}");
+    assert!(raw.contains("[REDACTED:github_token]"), "{raw}");
+    // A retry of the same append is the same event, stored once.
+    let again = engram.client.append(&event).await.unwrap();
+    assert!(again.duplicate && again.seq == seq);
+    for mode in [RetrievalMode::Dense, RetrievalMode::Keyword] {
+        let texts = retrieved(&engram, mode, seq).await;
+        assert_eq!(texts.len(), 1, "{mode:?}: {texts:?}");
+        assert_clean("retrieval", &texts[0]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_raw_publish_is_redacted_in_every_read_model_and_the_dead_letter_copy() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let bus = engram.client.bus().clone();
+    let before = redactions("keyword");
+    // Given raw publishes that bypass the SDK: one memory with its vector, one without
+    // (which this deployment's vector model dead-letters), and a fact whose value is a
+    // secret.
+    let with_vector = leaky("deploy credentials", true);
+    let without = leaky("staging credentials", false);
+    let mut fact = Envelope::new(
+        ident("acme"),
+        team(),
+        ident("agent-1"),
+        ident("i-1"),
+        Layer::Semantic,
+        EventKind::FactAsserted,
+        Content {
+            text: String::new(),
+            data: Some(serde_json::json!({
+                "subject": "db", "predicate": "password", "object": format!("password={PASSWORD}"),
+            })),
+        },
+    );
+    fact.tags = vec![];
+    let mut last = 0;
+    for e in [&with_vector, &without, &fact] {
+        last = bus.append(e, AppendOptions::default()).await.unwrap().seq;
+    }
+    // The stream holds what the raw client sent (nothing in front of it to redact)...
+    // ...but no read model shows a secret, and each counted what it redacted.
+    for mode in [
+        RetrievalMode::Dense,
+        RetrievalMode::Keyword,
+        RetrievalMode::Hybrid,
+    ] {
+        let texts = retrieved(&engram, mode, last).await;
+        assert!(!texts.is_empty(), "{mode:?}");
+        for t in &texts {
+            assert_clean("retrieval", t);
+        }
+    }
+    assert!(redactions("keyword") > before);
+    let facts = engram
+        .client
+        .facts(&FactsRequest {
+            scopes: ScopeRequest {
+                tenant: ident("acme"),
+                scope: team(),
+                grants: vec![],
+            },
+            subject: Some("db".into()),
+            predicate: None,
+            text: None,
+            valid_at: None,
+            known_at: None,
+            history: false,
+            limit: 10,
+            consistency: Consistency {
+                min_seq: Some(last),
+                wait_ms: Some(20_000),
+            },
+        })
+        .await
+        .unwrap();
+    let facts = serde_json::to_string(&facts).unwrap();
+    assert!(facts.contains("[REDACTED"), "{facts}");
+    assert_clean("the facts", &facts);
+    // The dead-letter copy of the memory without a vector is redacted too.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let letter = loop {
+        let letters = bus.dead_letters(Some("vector"), 10).await.unwrap();
+        if let Some(letter) = letters.letters.into_iter().next() {
+            break letter;
+        }
+        assert!(std::time::Instant::now() < deadline, "no dead letter");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let copy = letter.decode(bus.codec()).unwrap();
+    assert_eq!(copy.event_id, without.event_id);
+    assert_clean("the dead letter", &serde_json::to_string(&copy).unwrap());
+    assert!(redactions("dead_letter") >= 3);
+}
