@@ -214,3 +214,39 @@ async fn a_raw_publish_is_redacted_in_every_read_model_and_the_dead_letter_copy(
     assert_clean("the dead letter", &serde_json::to_string(&copy).unwrap());
     assert!(redactions("dead_letter") >= 3);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_poison_message_with_a_secret_is_dead_lettered_redacted() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let bus = engram.client.bus().clone();
+    // Bytes that are no event at all, published raw, carrying a password.
+    let poison = format!("not an event: db password={PASSWORD}");
+    bus.jetstream()
+        .publish(
+            "engram.evt.acme.team.core.episodic",
+            poison.into_bytes().into(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let letters = loop {
+        let letters = bus.dead_letters(None, 50).await.unwrap().letters;
+        if letters.len() >= 6 {
+            break letters;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{} dead letters",
+            letters.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    for letter in letters {
+        let copy = String::from_utf8_lossy(&letter.payload);
+        assert!(!copy.contains(PASSWORD), "{}: {copy}", letter.projector);
+        assert!(copy.contains("[REDACTED:key_value_secret]"), "{copy}");
+    }
+}

@@ -810,3 +810,67 @@ async fn a_secret_appended_through_the_cli_reaches_the_stream_redacted() {
     }
     assert_eq!(seen, 2, "both writes, as JSON and with --text");
 }
+
+#[tokio::test]
+async fn a_secret_set_in_a_document_from_the_cli_is_redacted_before_the_change_is_made() {
+    let setup = Setup::start().await;
+    let doc = |cmd: &str, extra: &[&str]| -> Vec<String> {
+        [
+            "doc",
+            cmd,
+            "task_board",
+            "ops",
+            "--tenant",
+            "acme",
+            "--scope",
+            "team:core",
+        ]
+        .iter()
+        .chain(extra)
+        .map(|s| s.to_string())
+        .collect()
+    };
+    let edited = setup.json(&refs(&doc(
+        "edit",
+        &[
+            "--set",
+            r#"/items/t-1={"title":"rotate db creds","status":"todo","notes":["db password=hunter2hunter2"]}"#,
+        ],
+    )));
+    let min = seq(&edited[0]);
+    let shown = setup.json(&refs(&doc("show", &["--min-seq", &min])));
+    let notes = shown[0]["doc"]["value"]["items"]["t-1"]["notes"].to_string();
+    assert!(!notes.contains("hunter2hunter2"), "{notes}");
+    assert!(notes.contains("[REDACTED:key_value_secret]"), "{notes}");
+    // Nor is it anywhere in the stream: not in the change bytes either.
+    let bus = setup.nats.bus().await;
+    let mut events = bus
+        .replay(
+            &engram_schema::SubjectFilter::all(),
+            engram_bus::StartAt::Beginning,
+        )
+        .await
+        .unwrap();
+    while let Some(event) = futures::StreamExt::next(&mut events).await {
+        let event = event.unwrap().event;
+        let mut bytes = serde_json::to_vec(&event).unwrap();
+        for change in event
+            .content
+            .data
+            .iter()
+            .flat_map(|d| d["changes"].as_array().cloned().unwrap_or_default())
+        {
+            use base64::Engine as _;
+            bytes.extend(
+                base64::engine::general_purpose::STANDARD
+                    .decode(change.as_str().unwrap())
+                    .unwrap(),
+            );
+        }
+        assert!(
+            !bytes.windows(14).any(|w| w == b"hunter2hunter2"),
+            "the secret is in event {}",
+            event.event_id
+        );
+    }
+}

@@ -822,8 +822,8 @@ impl<P: Projection> Projector<P> {
 
     /// The bytes a dead letter carries: the stored message, unless secrets must be redacted
     /// from it. An event is encoded again with its secrets redacted, as the model saw it; a
-    /// message that does not decode as an event is redacted as MessagePack data if it is
-    /// that, else as text.
+    /// message that does not decode as an event is redacted as text (it is kept for
+    /// inspection, and was no event to begin with).
     fn dead_letter_payload(&self, delivery: &Delivery) -> Vec<u8> {
         let raw = delivery.payload();
         let Some(scrubbers) = &self.settings.scrubbers else {
@@ -845,15 +845,10 @@ impl<P: Projection> Projector<P> {
                 }
             };
         }
+        // Not decoded as data first: a poison message may nest without bound, and a
+        // recursive decoder would overflow the stack on it. Strings are stored as UTF-8 in
+        // MessagePack, so the secrets are found in the bytes read as text.
         let scrubber = scrubbers.for_tenant("");
-        if let Ok(mut value) = rmp_serde::from_slice::<serde_json::Value>(raw) {
-            let kinds = engram_scrub::scrub_json(scrubber, &mut value);
-            if kinds.is_empty() {
-                return raw.to_vec();
-            }
-            count(&kinds);
-            return rmp_serde::to_vec_named(&value).unwrap_or_default();
-        }
         let text = String::from_utf8_lossy(raw);
         let out = scrubber.scrub(&text);
         if out.is_clean() {

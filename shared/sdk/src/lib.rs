@@ -134,6 +134,19 @@ impl Client {
         self
     }
 
+    /// Redacts the secrets in `value` by `tenant`'s policy, counted: for what reaches the
+    /// stream other than as an event's text or data, such as a document field
+    /// (`engram doc edit --set`). Returns how many were redacted.
+    pub fn scrub_value(&self, tenant: &str, value: &mut serde_json::Value) -> usize {
+        let kinds = engram_scrub::scrub_json(self.scrubbers.for_tenant(tenant), value);
+        for kind in &kinds {
+            engram_telemetry::metrics::SCRUB_REDACTIONS
+                .with_label_values(&[kind.as_str(), "sdk"])
+                .inc();
+        }
+        kinds.len()
+    }
+
     /// `event` as it may be persisted: with its secrets redacted, counted.
     fn scrubbed<'a>(&self, event: &'a Envelope) -> std::borrow::Cow<'a, Envelope> {
         match self.scrubbers.scrubbed(event) {

@@ -186,7 +186,11 @@ pub async fn run(config: &Config, command: DocCommand, json: bool) -> anyhow::Re
                 .await?;
             let local = handle.local();
             for (path, value) in &sets {
-                local.set_path(path, value)?;
+                // Redacted before the change is made: a secret put and overwritten in one
+                // transaction would still be in the change's bytes.
+                let mut value = value.clone();
+                client.scrub_value(&doc.scope.tenant, &mut value);
+                local.set_path(path, &value)?;
             }
             for path in &delete {
                 local.delete_path(path)?;
