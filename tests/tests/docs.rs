@@ -224,3 +224,71 @@ async fn the_context_shows_the_open_items_of_the_task_board() {
         "done items are left out"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_secret_written_into_a_board_is_redacted_before_its_change_is_made() {
+    const PASSWORD: &str = "hunter2hunter2";
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let agent = engram.client.agent("acme", "ops", "i-1").unwrap();
+    let mut board = agent
+        .open_doc::<TaskBoard>(team(), "sprint", None)
+        .await
+        .unwrap();
+    // Given one clean edit, then one that writes a password into an item's notes.
+    board
+        .edit(|b| {
+            b.items.insert(
+                "t-1".into(),
+                TaskItem {
+                    title: "rotate the db credentials".into(),
+                    ..TaskItem::default()
+                },
+            );
+        })
+        .unwrap();
+    board
+        .edit(|b| {
+            let item = b.items.get_mut("t-1").unwrap();
+            item.notes.push(format!("new db password={PASSWORD}"));
+            item.owner = Some("i-1".into());
+        })
+        .unwrap();
+    // Then the copy holds the note redacted, with the rest of the edit.
+    let item = board.value().unwrap().items["t-1"].clone();
+    assert_eq!(item.owner.as_deref(), Some("i-1"));
+    assert_eq!(
+        item.notes,
+        vec!["new db password=[REDACTED:key_value_secret]"]
+    );
+    let seq = board.push().await.unwrap().unwrap().seq;
+    // And no byte of what reached the stream holds the password.
+    let mut events = engram
+        .client
+        .replay(
+            &engram_schema::SubjectFilter::all(),
+            engram_bus::StartAt::Beginning,
+        )
+        .await
+        .unwrap();
+    let mut seen = 0;
+    while let Some(event) = futures::StreamExt::next(&mut events).await {
+        let event = event.unwrap();
+        let data = event.event.content.data.unwrap();
+        for change in data["changes"].as_array().unwrap() {
+            use base64::Engine as _;
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(change.as_str().unwrap())
+                .unwrap();
+            assert!(
+                !bytes
+                    .windows(PASSWORD.len())
+                    .any(|w| w == PASSWORD.as_bytes()),
+                "the password is in the change at seq {}",
+                event.seq
+            );
+        }
+        seen += 1;
+    }
+    assert!(seen >= 1 && seq > 0);
+}

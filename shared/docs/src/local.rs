@@ -62,6 +62,51 @@ fn edit_err(e: automerge::AutomergeError) -> LocalDocError {
     LocalDocError::Edit(Box::new(e))
 }
 
+/// Puts `redact`'s version of every string of `doc` that has one (map values, list items and
+/// text objects); returns how many. An explicit stack, not recursion: a document merged from
+/// others may nest as deep as they made it.
+fn redact_strings(
+    doc: &mut AutoCommit,
+    redact: &impl Fn(&str) -> Option<String>,
+) -> Result<usize, LocalDocError> {
+    use automerge::transaction::Transactable;
+    use automerge::{ObjType, Prop, ScalarValue, Value};
+    let mut redacted = 0;
+    let mut stack = vec![automerge::ROOT];
+    while let Some(obj) = stack.pop() {
+        let Some(kind) = doc.object_type(&obj).ok() else {
+            continue;
+        };
+        let props: Vec<Prop> = match kind {
+            ObjType::Map | ObjType::Table => doc.keys(&obj).map(Prop::from).collect(),
+            ObjType::List => (0..doc.length(&obj)).map(Prop::from).collect(),
+            ObjType::Text => {
+                let text = doc.text(&obj).map_err(edit_err)?;
+                if let Some(clean) = redact(&text) {
+                    doc.update_text(&obj, &clean).map_err(edit_err)?;
+                    redacted += 1;
+                }
+                continue;
+            }
+        };
+        for prop in props {
+            match doc.get(&obj, prop.clone()).map_err(edit_err)? {
+                Some((Value::Object(_), child)) => stack.push(child),
+                Some((Value::Scalar(v), _)) => {
+                    if let ScalarValue::Str(s) = v.as_ref()
+                        && let Some(clean) = redact(s)
+                    {
+                        doc.put(&obj, prop, clean).map_err(edit_err)?;
+                        redacted += 1;
+                    }
+                }
+                None => {}
+            }
+        }
+    }
+    Ok(redacted)
+}
+
 /// Deepest JSON value [`LocalDoc::set_path`] writes.
 pub const MAX_SET_DEPTH: usize = 32;
 
@@ -161,6 +206,46 @@ impl LocalDoc {
         autosurgeon::reconcile(&mut self.doc, &value)?;
         self.doc.commit();
         Ok(())
+    }
+
+    /// [`LocalDoc::edit`], with every string the edit writes checked by `redact` (the string
+    /// with its secrets redacted, or `None` when it has none). When one needs it, the edit is
+    /// made again from the state before it with the strings redacted, so the change never
+    /// holds the secret: overwriting it within the transaction would not remove it from the
+    /// change's bytes. Returns how many strings were redacted.
+    pub fn edit_redacted<T: DocType>(
+        &mut self,
+        edit: impl FnOnce(&mut T),
+        redact: impl Fn(&str) -> Option<String>,
+    ) -> Result<usize, LocalDocError> {
+        use automerge::ScalarValue;
+        use automerge::legacy::OpType;
+        let before = self.doc.get_heads();
+        self.edit(edit)?;
+        if self.doc.get_heads() == before {
+            return Ok(0);
+        }
+        let Some(change) = self.doc.get_last_local_change() else {
+            return Ok(0);
+        };
+        let dirty = change.decode().operations.iter().any(
+            |op| matches!(&op.action, OpType::Put(ScalarValue::Str(s)) if redact(s).is_some()),
+        );
+        if !dirty {
+            return Ok(0);
+        }
+        // The state with the secrets, redacted in place, is read back as the edited value;
+        // then it is discarded for the state before the edit, and the value written there.
+        let redacted = redact_strings(&mut self.doc, &redact)?;
+        self.doc.commit();
+        let value: T = self.value()?;
+        let mut redo = self.doc.fork_at(&before).map_err(edit_err)?;
+        // A fork gets an actor of its own; the copy keeps writing as the one it was.
+        redo.set_actor(self.doc.get_actor().clone());
+        autosurgeon::reconcile(&mut redo, &value)?;
+        redo.commit();
+        self.doc = redo;
+        Ok(redacted)
     }
 
     /// Sets the value at a JSON-pointer `path` (`/items/t-7/status`), creating the maps on

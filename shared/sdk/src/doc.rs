@@ -257,8 +257,29 @@ impl<T: DocType> SharedDoc<T> {
     }
 
     /// One edit, as one automerge transaction. Nothing is sent until [`SharedDoc::push`].
+    /// Secrets in the strings it writes are redacted by the tenant's policy before the
+    /// change is made, as an event's text is before it is appended.
     pub fn edit(&mut self, edit: impl FnOnce(&mut T)) -> Result<(), DocClientError> {
-        Ok(self.handle.local.edit(edit)?)
+        let client = self.handle.agent.client().clone();
+        let tenant = self.handle.agent.tenant().as_str().to_owned();
+        let scrubber = client.scrubbers().for_tenant(&tenant);
+        // The kinds found, by string: `edit_redacted` may look at one string twice.
+        let found = std::cell::RefCell::new(std::collections::BTreeMap::new());
+        self.handle.local.edit_redacted(edit, |s| {
+            let out = scrubber.scrub(s);
+            if out.is_clean() {
+                return None;
+            }
+            let kinds: Vec<_> = out.redactions.iter().map(|r| r.kind).collect();
+            found.borrow_mut().insert(s.to_owned(), kinds);
+            Some(out.text.into_owned())
+        })?;
+        for kind in found.into_inner().into_values().flatten() {
+            engram_telemetry::metrics::SCRUB_REDACTIONS
+                .with_label_values(&[kind.as_str(), "sdk"])
+                .inc();
+        }
+        Ok(())
     }
 
     /// Fields written concurrently, every value kept (the one `value` shows first).

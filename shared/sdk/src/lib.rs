@@ -134,6 +134,11 @@ impl Client {
         self
     }
 
+    /// The secret scrubbers this client redacts with.
+    pub fn scrubbers(&self) -> &engram_scrub::Scrubbers {
+        &self.scrubbers
+    }
+
     /// Redacts the secrets in `value` by `tenant`'s policy, counted: for what reaches the
     /// stream other than as an event's text or data, such as a document field
     /// (`engram doc edit --set`). Returns how many were redacted.
