@@ -111,3 +111,27 @@ impl Scrubbers {
         kinds
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_config_reads_the_default_policy_and_per_tenant_ones() {
+        let config: ScrubConfig = serde_json::from_value(serde_json::json!({
+            "min_entropy_len": 24,
+            "tenants": {"acme": {"enabled": false}},
+        }))
+        .unwrap();
+        assert_eq!(config.policy.min_entropy_len, 24);
+        assert!(!config.tenants["acme"].enabled);
+        config.validate().unwrap();
+        let scrubbers = Scrubbers::new(&config);
+        let text = "db password=hunter2hunter2";
+        assert!(!scrubbers.for_tenant("other").scrub(text).is_clean());
+        assert!(scrubbers.for_tenant("acme").scrub(text).is_clean());
+        // A misspelt key is an error, not silently ignored.
+        let bad = serde_json::from_value::<ScrubConfig>(serde_json::json!({"enabeld": false}));
+        assert!(bad.is_err(), "{bad:?}");
+    }
+}
