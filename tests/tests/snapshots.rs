@@ -365,9 +365,10 @@ async fn an_instance_bootstraps_its_scope_from_snapshots_and_the_tail() {
         status(&bus, name, end).await;
     }
 
-    // When a new instance of team-0 bootstraps...
+    // When a new instance of team-0 bootstraps from snapshots (a scope this small would
+    // otherwise be replayed, see below)...
     let scope = team_scope("acme", "team-0");
-    let booted = engram.client.bootstrap(&scope, None).await.unwrap();
+    let booted = engram.client.bootstrap_with(&scope, None, 0).await.unwrap();
     // ...then it says which snapshot each model came from, and replayed only the tail...
     let used: Vec<Option<u64>> = booted
         .snapshots
@@ -394,6 +395,16 @@ async fn an_instance_bootstraps_its_scope_from_snapshots_and_the_tail() {
             .as_of(&globex, chrono::Utc::now(), None, None, None)
             .is_empty()
     );
+    // A scope this small is bootstrapped by replaying it, to the same memory.
+    let replayed = engram.client.bootstrap(&scope, None).await.unwrap();
+    assert!(replayed.snapshots.iter().all(|(_, s)| s.is_none()));
+    assert!(
+        replayed.replayed > booted.replayed,
+        "the whole history ({}), not a tail ({})",
+        replayed.replayed,
+        booted.replayed
+    );
+    assert_eq!(replayed.memory.state_hash(), full.state_hash());
     // A grant the request may not hold is refused before anything is read.
     let mut sibling = scope.clone();
     sibling.grants = vec![Scope::new(ScopeKind::Team, "team-1").unwrap()];
