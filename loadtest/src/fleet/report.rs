@@ -629,7 +629,7 @@ impl FleetReport {
         let _ = writeln!(out, "\n## Takeovers: bootstrap against replay\n");
         let _ = writeln!(
             out,
-            "{} takeovers. Each successor bootstraps its scopes, private and team (the slices of the newest facts, skills and docs snapshots, then the stream after them), then replays the same scopes from the start: the replay checks that every event its predecessors were acknowledged is there, and is the bootstrap's reference.\n",
+            "{} takeovers. Each successor bootstraps its scopes, private and team (the slices of the newest facts, skills and docs snapshots, then the stream after them; scopes of at most 1,000 events are replayed instead), applying them to those models, then replays the same scopes from the start: the replay checks that every event its predecessors were acknowledged is there, and is the bootstrap's reference (it reads ids only and applies nothing).\n",
             self.takeovers
         );
         let _ = writeln!(out, "| figure | value |\n|---|---|");
