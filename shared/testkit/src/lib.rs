@@ -128,3 +128,44 @@ pub fn stored(events: &[Envelope], first_seq: u64) -> Vec<engram_bus::StoredEven
         })
         .collect()
 }
+
+/// Every event in the stream, and the sequences of those whose bytes hold `needle`: in the
+/// event as JSON, or in the automerge changes a `doc_changed` event carries (decoded from
+/// base64). What a test of secret redaction asserts is empty.
+pub async fn events_holding(bus: &engram_bus::Bus, needle: &str) -> (usize, Vec<u64>) {
+    use base64::Engine as _;
+    use futures::StreamExt as _;
+    let mut events = bus
+        .replay(
+            &engram_schema::SubjectFilter::all(),
+            engram_bus::StartAt::Beginning,
+        )
+        .await
+        .unwrap_or_else(|e| panic!("replay: {e}"));
+    let holds = |bytes: &[u8]| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
+    let (mut seen, mut holding) = (0, Vec::new());
+    while let Some(event) = events.next().await {
+        let stored = event.unwrap_or_else(|e| panic!("replay: {e}"));
+        seen += 1;
+        let mut bytes = serde_json::to_vec(&stored.event).unwrap_or_default();
+        if let Some(changes) = stored
+            .event
+            .content
+            .data
+            .as_ref()
+            .and_then(|d| d["changes"].as_array())
+        {
+            for change in changes.iter().filter_map(|c| c.as_str()) {
+                bytes.extend(
+                    base64::engine::general_purpose::STANDARD
+                        .decode(change)
+                        .unwrap_or_default(),
+                );
+            }
+        }
+        if holds(&bytes) {
+            holding.push(stored.seq);
+        }
+    }
+    (seen, holding)
+}
