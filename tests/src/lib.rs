@@ -85,6 +85,54 @@ impl Engram {
         }
     }
 
+    /// Against a server with authentication: each projector, the consolidator and the query
+    /// service connect as their own identity, and the query service checks agents' requests
+    /// against the access registry. `client` is the admin's.
+    pub async fn start_secured(nats: &engram_testkit::SecureNats) -> Self {
+        use engram_access::RoleName;
+        let dir = tempfile::tempdir().unwrap();
+        let stop = CancellationToken::new();
+        let projectors_creds = nats.service(RoleName::Projectors);
+        let consolidator_creds = nats.service(RoleName::Consolidator);
+        let (p, c) = (
+            nats.config_as(&projectors_creds),
+            nats.config_as(&consolidator_creds),
+        );
+        let projectors = engram_projectors::start(
+            &projectors_config(),
+            dir.path(),
+            move |name| {
+                let config = if name == engram_memory::proto::read_models::CONSOLIDATOR {
+                    c.clone()
+                } else {
+                    p.clone()
+                };
+                Bus::connect(config)
+            },
+            stop.clone(),
+        )
+        .await
+        .unwrap();
+        let query_bus = Bus::connect(nats.config_as(&nats.service(RoleName::Query)))
+            .await
+            .unwrap();
+        let query: Arc<Query> = Query::new(query_bus.clone(), QueryConfig::default())
+            .await
+            .unwrap();
+        let registry = engram_access::SharedRegistry::default();
+        let log = engram_access::AccessLog::new(query_bus.client().clone());
+        log.catch_up(&registry).await.unwrap();
+        log.clone().follow(registry.clone(), stop.clone());
+        query.set_access(engram_query::access::Guard::new(registry, log));
+        query.serve(stop.clone()).await.unwrap();
+        Self {
+            client: Client::from_bus(nats.admin.clone(), RetryPolicy::default()),
+            dir,
+            stop,
+            projectors: Some(projectors),
+        }
+    }
+
     /// Stops the projectors (each checkpoints).
     pub async fn stop(mut self) {
         self.stop.cancel();

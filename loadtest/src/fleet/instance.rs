@@ -815,6 +815,7 @@ fn error_kind(e: &RpcError) -> &'static str {
     match e {
         RpcError::Service { code, .. } => match code {
             ErrorCode::Invalid => "invalid",
+            ErrorCode::Forbidden => "forbidden",
             ErrorCode::NotYetVisible => "not_yet_visible",
             ErrorCode::Busy => "busy",
             ErrorCode::Unavailable => "unavailable",

@@ -40,6 +40,10 @@ pub struct GlobalArgs {
     /// Log format on stderr.
     #[arg(long, global = true, value_enum)]
     pub log_format: Option<LogFormatArg>,
+    /// Credentials file to connect with (from `engram agent add`). Default: the admin
+    /// credentials `engram up` keeps in <home>/auth/, when present.
+    #[arg(long, global = true, value_name = "FILE", env = "ENGRAM_CREDS")]
+    pub creds: Option<PathBuf>,
     /// Machine-readable output: one JSON object per line on stdout.
     #[arg(long, global = true)]
     pub json: bool,
@@ -65,6 +69,16 @@ pub enum Command {
     Replay(ReplayArgs),
     /// Show the events stream and its consumers.
     Streams,
+    /// Tenants: `add` creates one, `list` shows them (admin).
+    #[command(subcommand)]
+    Tenant(TenantCommand),
+    /// Agent credentials: `add` issues a key and writes its credentials file, `list` shows
+    /// agents and their keys, `revoke` ends a key (its connections are closed) (admin).
+    #[command(subcommand)]
+    Agent(AgentCommand),
+    /// Grants: which agents may read which wider scopes (admin).
+    #[command(subcommand)]
+    Grant(GrantCommand),
     /// Retrieve memories (hybrid dense + BM25) through the query service.
     Retrieve(RetrieveArgs),
     /// Assemble the context an agent gets at the start of a step, within a token budget.
@@ -392,6 +406,80 @@ pub struct UpArgs {
     /// After start-up, run a short demo against the running system and print it.
     #[arg(long)]
     pub demo: bool,
+    /// Run the managed nats-server without authentication. Anyone who reaches it can read
+    /// and write every tenant's memory; refused unless everything listens on loopback.
+    #[arg(long)]
+    pub insecure_no_auth: bool,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum TenantCommand {
+    /// Create a tenant.
+    Add { tenant: String },
+    /// List tenants with their agent and grant counts.
+    List,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum AgentCommand {
+    /// Issue credentials for an agent; prints the credentials file's path. Adding a key to an
+    /// agent that has one rotates: both work until the old one is revoked (`--key`).
+    Add {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        agent: String,
+        /// Scopes it may write and read: kind:id or kind:* (repeatable). Default: task:*,
+        /// session:* and agent:<agent>.
+        #[arg(long)]
+        scope: Vec<String>,
+        /// Where to write the credentials (default: <home>/auth/agents/<tenant>/).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// List agents and their keys.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// Revoke an agent's keys (or one, with --key): the server closes their connections.
+    Revoke {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        agent: String,
+        /// One public key (U…) instead of all.
+        #[arg(long)]
+        key: Option<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum GrantCommand {
+    /// Let an agent (or every agent of the tenant, `--agent '*'`) read a scope.
+    Add {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        agent: String,
+        /// kind:id or kind:*.
+        #[arg(long)]
+        scope: String,
+    },
+    /// Take a grant back.
+    Revoke {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        agent: String,
+        #[arg(long)]
+        scope: String,
+    },
+    /// The grants in force.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -488,6 +576,7 @@ impl GlobalArgs {
         FlagOverrides {
             home: self.home.clone(),
             nats_url: self.nats.clone(),
+            creds: self.creds.clone(),
             log_format: self.log_format.map(|f| match f {
                 LogFormatArg::Text => LogFormat::Text,
                 LogFormatArg::Json => LogFormat::Json,
@@ -503,6 +592,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     if let Command::Up(up) = &cli.command {
         overrides.managed_port = up.nats_port;
         overrides.http_listen = up.http;
+        overrides.insecure_no_auth = up.insecure_no_auth.then_some(true);
     }
     let config = Config::load(cli.global.config.as_deref(), &overrides)?;
     engram_telemetry::init_logging(config.log.format, &config.log.filter)?;
@@ -516,6 +606,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tail(args) => commands::read::tail(&config, &args, json).await,
         Command::Replay(args) => commands::read::replay(&config, &args, json).await,
         Command::Streams => commands::streams::run(&config, json).await,
+        Command::Tenant(command) => commands::access::tenant(&config, command, json).await,
+        Command::Agent(command) => commands::access::agent(&config, command, json).await,
+        Command::Grant(command) => commands::access::grant(&config, command, json).await,
         Command::Retrieve(args) => commands::query::retrieve(&config, args, json).await,
         Command::Context(args) => commands::query::context(&config, args, json).await,
         Command::Facts(args) => commands::facts::run(&config, args, json).await,

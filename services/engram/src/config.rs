@@ -30,6 +30,10 @@ pub struct Config {
     pub projectors: ProjectorsConfig,
     /// Ranking defaults and limits of the query service.
     pub query: QueryConfig,
+    /// Who this process connects as: `nats.creds`, else the admin credentials `engram up`
+    /// keeps in `<home>/auth/` when they exist. Read from the file at load.
+    #[serde(skip)]
+    pub identity: Option<engram_bus::NkeyAuth>,
 }
 
 /// Which NATS to use.
@@ -41,6 +45,14 @@ pub struct NatsConfig {
     pub url: Option<String>,
     /// Client port of the managed server. 0 picks a free one (then only `engram up` knows it).
     pub managed_port: u16,
+    /// Address the managed server listens on. Agents in other sandboxes need one they can
+    /// reach (`0.0.0.0`); only loopback is allowed without authentication.
+    pub managed_host: std::net::IpAddr,
+    /// Runs the managed server without authentication: anyone who can reach it can read and
+    /// write every tenant's memory. Loopback only, and a warning at start-up.
+    pub insecure_no_auth: bool,
+    /// The credentials file to connect with (from `engram agent add`, or a service's).
+    pub creds: Option<PathBuf>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -74,6 +86,7 @@ impl Default for Config {
             log: LogConfig::default(),
             projectors: ProjectorsConfig::default(),
             query: QueryConfig::default(),
+            identity: None,
         }
     }
 }
@@ -83,6 +96,9 @@ impl Default for NatsConfig {
         Self {
             url: None,
             managed_port: 4222,
+            managed_host: std::net::IpAddr::from([127, 0, 0, 1]),
+            insecure_no_auth: false,
+            creds: None,
         }
     }
 }
@@ -131,6 +147,10 @@ pub struct FlagOverrides {
     pub http_listen: Option<SocketAddr>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub log_format: Option<LogFormat>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub creds: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub insecure_no_auth: Option<bool>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -148,10 +168,12 @@ const ENV_KEYS: &[&str] = &["home", "nats", "bus", "http", "log", "projectors", 
 impl Config {
     /// Merges every layer and validates the result.
     pub fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Self, ConfigError> {
-        Self::figment(file, flags)?
+        let mut config = Self::figment(file, flags)?
             .extract::<Config>()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
-            .and_then(|c| c.validate().map(|()| c))
+            .and_then(|c| c.validate().map(|()| c))?;
+        config.identity = config.load_identity()?;
+        Ok(config)
     }
 
     fn figment(file: Option<&Path>, flags: &FlagOverrides) -> Result<Figment, ConfigError> {
@@ -205,6 +227,12 @@ impl Config {
         if let Some(port) = flags.managed_port {
             nats.insert("managed_port".into(), port.into());
         }
+        if let Some(creds) = &flags.creds {
+            nats.insert("creds".into(), creds.display().to_string().into());
+        }
+        if let Some(insecure) = flags.insecure_no_auth {
+            nats.insert("insecure_no_auth".into(), insecure.into());
+        }
         if !nats.is_empty() {
             put("nats", nats.into());
         }
@@ -223,6 +251,18 @@ impl Config {
         }
         self.projectors.validate().map_err(ConfigError::Invalid)?;
         self.query.validate().map_err(ConfigError::Invalid)?;
+        if self.nats.insecure_no_auth && !self.nats.managed_host.is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "nats.insecure_no_auth refuses nats.managed_host {}: without authentication the server may listen on loopback only; drop insecure_no_auth (agents then use credentials from `engram agent add`) or listen on 127.0.0.1",
+                self.nats.managed_host
+            )));
+        }
+        if self.nats.insecure_no_auth && !self.http.listen.ip().is_loopback() {
+            return Err(ConfigError::Invalid(format!(
+                "nats.insecure_no_auth refuses http.listen {}: loopback only without authentication",
+                self.http.listen
+            )));
+        }
         if self.log.filter.trim().is_empty() {
             return Err(ConfigError::Invalid(
                 "log.filter is empty; use e.g. \"info\"".into(),
@@ -239,12 +279,40 @@ impl Config {
             .unwrap_or_else(|| format!("nats://127.0.0.1:{}", self.nats.managed_port))
     }
 
-    /// The bus config with the URL resolved.
+    /// The bus config with the URL resolved, connecting as this process's identity.
     pub fn bus_config(&self, url: String) -> BusConfig {
         BusConfig {
             url,
+            nkey: self.identity.clone(),
             ..self.bus.clone()
         }
+    }
+
+    /// The bus config of a connection made as `creds`.
+    pub fn bus_config_as(&self, url: String, creds: &engram_access::Credentials) -> BusConfig {
+        BusConfig {
+            url,
+            nkey: Some(engram_bus::NkeyAuth::of(creds)),
+            ..self.bus.clone()
+        }
+    }
+
+    /// `nats.creds`, else the admin's credentials in home if `engram up` made them.
+    fn load_identity(&self) -> Result<Option<engram_bus::NkeyAuth>, ConfigError> {
+        let path = match &self.nats.creds {
+            Some(path) => path.clone(),
+            None => {
+                let admin =
+                    engram_access::creds::service_path(&self.home, engram_access::RoleName::Admin);
+                if !admin.exists() || self.nats.insecure_no_auth {
+                    return Ok(None);
+                }
+                admin
+            }
+        };
+        let creds = engram_access::Credentials::load(&path)
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        Ok(Some(engram_bus::NkeyAuth::of(&creds)))
     }
 
     /// The merged config as TOML, for `engram config dump`.

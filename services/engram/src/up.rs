@@ -36,6 +36,8 @@ pub enum UpError {
         #[source]
         source: std::io::Error,
     },
+    #[error("cannot set up authentication: {0}")]
+    Access(#[from] engram_access::AccessError),
     #[error("cannot prepare data dir {path}: {source}")]
     Home {
         path: String,
@@ -60,6 +62,40 @@ pub struct Running {
     http_task: tokio::task::JoinHandle<()>,
     /// Samples projector lag for `/healthz`; aborted with the http server.
     lag_sampler: tokio::task::JoinHandle<()>,
+    /// Follows the access registry and keeps the server's authorization in step.
+    access_stop: CancellationToken,
+    /// The query service's own connection (its identity's).
+    query_bus: Bus,
+}
+
+/// The identities of a managed server with authentication, from `<home>/auth/`.
+struct Identities {
+    creds: Vec<(engram_access::RoleName, engram_access::Credentials)>,
+    auth_conf: std::path::PathBuf,
+}
+
+impl Identities {
+    fn get(&self, role: engram_access::RoleName) -> Option<&engram_access::Credentials> {
+        self.creds.iter().find(|(r, _)| *r == role).map(|(_, c)| c)
+    }
+
+    fn fixed(&self) -> Vec<(String, engram_access::Role)> {
+        self.creds
+            .iter()
+            .filter_map(|(r, c)| Some((c.public_key(), r.fixed_role()?)))
+            .collect()
+    }
+}
+
+/// The names the permissions refer to, from the configuration.
+pub fn access_names(config: &Config) -> engram_access::Names {
+    engram_access::Names {
+        events_stream: config.bus.stream.name.clone(),
+        working_bucket: config.bus.working_memory.bucket.clone(),
+        snapshots_bucket: config.projectors.snapshots.bucket.clone(),
+        snapshots_index: config.projectors.snapshots.index.clone(),
+        ..engram_access::Names::default()
+    }
 }
 
 /// Starts every component and returns once all are ready.
@@ -69,38 +105,120 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         .map(|l| l.as_str())
         .collect();
     engram_telemetry::metrics::touch_all(&layers);
+    use engram_access::RoleName;
+    let managed_auth = config.nats.url.is_none() && !config.nats.insecure_no_auth;
+    let identities = if managed_auth {
+        let creds = engram_access::creds::ensure_service_credentials(&config.home)?;
+        Some(Identities {
+            creds,
+            auth_conf: config.home.join("nats").join("auth.conf"),
+        })
+    } else {
+        // Against an external server, services use the identities in home if an `engram up`
+        // made them (the server then enforces the auth.conf it wrote).
+        let creds: Vec<_> = std::iter::once(RoleName::Admin)
+            .chain(RoleName::SERVICES)
+            .filter_map(|r| {
+                let path = engram_access::creds::service_path(&config.home, r);
+                let creds = engram_access::Credentials::load(&path).ok()?;
+                Some((r, creds))
+            })
+            .collect();
+        (!config.nats.insecure_no_auth && config.nats.url.is_some() && !creds.is_empty()).then(
+            || Identities {
+                creds,
+                auth_conf: config.home.join("nats").join("auth.conf"),
+            },
+        )
+    };
+    if config.nats.insecure_no_auth {
+        tracing::warn!(
+            "authentication is off (--insecure-no-auth): anything that reaches the nats server can read, forge and delete every tenant's memory"
+        );
+        eprintln!(
+            "WARNING: engram is running without authentication (--insecure-no-auth); loopback only"
+        );
+    }
     let (server, nats_url) = match &config.nats.url {
         Some(url) => (None, url.clone()),
         None => {
-            let server = start_managed_server(config).await?;
+            let server = start_managed_server(config, identities.as_ref()).await?;
             let url = server.url();
             (Some(server), url)
         }
     };
-    let bus = Bus::connect(config.bus_config(nats_url.clone())).await?;
+    let bus_as = |role: RoleName, name: String| {
+        let mut c = match identities.as_ref().and_then(|i| i.get(role)) {
+            Some(creds) => config.bus_config_as(nats_url.clone(), creds),
+            None => config.bus_config(nats_url.clone()),
+        };
+        c.client_name = name;
+        c
+    };
+    let bus = Bus::connect(bus_as(RoleName::Admin, "engram".into())).await?;
     let report = bus.provision().await?;
     tracing::info!(
         stream = %config.bus.stream.name,
         created = report.stream_created,
         "events stream ready"
     );
+    let access_log = engram_access::AccessLog::new(bus.client().clone());
+    if let Err(e) = access_log.provision(config.bus.stream.replicas).await {
+        tracing::warn!(error = %e, "cannot provision the access registry stream");
+    }
+    let access_stop = CancellationToken::new();
     let projectors_stop = CancellationToken::new();
     let state_dir = engram_projectors::state_dir(&config.home);
-    let bus_config = config.bus_config(nats_url.clone());
     let projectors = engram_projectors::start(
         &config.projectors,
         &state_dir,
         |name| {
-            let mut c = bus_config.clone();
-            c.client_name = format!("engram-projector-{name}");
-            Bus::connect(c)
+            let role = if name == engram_memory::proto::read_models::CONSOLIDATOR {
+                RoleName::Consolidator
+            } else {
+                RoleName::Projectors
+            };
+            Bus::connect(bus_as(role, format!("engram-projector-{name}")))
         },
         projectors_stop.clone(),
     )
     .await?;
-    let query = engram_query::Query::new(bus.clone(), config.query.clone())
+    let query_bus = Bus::connect(bus_as(RoleName::Query, "engram-query".into())).await?;
+    let query = engram_query::Query::new(query_bus.clone(), config.query.clone())
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
+    if let Some(identities) = &identities {
+        let registry = engram_access::SharedRegistry::default();
+        let query_log = engram_access::AccessLog::new(query_bus.client().clone());
+        query_log.catch_up(&registry).await?;
+        query_log
+            .clone()
+            .follow(registry.clone(), access_stop.clone());
+        query.set_access(engram_query::access::Guard::new(
+            registry.clone(),
+            query_log,
+        ));
+        if let Some(server) = &server {
+            let reloader = server.reloader()?;
+            let reload: engram_access::conf::Reload = Box::new(move || {
+                let reloader = reloader.clone();
+                Box::pin(async move {
+                    reloader
+                        .reload(Duration::from_secs(10))
+                        .await
+                        .map_err(|e| e.to_string())
+                })
+            });
+            engram_access::conf::enforce(
+                registry,
+                identities.fixed(),
+                access_names(config),
+                identities.auth_conf.clone(),
+                reload,
+                access_stop.clone(),
+            );
+        }
+    }
     let query_stop = CancellationToken::new();
     let query_task = query
         .serve(query_stop.clone())
@@ -154,10 +272,15 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         http_stop,
         http_task,
         lag_sampler,
+        access_stop,
+        query_bus,
     })
 }
 
-async fn start_managed_server(config: &Config) -> Result<NatsServer, UpError> {
+async fn start_managed_server(
+    config: &Config,
+    identities: Option<&Identities>,
+) -> Result<NatsServer, UpError> {
     let home = &config.home;
     let nats_dir = home.join("nats");
     let home_err = |source| UpError::Home {
@@ -166,7 +289,17 @@ async fn start_managed_server(config: &Config) -> Result<NatsServer, UpError> {
     };
     std::fs::create_dir_all(&nats_dir).map_err(home_err)?;
     let conf = nats_dir.join("nats-server.conf");
-    std::fs::write(&conf, NATS_CONF).map_err(home_err)?;
+    let mut text = NATS_CONF.to_owned();
+    if let Some(identities) = identities {
+        // The admin and the services only, until the registry is followed and its agents'
+        // keys are added (a reload, moments after start-up).
+        engram_access::conf::write_if_changed(
+            &identities.auth_conf,
+            &engram_access::conf::render(&identities.fixed(), &access_names(config)),
+        )?;
+        text.push_str("\n# Every connection authenticates with an nkey (engram up, access registry).\ninclude \"auth.conf\"\n");
+    }
+    std::fs::write(&conf, text).map_err(home_err)?;
     let port = config.nats.managed_port;
     if port != 0 && std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
         return Err(UpError::PortInUse { port });
@@ -178,6 +311,7 @@ async fn start_managed_server(config: &Config) -> Result<NatsServer, UpError> {
     let mut opts = ServerOptions::new(bin, nats_dir.join("store"), nats_dir.clone());
     opts.port = (port != 0).then_some(port);
     opts.config_file = Some(conf);
+    opts.host = config.nats.managed_host;
     let server = NatsServer::start(opts).await?;
     tracing::info!(
         version = %format!("{}.{}.{}", version.0, version.1, version.2),
@@ -202,6 +336,8 @@ impl Running {
             mut http_task,
             lag_sampler,
             bus,
+            access_stop,
+            query_bus,
             ..
         } = self;
         tracing::info!("shutting down");
@@ -215,6 +351,8 @@ impl Running {
         }
         query_stop.cancel();
         let _ = query_task.await;
+        access_stop.cancel();
+        let _ = tokio::time::timeout(Duration::from_secs(5), query_bus.client().drain()).await;
         projectors_stop.cancel();
         if let Err(e) = projectors.join().await {
             tracing::warn!(error = %e, "a projector stopped with an error");

@@ -13,6 +13,7 @@
 //! scope and the ancestors it is granted; anything else is refused
 //! ([`ScopeRequest::resolve`]). Projectors then match scope keys exactly.
 
+pub mod access;
 pub mod context;
 pub mod fusion;
 pub mod usage;
@@ -132,6 +133,9 @@ pub struct Query {
     /// When agents last had a snapshot cut, and its answer: one cut at a time, and none
     /// sooner than `snapshot_min_interval` after the last.
     last_cut: tokio::sync::Mutex<Option<(std::time::Instant, proto::SnapshotCutResponse)>>,
+    /// The registry agents' requests are checked against; unset when run without
+    /// authentication.
+    access: std::sync::OnceLock<access::Guard>,
 }
 
 impl Query {
@@ -150,6 +154,7 @@ impl Query {
             config,
             tokens: Arc::new(tokens),
             last_cut: tokio::sync::Mutex::new(None),
+            access: std::sync::OnceLock::new(),
         }))
     }
 
@@ -167,88 +172,63 @@ impl Query {
         )
         .await?;
         let limits = self.config.endpoint_limits();
-        let q = self.clone();
-        engram_rpc::serve(
-            &service,
-            proto::RETRIEVE,
-            "retrieve",
-            limits,
-            move |r: RetrieveRequest| {
-                let q = q.clone();
-                async move {
-                    let response = q.retrieve(r).await?;
-                    let returned = response.results.iter().chain(&response.summaries);
-                    q.usage.count(returned.map(|m| {
-                        (
-                            ScopeKey::new(m.tenant.clone(), m.scope.clone()),
-                            &m.event_id,
-                        )
-                    }));
-                    Ok(response)
-                }
-            },
-        )
-        .await?;
-        let q = self.clone();
-        engram_rpc::serve(
-            &service,
-            proto::CONTEXT,
-            "context",
-            limits,
-            move |r: ContextRequest| {
-                let q = q.clone();
-                async move { q.build_context(r).await }
-            },
-        )
-        .await?;
-        let q = self.clone();
-        engram_rpc::serve(
-            &service,
-            proto::FACTS,
-            "facts",
-            limits,
-            move |r: FactsRequest| {
-                let q = q.clone();
-                async move { q.facts(r).await }
-            },
-        )
-        .await?;
-        let q = self.clone();
-        engram_rpc::serve(
-            &service,
-            proto::SKILLS,
-            "skills",
-            limits,
-            move |r: SkillsRequest| {
-                let q = q.clone();
-                async move { q.skills(r).await }
-            },
-        )
-        .await?;
-        let q = self.clone();
-        engram_rpc::serve(
-            &service,
+        // Each endpoint twice: on `engram.q.<op>` for the admin and services, and on
+        // `engram.q.<tenant>.<agent>.<op>` for agents, where the caller is checked first.
+        macro_rules! endpoint {
+            ($subject:expr, $op:literal, $req:ty, |$q:ident, $r:ident| $body:expr) => {{
+                let q = self.clone();
+                engram_rpc::serve(&service, $subject, $op, limits, move |$r: $req| {
+                    let $q = q.clone();
+                    async move { $body }
+                })
+                .await?;
+                let q = self.clone();
+                engram_rpc::serve_from(
+                    &service,
+                    &engram_access::perms::query_subject_any($op),
+                    $op,
+                    limits,
+                    move |subject: &str, $r: $req| {
+                        let $q = q.clone();
+                        let subject = subject.to_owned();
+                        async move {
+                            $q.authorize(&subject, &$r).await?;
+                            $body
+                        }
+                    },
+                )
+                .await?;
+            }};
+        }
+        endpoint!(proto::RETRIEVE, "retrieve", RetrieveRequest, |q, r| {
+            let response = q.retrieve(r).await?;
+            let returned = response.results.iter().chain(&response.summaries);
+            q.usage.count(returned.map(|m| {
+                (
+                    ScopeKey::new(m.tenant.clone(), m.scope.clone()),
+                    &m.event_id,
+                )
+            }));
+            Ok(response)
+        });
+        endpoint!(proto::CONTEXT, "context", ContextRequest, |q, r| q
+            .build_context(r)
+            .await);
+        endpoint!(proto::FACTS, "facts", FactsRequest, |q, r| q.facts(r).await);
+        endpoint!(proto::SKILLS, "skills", SkillsRequest, |q, r| q
+            .skills(r)
+            .await);
+        endpoint!(
             proto::CONSOLIDATE,
             "consolidate",
-            limits,
-            move |r: ConsolidateRequest| {
-                let q = q.clone();
-                async move { q.consolidate(r).await }
-            },
-        )
-        .await?;
-        let q = self.clone();
-        engram_rpc::serve(
-            &service,
-            proto::BOOTSTRAP,
-            "bootstrap",
-            limits,
-            move |r: BootstrapRequest| {
-                let q = q.clone();
-                async move { q.bootstrap(r).await }
-            },
-        )
-        .await?;
+            ConsolidateRequest,
+            |q, r| q.consolidate(r).await
+        );
+        endpoint!(proto::BOOTSTRAP, "bootstrap", BootstrapRequest, |q, r| q
+            .bootstrap(r)
+            .await);
+        endpoint!(proto::DOC, "doc", DocRequest, |q, r| q.doc(r).await);
+        // Cutting a snapshot copies every tenant's read models: the admin's alone.
         let q = self.clone();
         engram_rpc::serve(
             &service,
@@ -260,12 +240,6 @@ impl Query {
                 async move { q.snapshot(r).await }
             },
         )
-        .await?;
-        let q = self.clone();
-        engram_rpc::serve(&service, proto::DOC, "doc", limits, move |r: DocRequest| {
-            let q = q.clone();
-            async move { q.doc(r).await }
-        })
         .await?;
         // Subscriptions reach the server on the next flush: until then another connection's
         // request can find no responder. Served means answering.
@@ -297,6 +271,25 @@ impl Query {
                 tracing::warn!(error = %e, "retrieval usage flusher failed");
             }
         }))
+    }
+
+    /// Checks the access registry when an agent reads its own memory: the body must name the
+    /// caller's tenant, and every scope read must be the caller's or granted to it. Used by
+    /// a service run with `--insecure-no-auth` too, where only the tenant check applies.
+    pub async fn authorize<R: access::Scoped>(
+        &self,
+        subject: &str,
+        request: &R,
+    ) -> Result<(), Failure> {
+        match self.access.get() {
+            Some(guard) => guard.authorize(subject, request.scope_request()).await,
+            None => access::authenticated_tenant(subject, request.scope_request()).map(|_| ()),
+        }
+    }
+
+    /// Turns the access checks on: from now on agent requests are checked against `guard`.
+    pub fn set_access(&self, guard: access::Guard) {
+        let _ = self.access.set(guard);
     }
 
     /// Refuses a `wait_ms` beyond the protocol's bound and a `min_seq` that no append can

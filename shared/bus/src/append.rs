@@ -89,11 +89,15 @@ impl Bus {
         &self,
         p: &Prepared,
         message: jetstream::message::PublishMessage,
-    ) -> Result<PublishAckFuture, AppendError> {
-        self.js
+    ) -> Result<Pending, AppendError> {
+        // Subscribed before the publish, so a refusal of it cannot be missed.
+        let refused = self.refused.subscribe();
+        let ack = self
+            .js
             .send_publish(p.subject.clone(), message)
             .await
-            .map_err(|e| publish_error(e, p, None))
+            .map_err(|e| publish_error(e, p, None))?;
+        Ok(Pending { ack, refused })
     }
 
     /// Stores one event and waits for its ack.
@@ -171,15 +175,37 @@ impl Bus {
     }
 }
 
-async fn finish(
+/// A sent publish: its ack, and the refusals the server reported since it was sent.
+struct Pending {
     ack: PublishAckFuture,
+    refused: tokio::sync::broadcast::Receiver<String>,
+}
+
+async fn finish(
+    pending: Pending,
     p: &Prepared,
     expected: Option<u64>,
 ) -> Result<AppendReceipt, AppendError> {
-    let ack = tokio::time::timeout(p.ack_timeout, ack)
-        .await
-        .map_err(|_| AppendError::Unavailable(format!("no ack within {:?}", p.ack_timeout)))?
-        .map_err(|e| publish_error(e, p, expected))?;
+    let Pending { ack, mut refused } = pending;
+    let subject = p.subject.clone();
+    let refusal = async move {
+        loop {
+            match refused.recv().await {
+                Ok(s) if s == subject => return,
+                Ok(_) | Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {}
+                // No refusals can come (a connection made elsewhere): only the ack decides.
+                Err(tokio::sync::broadcast::error::RecvError::Closed) => {
+                    std::future::pending::<()>().await
+                }
+            }
+        }
+    };
+    let ack = tokio::select! {
+        ack = tokio::time::timeout(p.ack_timeout, ack) => ack
+            .map_err(|_| AppendError::Unavailable(format!("no ack within {:?}", p.ack_timeout)))?
+            .map_err(|e| publish_error(e, p, expected))?,
+        () = refusal => return Err(AppendError::Forbidden { subject: p.subject.clone() }),
+    };
     Ok(AppendReceipt {
         seq: ack.sequence,
         duplicate: ack.duplicate,

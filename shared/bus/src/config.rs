@@ -11,6 +11,11 @@ pub struct BusConfig {
     /// it is resolved from `[nats]` (or the managed server) by whoever builds the bus.
     #[serde(skip)]
     pub url: String,
+    /// The identity to connect as (an nkey seed and the inbox prefix its permissions allow);
+    /// `None` connects without one, which only a server run with `--insecure-no-auth` takes.
+    /// Like the URL, resolved by whoever builds the bus (from a credentials file).
+    #[serde(skip)]
+    pub nkey: Option<NkeyAuth>,
     /// Shown in the server's connection list.
     pub client_name: String,
     #[serde(with = "humantime_serde")]
@@ -33,6 +38,7 @@ impl Default for BusConfig {
     fn default() -> Self {
         Self {
             url: "nats://127.0.0.1:4222".into(),
+            nkey: None,
             client_name: "engram".into(),
             connect_timeout: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(5),
@@ -43,6 +49,38 @@ impl Default for BusConfig {
             dead_letters: DeadLetterSettings::default(),
             limits: Limits::default(),
         }
+    }
+}
+
+/// Authentication with an nkey: the seed signs the server's nonce, the server holds only the
+/// public key.
+#[derive(Clone, PartialEq, Eq)]
+pub struct NkeyAuth {
+    pub seed: String,
+    /// Where this identity's replies arrive (`_INBOX.a.<tenant>.<agent>` for an agent).
+    pub inbox_prefix: String,
+    /// For an agent's key, its tenant and name: its queries go to
+    /// `engram.q.<tenant>.<agent>.<op>`, the only query subjects it may use.
+    pub agent: Option<(engram_schema::Ident, engram_schema::Ident)>,
+}
+
+impl NkeyAuth {
+    /// How a connection authenticates as `creds`.
+    pub fn of(creds: &engram_access::Credentials) -> Self {
+        Self {
+            seed: creds.seed.clone(),
+            inbox_prefix: creds.inbox_prefix(),
+            agent: creds.agent_identity().map(|(t, a)| (t.clone(), a.clone())),
+        }
+    }
+}
+
+impl std::fmt::Debug for NkeyAuth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("NkeyAuth")
+            .field("seed", &"<redacted>")
+            .field("inbox_prefix", &self.inbox_prefix)
+            .finish()
     }
 }
 

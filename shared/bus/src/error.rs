@@ -11,6 +11,10 @@ pub enum BusError {
     )]
     Connect { url: String, reason: String },
     #[error(
+        "nats at {url} refused these credentials ({reason}); on the machine running `engram up` the CLI uses its admin credentials by itself; elsewhere pass --creds <file> from `engram agent add`, and check the agent was not revoked"
+    )]
+    Unauthorized { url: String, reason: String },
+    #[error(
         "{resource} exists with a different configuration; engram will not change it. differences (existing -> wanted): {}. {fix}",
         .diffs.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
     )]
@@ -62,6 +66,12 @@ pub enum AppendError {
     /// The server refused it for another reason.
     #[error("append rejected by the server: {0}")]
     Rejected(String),
+    /// The connection's credentials may not publish there: another tenant, or a scope the
+    /// agent's key does not cover. Nothing was stored.
+    #[error(
+        "these credentials may not append to {subject}: an agent writes only to its own tenant and to the scopes its key was issued for (`engram agent list`); nothing was stored"
+    )]
+    Forbidden { subject: String },
 }
 
 impl AppendError {
@@ -77,6 +87,7 @@ impl AppendError {
             Self::Conflict { .. } => "conflict",
             Self::Unavailable(_) => "unavailable",
             Self::Rejected(_) => "rejected",
+            Self::Forbidden { .. } => "forbidden",
         }
     }
 }

@@ -32,7 +32,7 @@ use engram_schema::Codec;
 use engram_telemetry::metrics;
 
 pub use append::{AppendOptions, AppendReceipt};
-pub use config::{BusConfig, DeadLetterSettings, StreamSettings, WorkingMemorySettings};
+pub use config::{BusConfig, DeadLetterSettings, NkeyAuth, StreamSettings, WorkingMemorySettings};
 pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};
 pub use head::StreamHead;
@@ -50,6 +50,18 @@ pub struct Bus {
     js: jetstream::Context,
     codec: Arc<Codec>,
     config: Arc<BusConfig>,
+    /// Subjects the server refused this connection's publishes to (a permissions violation
+    /// is reported on the connection, not on the publish): an append waiting for its ack
+    /// learns from it that no ack will come, and why.
+    refused: tokio::sync::broadcast::Sender<String>,
+}
+
+/// The subject of a `Permissions Violation for Publish to "<subject>"` server error.
+fn refused_subject(error: &str) -> Option<String> {
+    let rest = error
+        .trim_matches('\'')
+        .strip_prefix("Permissions Violation for Publish to ")?;
+    Some(rest.trim().trim_matches('"').to_owned())
 }
 
 impl Bus {
@@ -59,17 +71,21 @@ impl Bus {
         // The client reports the first connection as `Connected` too; only later ones are
         // recoveries worth an info line.
         let was_connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let (refused, _) = tokio::sync::broadcast::channel(64);
+        let refused_tx = refused.clone();
         // Logs and errors show where, never with which credentials.
         let server = config::redact_url(&url);
         let server_shown = server.clone();
-        let options = match config::url_credentials(&url) {
-            Some(config::UrlCredentials::UserPassword { user, password }) => {
+        let options = match (&config.nkey, config::url_credentials(&url)) {
+            (Some(nkey), _) => async_nats::ConnectOptions::with_nkey(nkey.seed.clone())
+                .custom_inbox_prefix(&nkey.inbox_prefix),
+            (None, Some(config::UrlCredentials::UserPassword { user, password })) => {
                 async_nats::ConnectOptions::with_user_and_password(user, password)
             }
-            Some(config::UrlCredentials::Token(token)) => {
+            (None, Some(config::UrlCredentials::Token(token))) => {
                 async_nats::ConnectOptions::with_token(token)
             }
-            None => async_nats::ConnectOptions::new(),
+            (None, None) => async_nats::ConnectOptions::new(),
         };
         let client = options
             .name(&config.client_name)
@@ -80,8 +96,15 @@ impl Bus {
             .event_callback(move |event| {
                 let was_connected = was_connected.clone();
                 let server = server.clone();
+                let refused = refused_tx.clone();
                 async move {
                     match event {
+                        async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                            if refused_subject(&e).is_some() =>
+                        {
+                            tracing::warn!(error = %e, "the server refused a publish: these credentials do not allow it");
+                            let _ = refused.send(refused_subject(&e).unwrap_or_default());
+                        }
                         async_nats::Event::Connected => {
                             metrics::NATS_CONNECTED.set(1);
                             if was_connected.swap(true, std::sync::atomic::Ordering::Relaxed) {
@@ -100,12 +123,26 @@ impl Bus {
             })
             .connect(&url)
             .await
-            .map_err(|source| BusError::Connect {
-                url: server_shown.clone(),
-                reason: source.to_string(),
+            .map_err(|source| {
+                let reason = source.to_string();
+                if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation
+                    || reason.to_ascii_lowercase().contains("authorization")
+                {
+                    BusError::Unauthorized {
+                        url: server_shown.clone(),
+                        reason,
+                    }
+                } else {
+                    BusError::Connect {
+                        url: server_shown.clone(),
+                        reason,
+                    }
+                }
             })?;
         metrics::NATS_CONNECTED.set(1);
-        Ok(Self::from_client(client, config))
+        let mut bus = Self::from_client(client, config);
+        bus.refused = refused;
+        Ok(bus)
     }
 
     /// Wraps an existing connection (for callers that manage their own).
@@ -122,6 +159,7 @@ impl Bus {
             js,
             codec: Arc::new(codec),
             config: Arc::new(config),
+            refused: tokio::sync::broadcast::channel(1).0,
         }
     }
 
@@ -152,5 +190,26 @@ impl Bus {
             .flush()
             .await
             .map_err(|e| BusError::Unavailable(format!("flush failed: {e}")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn a_publish_permissions_violation_names_its_subject() {
+        assert_eq!(
+            super::refused_subject(
+                r#"Permissions Violation for Publish to "engram.evt.b.task.t.episodic""#
+            )
+            .as_deref(),
+            Some("engram.evt.b.task.t.episodic")
+        );
+        assert_eq!(
+            super::refused_subject("'Permissions Violation for Publish to \"x.y\"'").as_deref(),
+            Some("x.y")
+        );
+        assert!(
+            super::refused_subject("Permissions Violation for Subscription to \"x\"").is_none()
+        );
     }
 }

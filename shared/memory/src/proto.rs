@@ -806,6 +806,9 @@ pub struct Context {
 pub enum ErrorCode {
     /// The request is malformed or refers to scopes it may not read (400).
     Invalid,
+    /// The caller's identity may not do this: another tenant, or a scope it holds no grant
+    /// of (403).
+    Forbidden,
     /// A read-your-writes wait ran out (408).
     NotYetVisible,
     /// Too many requests in flight on this endpoint; retry after a short pause (429).
@@ -820,6 +823,7 @@ impl ErrorCode {
     pub fn http_status(self) -> usize {
         match self {
             Self::Invalid => 400,
+            Self::Forbidden => 403,
             Self::NotYetVisible => 408,
             Self::Busy => 429,
             Self::Unavailable => 503,
@@ -830,6 +834,7 @@ impl ErrorCode {
     pub fn from_status(code: usize) -> Self {
         match code {
             400 => Self::Invalid,
+            403 => Self::Forbidden,
             408 => Self::NotYetVisible,
             429 => Self::Busy,
             503 => Self::Unavailable,

@@ -18,7 +18,7 @@ mod server;
 
 pub use locate::{MIN_VERSION, PINNED_VERSION, cache_dir, locate, server_version};
 pub use port::PortLease;
-pub use server::{NatsServer, ServerOptions};
+pub use server::{NatsServer, Reloader, ServerOptions};
 
 use std::path::PathBuf;
 
@@ -36,6 +36,8 @@ pub enum NatsdError {
     BadOverride { path: PathBuf, reason: String },
     #[error("nats-server did not start: {reason}. last log lines:\n{log_tail}")]
     StartFailed { reason: String, log_tail: String },
+    #[error("nats-server did not reload its configuration: {reason}; see its log")]
+    ReloadFailed { reason: String },
     #[error("i/o error while {action}: {source}")]
     Io {
         action: String,

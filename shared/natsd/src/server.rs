@@ -20,6 +20,8 @@ pub struct ServerOptions {
     pub port: Option<u16>,
     /// Optional config file (`deploy/nats-server.conf`).
     pub config_file: Option<PathBuf>,
+    /// Address to listen on; loopback unless told otherwise.
+    pub host: std::net::IpAddr,
     /// How long to wait for the server to listen.
     pub start_timeout: Duration,
 }
@@ -32,6 +34,7 @@ impl ServerOptions {
             run_dir,
             port: None,
             config_file: None,
+            host: std::net::IpAddr::from([127, 0, 0, 1]),
             start_timeout: Duration::from_secs(30),
         }
     }
@@ -124,6 +127,21 @@ impl NatsServer {
         }
     }
 
+    /// Makes the server read its config file again; see [`Reloader::reload`].
+    pub async fn reload(&self, timeout: Duration) -> Result<Duration, NatsdError> {
+        self.reloader()?.reload(timeout).await
+    }
+
+    /// A handle that reloads this server's config from another task.
+    pub fn reloader(&self) -> Result<Reloader, NatsdError> {
+        Ok(Reloader {
+            pid: self.pid().ok_or_else(|| NatsdError::ReloadFailed {
+                reason: "the server is not running".into(),
+            })?,
+            log_path: self.log_path(),
+        })
+    }
+
     /// True if the child is running.
     pub fn is_running(&mut self) -> bool {
         self.child
@@ -155,10 +173,11 @@ impl NatsServer {
             cmd.arg("-c").arg(config);
         }
         let port = self.port.to_string();
+        let host = opts.host.to_string();
         cmd.arg("-js")
             .arg("-sd")
             .arg(&opts.store_dir)
-            .args(["-a", "127.0.0.1", "-p", &port])
+            .args(["-a", &host, "-p", &port])
             .arg("--ports_file_dir")
             .arg(&ports_dir)
             .stdin(Stdio::null())
@@ -223,6 +242,63 @@ impl Drop for NatsServer {
 }
 
 /// The ports file is JSON like `{"nats":["nats://127.0.0.1:4222"],...}`, written once the
+/// Reloads one running server's config (see [`NatsServer::reloader`]).
+#[derive(Clone, Debug)]
+pub struct Reloader {
+    pid: u32,
+    log_path: PathBuf,
+}
+
+impl Reloader {
+    /// Makes the server read its config file again (SIGHUP) and waits until it says it did,
+    /// at most `timeout`. This is how authorization changes take effect: connections whose
+    /// key the new config no longer lists are closed by the server in the same reload.
+    pub async fn reload(&self, timeout: Duration) -> Result<Duration, NatsdError> {
+        let (pid, log_path) = (self.pid, self.log_path.clone());
+        // Only what the server logs after the signal counts: the log can be long.
+        let offset = std::fs::metadata(&log_path).map_or(0, |m| m.len());
+        let since = || -> String {
+            use std::io::{Read as _, Seek as _};
+            let mut text = String::new();
+            if let Ok(mut f) = std::fs::File::open(&log_path)
+                && f.seek(std::io::SeekFrom::Start(offset)).is_ok()
+            {
+                let _ = f.read_to_string(&mut text);
+            }
+            text
+        };
+        let started = Instant::now();
+        // SAFETY: plain kill(2) on our own child's pid, which is not yet reaped.
+        unsafe { libc::kill(pid as libc::pid_t, libc::SIGHUP) };
+        loop {
+            let now = since();
+            if now.contains(RELOADED) {
+                return Ok(started.elapsed());
+            }
+            if now.contains(RELOAD_FAILED) {
+                return Err(NatsdError::ReloadFailed {
+                    reason: now
+                        .lines()
+                        .rev()
+                        .find(|l| l.contains(RELOAD_FAILED))
+                        .unwrap_or_default()
+                        .to_owned(),
+                });
+            }
+            if started.elapsed() > timeout {
+                return Err(NatsdError::ReloadFailed {
+                    reason: format!("the server did not confirm a reload within {timeout:?}"),
+                });
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+}
+
+/// What nats-server logs after a reload, and after one it refused.
+const RELOADED: &str = "Reloaded server configuration";
+const RELOAD_FAILED: &str = "Failed to reload server configuration";
+
 /// listeners are up, which makes it a readiness signal as well as the random port's source.
 fn read_client_port(path: &Path) -> Option<u16> {
     #[derive(serde::Deserialize)]

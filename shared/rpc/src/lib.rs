@@ -226,6 +226,7 @@ fn deadline(message: &async_nats::Message, max: Duration) -> Duration {
 fn outcome_label(code: ErrorCode) -> &'static str {
     match code {
         ErrorCode::Invalid => "invalid",
+        ErrorCode::Forbidden => "forbidden",
         ErrorCode::NotYetVisible => "timeout",
         ErrorCode::Busy => "busy",
         ErrorCode::Unavailable => "unavailable",
@@ -271,6 +272,25 @@ where
     H: Fn(Req) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
 {
+    serve_from(service, subject, op, limits, move |_: &str, r| handler(r)).await
+}
+
+/// [`serve`], with the subject each request arrived on handed to `handler`: on a wildcard
+/// subject whose tokens the server's permissions pin to the caller's key, that subject is
+/// who is asking.
+pub async fn serve_from<Req, Resp, H, Fut>(
+    service: &service::Service,
+    subject: &str,
+    op: &'static str,
+    limits: EndpointLimits,
+    handler: H,
+) -> Result<tokio::task::JoinHandle<()>, RpcError>
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    H: Fn(&str, Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
+{
     let mut endpoint = service
         .endpoint(subject)
         .await
@@ -307,7 +327,10 @@ where
                     let result = match decode::<Req>(&request.message.payload) {
                         // Dropping the handler's future at the deadline cancels its waits and
                         // requests to other services.
-                        Ok(req) => tokio::time::timeout(deadline, handler(req))
+                        Ok(req) => tokio::time::timeout(
+                            deadline,
+                            handler(request.message.subject.as_str(), req),
+                        )
                             .await
                             .unwrap_or_else(|_| {
                                 Err(Failure::new(

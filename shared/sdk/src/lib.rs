@@ -105,6 +105,36 @@ impl Client {
         .await
     }
 
+    /// Connects as the identity in a credentials file (from `engram agent add`). An agent's
+    /// client sends its queries to `engram.q.<tenant>.<agent>.*`, the only query subjects
+    /// its key may use; the server refuses the connection if the key was revoked.
+    pub async fn connect_with_creds(
+        url: &str,
+        creds: &std::path::Path,
+    ) -> Result<Self, engram_access::AccessError> {
+        let creds = engram_access::Credentials::load(creds)?;
+        Self::with_config(
+            BusConfig {
+                url: url.to_owned(),
+                nkey: Some(engram_bus::NkeyAuth::of(&creds)),
+                ..BusConfig::default()
+            },
+            RetryPolicy::default(),
+            false,
+        )
+        .await
+        .map_err(|e| engram_access::AccessError::Invalid(e.to_string()))
+    }
+
+    /// The tenant and agent this client is authenticated as, if it holds agent credentials.
+    pub fn agent_identity(&self) -> Option<&(Ident, Ident)> {
+        self.bus
+            .config()
+            .nkey
+            .as_ref()
+            .and_then(|n| n.agent.as_ref())
+    }
+
     /// Connects with explicit settings; `provision` creates the stream and bucket if missing.
     pub async fn with_config(
         config: BusConfig,
@@ -348,6 +378,17 @@ impl Client {
         request: &Req,
         wait_ms: Option<u64>,
     ) -> Result<Resp, RpcError> {
+        // An agent may use only its own query subjects; the service reads who is asking
+        // from them.
+        let agent_subject;
+        let subject = match self.agent_identity() {
+            Some((tenant, agent)) => {
+                let op = subject.rsplit('.').next().unwrap_or(subject);
+                agent_subject = engram_access::perms::query_subject(tenant, agent, op);
+                agent_subject.as_str()
+            }
+            None => subject,
+        };
         // The service's own bound on read-your-writes waits, plus room for the work.
         let timeout = Duration::from_millis(wait_ms.unwrap_or(5_000)) + Duration::from_secs(15);
         let started = tokio::time::Instant::now();

@@ -240,6 +240,39 @@ pub static SCRUB_REDACTIONS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["kind", "at"],
     )
 });
+/// Authorization reloads of the nats-server after the access registry changed, by outcome
+/// (`ok`, `error`).
+pub static ACCESS_RELOADS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_access_reloads_total",
+        "nats-server authorization reloads after an access registry change, by outcome",
+        &["outcome"],
+    )
+});
+/// From an access record being folded to the server confirming the reload that enforces it:
+/// how long a revoked key can still connect.
+pub static ACCESS_ENFORCE_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
+    register(
+        prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "engram_access_enforce_seconds",
+                "time from an access record being read to the server enforcing it",
+            )
+            .buckets(vec![
+                0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0,
+            ]),
+        )
+        .expect("valid metric"),
+    )
+});
+/// Queries refused because the caller's identity may not read a scope it asked for.
+pub static ACCESS_DENIED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_access_denied_total",
+        "agent requests refused by the scope check, by reason (tenant, scope, revoked)",
+        &["reason"],
+    )
+});
 /// Time of one scheduled consolidation run over every scope (plan and append).
 pub static CONSOLIDATION_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
     register(
@@ -407,6 +440,7 @@ pub fn touch_all(layers: &[&str]) {
         "conflict",
         "unavailable",
         "rejected",
+        "forbidden",
     ] {
         APPEND_ERRORS.with_label_values(&[kind]);
     }

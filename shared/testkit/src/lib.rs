@@ -169,3 +169,236 @@ pub async fn events_holding(bus: &engram_bus::Bus, needle: &str) -> (usize, Vec<
     }
     (seen, holding)
 }
+
+/// A private nats-server that authenticates every connection, as `engram up` runs it: the
+/// admin and service keys in a home dir, agents' keys from the access registry, and the
+/// server's `authorization` reloaded after each registry change.
+pub struct SecureNats {
+    pub nats: TestNats,
+    /// `<dir>/home`: `auth/<role>.creds`, as `engram up` keeps them.
+    pub home: std::path::PathBuf,
+    creds: Vec<(engram_access::RoleName, engram_access::Credentials)>,
+    pub registry: engram_access::SharedRegistry,
+    pub log: engram_access::AccessLog,
+    /// The admin's connection, with the stream, bucket and registry provisioned.
+    pub admin: Bus,
+    stop: tokio_util::sync::CancellationToken,
+}
+
+impl Drop for SecureNats {
+    fn drop(&mut self) {
+        self.stop.cancel();
+    }
+}
+
+impl TestNats {
+    /// A server that refuses anonymous connections; see [`SecureNats`].
+    pub async fn start_secured() -> SecureNats {
+        use engram_access::{Names, conf};
+        let _ = engram_telemetry::init_logging(engram_telemetry::LogFormat::Text, "warn");
+        let bin = tokio::task::spawn_blocking(engram_natsd::locate)
+            .await
+            .expect("locate task panicked")
+            .unwrap_or_else(|e| panic!("{e}"));
+        let dir = tempfile::Builder::new()
+            .prefix("engram-test-")
+            .tempdir()
+            .expect("cannot create temp dir");
+        let home = dir.path().join("home");
+        let run = dir.path().join("run");
+        std::fs::create_dir_all(&run).unwrap();
+        let creds = engram_access::creds::ensure_service_credentials(&home)
+            .unwrap_or_else(|e| panic!("{e}"));
+        let fixed: Vec<_> = creds
+            .iter()
+            .filter_map(|(r, c)| Some((c.public_key(), r.fixed_role()?)))
+            .collect();
+        let auth_conf = run.join("auth.conf");
+        conf::write_if_changed(&auth_conf, &conf::render(&fixed, &Names::default())).unwrap();
+        let main_conf = run.join("nats.conf");
+        std::fs::write(&main_conf, "include \"auth.conf\"\n").unwrap();
+        let mut opts = ServerOptions::new(bin, dir.path().join("store"), run);
+        opts.config_file = Some(main_conf);
+        let server = NatsServer::start(opts)
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let nats = TestNats { server, dir };
+        let admin_creds = creds
+            .iter()
+            .find(|(r, _)| *r == engram_access::RoleName::Admin)
+            .map(|(_, c)| c.clone())
+            .expect("admin credentials");
+        let mut config = nats.bus_config();
+        config.nkey = Some(engram_bus::NkeyAuth::of(&admin_creds));
+        let admin = nats.bus_with(config).await;
+        let log = engram_access::AccessLog::new(admin.client().clone());
+        log.provision(1).await.unwrap_or_else(|e| panic!("{e}"));
+        let registry = engram_access::SharedRegistry::default();
+        let stop = tokio_util::sync::CancellationToken::new();
+        log.clone().follow(registry.clone(), stop.clone());
+        let reloader = nats.server.reloader().unwrap_or_else(|e| panic!("{e}"));
+        let reload: conf::Reload = Box::new(move || {
+            let reloader = reloader.clone();
+            Box::pin(async move {
+                reloader
+                    .reload(Duration::from_secs(10))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        });
+        conf::enforce(
+            registry.clone(),
+            fixed,
+            Names::default(),
+            auth_conf,
+            reload,
+            stop.clone(),
+        );
+        SecureNats {
+            nats,
+            home,
+            creds,
+            registry,
+            log,
+            admin,
+            stop,
+        }
+    }
+}
+
+impl SecureNats {
+    pub fn url(&self) -> String {
+        self.nats.url()
+    }
+
+    pub fn dir(&self) -> &Path {
+        self.nats.dir()
+    }
+
+    /// The credentials of a service role (or the admin).
+    pub fn service(&self, role: engram_access::RoleName) -> engram_access::Credentials {
+        self.creds
+            .iter()
+            .find(|(r, _)| *r == role)
+            .map(|(_, c)| c.clone())
+            .expect("every service role has credentials")
+    }
+
+    /// A bus config connecting as `creds`.
+    pub fn config_as(&self, creds: &engram_access::Credentials) -> BusConfig {
+        BusConfig {
+            nkey: Some(engram_bus::NkeyAuth::of(creds)),
+            ..self.nats.bus_config()
+        }
+    }
+
+    /// Connects as `creds`, without provisioning anything.
+    pub async fn connect_as(&self, creds: &engram_access::Credentials) -> Result<Bus, String> {
+        Bus::connect(self.config_as(creds))
+            .await
+            .map_err(|e| e.to_string())
+    }
+
+    pub async fn add_tenant(&self, tenant: &str) {
+        self.log
+            .append(
+                engram_access::Record::TenantAdded {
+                    tenant: ident(tenant),
+                },
+                "test",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+    }
+
+    /// Issues a key for `agent` of `tenant` (scopes as `kind:id`/`kind:*`; none: the
+    /// defaults) and returns its credentials once the server accepts them.
+    pub async fn add_agent(
+        &self,
+        tenant: &str,
+        agent: &str,
+        scopes: &[&str],
+    ) -> engram_access::Credentials {
+        let creds = engram_access::Credentials::generate_agent(ident(tenant), ident(agent));
+        let scopes = if scopes.is_empty() {
+            engram_access::ScopePattern::defaults(&ident(agent))
+        } else {
+            scopes
+                .iter()
+                .map(|s| s.parse().unwrap_or_else(|e| panic!("{e}")))
+                .collect()
+        };
+        let seq = self
+            .log
+            .append(
+                engram_access::Record::AgentKeyAdded {
+                    tenant: ident(tenant),
+                    agent: ident(agent),
+                    key: creds.public_key(),
+                    scopes,
+                },
+                "test",
+            )
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        self.wait_connectable(&creds, true, seq).await;
+        creds
+    }
+
+    /// Waits until connecting as `creds` succeeds (`true`) or is refused (`false`), after
+    /// the registry has folded `seq`; returns how long from the call.
+    pub async fn wait_connectable(
+        &self,
+        creds: &engram_access::Credentials,
+        wanted: bool,
+        seq: u64,
+    ) -> Duration {
+        let started = Instant::now();
+        assert!(
+            self.registry
+                .wait_applied(seq, Duration::from_secs(10))
+                .await,
+            "the registry did not fold seq {seq}"
+        );
+        let mut config = self.config_as(creds);
+        config.connect_timeout = Duration::from_secs(2);
+        wait_until(
+            &format!(
+                "connecting to be {}",
+                if wanted { "accepted" } else { "refused" }
+            ),
+            Duration::from_secs(15),
+            || {
+                let config = config.clone();
+                async move {
+                    let result = async_connect_once(config).await;
+                    result == wanted
+                }
+            },
+        )
+        .await;
+        started.elapsed()
+    }
+
+    pub async fn append_record(&self, record: engram_access::Record) -> u64 {
+        self.log
+            .append(record, "test")
+            .await
+            .unwrap_or_else(|e| panic!("{e}"))
+    }
+}
+
+async fn async_connect_once(config: BusConfig) -> bool {
+    match Bus::connect(config).await {
+        Ok(bus) => {
+            // A connection the server closes while this runs (its key was just revoked)
+            // reconnects forever: bounded, so the answer is "refused", not a hang.
+            let ok = tokio::time::timeout(Duration::from_secs(2), bus.client().flush())
+                .await
+                .is_ok_and(|r| r.is_ok());
+            let _ = tokio::time::timeout(Duration::from_secs(1), bus.client().drain()).await;
+            ok
+        }
+        Err(_) => false,
+    }
+}

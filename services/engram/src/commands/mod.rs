@@ -1,5 +1,6 @@
 //! One module per subcommand that talks to a running Engram.
 
+pub mod access;
 pub mod append;
 pub mod consolidate;
 pub mod dlq;

@@ -1,0 +1,135 @@
+//! Who is asking, and may they: the checks on requests that arrive from agents.
+//!
+//! An agent sends to `engram.q.<tenant>.<agent>.<op>`; its key's permissions allow no other
+//! tenant or agent token, so the subject is the caller's authenticated identity. The tenant
+//! named in the body must be that tenant, and every scope the request reads (its own and each
+//! it lists in `grants`) must be one the registry lets that agent read. A refusal names the
+//! scope and the command that would allow it. Requests on the bare `engram.q.<op>` subjects
+//! come from the admin or a service, whose permissions are what keeps agents off them.
+
+use std::time::Duration;
+
+use engram_access::{AccessLog, SharedRegistry, perms::caller_of};
+use engram_memory::proto::{ErrorCode, ScopeRequest};
+use engram_rpc::Failure;
+use engram_telemetry::metrics;
+
+/// How long a refused scope waits for the registry to catch up with the log before it is
+/// refused: a grant an admin just added is visible to the next query.
+const FRESHNESS_WAIT: Duration = Duration::from_secs(2);
+
+/// The registry as this service folds it, and the log to catch up from.
+pub struct Guard {
+    registry: SharedRegistry,
+    log: AccessLog,
+}
+
+impl Guard {
+    pub fn new(registry: SharedRegistry, log: AccessLog) -> Self {
+        Self { registry, log }
+    }
+
+    /// Refuses a request from the agent named by `subject` that reads anything it may not.
+    pub async fn authorize(&self, subject: &str, scopes: &ScopeRequest) -> Result<(), Failure> {
+        let (tenant, agent) = authenticated_tenant(subject, scopes)?;
+        let wanted = scopes.resolve().map_err(Failure::invalid)?;
+        let mut fresh = false;
+        loop {
+            let denied = {
+                let registry = self.registry.read().await;
+                if !registry.is_active(&tenant, &agent) {
+                    Some(None)
+                } else {
+                    wanted
+                        .iter()
+                        .find(|k| !registry.may_read(&tenant, &agent, &k.scope()))
+                        .map(|k| Some(k.scope()))
+                }
+            };
+            let Some(denied) = denied else {
+                return Ok(());
+            };
+            if !fresh {
+                // What the registry has not folded yet may be the grant that allows it.
+                fresh = true;
+                if tokio::time::timeout(FRESHNESS_WAIT, self.log.catch_up(&self.registry))
+                    .await
+                    .is_ok_and(|r| r.is_ok())
+                {
+                    continue;
+                }
+            }
+            return Err(match denied {
+                None => {
+                    metrics::ACCESS_DENIED.with_label_values(&["revoked"]).inc();
+                    Failure::new(
+                        ErrorCode::Forbidden,
+                        format!("agent {agent} of tenant {tenant} has no live credentials"),
+                    )
+                }
+                Some(scope) => {
+                    metrics::ACCESS_DENIED.with_label_values(&["scope"]).inc();
+                    Failure::new(
+                        ErrorCode::Forbidden,
+                        format!(
+                            "agent {agent} of tenant {tenant} may not read {scope}; an admin can allow it with `engram grant add --tenant {tenant} --agent {agent} --scope {scope}`"
+                        ),
+                    )
+                }
+            });
+        }
+    }
+}
+
+/// The caller of an agent subject, when the body names the same tenant.
+pub fn authenticated_tenant(
+    subject: &str,
+    scopes: &ScopeRequest,
+) -> Result<(engram_schema::Ident, engram_schema::Ident), Failure> {
+    let Some((tenant, agent)) = caller_of(subject) else {
+        return Err(Failure::new(
+            ErrorCode::Forbidden,
+            format!("{subject} is not an agent subject (engram.q.<tenant>.<agent>.<op>)"),
+        ));
+    };
+    if scopes.tenant != tenant {
+        metrics::ACCESS_DENIED.with_label_values(&["tenant"]).inc();
+        return Err(Failure::new(
+            ErrorCode::Forbidden,
+            format!(
+                "these credentials are of tenant {tenant}; the request names tenant {}, which they cannot read",
+                scopes.tenant
+            ),
+        ));
+    }
+    Ok((tenant, agent))
+}
+
+/// Requests that read scopes.
+pub trait Scoped {
+    fn scope_request(&self) -> &ScopeRequest;
+}
+
+macro_rules! scoped {
+    ($($t:ty),+) => {
+        $(impl Scoped for $t {
+            fn scope_request(&self) -> &ScopeRequest {
+                &self.scopes
+            }
+        })+
+    };
+}
+
+use engram_memory::proto::{
+    BootstrapRequest, ConsolidateRequest, ContextRequest, DocRequest, FactsRequest,
+    RetrieveRequest, SkillsRequest,
+};
+scoped!(
+    RetrieveRequest,
+    ContextRequest,
+    FactsRequest,
+    SkillsRequest,
+    DocRequest,
+    BootstrapRequest,
+    ConsolidateRequest
+);

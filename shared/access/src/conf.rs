@@ -1,0 +1,146 @@
+//! The nats-server `authorization` block, rendered from the fixed identities and the registry.
+//!
+//! nats-server reads JSON as its own config syntax, so the block is JSON: no quoting rules of
+//! our own. There is no `no_auth_user`, so a connection without a known key is refused.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use crate::AccessError;
+use crate::perms::{Names, Permissions, Role, permissions};
+
+#[derive(Serialize)]
+struct User {
+    nkey: String,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    permissions: Option<Permissions>,
+}
+
+/// The `authorization` block for `keys` (public key and role of each).
+pub fn render(keys: &[(String, Role)], names: &Names) -> String {
+    let users: Vec<User> = keys
+        .iter()
+        .map(|(key, role)| User {
+            nkey: key.clone(),
+            permissions: permissions(role, names),
+        })
+        .collect();
+    let block = serde_json::json!({ "users": users });
+    format!(
+        "# Written by engram from the access registry; edits are overwritten.\nauthorization: {}\n",
+        serde_json::to_string_pretty(&block).expect("json values serialize")
+    )
+}
+
+/// Writes `text` to `path` atomically (a reader sees the old file or the new, never half),
+/// mode 0600. Returns whether the content changed.
+pub fn write_if_changed(path: &Path, text: &str) -> Result<bool, AccessError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
+        return Ok(false);
+    }
+    let err = |e: std::io::Error| AccessError::File {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let tmp = path.with_extension("conf.tmp");
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
+    file.write_all(text.as_bytes()).map_err(err)?;
+    file.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)?;
+    Ok(true)
+}
+
+/// How the server is told to read its config again; returns how long the reload took.
+pub type Reload = Box<
+    dyn Fn() -> futures::future::BoxFuture<'static, Result<std::time::Duration, String>>
+        + Send
+        + Sync,
+>;
+
+/// Keeps the server's `authorization` block (`path`) in step with the registry: after each
+/// change it renders `fixed` (the admin and service keys) plus the registry's live agent
+/// keys, writes the file if it changed, and reloads the server. A failed reload is retried
+/// on the next change and every 5 s, so a revocation is never left unenforced silently.
+pub fn enforce(
+    shared: crate::SharedRegistry,
+    fixed: Vec<(String, Role)>,
+    names: Names,
+    path: std::path::PathBuf,
+    reload: Reload,
+    stop: tokio_util::sync::CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    use engram_telemetry::metrics;
+    tokio::spawn(async move {
+        let mut changes = shared.changes();
+        let mut pending = false;
+        loop {
+            let keys = {
+                let state = shared.read().await;
+                let mut keys = fixed.clone();
+                keys.extend(state.live_keys());
+                keys
+            };
+            let seen = std::time::Instant::now();
+            let text = render(&keys, &names);
+            match write_if_changed(&path, &text) {
+                Ok(changed) => pending |= changed,
+                Err(e) => tracing::error!(error = %e, "cannot write the server's authorization"),
+            }
+            if pending {
+                match reload().await {
+                    Ok(took) => {
+                        pending = false;
+                        metrics::ACCESS_RELOADS.with_label_values(&["ok"]).inc();
+                        metrics::ACCESS_ENFORCE_SECONDS.observe(seen.elapsed().as_secs_f64());
+                        tracing::info!(
+                            keys = keys.len(),
+                            reload_ms = took.as_millis() as u64,
+                            "server authorization reloaded"
+                        );
+                    }
+                    Err(e) => {
+                        metrics::ACCESS_RELOADS.with_label_values(&["error"]).inc();
+                        tracing::error!(error = %e, "server authorization reload failed; retrying");
+                    }
+                }
+            }
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                changed = changes.changed() => if changed.is_err() { return },
+                _ = tokio::time::sleep(std::time::Duration::from_secs(5)), if pending => {}
+            }
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_admin_is_unrestricted_and_others_are_allow_listed() {
+        let text = render(
+            &[
+                ("UADMIN".into(), Role::Admin),
+                ("UQUERY".into(), Role::Query),
+            ],
+            &Names::default(),
+        );
+        let json: serde_json::Value =
+            serde_json::from_str(text.split_once("authorization: ").unwrap().1).unwrap();
+        let users = json["users"].as_array().unwrap();
+        assert_eq!(users[0]["nkey"], "UADMIN");
+        assert!(users[0].get("permissions").is_none());
+        assert!(users[1]["permissions"]["publish"]["allow"].is_array());
+        assert_eq!(users[1]["permissions"]["allow_responses"], true);
+    }
+}

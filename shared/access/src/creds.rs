@@ -1,0 +1,303 @@
+//! Credentials files: a role, for agents its tenant and name, and the nkey seed.
+//!
+//! The file is TOML, so a person can read who it is for; the seed is the secret. Files are
+//! written with mode 0600 in a 0700 directory, and a file another user can read is refused
+//! on load, as ssh refuses a readable private key.
+
+use std::path::{Path, PathBuf};
+
+use engram_schema::Ident;
+use serde::{Deserialize, Serialize};
+
+use crate::AccessError;
+use crate::perms::{Role, ScopePattern, inbox_prefix};
+
+/// Which kind of identity a credentials file is.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum RoleName {
+    Admin,
+    Projectors,
+    Consolidator,
+    Query,
+    Agent,
+}
+
+impl RoleName {
+    /// The service identities `engram up` generates, besides the admin.
+    pub const SERVICES: [RoleName; 3] = [Self::Projectors, Self::Consolidator, Self::Query];
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Admin => "admin",
+            Self::Projectors => "projectors",
+            Self::Consolidator => "consolidator",
+            Self::Query => "query",
+            Self::Agent => "agent",
+        }
+    }
+
+    pub fn of(role: &Role) -> Self {
+        match role {
+            Role::Admin => Self::Admin,
+            Role::Projectors => Self::Projectors,
+            Role::Consolidator => Self::Consolidator,
+            Role::Query => Self::Query,
+            Role::Agent { .. } => Self::Agent,
+        }
+    }
+
+    /// The role of a service or the admin; `None` for agents, whose role needs a tenant.
+    pub fn fixed_role(self) -> Option<Role> {
+        match self {
+            Self::Admin => Some(Role::Admin),
+            Self::Projectors => Some(Role::Projectors),
+            Self::Consolidator => Some(Role::Consolidator),
+            Self::Query => Some(Role::Query),
+            Self::Agent => None,
+        }
+    }
+}
+
+/// One identity's key pair and who it is.
+#[derive(Clone, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Credentials {
+    pub role: RoleName,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tenant: Option<Ident>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub agent: Option<Ident>,
+    /// The nkey seed (`SU…`): the secret.
+    pub seed: String,
+}
+
+impl std::fmt::Debug for Credentials {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        // Never the seed.
+        f.debug_struct("Credentials")
+            .field("role", &self.role)
+            .field("tenant", &self.tenant)
+            .field("agent", &self.agent)
+            .field("public_key", &self.public_key())
+            .finish()
+    }
+}
+
+impl Credentials {
+    /// A fresh key pair for a service or the admin.
+    pub fn generate(role: RoleName) -> Self {
+        Self {
+            role,
+            tenant: None,
+            agent: None,
+            seed: new_seed(),
+        }
+    }
+
+    /// A fresh key pair for `agent` of `tenant`.
+    pub fn generate_agent(tenant: Ident, agent: Ident) -> Self {
+        Self {
+            role: RoleName::Agent,
+            tenant: Some(tenant),
+            agent: Some(agent),
+            seed: new_seed(),
+        }
+    }
+
+    /// The public key the server knows this identity by.
+    pub fn public_key(&self) -> String {
+        nkeys::KeyPair::from_seed(&self.seed)
+            .map(|k| k.public_key())
+            .unwrap_or_default()
+    }
+
+    /// The tenant and agent of agent credentials.
+    pub fn agent_identity(&self) -> Option<(&Ident, &Ident)> {
+        match (self.role, &self.tenant, &self.agent) {
+            (RoleName::Agent, Some(t), Some(a)) => Some((t, a)),
+            _ => None,
+        }
+    }
+
+    /// Where replies to this identity's requests arrive; its permissions allow no other.
+    pub fn inbox_prefix(&self) -> String {
+        match self.agent_identity() {
+            Some((tenant, agent)) => inbox_prefix(&Role::Agent {
+                tenant: tenant.clone(),
+                agent: agent.clone(),
+                scopes: Vec::<ScopePattern>::new(),
+            }),
+            None => inbox_prefix(&self.role.fixed_role().unwrap_or(Role::Admin)),
+        }
+    }
+
+    fn validate(&self) -> Result<(), String> {
+        let key = nkeys::KeyPair::from_seed(&self.seed)
+            .map_err(|e| format!("the seed is not an nkey seed: {e}"))?;
+        if !key.public_key().starts_with('U') {
+            return Err("the seed is not a user nkey seed (SU…)".into());
+        }
+        match (self.role, &self.tenant, &self.agent) {
+            (RoleName::Agent, Some(_), Some(_)) => Ok(()),
+            (RoleName::Agent, _, _) => Err("agent credentials name a tenant and an agent".into()),
+            (_, None, None) => Ok(()),
+            _ => Err("only agent credentials name a tenant or an agent".into()),
+        }
+    }
+
+    /// Writes the file with mode 0600 (its directory 0700), replacing any file there.
+    pub fn save(&self, path: &Path) -> Result<(), AccessError> {
+        use std::io::Write as _;
+        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+        let err = |e: std::io::Error| AccessError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        };
+        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .mode(0o700)
+                .create(dir)
+                .map_err(err)?;
+        }
+        let who = match self.agent_identity() {
+            Some((t, a)) => format!("agent {a} of tenant {t}"),
+            None => format!("the {} identity", self.role.as_str()),
+        };
+        let body = toml::to_string(self).map_err(|e| AccessError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let text = format!(
+            "# Engram credentials for {who} (public key {}).\n# Whoever holds this file acts as that identity: keep it secret.\n{body}",
+            self.public_key()
+        );
+        let tmp = path.with_extension("creds.tmp");
+        let _ = std::fs::remove_file(&tmp);
+        let mut file = std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .map_err(err)?;
+        file.write_all(text.as_bytes()).map_err(err)?;
+        file.sync_all().map_err(err)?;
+        std::fs::rename(&tmp, path).map_err(err)
+    }
+
+    /// Reads a credentials file, refusing one that other users can read.
+    pub fn load(path: &Path) -> Result<Self, AccessError> {
+        use std::os::unix::fs::PermissionsExt as _;
+        let bad = |reason: String| AccessError::BadCredentials {
+            path: path.display().to_string(),
+            reason,
+        };
+        let meta = std::fs::metadata(path).map_err(|e| AccessError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        if meta.permissions().mode() & 0o077 != 0 {
+            return Err(bad(format!(
+                "it is readable by other users (mode {:o}); run `chmod 600 {}`",
+                meta.permissions().mode() & 0o777,
+                path.display()
+            )));
+        }
+        if meta.len() > 64 * 1024 {
+            return Err(bad("it is larger than 64 KiB".into()));
+        }
+        let text = std::fs::read_to_string(path).map_err(|e| AccessError::File {
+            path: path.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let creds: Self = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
+        creds.validate().map_err(bad)?;
+        Ok(creds)
+    }
+}
+
+fn new_seed() -> String {
+    nkeys::KeyPair::new_user()
+        .seed()
+        .expect("a generated key pair has a seed")
+}
+
+/// The credentials `engram up` keeps in its home: `<home>/auth/<role>.creds`.
+pub fn service_path(home: &Path, role: RoleName) -> PathBuf {
+    home.join("auth").join(format!("{}.creds", role.as_str()))
+}
+
+/// Where `engram agent add` writes an agent's credentials unless told otherwise.
+pub fn agent_path(home: &Path, tenant: &Ident, agent: &Ident, public_key: &str) -> PathBuf {
+    let short = &public_key[public_key.len().saturating_sub(8)..];
+    home.join("auth")
+        .join("agents")
+        .join(tenant.as_str())
+        .join(format!("{agent}-{short}.creds"))
+}
+
+/// The service and admin credentials in `home`, generating those that are missing.
+pub fn ensure_service_credentials(
+    home: &Path,
+) -> Result<Vec<(RoleName, Credentials)>, AccessError> {
+    let mut all = Vec::new();
+    for role in std::iter::once(RoleName::Admin).chain(RoleName::SERVICES) {
+        let path = service_path(home, role);
+        let creds = if path.exists() {
+            Credentials::load(&path)?
+        } else {
+            let creds = Credentials::generate(role);
+            creds.save(&path)?;
+            creds
+        };
+        if creds.role != role {
+            return Err(AccessError::BadCredentials {
+                path: path.display().to_string(),
+                reason: format!("it holds {} credentials", creds.role.as_str()),
+            });
+        }
+        all.push((role, creds));
+    }
+    Ok(all)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn saved_credentials_load_back_private_and_a_readable_file_is_refused() {
+        use std::os::unix::fs::PermissionsExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let creds = Credentials::generate_agent(
+            Ident::parse("t", "acme").unwrap(),
+            Ident::parse("a", "planner").unwrap(),
+        );
+        let path = dir.path().join("x/planner.creds");
+        creds.save(&path).unwrap();
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
+        let back = Credentials::load(&path).unwrap();
+        assert_eq!(back.public_key(), creds.public_key());
+        assert_eq!(back.inbox_prefix(), "_INBOX.a.acme.planner");
+        assert!(!format!("{back:?}").contains(&creds.seed));
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
+        let err = Credentials::load(&path).unwrap_err().to_string();
+        assert!(err.contains("chmod 600"), "{err}");
+    }
+
+    #[test]
+    fn a_file_naming_a_tenant_for_a_service_or_holding_a_bad_seed_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut creds = Credentials::generate(RoleName::Query);
+        creds.tenant = Some(Ident::parse("t", "acme").unwrap());
+        let path = dir.path().join("q.creds");
+        creds.save(&path).unwrap();
+        assert!(Credentials::load(&path).is_err());
+        let mut creds = Credentials::generate(RoleName::Query);
+        creds.seed = "SUNOTASEED".into();
+        creds.save(&path).unwrap();
+        assert!(Credentials::load(&path).is_err());
+    }
+}

@@ -1,0 +1,54 @@
+//! Who may do what on the NATS server Engram runs on.
+//!
+//! Every connection authenticates with an nkey (an ed25519 key pair: the server holds only the
+//! public half and checks a signature of its nonce, so no secret is ever stored server-side).
+//! Each key belongs to one [`Role`], and each role maps to publish and subscribe allow lists
+//! ([`perms`]) that the server enforces: an agent of tenant `acme` can publish only on
+//! `engram.evt.acme.<its scopes>` and `engram.q.acme.<agent>.*`, and receive only on its own
+//! inbox prefix. Nothing else of the server is reachable with its key, so a missing check in a
+//! service cannot widen what an agent reaches.
+//!
+//! # Layout
+//! - [`creds`]: the credentials file a key pair lives in.
+//! - [`perms`]: role to NATS permissions, in one place.
+//! - [`registry`]: the access records (tenants, agents, grants) and the state they fold into.
+//! - [`log`]: the `ENGRAM_ACCESS` stream those records are appended to and read from.
+//! - [`conf`]: the nats-server `authorization` block rendered from the registry.
+
+pub mod conf;
+pub mod creds;
+pub mod log;
+pub mod perms;
+pub mod registry;
+
+pub use creds::{Credentials, RoleName};
+pub use log::{AccessLog, SharedRegistry};
+pub use perms::{Names, Role, ScopePattern};
+pub use registry::{Grantee, Record, Registry};
+
+use thiserror::Error;
+
+/// An access operation that cannot be carried out.
+#[derive(Debug, Error)]
+pub enum AccessError {
+    #[error("{0}")]
+    Invalid(String),
+    #[error("tenant {tenant} does not exist; create it with `engram tenant add {tenant}`")]
+    NoTenant { tenant: String },
+    #[error("tenant {tenant} already exists")]
+    TenantExists { tenant: String },
+    #[error(
+        "tenant name {tenant} differs from the existing tenant {existing} only in letter case; names that look alike are refused, pick another"
+    )]
+    Confusable { tenant: String, existing: String },
+    #[error(
+        "agent {agent} of tenant {tenant} has no active credentials; list them with `engram agent list --tenant {tenant}`"
+    )]
+    NoAgent { tenant: String, agent: String },
+    #[error("cannot read or write {path}: {reason}")]
+    File { path: String, reason: String },
+    #[error("credentials file {path} is not valid: {reason}")]
+    BadCredentials { path: String, reason: String },
+    #[error("access registry ({stream}): {reason}")]
+    Log { stream: String, reason: String },
+}

@@ -1,0 +1,408 @@
+//! Each role's NATS permissions, in one place.
+//!
+//! Everything is allow-listed: a subject no list names is refused by the server. Agents get
+//! no JetStream API subject at all, because most of that API takes its subject filter in the
+//! request body (stream info with `subjects_filter`, direct get with `next_by_subj`, message
+//! get by sequence), where no permission can see it. Agents reach their memory through the
+//! query service instead, whose subjects carry the tenant and agent as tokens the server
+//! checks ([`query_subject`]).
+
+use std::fmt;
+use std::str::FromStr;
+
+use engram_schema::{Ident, Scope, ScopeKind};
+use serde::{Deserialize, Serialize};
+
+use crate::AccessError;
+
+/// The names of what the server holds, from the configuration.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Names {
+    pub events_stream: String,
+    pub working_bucket: String,
+    pub dead_letters: String,
+    pub snapshots_bucket: String,
+    pub snapshots_index: String,
+    pub leases_bucket: String,
+    pub access_stream: String,
+}
+
+impl Default for Names {
+    fn default() -> Self {
+        Self {
+            events_stream: "ENGRAM_EVENTS".into(),
+            working_bucket: "engram_working".into(),
+            dead_letters: "ENGRAM_DLQ".into(),
+            snapshots_bucket: "ENGRAM_SNAPSHOTS".into(),
+            snapshots_index: "ENGRAM_SNAPSHOT_INDEX".into(),
+            leases_bucket: "ENGRAM_LEASES".into(),
+            access_stream: crate::log::ACCESS_STREAM.into(),
+        }
+    }
+}
+
+/// Scopes an agent may write to, and read: `kind:id`, or `kind:*` for every scope of a kind.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ScopePattern {
+    pub kind: ScopeKind,
+    /// `None`: any id.
+    pub id: Option<Ident>,
+}
+
+impl ScopePattern {
+    pub fn exact(scope: &Scope) -> Self {
+        Self {
+            kind: scope.kind,
+            id: Some(scope.id.clone()),
+        }
+    }
+
+    pub fn any(kind: ScopeKind) -> Self {
+        Self { kind, id: None }
+    }
+
+    pub fn matches(&self, scope: &Scope) -> bool {
+        self.kind == scope.kind && self.id.as_ref().is_none_or(|id| *id == scope.id)
+    }
+
+    /// What an agent of `agent` may use when `agent add` names no scope: every task and
+    /// session of its tenant (many instances share those by design) and its own agent scope.
+    /// Users, teams and the org are wider memories that others write: those take a scope
+    /// named at `agent add`, or a grant.
+    pub fn defaults(agent: &Ident) -> Vec<Self> {
+        vec![
+            Self::any(ScopeKind::Task),
+            Self::any(ScopeKind::Session),
+            Self {
+                kind: ScopeKind::Agent,
+                id: Some(agent.clone()),
+            },
+        ]
+    }
+
+    /// The id token of a subject: the id, or `*`.
+    fn id_token(&self) -> &str {
+        self.id.as_ref().map_or("*", Ident::as_str)
+    }
+}
+
+impl fmt::Display for ScopePattern {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.kind, self.id_token())
+    }
+}
+
+impl FromStr for ScopePattern {
+    type Err = AccessError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let (kind, id) = s.split_once(':').ok_or_else(|| {
+            AccessError::Invalid(format!(
+                "scope {s:?} is not of the form kind:id or kind:*, for example task:build-42 or task:*"
+            ))
+        })?;
+        let kind: ScopeKind = kind
+            .parse()
+            .map_err(|e: engram_schema::SchemaError| AccessError::Invalid(e.to_string()))?;
+        let id = match id {
+            "*" => None,
+            id => Some(
+                Ident::parse("scope.id", id).map_err(|e| AccessError::Invalid(e.to_string()))?,
+            ),
+        };
+        Ok(Self { kind, id })
+    }
+}
+
+impl Serialize for ScopePattern {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_str(self)
+    }
+}
+
+impl<'de> Deserialize<'de> for ScopePattern {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        let s = String::deserialize(d)?;
+        s.parse().map_err(serde::de::Error::custom)
+    }
+}
+
+/// Who a key acts as.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Role {
+    /// The operator: everything, including stream and consumer management.
+    Admin,
+    /// The read-model projectors: consume the events stream, dead-letter, cut snapshots and
+    /// serve `engram.p.*`.
+    Projectors,
+    /// The consolidator: a projector that also appends what it consolidates.
+    Consolidator,
+    /// The query service: serves `engram.q.>`, asks the projectors, reads the registry.
+    Query,
+    /// One agent of one tenant.
+    Agent {
+        tenant: Ident,
+        agent: Ident,
+        scopes: Vec<ScopePattern>,
+    },
+}
+
+/// The subject an agent sends `op` to: tenant and agent are tokens the server's permissions
+/// pin to the key, so the query service reads them from the subject and never from the body.
+pub fn query_subject(tenant: &Ident, agent: &Ident, op: &str) -> String {
+    format!("{QUERY_PREFIX}.{tenant}.{agent}.{op}")
+}
+
+/// What the query service subscribes to for `op` from every agent.
+pub fn query_subject_any(op: &str) -> String {
+    format!("{QUERY_PREFIX}.*.*.{op}")
+}
+
+/// The first tokens of agent query subjects.
+pub const QUERY_PREFIX: &str = "engram.q";
+
+/// The tenant and agent of an agent query subject (`engram.q.<tenant>.<agent>.<op>`).
+pub fn caller_of(subject: &str) -> Option<(Ident, Ident)> {
+    let rest = subject.strip_prefix(QUERY_PREFIX)?.strip_prefix('.')?;
+    let mut tokens = rest.split('.');
+    let (tenant, agent, _op) = (tokens.next()?, tokens.next()?, tokens.next()?);
+    if tokens.next().is_some() {
+        return None;
+    }
+    Some((
+        Ident::parse("tenant", tenant).ok()?,
+        Ident::parse("agent", agent).ok()?,
+    ))
+}
+
+/// The inbox prefix of a role's connections: replies come back only there.
+pub fn inbox_prefix(role: &Role) -> String {
+    match role {
+        Role::Admin => "_INBOX".into(),
+        Role::Agent { tenant, agent, .. } => format!("_INBOX.a.{tenant}.{agent}"),
+        service => format!("_INBOX.s.{}", RoleName::of(service).as_str()),
+    }
+}
+
+use crate::creds::RoleName;
+
+/// One direction's lists, as nats-server reads them.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Rule {
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub allow: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub deny: Vec<String>,
+}
+
+/// A user's permissions block. `None` for the admin: no restriction.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+pub struct Permissions {
+    pub publish: Rule,
+    pub subscribe: Rule,
+    /// Lets a service reply to a request it received without a general publish right on
+    /// other inboxes.
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    pub allow_responses: bool,
+}
+
+/// The permissions of `role`, or `None` for unrestricted (admin only).
+pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
+    let Names {
+        events_stream: events,
+        working_bucket: working,
+        dead_letters: dlq,
+        snapshots_bucket: snaps,
+        snapshots_index: snap_index,
+        leases_bucket: leases,
+        access_stream: access,
+    } = names;
+    let inbox = format!("{}.>", inbox_prefix(role));
+    let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
+    match role {
+        Role::Admin => None,
+        Role::Agent {
+            tenant,
+            agent,
+            scopes,
+        } => {
+            let mut publish: Vec<String> = scopes
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}.{tenant}.{}.{}.*",
+                        engram_schema::SUBJECT_PREFIX,
+                        p.kind,
+                        p.id_token()
+                    )
+                })
+                .collect();
+            publish.push(query_subject(tenant, agent, "*"));
+            Some(Permissions {
+                publish: Rule {
+                    allow: publish,
+                    deny: Vec::new(),
+                },
+                subscribe: Rule {
+                    allow: vec![inbox],
+                    deny: Vec::new(),
+                },
+                allow_responses: false,
+            })
+        }
+        service => {
+            // What every service does: read streams through consumers and direct gets, ack,
+            // answer flow control, and be discoverable (`$SRV`).
+            let mut publish = s(&[
+                "$JS.API.INFO",
+                "$JS.API.STREAM.INFO.*",
+                "$JS.API.CONSUMER.>",
+                "$JS.API.DIRECT.GET.>",
+                "$JS.API.STREAM.MSG.GET.*",
+                "$JS.ACK.>",
+                "$JS.FC.>",
+            ]);
+            let mut subscribe = vec![inbox, "$SRV.>".to_owned()];
+            // Destructive or structural operations on the log are the admin's alone.
+            let mut deny = vec![
+                "$JS.API.STREAM.DELETE.>".to_owned(),
+                "$JS.API.ACCOUNT.PURGE.>".to_owned(),
+                format!("$JS.API.CONSUMER.*.{access}.>"),
+            ];
+            let projector = |publish: &mut Vec<String>| {
+                publish.extend([
+                    format!("{}.>", engram_telemetry_dlq_prefix()),
+                    format!("$JS.API.STREAM.CREATE.{dlq}"),
+                    format!("$O.{snaps}.>"),
+                    format!("$KV.{snap_index}.>"),
+                    format!("$JS.API.STREAM.PURGE.OBJ_{snaps}"),
+                    format!("$JS.API.STREAM.MSG.DELETE.OBJ_{snaps}"),
+                    format!("$JS.API.STREAM.CREATE.OBJ_{snaps}"),
+                    format!("$JS.API.STREAM.CREATE.KV_{snap_index}"),
+                    format!("$KV.{leases}.>"),
+                    format!("$JS.API.STREAM.CREATE.KV_{leases}"),
+                ]);
+            };
+            match service {
+                Role::Projectors => {
+                    projector(&mut publish);
+                    subscribe.push("engram.p.>".into());
+                }
+                Role::Consolidator => {
+                    projector(&mut publish);
+                    publish.push(format!("{}.>", engram_schema::SUBJECT_PREFIX));
+                    publish.push("engram.p.vector.*".into());
+                    subscribe.push("engram.p.consolidator.*".into());
+                }
+                Role::Query => {
+                    publish.push("engram.p.>".into());
+                    publish.push(format!("{}.>", engram_schema::SUBJECT_PREFIX));
+                    publish.push(format!("$KV.{working}.>"));
+                    subscribe.push(format!("{QUERY_PREFIX}.>"));
+                    // The query service reads the registry: it is the one that checks grants.
+                    deny.retain(|d| !d.contains(access.as_str()));
+                }
+                Role::Admin | Role::Agent { .. } => unreachable!("matched above"),
+            }
+            // No service writes to or reshapes the events stream other than by publishing.
+            deny.extend([
+                format!("$JS.API.STREAM.PURGE.{events}"),
+                format!("$JS.API.STREAM.MSG.DELETE.{events}"),
+                format!("$JS.API.STREAM.UPDATE.{events}"),
+                format!("$JS.API.STREAM.PURGE.{access}"),
+                format!("$JS.API.STREAM.MSG.DELETE.{access}"),
+                format!("$JS.API.STREAM.UPDATE.{access}"),
+                "engram.access.>".to_owned(),
+            ]);
+            Some(Permissions {
+                publish: Rule {
+                    allow: publish,
+                    deny,
+                },
+                subscribe: Rule {
+                    allow: subscribe,
+                    deny: Vec::new(),
+                },
+                allow_responses: true,
+            })
+        }
+    }
+}
+
+fn engram_telemetry_dlq_prefix() -> &'static str {
+    // Kept in step with engram_bus::DLQ_SUBJECT_PREFIX (this crate does not depend on the
+    // bus); a test of the bus checks the two agree.
+    "engram.dlq"
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn agent(tenant: &str, name: &str) -> Role {
+        let agent = Ident::parse("agent", name).unwrap();
+        Role::Agent {
+            tenant: Ident::parse("tenant", tenant).unwrap(),
+            scopes: ScopePattern::defaults(&agent),
+            agent,
+        }
+    }
+
+    #[test]
+    fn an_agent_publishes_only_on_its_tenant_and_receives_only_on_its_inbox() {
+        let p = permissions(&agent("acme", "planner"), &Names::default()).unwrap();
+        assert_eq!(
+            p.publish.allow,
+            vec![
+                "engram.evt.acme.task.*.*",
+                "engram.evt.acme.session.*.*",
+                "engram.evt.acme.agent.planner.*",
+                "engram.q.acme.planner.*",
+            ]
+        );
+        assert_eq!(p.subscribe.allow, vec!["_INBOX.a.acme.planner.>"]);
+        assert!(!p.allow_responses);
+        for list in [&p.publish.allow, &p.subscribe.allow] {
+            assert!(list.iter().all(|s| !s.starts_with("$JS")), "{list:?}");
+        }
+    }
+
+    #[test]
+    fn scope_patterns_parse_show_and_match() {
+        let any: ScopePattern = "task:*".parse().unwrap();
+        let one: ScopePattern = "team:core".parse().unwrap();
+        assert_eq!(any.to_string(), "task:*");
+        assert_eq!(one.to_string(), "team:core");
+        assert!(any.matches(&"task:x".parse().unwrap()));
+        assert!(!any.matches(&"team:x".parse().unwrap()));
+        assert!(one.matches(&"team:core".parse().unwrap()));
+        assert!(!one.matches(&"team:core2".parse().unwrap()));
+        for bad in [
+            "task", "task:a.b", "task:>", "galaxy:x", "task:a b", "task:",
+        ] {
+            assert!(bad.parse::<ScopePattern>().is_err(), "{bad} parsed");
+        }
+    }
+
+    #[test]
+    fn a_caller_is_read_from_an_agent_subject_only() {
+        let (t, a) = caller_of("engram.q.acme.planner.retrieve").unwrap();
+        assert_eq!((t.as_str(), a.as_str()), ("acme", "planner"));
+        assert!(caller_of("engram.q.retrieve").is_none());
+        assert!(caller_of("engram.q.acme.planner.retrieve.x").is_none());
+        assert!(caller_of("engram.qx.acme.planner.retrieve").is_none());
+    }
+
+    #[test]
+    fn every_restricted_role_has_a_non_empty_allow_list() {
+        // An empty allow list is read by nats-server as "allow all": it must never render.
+        for role in [
+            Role::Projectors,
+            Role::Consolidator,
+            Role::Query,
+            agent("a", "b"),
+        ] {
+            let p = permissions(&role, &Names::default()).unwrap();
+            assert!(!p.publish.allow.is_empty() && !p.subscribe.allow.is_empty());
+        }
+    }
+}

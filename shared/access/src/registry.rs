@@ -1,0 +1,462 @@
+//! The access records and the state they fold into.
+//!
+//! Tenants, agents' keys and grants are facts in a log (`ENGRAM_ACCESS`), not claims in a
+//! request: the server's `authorization` block ([`crate::conf`]) and the query service's scope
+//! checks are both folds of the same records. [`Registry::check`] refuses a record that does
+//! not fit the state before it is appended; [`Registry::apply`] skips one that slipped in
+//! anyway (two admins at once), so every reader folds the log to the same state.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+use engram_schema::{Ident, Scope};
+use serde::{Deserialize, Serialize};
+
+use crate::AccessError;
+use crate::perms::{Role, ScopePattern};
+
+/// Who a grant is for: one agent, or every agent of the tenant.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Grantee {
+    Agent(Ident),
+    AllAgents,
+}
+
+impl std::fmt::Display for Grantee {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Agent(a) => f.write_str(a.as_str()),
+            Self::AllAgents => f.write_str("*"),
+        }
+    }
+}
+
+impl std::str::FromStr for Grantee {
+    type Err = AccessError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        if s == "*" {
+            return Ok(Self::AllAgents);
+        }
+        Ident::parse("agent", s)
+            .map(Self::Agent)
+            .map_err(|e| AccessError::Invalid(e.to_string()))
+    }
+}
+
+/// One change to who may do what.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum Record {
+    TenantAdded {
+        tenant: Ident,
+    },
+    /// A key for `agent`, which may write and read `scopes`. A second key for one agent
+    /// (rotation) replaces the agent's scopes with the new list.
+    AgentKeyAdded {
+        tenant: Ident,
+        agent: Ident,
+        key: String,
+        scopes: Vec<ScopePattern>,
+    },
+    /// `key: None` revokes every key of the agent.
+    AgentRevoked {
+        tenant: Ident,
+        agent: Ident,
+        #[serde(default)]
+        key: Option<String>,
+    },
+    /// `to` may read `scope` (and only read: writes follow the agent's own scopes).
+    GrantAdded {
+        tenant: Ident,
+        to: Grantee,
+        scope: ScopePattern,
+    },
+    GrantRevoked {
+        tenant: Ident,
+        to: Grantee,
+        scope: ScopePattern,
+    },
+}
+
+impl Record {
+    pub fn tenant(&self) -> &Ident {
+        match self {
+            Self::TenantAdded { tenant }
+            | Self::AgentKeyAdded { tenant, .. }
+            | Self::AgentRevoked { tenant, .. }
+            | Self::GrantAdded { tenant, .. }
+            | Self::GrantRevoked { tenant, .. } => tenant,
+        }
+    }
+}
+
+/// A record as stored: what, when and by whom.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Entry {
+    /// The record format's version.
+    pub v: u32,
+    pub at: DateTime<Utc>,
+    /// Who appended it (the operator's own words, for the audit trail).
+    pub by: String,
+    pub record: Record,
+}
+
+pub const ENTRY_VERSION: u32 = 1;
+
+/// An agent's key, live or revoked.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Key {
+    pub key: String,
+    pub added_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Agent {
+    pub scopes: Vec<ScopePattern>,
+    pub keys: Vec<Key>,
+}
+
+impl Agent {
+    pub fn active_keys(&self) -> impl Iterator<Item = &Key> {
+        self.keys.iter().filter(|k| k.revoked_at.is_none())
+    }
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Tenant {
+    pub added_at: Option<DateTime<Utc>>,
+    pub agents: BTreeMap<Ident, Agent>,
+    /// Grants in force, with when each was given.
+    pub grants: BTreeMap<(Grantee, ScopePattern), DateTime<Utc>>,
+}
+
+/// Every tenant, agent key and grant, as of sequence `applied` of the log.
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Registry {
+    pub tenants: BTreeMap<Ident, Tenant>,
+    pub applied: u64,
+}
+
+impl Registry {
+    /// Why `record` does not fit the current state, if it does not.
+    pub fn check(&self, record: &Record) -> Result<(), AccessError> {
+        let tenant = record.tenant();
+        if let Record::TenantAdded { tenant } = record {
+            if self.tenants.contains_key(tenant) {
+                return Err(AccessError::TenantExists {
+                    tenant: tenant.to_string(),
+                });
+            }
+            if let Some(existing) = self
+                .tenants
+                .keys()
+                .find(|t| t.as_str().eq_ignore_ascii_case(tenant.as_str()))
+            {
+                return Err(AccessError::Confusable {
+                    tenant: tenant.to_string(),
+                    existing: existing.to_string(),
+                });
+            }
+            return Ok(());
+        }
+        let Some(t) = self.tenants.get(tenant) else {
+            return Err(AccessError::NoTenant {
+                tenant: tenant.to_string(),
+            });
+        };
+        let no_agent = |agent: &Ident| AccessError::NoAgent {
+            tenant: tenant.to_string(),
+            agent: agent.to_string(),
+        };
+        match record {
+            Record::TenantAdded { .. } => unreachable!("handled above"),
+            Record::AgentKeyAdded { key, scopes, .. } => {
+                if scopes.is_empty() {
+                    return Err(AccessError::Invalid(
+                        "an agent needs at least one scope".into(),
+                    ));
+                }
+                if self.key_owner(key).is_some() {
+                    return Err(AccessError::Invalid(format!("key {key} is already in use")));
+                }
+                Ok(())
+            }
+            Record::AgentRevoked { agent, key, .. } => {
+                let a = t.agents.get(agent).ok_or_else(|| no_agent(agent))?;
+                let live = a
+                    .active_keys()
+                    .any(|k| key.as_ref().is_none_or(|want| *want == k.key));
+                if live { Ok(()) } else { Err(no_agent(agent)) }
+            }
+            Record::GrantAdded { to, scope, .. } => {
+                if t.grants.contains_key(&(to.clone(), scope.clone())) {
+                    return Err(AccessError::Invalid(format!(
+                        "{to} already holds a grant of {scope} in tenant {tenant}"
+                    )));
+                }
+                Ok(())
+            }
+            Record::GrantRevoked { to, scope, .. } => {
+                if t.grants.contains_key(&(to.clone(), scope.clone())) {
+                    Ok(())
+                } else {
+                    Err(AccessError::Invalid(format!(
+                        "{to} holds no grant of {scope} in tenant {tenant}; see `engram grant list --tenant {tenant}`"
+                    )))
+                }
+            }
+        }
+    }
+
+    /// Folds one entry in; one that does not fit the state is skipped (and logged).
+    pub fn apply(&mut self, seq: u64, entry: &Entry) {
+        self.applied = self.applied.max(seq);
+        if let Err(e) = self.check(&entry.record) {
+            tracing::warn!(seq, error = %e, "access record skipped: it does not fit the registry");
+            return;
+        }
+        let at = entry.at;
+        match &entry.record {
+            Record::TenantAdded { tenant } => {
+                self.tenants.insert(
+                    tenant.clone(),
+                    Tenant {
+                        added_at: Some(at),
+                        ..Tenant::default()
+                    },
+                );
+            }
+            Record::AgentKeyAdded {
+                tenant,
+                agent,
+                key,
+                scopes,
+            } => {
+                let a = self
+                    .tenant_mut(tenant)
+                    .agents
+                    .entry(agent.clone())
+                    .or_default();
+                a.scopes = scopes.clone();
+                a.keys.push(Key {
+                    key: key.clone(),
+                    added_at: at,
+                    revoked_at: None,
+                });
+            }
+            Record::AgentRevoked { tenant, agent, key } => {
+                if let Some(a) = self.tenant_mut(tenant).agents.get_mut(agent) {
+                    for k in a.keys.iter_mut().filter(|k| k.revoked_at.is_none()) {
+                        if key.as_ref().is_none_or(|want| *want == k.key) {
+                            k.revoked_at = Some(at);
+                        }
+                    }
+                }
+            }
+            Record::GrantAdded { tenant, to, scope } => {
+                self.tenant_mut(tenant)
+                    .grants
+                    .insert((to.clone(), scope.clone()), at);
+            }
+            Record::GrantRevoked { tenant, to, scope } => {
+                self.tenant_mut(tenant)
+                    .grants
+                    .remove(&(to.clone(), scope.clone()));
+            }
+        }
+    }
+
+    fn tenant_mut(&mut self, tenant: &Ident) -> &mut Tenant {
+        self.tenants.entry(tenant.clone()).or_default()
+    }
+
+    /// The tenant and agent a key belongs to, live or revoked.
+    pub fn key_owner(&self, key: &str) -> Option<(&Ident, &Ident)> {
+        self.tenants.iter().find_map(|(t, tenant)| {
+            tenant
+                .agents
+                .iter()
+                .find(|(_, a)| a.keys.iter().any(|k| k.key == key))
+                .map(|(a, _)| (t, a))
+        })
+    }
+
+    /// Whether `agent` of `tenant` holds a live key.
+    pub fn is_active(&self, tenant: &Ident, agent: &Ident) -> bool {
+        self.agent(tenant, agent)
+            .is_some_and(|a| a.active_keys().next().is_some())
+    }
+
+    pub fn agent(&self, tenant: &Ident, agent: &Ident) -> Option<&Agent> {
+        self.tenants.get(tenant)?.agents.get(agent)
+    }
+
+    /// Whether `agent` of `tenant` may read `scope`: one of its own scopes, or granted to it
+    /// or to every agent of the tenant. Never another tenant's: scopes are per tenant.
+    pub fn may_read(&self, tenant: &Ident, agent: &Ident, scope: &Scope) -> bool {
+        let Some(t) = self.tenants.get(tenant) else {
+            return false;
+        };
+        let Some(a) = t
+            .agents
+            .get(agent)
+            .filter(|a| a.active_keys().next().is_some())
+        else {
+            return false;
+        };
+        a.scopes.iter().any(|p| p.matches(scope))
+            || t.grants.keys().any(|(to, pattern)| {
+                (*to == Grantee::AllAgents || *to == Grantee::Agent(agent.clone()))
+                    && pattern.matches(scope)
+            })
+    }
+
+    /// Every live agent key and the role it connects as: what the server's config lists.
+    pub fn live_keys(&self) -> Vec<(String, Role)> {
+        let mut keys = Vec::new();
+        for (tenant, t) in &self.tenants {
+            for (agent, a) in &t.agents {
+                for k in a.active_keys() {
+                    keys.push((
+                        k.key.clone(),
+                        Role::Agent {
+                            tenant: tenant.clone(),
+                            agent: agent.clone(),
+                            scopes: a.scopes.clone(),
+                        },
+                    ));
+                }
+            }
+        }
+        keys
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> Ident {
+        Ident::parse("id", s).unwrap()
+    }
+
+    fn entry(record: Record) -> Entry {
+        Entry {
+            v: ENTRY_VERSION,
+            at: Utc::now(),
+            by: "test".into(),
+            record,
+        }
+    }
+
+    fn with_agent() -> Registry {
+        let mut r = Registry::default();
+        r.apply(1, &entry(Record::TenantAdded { tenant: id("acme") }));
+        r.apply(
+            2,
+            &entry(Record::AgentKeyAdded {
+                tenant: id("acme"),
+                agent: id("planner"),
+                key: "UKEY1".into(),
+                scopes: ScopePattern::defaults(&id("planner")),
+            }),
+        );
+        r
+    }
+
+    #[test]
+    fn an_agent_reads_its_scopes_and_granted_ones_only() {
+        let mut r = with_agent();
+        let team: Scope = "team:core".parse().unwrap();
+        let task: Scope = "task:payroll".parse().unwrap();
+        assert!(r.may_read(&id("acme"), &id("planner"), &task));
+        assert!(!r.may_read(&id("acme"), &id("planner"), &team));
+        assert!(!r.may_read(&id("acme2"), &id("planner"), &task));
+        assert!(!r.may_read(&id("acme"), &id("coder"), &task));
+        let grant = Record::GrantAdded {
+            tenant: id("acme"),
+            to: Grantee::Agent(id("planner")),
+            scope: ScopePattern::exact(&team),
+        };
+        r.check(&grant).unwrap();
+        r.apply(3, &entry(grant.clone()));
+        assert!(r.may_read(&id("acme"), &id("planner"), &team));
+        assert!(!r.may_read(&id("acme"), &id("planner"), &"team:core2".parse().unwrap()));
+        assert!(r.check(&grant).is_err(), "a grant twice is refused");
+        r.apply(
+            4,
+            &entry(Record::GrantRevoked {
+                tenant: id("acme"),
+                to: Grantee::Agent(id("planner")),
+                scope: ScopePattern::exact(&team),
+            }),
+        );
+        assert!(!r.may_read(&id("acme"), &id("planner"), &team));
+    }
+
+    #[test]
+    fn a_revoked_agent_reads_nothing_and_has_no_live_key() {
+        let mut r = with_agent();
+        r.apply(
+            3,
+            &entry(Record::AgentRevoked {
+                tenant: id("acme"),
+                agent: id("planner"),
+                key: None,
+            }),
+        );
+        assert!(r.live_keys().is_empty());
+        assert!(!r.may_read(&id("acme"), &id("planner"), &"task:x".parse().unwrap()));
+        assert!(
+            r.key_owner("UKEY1").is_some(),
+            "a revoked key is never reused"
+        );
+    }
+
+    #[test]
+    fn tenants_differing_only_in_case_and_records_for_missing_tenants_are_refused() {
+        let r = with_agent();
+        assert!(matches!(
+            r.check(&Record::TenantAdded { tenant: id("ACME") }),
+            Err(AccessError::Confusable { .. })
+        ));
+        assert!(matches!(
+            r.check(&Record::GrantAdded {
+                tenant: id("nobody"),
+                to: Grantee::AllAgents,
+                scope: ScopePattern::any(engram_schema::ScopeKind::Team),
+            }),
+            Err(AccessError::NoTenant { .. })
+        ));
+        // A record that does not fit is skipped when folded, so every reader agrees.
+        let mut r2 = r.clone();
+        r2.apply(
+            9,
+            &entry(Record::AgentKeyAdded {
+                tenant: id("nobody"),
+                agent: id("x"),
+                key: "UKEY2".into(),
+                scopes: vec![ScopePattern::any(engram_schema::ScopeKind::Task)],
+            }),
+        );
+        assert_eq!(r2.tenants, r.tenants);
+        assert_eq!(r2.applied, 9);
+    }
+
+    #[test]
+    fn entries_round_trip_and_unknown_fields_are_refused() {
+        let e = entry(Record::GrantAdded {
+            tenant: id("acme"),
+            to: Grantee::AllAgents,
+            scope: "team:core".parse().unwrap(),
+        });
+        let json = serde_json::to_string(&e).unwrap();
+        assert_eq!(serde_json::from_str::<Entry>(&json).unwrap(), e);
+        let mut v: serde_json::Value = serde_json::from_str(&json).unwrap();
+        v["extra"] = serde_json::json!(1);
+        assert!(serde_json::from_value::<Entry>(v).is_err());
+    }
+}
