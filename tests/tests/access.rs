@@ -741,3 +741,325 @@ async fn a_revoked_agent_is_disconnected_and_refused_within_a_bounded_time() {
     // The bound the docs promise: the reload follows the registry within seconds.
     assert!(closed_after < Duration::from_secs(15), "{closed_after:?}");
 }
+
+/// The marker text of `tenant`'s memory in `scope`: unique per pair, and no marker is a
+/// substring of another (`acme` and `acme2` included).
+fn marker(tenant: &str, scope: &str) -> String {
+    format!("mk~{tenant}~{}~", scope.replace(':', "~"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn no_read_path_returns_another_tenants_or_an_ungranted_scope() {
+    use rand::{Rng as _, SeedableRng as _, seq::IndexedRandom as _};
+    let seed: u64 = std::env::var("ENGRAM_ACCESS_SEED")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(rand::random);
+    println!("seed {seed} (ENGRAM_ACCESS_SEED={seed} repeats this run)");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let nats = TestNats::start_secured().await;
+    let _engram = Engram::start_secured(&nats).await;
+    let tenants = ["acme", "acme2", "acme-2"];
+    let scopes = [
+        "task:alpha",
+        "session:s1",
+        "team:core",
+        "org:acme",
+        "agent:a",
+    ];
+    // Agent `a` has the default scopes; `b` only its sessions.
+    let mut creds = Vec::new();
+    for tenant in tenants {
+        nats.add_tenant(tenant).await;
+        creds.push((tenant, "a", nats.add_agent(tenant, "a", &[]).await));
+        creds.push((
+            tenant,
+            "b",
+            nats.add_agent(tenant, "b", &["session:*"]).await,
+        ));
+    }
+    // Random grants of wider scopes, recorded in the registry.
+    let mut granted: Vec<(&str, &str, &str)> = Vec::new();
+    for tenant in tenants {
+        for agent in ["a", "b", "*"] {
+            for scope in ["team:core", "org:acme", "task:alpha"] {
+                if rng.random_bool(0.4) {
+                    nats.append_record(Record::GrantAdded {
+                        tenant: ident(tenant),
+                        to: agent.parse().unwrap(),
+                        scope: scope.parse().unwrap(),
+                    })
+                    .await;
+                    granted.push((tenant, agent, scope));
+                }
+            }
+        }
+    }
+    // Every tenant holds a memory and a fact in every scope, marked.
+    let admin = Client::from_bus(nats.admin.clone(), RetryPolicy::default());
+    let mut last = 0;
+    for tenant in tenants {
+        for s in scopes {
+            let text = format!("{} shared notes about the deploy", marker(tenant, s));
+            admin
+                .append(&memory(tenant, scope(s), &text))
+                .await
+                .unwrap();
+            let mut fact = memory(tenant, scope(s), "");
+            fact.layer = Layer::Semantic;
+            fact.kind = EventKind::FactAsserted;
+            fact.content.data = Some(serde_json::json!({
+                "subject": "deploy", "predicate": "owner", "object": marker(tenant, s)}));
+            last = admin.append(&fact).await.unwrap().seq;
+            if s == "task:alpha" || s == "team:core" {
+                let writer = admin.agent(tenant, "lead", "i-lead").unwrap();
+                let mut board = writer
+                    .open_doc::<engram_docs::TaskBoard>(scope(s), "board", None)
+                    .await
+                    .unwrap();
+                board
+                    .edit(|b| {
+                        b.items.insert(
+                            "t1".into(),
+                            engram_docs::TaskItem {
+                                title: marker(tenant, s),
+                                ..Default::default()
+                            },
+                        );
+                    })
+                    .unwrap();
+                last = board.push().await.unwrap().unwrap().seq;
+            }
+        }
+    }
+    let may_read = |tenant: &str, agent: &str, s: &str| {
+        let own = match agent {
+            "a" => s.starts_with("task:") || s.starts_with("session:") || s == "agent:a",
+            _ => s.starts_with("session:"),
+        };
+        own || granted
+            .iter()
+            .any(|(t, to, g)| *t == tenant && (*to == agent || *to == "*") && *g == s)
+    };
+    let clients: Vec<_> = {
+        let mut v = Vec::new();
+        for (t, a, c) in &creds {
+            v.push((*t, *a, client_as(&nats, c).await));
+        }
+        v
+    };
+    let wider = |own: &str| -> Vec<&str> {
+        let rank = |s: &str| {
+            ["org", "team", "user", "agent", "task", "session"]
+                .iter()
+                .position(|k| s.starts_with(k))
+                .unwrap()
+        };
+        scopes
+            .iter()
+            .copied()
+            .filter(|g| rank(g) < rank(own))
+            .collect()
+    };
+    let (mut allowed_runs, mut refused_runs, mut with_content) = (0, 0, 0);
+    for round in 0..60 {
+        let (tenant, agent, client) = clients.choose(&mut rng).unwrap();
+        let asked_tenant = if rng.random_bool(0.25) {
+            *tenants.choose(&mut rng).unwrap()
+        } else {
+            tenant
+        };
+        let own = *scopes.choose(&mut rng).unwrap();
+        let grants: Vec<&str> = wider(own)
+            .into_iter()
+            .filter(|_| rng.random_bool(0.4))
+            .collect();
+        let request_scopes = ScopeRequest {
+            tenant: ident(asked_tenant),
+            scope: scope(own),
+            grants: grants.iter().map(|g| scope(g)).collect(),
+        };
+        let read: Vec<&str> = std::iter::once(own).chain(grants.iter().copied()).collect();
+        let expect_ok = asked_tenant == *tenant && read.iter().all(|s| may_read(tenant, agent, s));
+        let path = [
+            "retrieve",
+            "context",
+            "facts",
+            "skills",
+            "doc",
+            "replay",
+            "bootstrap",
+        ]
+        .choose(&mut rng)
+        .unwrap();
+        let answer: Result<String, String> = match *path {
+            "retrieve" => client
+                .retrieve(&retrieve(request_scopes.clone(), "shared notes deploy", last))
+                .await
+                .map(|r| serde_json::to_string(&r).unwrap())
+                .map_err(|e| format!("{e:?}")),
+            "context" => client
+                .build_context(&context_request(&request_scopes, agent))
+                .await
+                .map(|r| serde_json::to_string(&r).unwrap())
+                .map_err(|e| format!("{e:?}")),
+            "facts" => client
+                .facts(&request(
+                    &request_scopes,
+                    serde_json::json!({"min_seq": last, "wait_ms": 10000}),
+                ))
+                .await
+                .map(|r| serde_json::to_string(&r).unwrap())
+                .map_err(|e| format!("{e:?}")),
+            "skills" => client
+                .skills(&request(&request_scopes, serde_json::json!({"task": "deploy"})))
+                .await
+                .map(|r| serde_json::to_string(&r).unwrap())
+                .map_err(|e| format!("{e:?}")),
+            "doc" => client
+                .doc(&request(
+                    &request_scopes,
+                    serde_json::json!({"read": "list", "include_values": true, "min_seq": last, "wait_ms": 10000}),
+                ))
+                .await
+                .map(|r| serde_json::to_string(&r).unwrap())
+                .map_err(|e| format!("{e:?}")),
+            "replay" => client
+                .replay_page(&engram_memory::proto::ReplayRequest {
+                    scopes: request_scopes.clone(),
+                    after_seq: 0,
+                    limit: 1000,
+                })
+                .await
+                .map(|r| serde_json::to_string(&r).unwrap())
+                .map_err(|e| format!("{e:?}")),
+            _ => client
+                .bootstrap(&request_scopes, None)
+                .await
+                .map(|b| format!("{:?} {:?} {:?}", b.memory.facts, b.memory.skills, b.memory.docs))
+                .map_err(|e| format!("{e:?}")),
+        };
+        let what = format!(
+            "round {round}: {agent}@{tenant} asked {path} of {asked_tenant} {own} + {grants:?}"
+        );
+        match (expect_ok, answer) {
+            (true, Ok(body)) => {
+                allowed_runs += 1;
+                let own_markers = read
+                    .iter()
+                    .filter(|s| body.contains(&marker(tenant, s)))
+                    .count();
+                with_content += usize::from(own_markers > 0);
+                for t in tenants {
+                    for s in scopes {
+                        let visible = t == *tenant && read.contains(&s);
+                        assert!(
+                            visible || !body.contains(&marker(t, s)),
+                            "{what}: the answer holds {t} {s}: {body}"
+                        );
+                    }
+                }
+            }
+            (false, Err(e)) => {
+                refused_runs += 1;
+                assert!(
+                    e.contains("Forbidden"),
+                    "{what}: refused, but not as forbidden: {e}"
+                );
+            }
+            (true, Err(e)) => panic!("{what}: refused, though allowed: {e}"),
+            (false, Ok(body)) => panic!("{what}: answered, though not allowed: {body}"),
+        }
+    }
+    println!(
+        "{allowed_runs} allowed ({with_content} holding their own scopes' markers) and {refused_runs} refused requests checked"
+    );
+    // The check means something only if allowed answers carry memories at all.
+    assert!(allowed_runs > 0 && refused_runs > 0 && with_content > 0);
+    let v = service_violations(&nats);
+    assert!(v.is_empty(), "services were refused: {v:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn every_service_does_its_work_under_its_own_least_privilege_identity() {
+    let w = world().await;
+    let owner = client_as(&w.nats, &w.victim).await;
+    let task = scope("task:deploy");
+    let lesson = "the deploy to staging fails when the migration lock is held by another job";
+    let mut last = 0;
+    for text in [
+        lesson.to_owned(),
+        format!("{lesson}!"),
+        format!("{lesson} again"),
+    ] {
+        last = owner
+            .append(&memory("victim", task.clone(), &text))
+            .await
+            .unwrap()
+            .seq;
+    }
+    // Consolidation: the consolidator plans (asking the vector model for neighbours) and the
+    // agent appends the plan into its own scope.
+    let (events, receipts) = owner
+        .consolidate(&request(
+            &reading("victim", "task:deploy", &[]),
+            serde_json::json!({"min_seq": last, "wait_ms": 10000}),
+        ))
+        .await
+        .unwrap();
+    assert!(!events.is_empty());
+    assert!(receipts.iter().all(Result::is_ok), "{receipts:?}");
+    // A poison event: every projector dead-letters it (the DLQ stream, as the projectors).
+    let js = async_nats::jetstream::new(w.nats.admin.client().clone());
+    js.publish(
+        "engram.evt.victim.task.deploy.episodic".to_owned(),
+        b"\xde\xad not an event".to_vec().into(),
+    )
+    .await
+    .unwrap()
+    .await
+    .unwrap();
+    for projector in ["vector", "keyword", "facts", "skills"] {
+        engram_testkit::wait_until(
+            &format!("{projector} to dead-letter the poison"),
+            Duration::from_secs(30),
+            || {
+                let bus = w.nats.admin.clone();
+                async move { bus.dead_letter_count(projector).await.unwrap_or(0) >= 1 }
+            },
+        )
+        .await;
+    }
+    // Snapshots: cut by every projector into the object store, as the admin asks...
+    let cut = w
+        ._engram
+        .client
+        .snapshot(&reading("victim", "task:deploy", &[]), Some("access-test"))
+        .await
+        .unwrap();
+    assert!(cut.snapshots.len() >= 3, "{cut:?}");
+    // ...and an agent bootstraps from them through the query service, then replays the tail.
+    let booted = owner
+        .bootstrap_with(&reading("victim", "task:deploy", &[]), None, 0)
+        .await
+        .unwrap();
+    assert!(
+        booted.snapshots.iter().all(|(_, s)| s.is_some()),
+        "{booted:?}"
+    );
+    let small = owner
+        .bootstrap(&reading("victim", "task:payroll", &[]), None)
+        .await
+        .unwrap();
+    assert_eq!(
+        small.replayed, 1,
+        "the small scope is replayed through the service"
+    );
+    // An agent cannot cut snapshots: that copies every tenant's read models.
+    let err = owner
+        .snapshot(&reading("victim", "task:deploy", &[]), None)
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), ErrorCode::Forbidden, "{err:?}");
+    w.no_service_violations();
+}

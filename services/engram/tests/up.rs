@@ -36,6 +36,27 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
     (status, body)
 }
 
+/// The CLI with `home` as its data dir, as a user on the machine running `engram up`.
+fn cli(home: &std::path::Path) -> Command {
+    let mut c = Command::new(ENGRAM);
+    c.env("ENGRAM_HOME", home)
+        .env_remove("ENGRAM_CONFIG")
+        .env_remove("ENGRAM_CREDS");
+    c
+}
+
+/// Runs the CLI and returns its stdout, failing with its stderr.
+fn ok(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        c.get_args().collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
 /// Kills the process if the test fails half-way, so no `engram up` outlives its test.
 struct KillOnDrop(std::process::Child);
 
@@ -96,7 +117,20 @@ fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm
     assert_eq!(health["stream"]["messages"], 0);
 
     // The CLI appends through the managed server, and the stream and metrics show it.
-    let append = Command::new(ENGRAM)
+    // Without credentials the server refuses the connection; the CLI on this machine finds
+    // the admin's in its home.
+    let anonymous = Command::new(ENGRAM)
+        .args(["--nats", &nats, "streams"])
+        .env("ENGRAM_HOME", home.path().join("elsewhere"))
+        .output()
+        .unwrap();
+    assert!(!anonymous.status.success());
+    assert!(
+        String::from_utf8_lossy(&anonymous.stderr).contains("refused these credentials"),
+        "{}",
+        String::from_utf8_lossy(&anonymous.stderr)
+    );
+    let append = cli(home.path())
         .args([
             "--nats", &nats, "--json", "append", "--tenant", "acme", "--scope", "task:t1",
             "--text", "hello",
@@ -110,7 +144,7 @@ fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm
     );
     let receipt: serde_json::Value = serde_json::from_slice(&append.stdout).unwrap();
     assert_eq!(receipt["seq"], 1);
-    let bad = Command::new(ENGRAM)
+    let bad = cli(home.path())
         .args([
             "--nats", &nats, "append", "--tenant", "acme.*", "--scope", "task:t1", "--text", "x",
         ])
@@ -118,7 +152,7 @@ fn up_serves_health_and_metrics_accepts_cli_appends_and_stops_cleanly_on_sigterm
         .unwrap();
     assert!(!bad.status.success());
     assert!(String::from_utf8_lossy(&bad.stderr).contains("invalid tenant"));
-    let replay = Command::new(ENGRAM)
+    let replay = cli(home.path())
         .args(["--nats", &nats, "--json", "replay", "--tenant", "acme"])
         .output()
         .unwrap();
@@ -242,4 +276,162 @@ fn up_against_a_server_with_a_password_never_shows_the_password() {
     assert!(child.0.wait().unwrap().success(), "{logs}");
     assert!(!logs.contains("s3cret"), "{logs}");
     drop(server);
+}
+
+#[test]
+fn agents_get_credentials_from_the_cli_and_lose_them_on_revoke() {
+    let home = tempfile::tempdir().unwrap();
+    let lease = engram_natsd::PortLease::acquire().unwrap();
+    let nats_port = lease.port();
+    let (mut child, ready) = spawn_up(home.path(), nats_port);
+    let nats = token(&ready, "nats=").to_owned();
+    let h = home.path();
+    ok(cli(h).args(["--nats", &nats, "tenant", "add", "acme"]));
+    ok(cli(h).args(["--nats", &nats, "tenant", "add", "acme2"]));
+    let added: serde_json::Value = serde_json::from_str(&ok(cli(h).args([
+        "--nats", &nats, "--json", "agent", "add", "--tenant", "acme", "--agent", "planner",
+    ])))
+    .unwrap();
+    let creds = added["creds"].as_str().unwrap().to_owned();
+    assert!(std::path::Path::new(&creds).is_file(), "{added}");
+    // The agent appends to its own tenant with its credentials file...
+    let as_agent = |args: &[&str]| {
+        let mut c = cli(&h.join("agent-machine"));
+        c.args(["--nats", &nats, "--creds", &creds]).args(args);
+        c
+    };
+    let mut appended = None;
+    for _ in 0..100 {
+        let out = as_agent(&[
+            "--json",
+            "append",
+            "--tenant",
+            "acme",
+            "--scope",
+            "task:t1",
+            "--text",
+            "login fails",
+        ])
+        .output()
+        .unwrap();
+        if out.status.success() {
+            appended = Some(String::from_utf8_lossy(&out.stdout).into_owned());
+            break;
+        }
+        // The server takes the new key with its next reload, moments after the append.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let receipt: serde_json::Value =
+        serde_json::from_str(&appended.expect("the agent never connected")).unwrap();
+    let seq = receipt["seq"].as_u64().unwrap().to_string();
+    // ...reads it back through its own query subjects...
+    let found = ok(&mut as_agent(&[
+        "--json",
+        "retrieve",
+        "login",
+        "--tenant",
+        "acme",
+        "--scope",
+        "task:t1",
+        "--mode",
+        "keyword",
+        "--min-seq",
+        &seq,
+    ]));
+    assert!(found.contains("login fails"), "{found}");
+    // ...and can neither write to nor read another tenant.
+    let other = as_agent(&[
+        "append", "--tenant", "acme2", "--scope", "task:t1", "--text", "x",
+    ])
+    .output()
+    .unwrap();
+    assert!(!other.status.success());
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("may not append"),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    let other = as_agent(&["retrieve", "x", "--tenant", "acme2", "--scope", "task:t1"])
+        .output()
+        .unwrap();
+    assert!(!other.status.success());
+    assert!(
+        String::from_utf8_lossy(&other.stderr).contains("tenant acme"),
+        "{}",
+        String::from_utf8_lossy(&other.stderr)
+    );
+    // Listed, then revoked: its credentials stop working.
+    let listed = ok(cli(h).args(["--nats", &nats, "agent", "list", "--tenant", "acme"]));
+    assert!(
+        listed.contains("acme/planner") && listed.contains("live since"),
+        "{listed}"
+    );
+    ok(cli(h).args([
+        "--nats", &nats, "agent", "revoke", "--tenant", "acme", "--agent", "planner",
+    ]));
+    let mut refused = false;
+    for _ in 0..100 {
+        if !as_agent(&[
+            "append", "--tenant", "acme", "--scope", "task:t1", "--text", "again",
+        ])
+        .output()
+        .unwrap()
+        .status
+        .success()
+        {
+            refused = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(refused, "a revoked agent still appends");
+    let listed = ok(cli(h).args(["--nats", &nats, "agent", "list", "--tenant", "acme"]));
+    assert!(listed.contains("revoked"), "{listed}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(child.0.wait().unwrap().success());
+}
+
+#[test]
+fn insecure_no_auth_is_loopback_only_and_says_so() {
+    let home = tempfile::tempdir().unwrap();
+    let out = Command::new(ENGRAM)
+        .args([
+            "up",
+            "--insecure-no-auth",
+            "--nats-port",
+            "0",
+            "--http",
+            "0.0.0.0:0",
+        ])
+        .env("ENGRAM_HOME", home.path())
+        .env_remove("ENGRAM_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("loopback only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let out = Command::new(ENGRAM)
+        .args([
+            "up",
+            "--insecure-no-auth",
+            "--nats-port",
+            "0",
+            "--http",
+            "127.0.0.1:0",
+        ])
+        .env("ENGRAM_HOME", home.path())
+        .env("ENGRAM_NATS__MANAGED_HOST", "0.0.0.0")
+        .env_remove("ENGRAM_CONFIG")
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("loopback only"),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
 }

@@ -121,10 +121,11 @@ macro_rules! scoped {
 }
 
 use engram_memory::proto::{
-    BootstrapRequest, ConsolidateRequest, ContextRequest, DocRequest, FactsRequest,
+    BootstrapRequest, ConsolidateRequest, ContextRequest, DocRequest, FactsRequest, ReplayRequest,
     RetrieveRequest, SkillsRequest,
 };
 scoped!(
+    ReplayRequest,
     RetrieveRequest,
     ContextRequest,
     FactsRequest,

@@ -228,7 +228,24 @@ impl Query {
             .bootstrap(r)
             .await);
         endpoint!(proto::DOC, "doc", DocRequest, |q, r| q.doc(r).await);
-        // Cutting a snapshot copies every tenant's read models: the admin's alone.
+        endpoint!(proto::REPLAY, "replay", proto::ReplayRequest, |q, r| q
+            .replay(r)
+            .await);
+        // Cutting a snapshot copies every tenant's read models: the admin's alone. An agent
+        // asking is told so, rather than left waiting for an answer nobody sends.
+        engram_rpc::serve_from(
+            &service,
+            &engram_access::perms::query_subject_any("snapshot"),
+            "snapshot",
+            limits,
+            |_: &str, _: serde_json::Value| async {
+                Err::<serde_json::Value, _>(Failure::new(
+                    ErrorCode::Forbidden,
+                    "cutting snapshots copies every tenant's read models: an admin does it (`engram snapshot create`); agents bootstrap from the newest one",
+                ))
+            },
+        )
+        .await?;
         let q = self.clone();
         engram_rpc::serve(
             &service,
@@ -583,6 +600,87 @@ impl Query {
         let scopes = request.scopes.clone();
         self.forward(&scopes, &request, read_models::DOCS, "get", Duration::ZERO)
             .await
+    }
+
+    /// One page of the events of the request's scopes after `after_seq`, in stream order.
+    /// Each scope is read from `after_seq` on, at most a page of it; where one scope's read
+    /// was cut short, the merged page ends at its last event, so no page skips an event of
+    /// another scope.
+    pub async fn replay(
+        &self,
+        request: proto::ReplayRequest,
+    ) -> Result<proto::ReplayResponse, Failure> {
+        use futures::StreamExt as _;
+        let keys = request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        let (first_seq, last_seq) = self.bus.stream_bounds().await.map_err(unavailable)?;
+        let size = |e: &proto::ReplayedEvent| serde_json::to_vec(e).map_or(0, |b| b.len());
+        let (limit, max_bytes) = (request.limit, proto::limits::MAX_REPLAY_BYTES);
+        let mut merged = Vec::new();
+        let mut cut: Option<u64> = None;
+        if last_seq > request.after_seq {
+            for key in &keys {
+                let filter = engram_schema::SubjectFilter::all()
+                    .tenant(key.tenant.clone())
+                    .scope(key.kind, key.id.clone());
+                let mut events = self
+                    .bus
+                    .replay(&filter, engram_bus::StartAt::Seq(request.after_seq + 1))
+                    .await
+                    .map_err(unavailable)?;
+                let (mut n, mut bytes) = (0usize, 0usize);
+                while let Some(item) = events.next().await {
+                    let stored = match item {
+                        Ok(stored) if stored.seq <= last_seq => stored,
+                        Ok(_) => break,
+                        // Not an event of this scope (it does not decode, or its body names
+                        // another): the projectors skip it too.
+                        Err(engram_bus::ReadError::Decode { .. }) => continue,
+                        Err(e) => return Err(unavailable(e)),
+                    };
+                    let replayed = proto::ReplayedEvent {
+                        seq: stored.seq,
+                        stored_at: stored.stored_at,
+                        event: stored.event,
+                    };
+                    bytes += size(&replayed);
+                    n += 1;
+                    let seq = replayed.seq;
+                    merged.push(replayed);
+                    if n >= limit || bytes >= max_bytes {
+                        cut = Some(cut.map_or(seq, |c| c.min(seq)));
+                        break;
+                    }
+                }
+            }
+        }
+        merged.sort_by_key(|e| e.seq);
+        if let Some(c) = cut {
+            merged.retain(|e| e.seq <= c);
+        }
+        let mut truncated = cut.is_some();
+        let mut events = Vec::with_capacity(merged.len().min(limit));
+        let mut bytes = 0;
+        for e in merged {
+            if events.len() >= limit || (bytes >= max_bytes && !events.is_empty()) {
+                truncated = true;
+                break;
+            }
+            bytes += size(&e);
+            events.push(e);
+        }
+        let next_after = if truncated {
+            events.last().map_or(request.after_seq, |e| e.seq)
+        } else {
+            last_seq.max(request.after_seq)
+        };
+        Ok(proto::ReplayResponse {
+            events,
+            first_seq,
+            last_seq,
+            next_after,
+            done: !truncated,
+        })
     }
 
     /// Assembles working, episodic, semantic and procedural memory for one agent step.

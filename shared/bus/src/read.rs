@@ -158,6 +158,14 @@ impl Bus {
     }
 
     /// Stream state and its consumers, for `engram streams` and health checks.
+    /// The events stream's first and last sequence: one stream-info request, no consumer
+    /// list.
+    pub async fn stream_bounds(&self) -> Result<(u64, u64), BusError> {
+        let mut stream = self.events_stream().await?;
+        let info = stream.info().await.map_err(js_err)?;
+        Ok((info.state.first_sequence, info.state.last_sequence))
+    }
+
     pub async fn stream_summary(&self) -> Result<StreamSummary, BusError> {
         let mut stream = self.events_stream().await?;
         let info = stream.info().await.map_err(js_err)?.clone();

@@ -35,6 +35,7 @@ pub const DOC: &str = "engram.q.doc";
 pub const BOOTSTRAP: &str = "engram.q.bootstrap";
 pub const CONSOLIDATE: &str = "engram.q.consolidate";
 pub const SNAPSHOT: &str = "engram.q.snapshot";
+pub const REPLAY: &str = "engram.q.replay";
 
 /// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
 /// module in the projector services uses the same constant.
@@ -98,6 +99,11 @@ pub mod limits {
     pub const MAX_NEIGHBOUR_IDS: usize = 1_024;
     /// Neighbours one memory gets in a neighbours answer.
     pub const MAX_NEIGHBOURS: usize = 16;
+    /// Events one replay page returns.
+    pub const MAX_REPLAY_EVENTS: usize = 1_000;
+    /// Bytes of events (as JSON) one replay page returns, beyond its first event: a page
+    /// fits the server's max_payload.
+    pub const MAX_REPLAY_BYTES: usize = 512 * 1024;
 }
 
 /// A request field outside what the protocol allows; answered as a 400 that names it.
@@ -679,6 +685,60 @@ pub struct ConsolidateResponse {
     pub visible_seq: Seq,
 }
 
+/// One page of the events of the request's scopes (its own and its grants), in stream
+/// order, after `after_seq`: how an agent, whose key reaches no stream directly, replays
+/// its memory. Page on with `next_after` until `done`.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReplayRequest {
+    #[serde(flatten)]
+    pub scopes: ScopeRequest,
+    /// Events with a sequence above this (0: from the start).
+    #[serde(default)]
+    pub after_seq: Seq,
+    /// At most this many events (1..=1000, default 500).
+    #[serde(default = "default_replay_limit")]
+    #[schemars(range(min = 1, max = limits::MAX_REPLAY_EVENTS))]
+    pub limit: usize,
+}
+
+fn default_replay_limit() -> usize {
+    500
+}
+
+impl ReplayRequest {
+    /// Everything but the scopes ([`ScopeRequest::resolve`]).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.limit == 0 || self.limit > limits::MAX_REPLAY_EVENTS {
+            return Err(InvalidField::new(
+                "limit",
+                format!("must be 1..={}", limits::MAX_REPLAY_EVENTS),
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// An event as the stream stored it.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReplayedEvent {
+    pub seq: Seq,
+    pub stored_at: DateTime<Utc>,
+    pub event: engram_schema::Envelope,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ReplayResponse {
+    pub events: Vec<ReplayedEvent>,
+    /// The stream's first and last sequence when the page was read: a first sequence above
+    /// `after_seq + 1` means retention dropped history the replay cannot return.
+    pub first_seq: Seq,
+    pub last_seq: Seq,
+    /// The `after_seq` of the next page.
+    pub next_after: Seq,
+    /// Nothing of these scopes is left up to `last_seq`.
+    pub done: bool,
+}
+
 /// A new instance's start: the slice of `model`'s newest good snapshot (at most `version`)
 /// that the request's scopes may read, in the checkpoint format; the instance then replays
 /// the stream after the snapshot's version.
@@ -1188,6 +1248,12 @@ pub fn json_schema() -> serde_json::Value {
             generator.subschema_for::<ConsolidateRequest>(),
             generator.subschema_for::<ConsolidateResponse>(),
         ),
+        endpoint(
+            REPLAY,
+            QUERY_SERVICE,
+            generator.subschema_for::<ReplayRequest>(),
+            generator.subschema_for::<ReplayResponse>(),
+        ),
     ];
     let internal = vec![
         endpoint(
@@ -1229,6 +1295,7 @@ pub fn json_schema() -> serde_json::Value {
     ];
     let errors: Vec<serde_json::Value> = [
         ErrorCode::Invalid,
+        ErrorCode::Forbidden,
         ErrorCode::NotYetVisible,
         ErrorCode::Busy,
         ErrorCode::Unavailable,

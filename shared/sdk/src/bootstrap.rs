@@ -240,6 +240,9 @@ impl Client {
         memory: &mut ScopeMemory,
         at_most: Option<u64>,
     ) -> Result<Option<u64>, BootstrapError> {
+        if self.agent_identity().is_some() {
+            return self.replay_tail_paged(scopes, from, memory, at_most).await;
+        }
         let keys: Vec<ScopeKey> = scopes.resolve().map_err(BootstrapError::Scope)?;
         let summary = self.bus().stream_summary().await?;
         let through = summary.last_seq;
@@ -286,21 +289,84 @@ impl Client {
             }
         }
         tail.sort_by_key(|s| s.seq);
-        for stored in &tail {
-            memory.apply(stored.seq, &stored.event);
+        Ok(Some(apply_tail(memory, &tail, through)))
+    }
+
+    /// [`Self::replay_tail`] through the query service's replay pages: an agent's key
+    /// reaches no stream, only its own query subjects, and the service reads the scopes its
+    /// identity may read.
+    async fn replay_tail_paged(
+        &self,
+        scopes: &ScopeRequest,
+        from: Seq,
+        memory: &mut ScopeMemory,
+        at_most: Option<u64>,
+    ) -> Result<Option<u64>, BootstrapError> {
+        let mut tail = Vec::new();
+        let mut after = from;
+        let mut through = None;
+        loop {
+            let page: engram_memory::proto::ReplayResponse = self
+                .query(
+                    engram_memory::proto::REPLAY,
+                    &engram_memory::proto::ReplayRequest {
+                        scopes: scopes.clone(),
+                        after_seq: after,
+                        limit: engram_memory::proto::limits::MAX_REPLAY_EVENTS,
+                    },
+                    None,
+                )
+                .await?;
+            let last = *through.get_or_insert(page.last_seq);
+            if after == from && last > from && page.first_seq > from + 1 {
+                return Err(BootstrapError::TailGone {
+                    from,
+                    first: page.first_seq,
+                });
+            }
+            tail.extend(page.events.into_iter().filter(|e| e.seq <= last));
+            if at_most.is_some_and(|max| tail.len() as u64 > max) {
+                return Ok(None);
+            }
+            if tail.len() > MAX_TAIL_EVENTS {
+                return Err(BootstrapError::TailTooLong);
+            }
+            if page.done || page.next_after >= last || page.next_after <= after {
+                break;
+            }
+            after = page.next_after;
         }
-        // A model already at `through` (the stream's last event was one of these scopes', or
-        // nothing came after its snapshot) holds it: advancing again would go nowhere.
-        if memory.facts.applied_seq() < Some(through) {
-            memory.facts.advance_through(through);
+        let tail: Vec<_> = tail.into_iter().map(|e| (e.seq, e.event)).collect();
+        let through = through.unwrap_or(from);
+        for (seq, event) in &tail {
+            memory.apply(*seq, event);
         }
-        if memory.skills.applied_seq() < Some(through) {
-            memory.skills.advance_through(through);
-        }
-        if memory.docs.applied_seq() < Some(through) {
-            memory.docs.advance_through(through);
-        }
-        memory.through = memory.through.max(through);
+        advance(memory, through);
         Ok(Some(tail.len() as u64))
     }
+}
+
+/// Applies `tail` (in stream order) and marks everything through `through` applied;
+/// returns how many events it applied.
+fn apply_tail(memory: &mut ScopeMemory, tail: &[engram_bus::StoredEvent], through: Seq) -> u64 {
+    for stored in tail {
+        memory.apply(stored.seq, &stored.event);
+    }
+    advance(memory, through);
+    tail.len() as u64
+}
+
+fn advance(memory: &mut ScopeMemory, through: Seq) {
+    // A model already at `through` (the stream's last event was one of these scopes', or
+    // nothing came after its snapshot) holds it: advancing again would go nowhere.
+    if memory.facts.applied_seq() < Some(through) {
+        memory.facts.advance_through(through);
+    }
+    if memory.skills.applied_seq() < Some(through) {
+        memory.skills.advance_through(through);
+    }
+    if memory.docs.applied_seq() < Some(through) {
+        memory.docs.advance_through(through);
+    }
+    memory.through = memory.through.max(through);
 }

@@ -372,6 +372,15 @@ impl Client {
             .await
     }
 
+    /// One page of the events of `request.scopes` after `request.after_seq`, through the
+    /// query service: how an agent replays (its key reaches no stream directly).
+    pub async fn replay_page(
+        &self,
+        request: &proto::ReplayRequest,
+    ) -> Result<proto::ReplayResponse, RpcError> {
+        self.query(proto::REPLAY, request, None).await
+    }
+
     pub(crate) async fn query<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
         &self,
         subject: &str,
