@@ -81,6 +81,34 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// Refuses a write to `scope` by the agent named by `subject` unless its own scopes
+    /// cover it.
+    pub async fn authorize_write(
+        &self,
+        subject: &str,
+        scopes: &ScopeRequest,
+    ) -> Result<(), Failure> {
+        let (tenant, agent) = authenticated_tenant(subject, scopes)?;
+        if self
+            .registry
+            .read()
+            .await
+            .may_write(&tenant, &agent, &scopes.scope)
+        {
+            return Ok(());
+        }
+        metrics::ACCESS_DENIED.with_label_values(&["scope"]).inc();
+        Err(Failure::new(
+            ErrorCode::Forbidden,
+            format!(
+                "agent {agent} of tenant {tenant} may not write {}: its key covers only the scopes it was issued for (`engram agent list --tenant {tenant}`)",
+                scopes.scope
+            ),
+        ))
+    }
+}
+
 /// The caller of an agent subject, when the body names the same tenant.
 pub fn authenticated_tenant(
     subject: &str,
@@ -122,10 +150,11 @@ macro_rules! scoped {
 
 use engram_memory::proto::{
     BootstrapRequest, ConsolidateRequest, ContextRequest, DocRequest, FactsRequest, ReplayRequest,
-    RetrieveRequest, SkillsRequest,
+    RetrieveRequest, SkillsRequest, WorkingRequest,
 };
 scoped!(
     ReplayRequest,
+    WorkingRequest,
     RetrieveRequest,
     ContextRequest,
     FactsRequest,

@@ -231,6 +231,44 @@ impl Query {
         endpoint!(proto::REPLAY, "replay", proto::ReplayRequest, |q, r| q
             .replay(r)
             .await);
+        // Working memory: reads like any other path; a put or delete by an agent also
+        // needs a scope its key may write (checked in `working_as`).
+        let q = self.clone();
+        engram_rpc::serve(
+            &service,
+            proto::WORKING,
+            "working",
+            limits,
+            move |r: proto::WorkingRequest| {
+                let q = q.clone();
+                async move { q.working(r).await }
+            },
+        )
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve_from(
+            &service,
+            &engram_access::perms::query_subject_any("working"),
+            "working",
+            limits,
+            move |subject: &str, r: proto::WorkingRequest| {
+                let q = q.clone();
+                let subject = subject.to_owned();
+                async move {
+                    q.authorize(&subject, &r).await?;
+                    if matches!(r.op, proto::WorkingOp::Put | proto::WorkingOp::Delete) {
+                        match q.access.get() {
+                            Some(guard) => guard.authorize_write(&subject, &r.scopes).await?,
+                            None => {
+                                access::authenticated_tenant(&subject, &r.scopes)?;
+                            }
+                        }
+                    }
+                    q.working(r).await
+                }
+            },
+        )
+        .await?;
         // Cutting a snapshot copies every tenant's read models: the admin's alone. An agent
         // asking is told so, rather than left waiting for an answer nobody sends.
         engram_rpc::serve_from(
@@ -600,6 +638,63 @@ impl Query {
         let scopes = request.scopes.clone();
         self.forward(&scopes, &request, read_models::DOCS, "get", Duration::ZERO)
             .await
+    }
+
+    /// Working memory of one scope: put, get, delete or list.
+    pub async fn working(
+        &self,
+        request: proto::WorkingRequest,
+    ) -> Result<proto::WorkingResponse, Failure> {
+        request.scopes.resolve().map_err(Failure::invalid)?;
+        request.validate().map_err(Failure::from)?;
+        let wm = self.bus.working_memory().await.map_err(unavailable)?;
+        let (tenant, scope) = (&request.scopes.tenant, &request.scopes.scope);
+        let key = request.key.as_deref().unwrap_or_default();
+        let bad = |e: engram_bus::BusError| match e {
+            engram_bus::BusError::Schema(e) => Failure::invalid(e.to_string()),
+            e => unavailable(e),
+        };
+        let mut response = proto::WorkingResponse {
+            entries: Vec::new(),
+            left_out: 0,
+            revision: None,
+        };
+        match request.op {
+            proto::WorkingOp::Put => {
+                let value = request.value.clone().unwrap_or_default();
+                let ttl = request.ttl_ms.map(Duration::from_millis);
+                response.revision = Some(
+                    wm.put(tenant, scope, key, value.into_bytes().into(), ttl)
+                        .await
+                        .map_err(bad)?,
+                );
+            }
+            proto::WorkingOp::Get => {
+                if let Some(v) = wm.get(tenant, scope, key).await.map_err(bad)? {
+                    response.entries.push(proto::WorkingEntry {
+                        key: key.to_owned(),
+                        value: String::from_utf8_lossy(&v).into_owned(),
+                    });
+                }
+            }
+            proto::WorkingOp::Delete => wm.delete(tenant, scope, key).await.map_err(bad)?,
+            proto::WorkingOp::List => {
+                let entries = wm
+                    .entries(tenant, scope, engram_bus::working::EntryBounds::default())
+                    .await
+                    .map_err(bad)?;
+                response.left_out = entries.left_out;
+                response.entries = entries
+                    .items
+                    .into_iter()
+                    .map(|(key, v)| proto::WorkingEntry {
+                        key,
+                        value: String::from_utf8_lossy(&v).into_owned(),
+                    })
+                    .collect();
+            }
+        }
+        Ok(response)
     }
 
     /// One page of the events of the request's scopes after `after_seq`, in stream order.

@@ -314,6 +314,14 @@ impl Registry {
             })
     }
 
+    /// Whether `agent` of `tenant` may write `scope`: its own scopes only (a grant is read
+    /// only), which are also what its key may publish to.
+    pub fn may_write(&self, tenant: &Ident, agent: &Ident, scope: &Scope) -> bool {
+        self.agent(tenant, agent)
+            .filter(|a| a.active_keys().next().is_some())
+            .is_some_and(|a| a.scopes.iter().any(|p| p.matches(scope)))
+    }
+
     /// Every live agent key and the role it connects as: what the server's config lists.
     pub fn live_keys(&self) -> Vec<(String, Role)> {
         let mut keys = Vec::new();

@@ -36,6 +36,7 @@ pub const BOOTSTRAP: &str = "engram.q.bootstrap";
 pub const CONSOLIDATE: &str = "engram.q.consolidate";
 pub const SNAPSHOT: &str = "engram.q.snapshot";
 pub const REPLAY: &str = "engram.q.replay";
+pub const WORKING: &str = "engram.q.working";
 
 /// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
 /// module in the projector services uses the same constant.
@@ -718,6 +719,82 @@ impl ReplayRequest {
     }
 }
 
+/// What a working-memory request does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum WorkingOp {
+    /// Sets `key` to `value`, expiring after `ttl_ms` (or the deployment's default).
+    Put,
+    Get,
+    Delete,
+    /// The live entries of the scope, bounded.
+    List,
+}
+
+/// Working memory of the request's own scope (never its grants: working memory is the
+/// scope's scratch space), through the query service: how an agent, whose key reaches no
+/// bucket directly, keeps it. Put and delete need a scope the agent's key may write.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkingRequest {
+    #[serde(flatten)]
+    pub scopes: ScopeRequest,
+    pub op: WorkingOp,
+    #[serde(default)]
+    #[schemars(length(max = limits::MAX_NAME_BYTES))]
+    pub key: Option<String>,
+    /// Text for `put`.
+    #[serde(default)]
+    pub value: Option<String>,
+    #[serde(default)]
+    pub ttl_ms: Option<u64>,
+}
+
+impl WorkingRequest {
+    /// Everything but the scopes ([`ScopeRequest::resolve`]).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.scopes.grants.is_empty() {
+            return Err(InvalidField::new(
+                "grants",
+                "working memory reads and writes the own scope only",
+            ));
+        }
+        let needs_key = self.op != WorkingOp::List;
+        match &self.key {
+            None if needs_key => return Err(InvalidField::new("key", "required")),
+            Some(k) if k.len() > limits::MAX_NAME_BYTES => {
+                return Err(InvalidField::new(
+                    "key",
+                    format!("at most {} bytes", limits::MAX_NAME_BYTES),
+                ));
+            }
+            _ => {}
+        }
+        if (self.op == WorkingOp::Put) != self.value.is_some() {
+            return Err(InvalidField::new(
+                "value",
+                "given with put, and only with put",
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkingEntry {
+    pub key: String,
+    pub value: String,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WorkingResponse {
+    /// The entry asked for (`get`), or the scope's live entries (`list`).
+    pub entries: Vec<WorkingEntry>,
+    /// Entries `list` left out past its bounds.
+    pub left_out: usize,
+    /// The revision a `put` stored.
+    pub revision: Option<u64>,
+}
+
 /// An event as the stream stored it.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct ReplayedEvent {
@@ -1253,6 +1330,12 @@ pub fn json_schema() -> serde_json::Value {
             QUERY_SERVICE,
             generator.subschema_for::<ReplayRequest>(),
             generator.subschema_for::<ReplayResponse>(),
+        ),
+        endpoint(
+            WORKING,
+            QUERY_SERVICE,
+            generator.subschema_for::<WorkingRequest>(),
+            generator.subschema_for::<WorkingResponse>(),
         ),
     ];
     let internal = vec![

@@ -372,6 +372,15 @@ impl Client {
             .await
     }
 
+    /// Working memory of one scope (put, get, delete, list) through the query service: the
+    /// way an agent's key reaches it. Put and delete need a scope the key may write.
+    pub async fn working(
+        &self,
+        request: &proto::WorkingRequest,
+    ) -> Result<proto::WorkingResponse, RpcError> {
+        self.query(proto::WORKING, request, None).await
+    }
+
     /// One page of the events of `request.scopes` after `request.after_seq`, through the
     /// query service: how an agent replays (its key reaches no stream directly).
     pub async fn replay_page(
