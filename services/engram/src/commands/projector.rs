@@ -16,12 +16,32 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
     }
     let url = config.client_url();
     let stop = tokio_util::sync::CancellationToken::new();
-    let bus_config = config.bus_config(url.clone());
+    // Each projector connects as its service identity when `engram up` made one in this
+    // home (least privilege), unless --creds names another; else as this process does.
+    let service = |role: engram_access::RoleName| {
+        if config.nats.creds.is_some() {
+            return None;
+        }
+        engram_access::Credentials::load(&engram_access::creds::service_path(&config.home, role))
+            .ok()
+    };
+    let (as_projectors, as_consolidator) = (
+        service(engram_access::RoleName::Projectors),
+        service(engram_access::RoleName::Consolidator),
+    );
     let running = engram_projectors::start(
         &projectors,
         &engram_projectors::state_dir(&config.home),
         |name| {
-            let mut c = bus_config.clone();
+            let creds = if name == engram_memory::proto::read_models::CONSOLIDATOR {
+                as_consolidator.as_ref()
+            } else {
+                as_projectors.as_ref()
+            };
+            let mut c = match creds {
+                Some(creds) => config.bus_config_as(url.clone(), creds),
+                None => config.bus_config(url.clone()),
+            };
             c.client_name = format!("engram-projector-{name}");
             Bus::connect(c)
         },
