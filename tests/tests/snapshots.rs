@@ -105,6 +105,7 @@ async fn cut(bus: &engram_bus::Bus, name: ProjectorName, label: Option<&str>) ->
         &projector_subject(name.as_str(), "snapshot"),
         &SnapshotRequest {
             label: label.map(str::to_owned),
+            force: false,
         },
         Duration::from_secs(60),
     )
@@ -490,6 +491,7 @@ async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
             &engram_memory::proto::projector_subject("facts", "snapshot"),
             &engram_projectors::SnapshotRequest {
                 label: Some(format!("l{i}")),
+                force: false,
             },
             Duration::from_secs(60),
         )

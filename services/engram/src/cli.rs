@@ -79,6 +79,10 @@ pub enum Command {
     /// Grants: which agents may read which wider scopes (admin).
     #[command(subcommand)]
     Grant(GrantCommand),
+    /// Erase a scope (or a user's scope) of a tenant everywhere: audit record, every read
+    /// model and document, the events and their dead letters, working memory, snapshots
+    /// (admin). `engram erase verify` searches all of them for what is left.
+    Erase(EraseArgs),
     /// Retrieve memories (hybrid dense + BM25) through the query service.
     Retrieve(RetrieveArgs),
     /// Assemble the context an agent gets at the start of a step, within a token budget.
@@ -412,6 +416,35 @@ pub struct UpArgs {
     pub insecure_no_auth: bool,
 }
 
+#[derive(Debug, Args)]
+#[command(args_conflicts_with_subcommands = true, subcommand_negates_reqs = true)]
+pub struct EraseArgs {
+    #[command(subcommand)]
+    pub command: Option<EraseCommand>,
+    #[command(flatten)]
+    pub target: EraseTarget,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum EraseCommand {
+    /// Search every read model, document, the newest snapshots, the stream, the dead
+    /// letters and working memory for the target; exits 1 if anything is left.
+    Verify(EraseTarget),
+}
+
+#[derive(Debug, Args)]
+#[group(id = "what", required = true, multiple = false)]
+pub struct EraseTarget {
+    #[arg(long, required = true)]
+    pub tenant: Option<String>,
+    /// A scope: kind:id (repeatable).
+    #[arg(long, group = "what")]
+    pub scope: Vec<String>,
+    /// A user: their `user:<id>` scope.
+    #[arg(long, group = "what")]
+    pub user: Option<String>,
+}
+
 #[derive(Debug, Subcommand)]
 pub enum TenantCommand {
     /// Create a tenant.
@@ -609,6 +642,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tenant(command) => commands::access::tenant(&config, command, json).await,
         Command::Agent(command) => commands::access::agent(&config, command, json).await,
         Command::Grant(command) => commands::access::grant(&config, command, json).await,
+        Command::Erase(args) => commands::erase::run(&config, args, json).await,
         Command::Retrieve(args) => commands::query::retrieve(&config, args, json).await,
         Command::Context(args) => commands::query::context(&config, args, json).await,
         Command::Facts(args) => commands::facts::run(&config, args, json).await,

@@ -305,6 +305,26 @@ impl Projection for Consolidator {
     async fn state_hash(&self) -> [u8; 32] {
         self.memories.state_hash().await
     }
+    async fn erase(&self, keys: &[ScopeKey]) -> Result<u64, ProjectionError> {
+        // The close pairs kept for a scope name its memories: they go with it.
+        {
+            let mut asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            for key in keys {
+                asked.remove(key);
+            }
+        }
+        self.memories.erase(keys).await
+    }
+    async fn traces(&self, keys: &[ScopeKey]) -> u64 {
+        let pending: u64 = {
+            let asked = self.asked.lock().unwrap_or_else(|p| p.into_inner());
+            keys.iter()
+                .filter_map(|k| asked.get(k))
+                .map(|a| a.pending.len() as u64)
+                .sum()
+        };
+        self.memories.traces(keys).await + pending
+    }
 }
 
 /// The consolidator, as the registry runs it.

@@ -24,6 +24,13 @@
 //! memory's text once: a million memories make a blob of some hundreds of MB, built in one
 //! piece, like the other models' snapshots.
 //!
+//! An erasure ([`Projection::erase`]) deletes every document of its scopes by their scope
+//! terms, and drops what the table and the ids log keep of them: the ids of their forgotten
+//! memories and of their signals applied (the log names each id's scope), and their
+//! withdrawn confidences. The commit that follows writes the log anew without them, and then
+//! merges the segments holding the deleted documents, so that their text leaves the disk
+//! too: tantivy only marks a deleted document until a merge drops it.
+//!
 //! A consolidation output starts at the least confidence of its sources as the batch being
 //! planned has left them ([`Inheritance`]), so batch boundaries do not change it.
 
@@ -58,10 +65,14 @@ struct Table {
     /// Distrusted memories among the forgotten, with scope and confidence (likewise): a copy
     /// restored from one inherits it.
     withdrawn: Withdrawn,
+    /// The scope of each id in `forgotten` and `distrusted`, which the ids alone do not say:
+    /// an erasure drops the ids of its scopes by it. Kept in the ids log; ids logged before
+    /// it named their scopes have none, and stay through an erasure.
+    id_scopes: HashMap<EventId, ScopeKey>,
     /// Signals applied by a publish that committed nothing (they lowered no confidence):
     /// logged with the next commit. Until then a restart replays them, as the commit's
     /// ledger lags them.
-    unlogged: Vec<EventId>,
+    unlogged: Vec<(EventId, ScopeKey)>,
     /// The sequences of `memories` by scope, so that a faulty-instance flag looks at its own
     /// scope's memories, not every tenant's.
     by_scope: HashMap<ScopeKey, BTreeSet<Seq>>,
@@ -119,21 +130,24 @@ struct Staged {
     /// The event ids and sequences of those added: a backlog stages many thousands between
     /// commits.
     event_ids: HashMap<EventId, Seq>,
-    /// Memories withdrawn since the last commit.
-    forgotten: BTreeMap<Seq, EventId>,
-    /// Distrust signals applied since the last commit.
-    distrusted: Vec<EventId>,
+    /// Memories withdrawn since the last commit, with their scopes.
+    forgotten: BTreeMap<Seq, (EventId, ScopeKey)>,
+    /// Distrust signals applied since the last commit, with their scopes.
+    distrusted: Vec<(EventId, ScopeKey)>,
     /// Distrusted memories withdrawn since the last commit.
     withdrawn: Withdrawn,
     /// The last sequence applied, so that a retried batch skips what it already staged
     /// (a batch may end in events that stage nothing).
     applied: Seq,
+    /// Scopes were erased since the last commit: the next one writes the ids log anew
+    /// without them, and purges their deleted documents from disk.
+    erased: bool,
 }
 
 impl Staged {
     /// Whether the index has nothing uncommitted.
     fn index_unchanged(&self) -> bool {
-        self.memories.is_empty() && self.forgotten.is_empty()
+        self.memories.is_empty() && self.forgotten.is_empty() && !self.erased
     }
 }
 
@@ -141,11 +155,9 @@ impl Staged {
 enum KwOp {
     /// A memory to index: a new one (`fresh`), or one whose confidence changed, replacing
     /// its document.
-    Put {
-        memory: Memory,
-        fresh: bool,
-    },
-    Forget(Vec<(EventId, Seq)>),
+    Put { memory: Memory, fresh: bool },
+    /// Memories of one scope withdrawn.
+    Forget(ScopeKey, Vec<(EventId, Seq)>),
 }
 
 /// Memory `seq` as a batch being planned has left it: as `ops` made it (`batch` says which
@@ -160,7 +172,7 @@ fn current<'a>(
     match batch.get(&seq) {
         Some(Some(i)) => match &ops[*i] {
             KwOp::Put { memory, .. } => Some(memory),
-            KwOp::Forget(_) => None,
+            KwOp::Forget(..) => None,
         },
         Some(None) => None,
         None if staged.forgotten.contains_key(&seq) => None,
@@ -180,6 +192,9 @@ struct Snapshot {
     distrusted: Vec<EventId>,
     #[serde(default)]
     withdrawn: Withdrawn,
+    /// The scopes of ids in `forgotten` and `distrusted`, where known ([`Table::id_scopes`]).
+    #[serde(default)]
+    id_scopes: Vec<(EventId, ScopeKey)>,
 }
 
 /// [`Snapshot`] as written, borrowed from the table: the memories are encoded where they
@@ -190,6 +205,7 @@ struct SnapshotOut<'a> {
     forgotten: Vec<&'a EventId>,
     distrusted: Vec<&'a EventId>,
     withdrawn: &'a Withdrawn,
+    id_scopes: Vec<(&'a EventId, &'a ScopeKey)>,
 }
 
 struct MemoriesOut<'a>(&'a BTreeMap<Seq, Memory>);
@@ -238,9 +254,62 @@ fn note(ledger: &ApplyLedger, mark: IdsMark) -> Result<String, ProjectionError> 
     .map_err(fatal)
 }
 
+/// Ids for the log, with their scopes where known.
+type Ids = Vec<(EventId, Option<ScopeKey>)>;
+
+fn scoped(ids: &Ids) -> impl Iterator<Item = (&EventId, Option<&ScopeKey>)> {
+    ids.iter().map(|(id, scope)| (id, scope.as_ref()))
+}
+
+/// Commits `ledger` with the ids log written anew (after an erasure): the ids go to a
+/// replacement under a new generation, the commit names it, then it takes the old log's
+/// place. A crash between the commit and the rename leaves the replacement, which the restart
+/// puts in place ([`IdsLog::adopt_replacement`]); a failure before the commit leaves the old
+/// log and commit standing.
+fn commit_with_new_log(
+    ids: &IdsLog,
+    index: &mut KeywordIndex,
+    ledger: &ApplyLedger,
+    forgotten: &Ids,
+    distrusted: &Ids,
+    withdrawn: &Withdrawn,
+) -> Result<(), ProjectionError> {
+    let replacement = ids.replacement();
+    let previous = ids.regenerate();
+    let _ = std::fs::remove_file(&replacement);
+    let committed = ids
+        .append_to(
+            &replacement,
+            scoped(forgotten),
+            scoped(distrusted),
+            withdrawn,
+        )
+        .map_err(|e| ProjectionError::Transient(format!("keyword ids log: {e}")))
+        .and_then(|mark| note(ledger, mark))
+        .and_then(|note| {
+            index
+                .commit_with_note(ledger.seq, &note)
+                .map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))
+        });
+    if let Err(e) = committed {
+        // The replacement stays: should the commit have landed after all, the restart puts
+        // it in place, else removes it.
+        ids.set_generation(previous);
+        return Err(e);
+    }
+    // Committed: the commit names the replacement, so a log left in its place would be
+    // refused; the restart finishes the rename.
+    std::fs::rename(&replacement, &ids.path).map_err(|e| {
+        ids.broken(format_args!(
+            "cannot put the log rewritten for an erasure in place: {e}"
+        ))
+    })
+}
+
 /// The append-only log of forgotten and signal ids beside the index: a `g <generation>`
-/// line, then one `f <id>` or `d <id>` line each, and a `w <id> <confidence> <scope>` line
-/// for each distrusted memory withdrawn.
+/// line, then one `f <id> <scope>` or `d <id> <scope>` line each (a log written before
+/// erasure has no scopes on these; they are read as unknown), and a
+/// `w <id> <confidence> <scope>` line for each distrusted memory withdrawn.
 struct IdsLog {
     path: PathBuf,
     generation: Mutex<String>,
@@ -266,6 +335,7 @@ impl IdsLog {
     fn load(&self, mark: &IdsMark) -> Result<Logged, ProjectionError> {
         let mut logged = Logged::default();
         *self.generation.lock().unwrap_or_else(|p| p.into_inner()) = mark.generation.clone();
+        self.adopt_replacement(mark)?;
         let file = match std::fs::OpenOptions::new()
             .read(true)
             .write(true)
@@ -303,11 +373,19 @@ impl IdsLog {
                 _ => return Err(bad()),
             };
             match kind {
-                "f" => {
-                    logged.forgotten.insert(id);
-                }
-                "d" => {
-                    logged.distrusted.insert(id);
+                "f" | "d" => {
+                    match parts.next().map(parse_scope) {
+                        Some(Some(scope)) => {
+                            logged.id_scopes.insert(id.clone(), scope);
+                        }
+                        Some(None) => return Err(bad()),
+                        None => {}
+                    }
+                    if kind == "f" {
+                        logged.forgotten.insert(id);
+                    } else {
+                        logged.distrusted.insert(id);
+                    }
                 }
                 "w" => {
                     let confidence = parts.next().and_then(|c| c.parse::<f64>().ok());
@@ -323,13 +401,39 @@ impl IdsLog {
         Ok(logged)
     }
 
-    /// Appends the ids to the log at `path` (this log's, or a new one's) and fsyncs; returns
-    /// the mark of the log with them.
+    /// A replacing log (an import's, an erasure's) that a crash left beside this one: put in
+    /// place if the index's last commit names it (the crash came between that commit and the
+    /// rename), removed if not (it came before the commit, which the old log goes with).
+    fn adopt_replacement(&self, mark: &IdsMark) -> Result<(), ProjectionError> {
+        use std::io::BufRead;
+        let replacement = self.replacement();
+        let file = match std::fs::File::open(&replacement) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+            Err(e) => return Err(self.broken(e)),
+        };
+        let mut first = String::new();
+        std::io::BufReader::new(file)
+            .read_line(&mut first)
+            .map_err(|e| self.broken(e))?;
+        if first.trim_end() == format!("g {}", mark.generation) {
+            tracing::info!(
+                log = %self.path.display(),
+                "keyword ids log replaced at restart, as its last commit names the replacement"
+            );
+            std::fs::rename(&replacement, &self.path).map_err(|e| self.broken(e))
+        } else {
+            std::fs::remove_file(&replacement).map_err(|e| self.broken(e))
+        }
+    }
+
+    /// Appends the ids, with their scopes where known, to the log at `path` (this log's, or
+    /// a new one's) and fsyncs; returns the mark of the log with them.
     fn append_to<'a>(
         &self,
         path: &std::path::Path,
-        forgotten: impl Iterator<Item = &'a EventId>,
-        distrusted: impl Iterator<Item = &'a EventId>,
+        forgotten: impl Iterator<Item = (&'a EventId, Option<&'a ScopeKey>)>,
+        distrusted: impl Iterator<Item = (&'a EventId, Option<&'a ScopeKey>)>,
         withdrawn: &Withdrawn,
     ) -> std::io::Result<IdsMark> {
         use std::io::Write;
@@ -346,12 +450,15 @@ impl IdsLog {
         if file.metadata()?.len() == 0 {
             text.push_str(&format!("g {generation}\n"));
         }
-        for (kind, id) in forgotten
+        for (kind, (id, scope)) in forgotten
             .map(|id| ("f ", id))
             .chain(distrusted.map(|id| ("d ", id)))
         {
             text.push_str(kind);
             text.push_str(id.as_str());
+            if let Some(scope) = scope {
+                text.push_str(&format!(" {scope}"));
+            }
             text.push('\n');
         }
         for (id, (scope, confidence)) in withdrawn {
@@ -370,8 +477,8 @@ impl IdsLog {
 
     fn append<'a>(
         &self,
-        forgotten: impl Iterator<Item = &'a EventId>,
-        distrusted: impl Iterator<Item = &'a EventId>,
+        forgotten: impl Iterator<Item = (&'a EventId, Option<&'a ScopeKey>)>,
+        distrusted: impl Iterator<Item = (&'a EventId, Option<&'a ScopeKey>)>,
         withdrawn: &Withdrawn,
     ) -> std::io::Result<IdsMark> {
         self.append_to(&self.path, forgotten, distrusted, withdrawn)
@@ -410,6 +517,7 @@ struct Logged {
     forgotten: HashSet<EventId>,
     distrusted: HashSet<EventId>,
     withdrawn: Withdrawn,
+    id_scopes: HashMap<EventId, ScopeKey>,
 }
 
 /// A scope as [`ScopeKey`]'s `Display` writes it: `tenant/kind:id`.
@@ -467,6 +575,68 @@ fn open_index(dir: &std::path::Path) -> Result<KeywordIndex, ProjectionError> {
         }
         other => other.map_err(fatal),
     }
+}
+
+/// What the model keeps of the scopes `keys`: the sequences of their memories in the table
+/// and among the staged, and every event of theirs anything is kept of (those memories,
+/// forgotten memories and the signals applied whose scopes are known, withdrawn confidences).
+#[derive(Default)]
+struct Held {
+    table: Vec<Seq>,
+    staged: Vec<Seq>,
+    events: HashSet<EventId>,
+}
+
+impl Held {
+    /// Memories (a staged one may be a new confidence of one in the table).
+    fn memories(&self) -> usize {
+        let mut seqs: Vec<Seq> = self.table.iter().chain(&self.staged).copied().collect();
+        seqs.sort_unstable();
+        seqs.dedup();
+        seqs.len()
+    }
+}
+
+fn held_of(table: &Table, staged: &Staged, keys: &HashSet<ScopeKey>) -> Held {
+    let mut held = Held::default();
+    for key in keys {
+        for m in table.of_scope(key) {
+            held.table.push(m.meta.seq);
+            held.events.insert(m.meta.event_id.clone());
+        }
+    }
+    for (seq, m) in &staged.memories {
+        if keys.contains(&m.meta.scope) {
+            held.staged.push(*seq);
+            held.events.insert(m.meta.event_id.clone());
+        }
+    }
+    let of_keys = |id: &&EventId| table.id_scopes.get(*id).is_some_and(|s| keys.contains(s));
+    held.events.extend(
+        table
+            .forgotten
+            .iter()
+            .chain(&table.distrusted)
+            .filter(of_keys)
+            .cloned(),
+    );
+    held.events.extend(
+        table
+            .withdrawn
+            .iter()
+            .chain(&staged.withdrawn)
+            .filter(|(_, (scope, _))| keys.contains(scope))
+            .map(|(id, _)| id.clone()),
+    );
+    held.events.extend(
+        staged
+            .forgotten
+            .values()
+            .chain(&staged.distrusted)
+            .filter(|(_, scope)| keys.contains(scope))
+            .map(|(id, _)| id.clone()),
+    );
+    held
 }
 
 impl KeywordProjection {
@@ -557,6 +727,35 @@ impl KeywordProjection {
         .map_err(|e| Failure::new(engram_memory::proto::ErrorCode::Internal, e.to_string()))?
     }
 
+    /// Drops erased documents from the index's files ([`KeywordIndex::purge_deleted`]),
+    /// once their deletes are committed. Should it fail, the next publish commits and purges
+    /// again; the erasure reports the failure meanwhile, and may be run again.
+    async fn purge(&self) -> Result<(), ProjectionError> {
+        let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner()).take();
+        let mut index = writer
+            .ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
+        // Merges rewrite segments, and fsync: off the async threads.
+        let (index, result) = tokio::task::spawn_blocking(move || {
+            let result = index.purge_deleted();
+            (index, result)
+        })
+        .await
+        .map_err(fatal)?;
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
+        match result {
+            Ok(()) => {
+                tracing::debug!("keyword index purged of erased documents");
+                Ok(())
+            }
+            Err(e) => {
+                self.staged.lock().unwrap_or_else(|p| p.into_inner()).erased = true;
+                Err(ProjectionError::Transient(format!(
+                    "keyword index: erased documents are deleted but still on disk: {e}"
+                )))
+            }
+        }
+    }
+
     fn with_writer<T>(
         &self,
         f: impl FnOnce(&mut KeywordIndex) -> Result<T, engram_keyword::KeywordError>,
@@ -605,6 +804,7 @@ impl Projection for KeywordProjection {
             forgotten: logged.forgotten,
             distrusted: logged.distrusted,
             withdrawn: logged.withdrawn,
+            id_scopes: logged.id_scopes,
             ..Table::default()
         };
         for (meta, text) in memories {
@@ -622,7 +822,7 @@ impl Projection for KeywordProjection {
         // Stream order matters: a batch may hold a memory, then its forgetting or a signal
         // lowering its confidence.
         let mut ops: Vec<KwOp> = Vec::new();
-        let mut signals: Vec<EventId> = Vec::new();
+        let mut signals: Vec<(EventId, ScopeKey)> = Vec::new();
         let mut fresh_ids: HashMap<EventId, Seq> = HashMap::new();
         // Distrusted memories this batch withdrew.
         let mut withdrawn = Withdrawn::new();
@@ -677,7 +877,7 @@ impl Projection for KeywordProjection {
                         }
                     }
                     if !seqs.is_empty() {
-                        ops.push(KwOp::Forget(seqs));
+                        ops.push(KwOp::Forget(scope, seqs));
                     }
                     continue;
                 }
@@ -705,10 +905,13 @@ impl Projection for KeywordProjection {
                         continue;
                     }
                 };
+                let known_signal = |id: &EventId| {
+                    table.distrusted.contains(id)
+                        || staged.distrusted.iter().any(|(d, _)| d == id)
+                        || signals.iter().any(|(d, _)| d == id)
+                };
                 if let Some(signal) = signal
-                    && !table.distrusted.contains(&signal.event_id)
-                    && !staged.distrusted.contains(&signal.event_id)
-                    && !signals.contains(&signal.event_id)
+                    && !known_signal(&signal.event_id)
                 {
                     let mut about: BTreeSet<Seq> = signal
                         .contradicts
@@ -726,7 +929,7 @@ impl Projection for KeywordProjection {
                         // Committed, staged, and planned earlier in this batch.
                         let planned = batch.values().flatten().filter_map(|&i| match &ops[i] {
                             KwOp::Put { memory, .. } => Some(memory),
-                            KwOp::Forget(_) => None,
+                            KwOp::Forget(..) => None,
                         });
                         about.extend(
                             table
@@ -754,7 +957,7 @@ impl Projection for KeywordProjection {
                             fresh: false,
                         });
                     }
-                    signals.push(signal.event_id);
+                    signals.push((signal.event_id, signal.scope));
                 }
                 if !is_text_memory(event)
                     || known(&event.event_id)
@@ -806,7 +1009,7 @@ impl Projection for KeywordProjection {
                     // Adding a sequence the index holds replaces its document.
                     KwOp::Put { memory, .. } => index.add(&memory.meta, &memory.text)?,
                     // tantivy orders deletes after earlier adds, committed or not.
-                    KwOp::Forget(seqs) => {
+                    KwOp::Forget(_, seqs) => {
                         for (_, seq) in seqs {
                             index.delete(*seq)?;
                         }
@@ -826,10 +1029,10 @@ impl Projection for KeywordProjection {
                     }
                     staged.memories.insert(memory.meta.seq, memory);
                 }
-                KwOp::Forget(seqs) => {
+                KwOp::Forget(scope, seqs) => {
                     for (id, seq) in seqs {
                         staged.memories.remove(&seq);
-                        staged.forgotten.insert(seq, id);
+                        staged.forgotten.insert(seq, (id, scope.clone()));
                     }
                 }
             }
@@ -854,26 +1057,55 @@ impl Projection for KeywordProjection {
             // re-reads a few events that changed nothing in the index and applies them again
             // from that older ledger, which changes nothing either.
             let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-            table.unlogged.extend(signals.iter().cloned());
-            table.distrusted.extend(signals);
+            for (id, scope) in signals {
+                table.distrusted.insert(id.clone());
+                table.id_scopes.insert(id.clone(), scope.clone());
+                table.unlogged.push((id, scope));
+            }
             table.applied = applied;
             return Ok(());
         }
         // The ids this commit makes durable go to the log first: a crash after the log and
-        // before the commit leaves a tail the restart cuts off.
-        let (forgotten, distrusted, withdrawn): (Vec<EventId>, Vec<EventId>, Withdrawn) = {
+        // before the commit leaves a tail the restart cuts off. After an erasure the log is
+        // written anew instead, with every id still kept and none of the erased scopes'.
+        let (erased, forgotten, distrusted, withdrawn): (bool, Ids, Ids, Withdrawn) = {
             let table = self.table.read().unwrap_or_else(|p| p.into_inner());
             let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            (
-                staged.forgotten.values().cloned().collect(),
-                table
-                    .unlogged
-                    .iter()
-                    .chain(&staged.distrusted)
-                    .cloned()
-                    .collect(),
-                staged.withdrawn.clone(),
-            )
+            let with_scope = |(id, scope): &(EventId, ScopeKey)| (id.clone(), Some(scope.clone()));
+            let staged_forgotten = staged.forgotten.values().map(with_scope);
+            let staged_distrusted = staged.distrusted.iter().map(with_scope);
+            if staged.erased {
+                let kept = |id: &EventId| (id.clone(), table.id_scopes.get(id).cloned());
+                let mut withdrawn = table.withdrawn.clone();
+                withdrawn.extend(staged.withdrawn.clone());
+                (
+                    true,
+                    sorted(&table.forgotten)
+                        .into_iter()
+                        .map(kept)
+                        .chain(staged_forgotten)
+                        .collect(),
+                    // `distrusted` holds the unlogged signals too.
+                    sorted(&table.distrusted)
+                        .into_iter()
+                        .map(kept)
+                        .chain(staged_distrusted)
+                        .collect(),
+                    withdrawn,
+                )
+            } else {
+                (
+                    false,
+                    staged_forgotten.collect(),
+                    table
+                        .unlogged
+                        .iter()
+                        .map(with_scope)
+                        .chain(staged_distrusted)
+                        .collect(),
+                    staged.withdrawn.clone(),
+                )
+            }
         };
         let writer = {
             let mut guard = self.writer.lock().unwrap_or_else(|p| p.into_inner());
@@ -884,15 +1116,25 @@ impl Projection for KeywordProjection {
         // Both fsync: off the async threads.
         let ids = self.ids.clone();
         let (index, result) = tokio::task::spawn_blocking(move || {
-            let result = ids
-                .append(forgotten.iter(), distrusted.iter(), &withdrawn)
-                .map_err(|e| ProjectionError::Transient(format!("keyword ids log: {e}")))
-                .and_then(|mark| note(&ledger, mark))
-                .and_then(|note| {
-                    index
-                        .commit_with_note(applied, &note)
-                        .map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))
-                });
+            let result = if erased {
+                commit_with_new_log(
+                    &ids,
+                    &mut index,
+                    &ledger,
+                    &forgotten,
+                    &distrusted,
+                    &withdrawn,
+                )
+            } else {
+                ids.append(scoped(&forgotten), scoped(&distrusted), &withdrawn)
+                    .map_err(|e| ProjectionError::Transient(format!("keyword ids log: {e}")))
+                    .and_then(|mark| note(&ledger, mark))
+                    .and_then(|note| {
+                        index
+                            .commit_with_note(applied, &note)
+                            .map_err(|e| ProjectionError::Transient(format!("keyword commit: {e}")))
+                    })
+            };
             (index, result)
         })
         .await
@@ -900,21 +1142,31 @@ impl Projection for KeywordProjection {
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
         result?;
         let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
-        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-        for m in staged.memories.into_values() {
-            table.insert(m);
+        {
+            let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+            for m in staged.memories.into_values() {
+                table.insert(m);
+            }
+            for (id, scope) in staged.distrusted {
+                table.distrusted.insert(id.clone());
+                table.id_scopes.insert(id, scope);
+            }
+            table.withdrawn.extend(staged.withdrawn);
+            table.unlogged.clear();
+            for (seq, (id, scope)) in staged.forgotten {
+                table.remove(seq);
+                table.forgotten.insert(id.clone());
+                table.id_scopes.insert(id, scope);
+                engram_telemetry::metrics::PROJECTOR_FORGOTTEN
+                    .with_label_values(&[NAME])
+                    .inc();
+            }
+            table.applied = applied;
         }
-        table.distrusted.extend(staged.distrusted);
-        table.withdrawn.extend(staged.withdrawn);
-        table.unlogged.clear();
-        for (seq, id) in staged.forgotten {
-            table.remove(seq);
-            table.forgotten.insert(id);
-            engram_telemetry::metrics::PROJECTOR_FORGOTTEN
-                .with_label_values(&[NAME])
-                .inc();
+        if erased {
+            // After the table moved on: searches see this commit's memories meanwhile.
+            self.purge().await?;
         }
-        table.applied = applied;
         Ok(())
     }
 
@@ -945,11 +1197,14 @@ impl Projection for KeywordProjection {
         let (table, applied) = (self.table.clone(), *applied);
         tokio::task::spawn_blocking(move || {
             let table = table.read().unwrap_or_else(|p| p.into_inner());
+            let mut id_scopes: Vec<(&EventId, &ScopeKey)> = table.id_scopes.iter().collect();
+            id_scopes.sort_unstable();
             let out = SnapshotOut {
                 memories: MemoriesOut(&table.memories),
                 forgotten: sorted(&table.forgotten),
                 distrusted: sorted(&table.distrusted),
                 withdrawn: &table.withdrawn,
+                id_scopes,
             };
             snapshot::encode(&applied, &out).map(Some)
         })
@@ -991,10 +1246,11 @@ impl Projection for KeywordProjection {
         let replacement = self.ids.replacement();
         let previous = self.ids.regenerate();
         let _ = std::fs::remove_file(&replacement);
+        let id_scopes: HashMap<EventId, ScopeKey> = snap.id_scopes.into_iter().collect();
         let logged = self.ids.append_to(
             &replacement,
-            snap.forgotten.iter(),
-            snap.distrusted.iter(),
+            snap.forgotten.iter().map(|id| (id, id_scopes.get(id))),
+            snap.distrusted.iter().map(|id| (id, id_scopes.get(id))),
             &snap.withdrawn,
         );
         let logged = match logged {
@@ -1038,6 +1294,7 @@ impl Projection for KeywordProjection {
             forgotten: snap.forgotten.into_iter().collect(),
             distrusted: snap.distrusted.into_iter().collect(),
             withdrawn: snap.withdrawn,
+            id_scopes,
             ..Table::default()
         };
         for memory in memories {
@@ -1059,6 +1316,112 @@ impl Projection for KeywordProjection {
             .as_ref()
             .and_then(|i| i.state_hash().ok())
             .unwrap_or_default()
+    }
+
+    /// Deletes every document of the scopes `keys` by its scope term, and drops what the
+    /// table, the staged changes and the ids log keep of them; returns how many events that
+    /// was ([`traces`](Projection::traces) before). The publish the loop makes right after
+    /// commits the deletes with the log written anew, then merges the deleted documents out
+    /// of the index's files ([`KeywordIndex::purge_deleted`]). Ids logged before the log
+    /// named their scopes cannot be attributed, and stay (bare ids, no text).
+    async fn erase(&self, keys: &[ScopeKey]) -> Result<u64, ProjectionError> {
+        let keys: HashSet<ScopeKey> = keys.iter().cloned().collect();
+        // The deletes first: should they fail, the table still says what the index holds.
+        // Every memory of the scopes goes, staged ones included; none added after.
+        self.with_writer(|index| keys.iter().try_for_each(|key| index.delete_scope(key)))?;
+        // What goes is found under the read lock, so searches go on meanwhile; nothing
+        // writes in between, as the loop erases between batches.
+        let held = {
+            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            held_of(&table, &staged, &keys)
+        };
+        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
+        let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        let (table, staged) = (&mut *table, &mut *staged);
+        for seq in &held.table {
+            table.remove(*seq);
+        }
+        for seq in &held.staged {
+            if let Some(m) = staged.memories.remove(seq) {
+                staged.event_ids.remove(&m.meta.event_id);
+            }
+        }
+        // A forgotten memory's id still maps to its sequence; signals' ids are apart.
+        for id in &held.events {
+            table.event_ids.remove(id);
+            table.forgotten.remove(id);
+            table.distrusted.remove(id);
+            table.withdrawn.remove(id);
+            table.id_scopes.remove(id);
+            staged.withdrawn.remove(id);
+        }
+        table.unlogged.retain(|(_, scope)| !keys.contains(scope));
+        staged
+            .forgotten
+            .retain(|_, (_, scope)| !keys.contains(scope));
+        staged.distrusted.retain(|(_, scope)| !keys.contains(scope));
+        staged.erased = true;
+        let unattributed = table
+            .forgotten
+            .iter()
+            .chain(&table.distrusted)
+            .filter(|id| !table.id_scopes.contains_key(*id))
+            .count();
+        if unattributed > 0 {
+            tracing::warn!(
+                ids = unattributed,
+                "forgotten memories' and applied signals' ids logged before the log named their scopes cannot be attributed to a scope; those of the erased scopes stay, without text"
+            );
+        }
+        tracing::debug!(
+            scopes = keys.len(),
+            memories = held.memories(),
+            events = held.events.len(),
+            "keyword scopes erased"
+        );
+        Ok(held.events.len() as u64)
+    }
+
+    /// The events of the scopes `keys` the model keeps anything of, as [`erase`] counts
+    /// them, where the memories are the more of those in the table and those the last
+    /// commit holds, so that a document the table no longer shows counts too.
+    ///
+    /// [`erase`]: Projection::erase
+    async fn traces(&self, keys: &[ScopeKey]) -> u64 {
+        let keys: HashSet<ScopeKey> = keys.iter().cloned().collect();
+        let held: Vec<(&ScopeKey, Held)> = {
+            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
+            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            keys.iter()
+                .map(|key| {
+                    let one = HashSet::from([key.clone()]);
+                    (key, held_of(&table, &staged, &one))
+                })
+                .collect()
+        };
+        let reader = self
+            .reader
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone();
+        let mut traces = 0;
+        for (key, held) in held {
+            // A model not open, or an index that cannot count, is not clean: one trace for
+            // the scope, so that verification does not pass on it.
+            let counted = match &reader {
+                Some(reader) => reader.scope_count(key).map_err(|e| e.to_string()),
+                None => Err("the keyword index is not open yet".to_owned()),
+            };
+            let documents = counted.unwrap_or_else(|e| {
+                tracing::warn!(scope = %key, error = %e, "cannot count a scope's keyword documents");
+                1
+            });
+            let memories = held.memories() as u64;
+            let others = (held.events.len() as u64).saturating_sub(memories);
+            traces += memories.max(documents) + others;
+        }
+        traces
     }
 }
 
@@ -1095,5 +1458,279 @@ impl crate::ReadModel for Keyword {
         _visible: Seq,
     ) -> Result<SearchResponse, Failure> {
         projection.search(&request).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use engram_memory::MemoryFilter;
+    use engram_memory::proto::Consistency;
+    use engram_schema::{Envelope, Layer};
+    use engram_testkit::{event, stored};
+
+    use super::*;
+
+    /// The word every memory below shares, to search for.
+    const SECRET: &str = "hippogriff";
+    /// One word per memory, for the bytes on disk. tantivy's term dictionary (an FST) does not
+    /// keep a term's bytes in one piece, but the doc store keeps the stored text, LZ4
+    /// compressed in blocks: a word found nowhere else in its block stays a literal there.
+    /// So each word appears with its memory only, and no two share four bytes in a row (LZ4's
+    /// shortest back reference).
+    const ERASED_WORD: &str = "quixoticzebrafjord";
+    const OTHER_SCOPE_WORD: &str = "umbrellagnomes";
+    const OTHER_TENANT_WORD: &str = "lanternpotash";
+
+    fn scope(tenant: &str, task: &str) -> ScopeKey {
+        ScopeKey::of(&event(tenant, task, "x"))
+    }
+
+    fn forget(target: &Envelope) -> Envelope {
+        let mut e = event(
+            target.tenant.as_str(),
+            target.scope.id.as_str(),
+            "forget it",
+        );
+        e.kind = EventKind::Forgotten;
+        e.layer = Layer::Working;
+        e.content.data = Some(serde_json::json!({"event_ids": [target.event_id.as_str()]}));
+        e
+    }
+
+    /// An outcome (no text, so not a memory) contradicting `target`: a distrust signal.
+    fn contradict(target: &Envelope) -> Envelope {
+        let mut e = event(target.tenant.as_str(), target.scope.id.as_str(), "");
+        e.kind = EventKind::Outcome;
+        e.content.data = Some(serde_json::json!({"contradicts": [target.event_id.as_str()]}));
+        e
+    }
+
+    async fn opened(dir: &std::path::Path) -> (KeywordProjection, ApplyLedger) {
+        let keyword = KeywordProjection::new(dir);
+        let ledger = keyword.restore().await.unwrap();
+        (keyword, ledger)
+    }
+
+    async fn apply(
+        keyword: &KeywordProjection,
+        events: &[Envelope],
+        first_seq: u64,
+    ) -> ApplyLedger {
+        let batch = stored(events, first_seq);
+        assert!(keyword.apply(&batch).await.unwrap().is_empty());
+        let ledger = ApplyLedger {
+            seq: batch.last().unwrap().seq,
+            ..ApplyLedger::default()
+        };
+        keyword.publish(&ledger).await.unwrap();
+        ledger
+    }
+
+    async fn found(keyword: &KeywordProjection, scope: &ScopeKey, query: &str) -> Vec<String> {
+        let request = SearchRequest {
+            scopes: vec![scope.clone()],
+            query: query.into(),
+            vector: None,
+            k: 10,
+            filter: MemoryFilter::default(),
+            consistency: Consistency::default(),
+            score_also: Vec::new(),
+            rest: 0,
+        };
+        let hits = keyword.search(&request).await.unwrap().hits;
+        hits.into_iter().map(|h| h.text).collect()
+    }
+
+    /// The files under `dir`, at any depth, whose bytes hold `needle`.
+    fn files_holding(dir: &std::path::Path, needle: &[u8]) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        let mut dirs = vec![dir.to_path_buf()];
+        while let Some(dir) = dirs.pop() {
+            for entry in std::fs::read_dir(&dir).unwrap() {
+                let path = entry.unwrap().path();
+                if path.is_dir() {
+                    dirs.push(path);
+                } else if std::fs::read(&path)
+                    .unwrap()
+                    .windows(needle.len())
+                    .any(|w| w == needle)
+                {
+                    found.push(path);
+                }
+            }
+        }
+        found
+    }
+
+    /// The traces of each scope in `scopes`.
+    async fn traces(keyword: &KeywordProjection, scopes: &[ScopeKey]) -> Vec<u64> {
+        let mut traces = Vec::new();
+        for scope in scopes {
+            traces.push(keyword.traces(std::slice::from_ref(scope)).await);
+        }
+        traces
+    }
+
+    /// Alive and deleted documents in the index in `dir`, as a reader of its own sees them.
+    fn documents(dir: &std::path::Path) -> (u64, u64) {
+        let index = tantivy::Index::open_in_dir(dir.join("keyword")).unwrap();
+        let searcher = index.reader().unwrap().searcher();
+        let deleted = searcher
+            .segment_readers()
+            .iter()
+            .map(|s| u64::from(s.num_deleted_docs()))
+            .sum();
+        (searcher.num_docs(), deleted)
+    }
+
+    #[tokio::test]
+    async fn an_erased_scope_leaves_nothing_in_the_index_its_files_or_the_ids_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let (erased, other_scope, other_tenant) = (
+            scope("acme", "t1"),
+            scope("acme", "t2"),
+            scope("acme2", "t1"),
+        );
+        let secret = event("acme", "t1", &format!("the {SECRET} code is {ERASED_WORD}"));
+        let kept = event(
+            "acme",
+            "t2",
+            &format!("the {SECRET} code is {OTHER_SCOPE_WORD}"),
+        );
+        let beside = event(
+            "acme2",
+            "t1",
+            &format!("the {SECRET} code is {OTHER_TENANT_WORD}"),
+        );
+        let claim = event("acme", "t1", "a claim about the weather");
+        let other_claim = event("acme", "t2", "a claim about the tides");
+        let (signal, other_signal) = (contradict(&claim), contradict(&other_claim));
+        let (keyword, _) = opened(dir.path()).await;
+        // Given memories in two scopes of acme and in acme2's scope of the same id, each
+        // committed; and in each acme scope a claim contradicted, then forgotten, so that the
+        // ids log holds ids and a withdrawn confidence of both.
+        let events = [
+            secret.clone(),
+            kept,
+            beside,
+            claim.clone(),
+            other_claim.clone(),
+        ];
+        apply(&keyword, &events, 1).await;
+        let events = [
+            signal.clone(),
+            other_signal,
+            forget(&claim),
+            forget(&other_claim),
+        ];
+        let ledger = apply(&keyword, &events, 6).await;
+        let log = dir.path().join("keyword-ids.log");
+        let read_log = || std::fs::read_to_string(&log).unwrap();
+        // (What the assertions below look for is there to be found: the erased word in the
+        // index's files, the erased scope in the log.)
+        assert!(!files_holding(&dir.path().join("keyword"), ERASED_WORD.as_bytes()).is_empty());
+        assert!(
+            read_log().contains(&format!(" {erased}\n")),
+            "{}",
+            read_log()
+        );
+        // The memory, the forgotten claim and the signal: three events each in acme.
+        assert_eq!(keyword.traces(std::slice::from_ref(&erased)).await, 3);
+        assert_eq!(keyword.traces(std::slice::from_ref(&other_scope)).await, 3);
+        assert_eq!(keyword.traces(std::slice::from_ref(&other_tenant)).await, 1);
+        let (alive, _) = documents(dir.path());
+        assert_eq!(alive, 3);
+
+        // When one acme scope is erased, and published as the loop does right after.
+        assert_eq!(
+            keyword.erase(std::slice::from_ref(&erased)).await.unwrap(),
+            3
+        );
+        keyword.publish(&ledger).await.unwrap();
+
+        // Then nothing of it is left, and everything of the others is.
+        let scopes = [erased.clone(), other_scope.clone(), other_tenant.clone()];
+        assert_eq!(traces(&keyword, &scopes).await, [0, 3, 1]);
+        assert!(found(&keyword, &erased, SECRET).await.is_empty());
+        assert!(found(&keyword, &erased, ERASED_WORD).await.is_empty());
+        assert_eq!(found(&keyword, &other_scope, SECRET).await.len(), 1);
+        assert_eq!(found(&keyword, &other_tenant, SECRET).await.len(), 1);
+        // A deleted document is only marked in tantivy: its stored text and its terms stay
+        // in the segment's files until a merge rewrites them. So the check is on the bytes
+        // themselves, in every file under the data directory: the erased word was found in
+        // the index's files (its doc store) before the erasure, and is gone now, while the
+        // kept memories' words are still found; a commit of the deletes without the merge
+        // fails here. And a reader of its own finds the documents left, and no deleted one
+        // still held in a segment.
+        assert_eq!(
+            files_holding(dir.path(), ERASED_WORD.as_bytes()),
+            Vec::<PathBuf>::new()
+        );
+        let index_dir = dir.path().join("keyword");
+        assert!(!files_holding(&index_dir, OTHER_SCOPE_WORD.as_bytes()).is_empty());
+        assert!(!files_holding(&index_dir, OTHER_TENANT_WORD.as_bytes()).is_empty());
+        assert_eq!(documents(dir.path()), (2, 0));
+        // The ids log was written anew without the scope's lines (ids and scope), and with
+        // the other scope's.
+        let text = read_log();
+        for gone in [
+            erased.to_string(),
+            claim.event_id.to_string(),
+            signal.event_id.to_string(),
+        ] {
+            assert!(!text.contains(&gone), "{gone} in {text:?}");
+        }
+        assert!(text.contains(&format!(" {other_scope}\n")), "{text:?}");
+
+        // And a restart from disk brings none of it back.
+        drop(keyword);
+        let (keyword, restored) = opened(dir.path()).await;
+        assert_eq!(restored.seq, ledger.seq);
+        assert_eq!(keyword.len(), 2);
+        assert_eq!(traces(&keyword, &scopes).await, [0, 3, 1]);
+        assert!(found(&keyword, &erased, SECRET).await.is_empty());
+        assert_eq!(found(&keyword, &other_scope, SECRET).await.len(), 1);
+
+        // And erasing it again finds nothing to remove, and changes nothing else.
+        assert_eq!(
+            keyword.erase(std::slice::from_ref(&erased)).await.unwrap(),
+            0
+        );
+        keyword.publish(&ledger).await.unwrap();
+        assert_eq!(traces(&keyword, &scopes).await, [0, 3, 1]);
+        assert_eq!(documents(dir.path()), (2, 0));
+    }
+
+    #[tokio::test]
+    async fn a_rewritten_log_a_crash_left_beside_the_old_one_is_put_in_place_if_committed() {
+        let dir = tempfile::tempdir().unwrap();
+        let claim = event("acme", "t1", "a claim about the weather");
+        let (keyword, _) = opened(dir.path()).await;
+        let ledger = apply(&keyword, &[claim.clone(), forget(&claim)], 1).await;
+        let log = dir.path().join("keyword-ids.log");
+        let old = std::fs::read_to_string(&log).unwrap();
+        assert!(old.contains(claim.event_id.as_str()), "{old:?}");
+        assert_eq!(keyword.erase(&[scope("acme", "t1")]).await.unwrap(), 1);
+        keyword.publish(&ledger).await.unwrap();
+        drop(keyword);
+        // Given the state a crash between the erasure's commit and its rename leaves: the
+        // rewritten log beside the old one, which the commit does not name.
+        let new = std::fs::read_to_string(&log).unwrap();
+        assert!(!new.contains(claim.event_id.as_str()), "{new:?}");
+        std::fs::rename(&log, log.with_extension("log.new")).unwrap();
+        std::fs::write(&log, &old).unwrap();
+        // When the model restarts, it takes the log the commit names, not the old one.
+        let (keyword, restored) = opened(dir.path()).await;
+        assert_eq!(restored.seq, ledger.seq);
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), new);
+        assert!(!log.with_extension("log.new").exists());
+        assert_eq!(keyword.traces(&[scope("acme", "t1")]).await, 0);
+        drop(keyword);
+        // And a replacement the commit does not name (a crash before the commit) is removed.
+        std::fs::write(log.with_extension("log.new"), "g another\n").unwrap();
+        let (keyword, _) = opened(dir.path()).await;
+        assert_eq!(std::fs::read_to_string(&log).unwrap(), new);
+        assert!(!log.with_extension("log.new").exists());
+        drop(keyword);
     }
 }

@@ -340,6 +340,7 @@ where
             .model()
             .launch(config, dir, bus, &serving, shutdown.clone())
             .await?;
+        let (eraser, traced, store_for_traces) = (cutter.clone(), status.clone(), store.clone());
         let newest = Arc::new(Newest::default());
         let (c, st, v, kept) = (
             cutter.clone(),
@@ -367,6 +368,7 @@ where
                 async move {
                     let _one = cutting.lock().await;
                     if req.label.is_none()
+                        && !req.force
                         && let Some(newest) = store
                             .list(Some(cutter.projector()))
                             .await
@@ -457,6 +459,104 @@ where
         )
         .await
         .map_err(service_err)?;
+        // Erasure (admin only: no other identity may publish here). The model first applies
+        // everything up to `through_seq` (what the stream held when it was purged), so no
+        // event of the scopes is applied after the erasure; then erases and checkpoints.
+        let (v, head) = (visibility.clone(), serving.head.clone());
+        engram_rpc::serve(
+            &service,
+            &proto::projector_subject(projector, "erase"),
+            "erase",
+            serving.limits,
+            move |req: proto::EraseScopesRequest| {
+                let (v, head, eraser) = (v.clone(), head.clone(), eraser.clone());
+                async move {
+                    req.validate().map_err(Failure::from)?;
+                    let wait = Consistency {
+                        min_seq: (req.through_seq > 0).then_some(req.through_seq),
+                        wait_ms: Some(proto::limits::MAX_WAIT_MS),
+                    };
+                    wait_visible(&v, &head, &wait).await?;
+                    let removed = eraser
+                        .erase(req.scopes)
+                        .await
+                        .map_err(|e| Failure::new(proto::ErrorCode::Unavailable, e.to_string()))?;
+                    Ok(proto::EraseScopesResponse {
+                        projector: projector.to_owned(),
+                        removed,
+                    })
+                }
+            },
+        )
+        .await
+        .map_err(service_err)?;
+        // The newest snapshot, loaded into a scratch copy of the model: does it still hold
+        // the scopes? (Erasure verification; admin only.)
+        let (st, registered, cfg) = (store_for_traces.clone(), name.model(), config.clone());
+        engram_rpc::serve(
+            &service,
+            &proto::projector_subject(projector, "snapshot_traces"),
+            "snapshot_traces",
+            serving.limits,
+            move |req: proto::TracesRequest| {
+                let (store, cfg) = (st.clone(), cfg.clone());
+                async move {
+                    if req.scopes.len() > proto::limits::MAX_ERASE_SCOPES {
+                        return Err(Failure::invalid(format!(
+                            "scopes: at most {}",
+                            proto::limits::MAX_ERASE_SCOPES
+                        )));
+                    }
+                    let unavailable = |e: String| Failure::new(ErrorCode::Unavailable, e);
+                    let chosen = store
+                        .load_latest_good(projector, None, |_| Ok(()))
+                        .await
+                        .map_err(|e| unavailable(e.to_string()))?
+                        .chosen;
+                    let traces = match chosen {
+                        None => 0,
+                        Some((_, bytes)) => {
+                            let scratch =
+                                tempfile::tempdir().map_err(|e| unavailable(e.to_string()))?;
+                            registered
+                                .snapshot_traces(&cfg, scratch.path(), &bytes, &req.scopes)
+                                .await
+                                .map_err(|e| unavailable(e.to_string()))?
+                        }
+                    };
+                    Ok(proto::TracesResponse {
+                        projector: projector.to_owned(),
+                        traces,
+                    })
+                }
+            },
+        )
+        .await
+        .map_err(service_err)?;
+        let model = traced;
+        engram_rpc::serve(
+            &service,
+            &proto::projector_subject(projector, "traces"),
+            "traces",
+            serving.limits,
+            move |req: proto::TracesRequest| {
+                let model = model.clone();
+                async move {
+                    if req.scopes.len() > proto::limits::MAX_ERASE_SCOPES {
+                        return Err(Failure::invalid(format!(
+                            "scopes: at most {}",
+                            proto::limits::MAX_ERASE_SCOPES
+                        )));
+                    }
+                    Ok(proto::TracesResponse {
+                        projector: projector.to_owned(),
+                        traces: model.traces(&req.scopes).await,
+                    })
+                }
+            },
+        )
+        .await
+        .map_err(service_err)?;
         running.visibility.insert(name, visibility);
         running.tasks.push((name, task));
         running.services.push((service, client));
@@ -488,6 +588,10 @@ pub type Launched = (
 pub struct SnapshotRequest {
     #[serde(default)]
     pub label: Option<String>,
+    /// Cut even if the newest snapshot is at the model's sequence: after an erasure the
+    /// model changed without a new event, and the old snapshot holds what was erased.
+    #[serde(default)]
+    pub force: bool,
 }
 
 /// Cuts a snapshot of one running projector and stores it.

@@ -160,6 +160,17 @@ pub trait Registered: Send + Sync {
     /// See [`ReadModel::slice`].
     fn slice(&self, snapshot: &[u8], keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String>;
 
+    /// How many items of `keys` an exported snapshot holds: loaded into a scratch copy of
+    /// the model in `dir` (emptied after), nothing replayed. What erasure verification asks
+    /// of the newest snapshot.
+    async fn snapshot_traces(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        snapshot: &[u8],
+        keys: &[ScopeKey],
+    ) -> Result<u64, StartError>;
+
     /// Loads an exported snapshot into the model and replays the stream after it; returns
     /// the sequence reached and the state hash.
     async fn bootstrap(
@@ -234,6 +245,25 @@ impl<M: ReadModel> Registered for Entry<M> {
 
     fn slice(&self, snapshot: &[u8], keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String> {
         M::slice(snapshot, keep)
+    }
+
+    async fn snapshot_traces(
+        &self,
+        config: &ProjectorsConfig,
+        dir: &Path,
+        snapshot: &[u8],
+        keys: &[ScopeKey],
+    ) -> Result<u64, StartError> {
+        let projection = M::open(config, dir).await?;
+        projection.import(snapshot).await.map_err(|source| {
+            StartError::Projector(engram_projection_runtime::ProjectorError::Projection {
+                projector: M::NAME,
+                source,
+            })
+        })?;
+        let traces = projection.traces(keys).await;
+        let _ = projection.reset().await;
+        Ok(traces)
     }
 
     async fn bootstrap(

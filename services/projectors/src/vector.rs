@@ -60,6 +60,10 @@ struct State {
     /// Distrusted memories withdrawn by `forgotten` events, with their scope and confidence:
     /// a copy restored from one inherits it. Kept in the checkpoint.
     withdrawn: Withdrawn,
+    /// The scope of each id in `forgotten` and `distrusted`, which the ids alone do not say:
+    /// an erasure looks its scopes up here to drop those ids too. Kept in the checkpoint; one
+    /// written before it has none, and an erasure cannot attribute its ids ([`erase_scopes`]).
+    id_scopes: BTreeMap<EventId, ScopeKey>,
     scopes: HashMap<ScopeKey, VectorIndex>,
 }
 
@@ -83,6 +87,8 @@ struct Snapshot {
     distrusted: Vec<EventId>,
     #[serde(default)]
     withdrawn: Withdrawn,
+    #[serde(default)]
+    id_scopes: BTreeMap<EventId, ScopeKey>,
 }
 
 /// [`Snapshot`] as it is written: borrowed from the state, so that a checkpoint or an export
@@ -98,6 +104,7 @@ struct SnapshotOut<'a> {
     graphs: Option<&'a str>,
     distrusted: &'a BTreeSet<EventId>,
     withdrawn: &'a Withdrawn,
+    id_scopes: &'a BTreeMap<EventId, ScopeKey>,
 }
 
 /// Every memory that has a vector, with it, in sequence order: `Snapshot::memories`.
@@ -164,6 +171,7 @@ impl State {
         state.forgotten = snap.forgotten.into_iter().collect();
         state.distrusted = snap.distrusted.into_iter().collect();
         state.withdrawn = snap.withdrawn;
+        state.id_scopes = snap.id_scopes;
         let writer_unknown = state
             .memories
             .values()
@@ -241,6 +249,7 @@ impl State {
                 graphs,
                 distrusted: &self.distrusted,
                 withdrawn: &self.withdrawn,
+                id_scopes: &self.id_scopes,
             },
         )
     }
@@ -897,7 +906,38 @@ impl Projection for VectorProjection {
                 hasher.update(&confidence.to_le_bytes());
             }
         }
+        if !state.id_scopes.is_empty() {
+            hasher.update(b"\0id scopes");
+            for (id, scope) in &state.id_scopes {
+                hasher.update(id.as_str().as_bytes());
+                hasher.update(scope.to_string().as_bytes());
+            }
+        }
         *hasher.finalize().as_bytes()
+    }
+
+    /// Removes every memory of the scopes `keys`, held or forgotten, with its vector, text,
+    /// index (graph and tombstones included) and the ids kept of it, and the distrust signals
+    /// of those scopes applied; returns how many events that was ([`traces`] before).
+    /// Graph files go with the next checkpoint, which the loop writes right after: it saves
+    /// only the scopes still held and removes older graph directories.
+    ///
+    /// [`traces`]: Projection::traces
+    async fn erase(&self, keys: &[ScopeKey]) -> Result<u64, ProjectionError> {
+        let (state, keys) = (self.state.clone(), keys.iter().cloned().collect());
+        // Scanning every memory, and freeing a large scope's graph, are blocking work.
+        tokio::task::spawn_blocking(move || erase_scopes(&state, &keys))
+            .await
+            .map_err(|e| ProjectionError::Fatal(format!("vector erase task: {e}")))
+    }
+
+    /// The events of the scopes `keys` the model keeps anything of: memories held or
+    /// forgotten, and distrust signals applied ([`held_of`]).
+    async fn traces(&self, keys: &[ScopeKey]) -> u64 {
+        let keys: HashSet<ScopeKey> = keys.iter().cloned().collect();
+        // A scan of the memory table under the read lock: searches go on meanwhile, and
+        // verification asks this once per erasure.
+        held_of(&self.read(), &keys).1.len() as u64
     }
 }
 
@@ -1008,6 +1048,7 @@ fn forget(state: &RwLock<State>, scope: &ScopeKey, ids: &[EventId]) -> bool {
             engram_memory::confidence::withdraw(&mut state.withdrawn, &memory.meta);
         }
         state.forgotten.insert(id.clone());
+        state.id_scopes.insert(id.clone(), scope.clone());
         if let Some(index) = state.scopes.get_mut(scope) {
             index.remove(seq);
         }
@@ -1068,6 +1109,9 @@ fn distrust(state: &RwLock<State>, signal: &Distrust) {
     let mut state = state.write().unwrap_or_else(|p| p.into_inner());
     let state = &mut *state;
     state.distrusted.insert(signal.event_id.clone());
+    state
+        .id_scopes
+        .insert(signal.event_id.clone(), signal.scope.clone());
     let mut about: BTreeSet<Seq> = signal
         .contradicts
         .iter()
@@ -1114,6 +1158,84 @@ fn compact(state: &RwLock<State>, dim: usize, params: &HnswParams, scope: &Scope
         // Only stored vectors go back in, so this cannot fail; keep the old index if it does.
         Err(e) => tracing::warn!(error = %e, "vector index compaction failed; keeping tombstones"),
     }
+}
+
+/// What `state` holds of the scopes `keys`: the sequences of their memories, and the ids of
+/// every event of theirs it keeps anything of (memories held, memories forgotten, distrust
+/// signals applied), each once. Every memory is looked at, not only those in the scopes'
+/// indexes: an erasure must not trust an invariant to find what it removes.
+fn held_of(state: &State, keys: &HashSet<ScopeKey>) -> (Vec<Seq>, BTreeSet<EventId>) {
+    let mut seqs = Vec::new();
+    let mut ids = BTreeSet::new();
+    for (seq, memory) in &state.memories {
+        if keys.contains(&memory.meta.scope) {
+            seqs.push(*seq);
+            ids.insert(memory.meta.event_id.clone());
+        }
+    }
+    // A withdrawn entry says its scope too, even when restored from a checkpoint that did not
+    // keep `id_scopes`.
+    let withdrawn = state.withdrawn.iter().map(|(id, (scope, _))| (id, scope));
+    ids.extend(
+        state
+            .id_scopes
+            .iter()
+            .chain(withdrawn)
+            .filter(|(_, scope)| keys.contains(*scope))
+            .map(|(id, _)| id.clone()),
+    );
+    (seqs, ids)
+}
+
+/// Removes everything of the scopes `keys` ([`Projection::erase`]); returns the events
+/// removed, as [`held_of`] counts them. What goes is found under the read lock, so searches
+/// go on meanwhile; nothing writes in between, because the loop erases between batches. The
+/// indexes taken out are freed after the write lock is released: a large graph takes a
+/// while.
+fn erase_scopes(state: &RwLock<State>, keys: &HashSet<ScopeKey>) -> u64 {
+    let (seqs, ids, unattributed) = {
+        let state = state.read().unwrap_or_else(|p| p.into_inner());
+        let (seqs, ids) = held_of(&state, keys);
+        let unattributed = state
+            .forgotten
+            .iter()
+            .chain(&state.distrusted)
+            .filter(|id| !state.id_scopes.contains_key(*id) && !state.withdrawn.contains_key(*id))
+            .count();
+        (seqs, ids, unattributed)
+    };
+    let indexes: Vec<VectorIndex> = {
+        let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+        let state = &mut *state;
+        for seq in &seqs {
+            state.memories.remove(seq);
+        }
+        // The ids of forgotten memories still map to their old sequences here, and signals'
+        // ids are kept apart from memories: each is dropped by id.
+        for id in &ids {
+            state.event_ids.remove(id);
+            state.forgotten.remove(id);
+            state.distrusted.remove(id);
+            state.withdrawn.remove(id);
+            state.id_scopes.remove(id);
+        }
+        keys.iter().filter_map(|k| state.scopes.remove(k)).collect()
+    };
+    if unattributed > 0 {
+        tracing::warn!(
+            ids = unattributed,
+            "forgotten memories' and applied signals' ids restored from a checkpoint older than their scopes cannot be attributed to a scope; those of the erased scopes stay, without text or vector"
+        );
+    }
+    tracing::debug!(
+        scopes = keys.len(),
+        memories = seqs.len(),
+        events = ids.len(),
+        indexes = indexes.len(),
+        "vector scopes erased"
+    );
+    drop(indexes);
+    ids.len() as u64
 }
 
 /// Removes `vector-graphs-*` directories other than `keep`. Failures are only logged: a
@@ -1179,5 +1301,247 @@ impl crate::ReadModel for Vector {
                 },
             )
             .await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use engram_embed::HashEmbedder;
+    use engram_memory::MemoryFilter;
+    use engram_memory::proto::Consistency;
+    use engram_schema::{Envelope, Ident, ScopeKind};
+    use engram_testkit::stored;
+    use serde_json::json;
+
+    use super::*;
+
+    fn ident(s: &str) -> Ident {
+        Ident::parse("test", s).unwrap()
+    }
+
+    fn key(tenant: &str, task: &str) -> ScopeKey {
+        ScopeKey {
+            tenant: ident(tenant),
+            kind: ScopeKind::Task,
+            id: ident(task),
+        }
+    }
+
+    /// An event of `kind` in `tenant`/`task:<task>`, with `data`.
+    fn event(
+        tenant: &str,
+        task: &str,
+        kind: EventKind,
+        text: &str,
+        data: serde_json::Value,
+    ) -> Envelope {
+        let mut e = engram_testkit::event(tenant, task, text);
+        e.kind = kind;
+        e.content.data = Some(data);
+        e
+    }
+
+    fn memory(tenant: &str, task: &str, text: &str) -> Envelope {
+        engram_testkit::event(tenant, task, text)
+    }
+
+    fn forgetting(tenant: &str, task: &str, id: &EventId) -> Envelope {
+        event(
+            tenant,
+            task,
+            EventKind::Forgotten,
+            "superseded",
+            json!({"event_ids": [id]}),
+        )
+    }
+
+    /// Graphs from two live vectors on, so that the scopes here have graph files.
+    fn projection(dir: &std::path::Path) -> VectorProjection {
+        let params = HnswParams {
+            exact_below: 2,
+            ..HnswParams::default()
+        };
+        VectorProjection::new(dir, Arc::new(HashEmbedder::new(16)), params)
+    }
+
+    /// The event ids a search of `scope` finds.
+    async fn found(vector: &VectorProjection, scope: &ScopeKey) -> BTreeSet<EventId> {
+        let request = SearchRequest {
+            scopes: vec![scope.clone()],
+            query: "the vault key rotates monthly".into(),
+            vector: None,
+            k: 10,
+            filter: MemoryFilter::default(),
+            consistency: Consistency::default(),
+            score_also: Vec::new(),
+            rest: 0,
+        };
+        let hits = vector.search(&request).await.unwrap().hits;
+        hits.into_iter().map(|h| h.meta.event_id).collect()
+    }
+
+    fn contains(haystack: &[u8], needle: &str) -> bool {
+        haystack
+            .windows(needle.len())
+            .any(|w| w == needle.as_bytes())
+    }
+
+    /// The graph subdirectories of the state dir's graph directories.
+    fn graph_dirs(dir: &std::path::Path) -> Vec<PathBuf> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(dir).unwrap().flatten() {
+            if entry
+                .file_name()
+                .to_string_lossy()
+                .starts_with(GRAPHS_PREFIX)
+            {
+                for sub in std::fs::read_dir(entry.path()).unwrap().flatten() {
+                    found.push(sub.path());
+                }
+            }
+        }
+        found
+    }
+
+    #[tokio::test]
+    async fn erasing_a_scope_removes_all_of_it_and_only_it() {
+        // Given acme/t1 with two memories, one contradicted by an outcome (itself a memory and
+        // an applied signal) and then forgotten (so its confidence is kept as withdrawn)...
+        let (erased, kept, other_tenant) =
+            (key("acme", "t1"), key("acme", "t2"), key("acme2", "t1"));
+        let a1 = memory("acme", "t1", "acme t1: the vault key rotates monthly");
+        let a2 = memory("acme", "t1", "acme t1: prices doubled overnight");
+        let outcome = event(
+            "acme",
+            "t1",
+            EventKind::Outcome,
+            "acme t1: prices did not double",
+            json!({"success": false, "contradicts": [a2.event_id]}),
+        );
+        let forget_a2 = forgetting("acme", "t1", &a2.event_id);
+        // ...acme/t2 with two memories, and acme2/t1 (same scope id, a tenant whose name
+        // starts with acme) with three, one of them forgotten...
+        let b1 = memory("acme", "t2", "acme t2: the vault key rotates monthly");
+        let b2 = memory("acme", "t2", "acme t2: deploys run on fridays");
+        let c1 = memory("acme2", "t1", "acme2 t1: the vault key rotates monthly");
+        let c2 = memory("acme2", "t1", "acme2 t1: backups run nightly");
+        let c3 = memory("acme2", "t1", "acme2 t1: an old note");
+        let forget_c3 = forgetting("acme2", "t1", &c3.event_id);
+        let all = [
+            a1.clone(),
+            a2.clone(),
+            outcome.clone(),
+            forget_a2,
+            b1.clone(),
+            b2.clone(),
+            c1.clone(),
+            c2.clone(),
+            c3.clone(),
+            forget_c3,
+        ];
+        let dir = tempfile::tempdir().unwrap();
+        let vector = projection(dir.path());
+        vector.restore().await.unwrap();
+        let events = stored(&all, 1);
+        assert!(vector.apply(&events).await.unwrap().is_empty());
+        let ledger = ApplyLedger {
+            seq: events.last().unwrap().seq,
+            ..ApplyLedger::default()
+        };
+        vector.publish(&ledger).await.unwrap();
+        vector.checkpoint(&ledger).await.unwrap();
+        assert_eq!(vector.traces(std::slice::from_ref(&erased)).await, 3);
+        assert_eq!(vector.traces(std::slice::from_ref(&kept)).await, 2);
+        assert_eq!(vector.traces(std::slice::from_ref(&other_tenant)).await, 3);
+        assert_eq!(graph_dirs(dir.path()).len(), 3, "each scope has a graph");
+        {
+            let state = vector.read();
+            assert!(state.withdrawn.contains_key(&a2.event_id));
+            assert!(state.distrusted.contains(&outcome.event_id));
+            assert_eq!(state.forgotten.len(), 2);
+        }
+        let before = std::fs::read(dir.path().join("vector.snap")).unwrap();
+        assert!(contains(&before, "acme t1:") && contains(&before, a2.event_id.as_str()));
+        let ours = [&a1, &a2, &outcome].map(|e| e.event_id.clone());
+
+        // When acme/t1 is erased, and the loop publishes and checkpoints...
+        let removed = vector.erase(std::slice::from_ref(&erased)).await.unwrap();
+        vector.publish(&ledger).await.unwrap();
+        vector.checkpoint(&ledger).await.unwrap();
+
+        // ...then it held three events, and nothing of them is left: no memory, vector,
+        // index, forgotten id, withdrawn confidence or applied signal...
+        assert_eq!(removed, 3);
+        assert_eq!(vector.traces(std::slice::from_ref(&erased)).await, 0);
+        {
+            let state = vector.read();
+            assert!(!state.scopes.contains_key(&erased));
+            assert!(state.memories.values().all(|m| m.meta.scope != erased));
+            assert!(state.withdrawn.is_empty(), "only a2 was withdrawn");
+            assert!(state.distrusted.is_empty(), "only the outcome was a signal");
+            assert_eq!(
+                state.forgotten.iter().collect::<Vec<_>>(),
+                [&c3.event_id],
+                "acme2's forgotten id stays"
+            );
+            for id in &ours {
+                assert!(!state.event_ids.contains_key(id));
+                assert!(!state.id_scopes.contains_key(id));
+            }
+        }
+        // ...the other scopes keep all they had, and searches find nothing only in the erased
+        // scope...
+        assert_eq!(vector.traces(std::slice::from_ref(&kept)).await, 2);
+        assert_eq!(vector.traces(std::slice::from_ref(&other_tenant)).await, 3);
+        assert_eq!(
+            vector
+                .traces(&[erased.clone(), kept.clone(), other_tenant.clone()])
+                .await,
+            5
+        );
+        assert!(found(&vector, &erased).await.is_empty());
+        assert_eq!(
+            found(&vector, &kept).await,
+            BTreeSet::from([b1.event_id.clone(), b2.event_id.clone()])
+        );
+        assert_eq!(
+            found(&vector, &other_tenant).await,
+            BTreeSet::from([c1.event_id.clone(), c2.event_id.clone()])
+        );
+        // ...the checkpoint, its graphs and an export hold nothing of it...
+        assert_eq!(
+            graph_dirs(dir.path()).len(),
+            2,
+            "the erased scope's graph is gone"
+        );
+        let checkpoint = std::fs::read(dir.path().join("vector.snap")).unwrap();
+        let export = vector.export(&ledger).await.unwrap().unwrap();
+        for bytes in [&checkpoint, &export] {
+            assert!(!contains(bytes, "acme t1:"));
+            assert!(contains(bytes, "acme t2:") && contains(bytes, "acme2 t1:"));
+            for id in &ours {
+                assert!(!contains(bytes, id.as_str()));
+            }
+        }
+        // ...a restart from the checkpoint brings none of it back...
+        let restarted = projection(dir.path());
+        assert_eq!(restarted.restore().await.unwrap(), ledger);
+        assert_eq!(restarted.state_hash().await, vector.state_hash().await);
+        assert_eq!(restarted.traces(std::slice::from_ref(&erased)).await, 0);
+        assert_eq!(restarted.traces(std::slice::from_ref(&kept)).await, 2);
+        assert_eq!(
+            restarted.traces(std::slice::from_ref(&other_tenant)).await,
+            3
+        );
+        assert!(found(&restarted, &erased).await.is_empty());
+        assert_eq!(found(&restarted, &kept).await.len(), 2);
+        assert_eq!(found(&restarted, &other_tenant).await.len(), 2);
+        // ...and erasing again removes nothing, before or after the restart.
+        assert_eq!(
+            vector.erase(std::slice::from_ref(&erased)).await.unwrap(),
+            0
+        );
+        assert_eq!(restarted.erase(&[erased]).await.unwrap(), 0);
+        assert_eq!(restarted.traces(&[kept, other_tenant]).await, 5);
     }
 }

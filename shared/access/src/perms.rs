@@ -290,13 +290,16 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                 Role::Consolidator => {
                     projector(&mut publish);
                     publish.push(format!("{}.>", engram_schema::SUBJECT_PREFIX));
-                    publish.push("engram.p.vector.*".into());
+                    // Asks the vector model for close pairs, and nothing else of it.
+                    publish.push("engram.p.vector.neighbours".into());
                     subscribe.push("engram.p.consolidator.*".into());
                 }
                 Role::Query => {
                     publish.push("engram.p.>".into());
                     publish.push(format!("{}.>", engram_schema::SUBJECT_PREFIX));
                     publish.push(format!("$KV.{working}.>"));
+                    // Erasure is the admin's: the service that answers agents cannot erase.
+                    deny.push("engram.p.*.erase".into());
                     subscribe.push(format!("{QUERY_PREFIX}.>"));
                     // The query service reads the registry: it is the one that checks grants.
                     deny.retain(|d| !d.contains(access.as_str()));

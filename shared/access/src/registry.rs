@@ -77,6 +77,20 @@ pub enum Record {
         to: Grantee,
         scope: ScopePattern,
     },
+    /// The audit trail of an erasure: which scopes, when, and (once done) how much went.
+    /// It names no content, so it outlives what it erased.
+    ErasureStarted {
+        tenant: Ident,
+        scopes: Vec<Scope>,
+    },
+    ErasureFinished {
+        tenant: Ident,
+        scopes: Vec<Scope>,
+        removed: u64,
+        /// What could not be done (a projector that did not answer); empty when complete.
+        #[serde(default)]
+        incomplete: Vec<String>,
+    },
 }
 
 impl Record {
@@ -86,7 +100,9 @@ impl Record {
             | Self::AgentKeyAdded { tenant, .. }
             | Self::AgentRevoked { tenant, .. }
             | Self::GrantAdded { tenant, .. }
-            | Self::GrantRevoked { tenant, .. } => tenant,
+            | Self::GrantRevoked { tenant, .. }
+            | Self::ErasureStarted { tenant, .. }
+            | Self::ErasureFinished { tenant, .. } => tenant,
         }
     }
 }
@@ -137,13 +153,34 @@ pub struct Tenant {
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Registry {
     pub tenants: BTreeMap<Ident, Tenant>,
+    /// Erasures, oldest first: the audit trail.
+    pub erasures: Vec<Erasure>,
     pub applied: u64,
+}
+
+/// One erasure as the log records it.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Erasure {
+    pub tenant: Ident,
+    pub scopes: Vec<Scope>,
+    pub started_at: DateTime<Utc>,
+    /// `None` until it finished with nothing left undone.
+    pub finished_at: Option<DateTime<Utc>>,
+    pub removed: u64,
 }
 
 impl Registry {
     /// Why `record` does not fit the current state, if it does not.
     pub fn check(&self, record: &Record) -> Result<(), AccessError> {
         let tenant = record.tenant();
+        if matches!(
+            record,
+            Record::ErasureStarted { .. } | Record::ErasureFinished { .. }
+        ) {
+            // An erasure is recorded whatever the registry knows of the tenant (one run
+            // without authentication never registered it).
+            return Ok(());
+        }
         if let Record::TenantAdded { tenant } = record {
             if self.tenants.contains_key(tenant) {
                 return Err(AccessError::TenantExists {
@@ -172,7 +209,9 @@ impl Registry {
             agent: agent.to_string(),
         };
         match record {
-            Record::TenantAdded { .. } => unreachable!("handled above"),
+            Record::TenantAdded { .. }
+            | Record::ErasureStarted { .. }
+            | Record::ErasureFinished { .. } => unreachable!("handled above"),
             Record::AgentKeyAdded { key, scopes, .. } => {
                 if scopes.is_empty() {
                     return Err(AccessError::Invalid(
@@ -265,6 +304,28 @@ impl Registry {
                 self.tenant_mut(tenant)
                     .grants
                     .remove(&(to.clone(), scope.clone()));
+            }
+            Record::ErasureStarted { tenant, scopes } => self.erasures.push(Erasure {
+                tenant: tenant.clone(),
+                scopes: scopes.clone(),
+                started_at: at,
+                finished_at: None,
+                removed: 0,
+            }),
+            Record::ErasureFinished {
+                tenant,
+                scopes,
+                removed,
+                incomplete,
+            } => {
+                if let Some(e) =
+                    self.erasures.iter_mut().rev().find(|e| {
+                        e.tenant == *tenant && e.scopes == *scopes && e.finished_at.is_none()
+                    })
+                {
+                    e.removed = *removed;
+                    e.finished_at = incomplete.is_empty().then_some(at);
+                }
             }
         }
     }

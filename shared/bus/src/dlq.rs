@@ -86,6 +86,8 @@ pub struct DeadLetterRef {
     pub projector: String,
     /// `None` if the letter lacks the `Engram-Dlq-Seq` header (not written by a projector).
     pub event_seq: Option<u64>,
+    /// The subject the event was published on (`Engram-Dlq-Subject`), if the letter says.
+    pub subject: Option<String>,
 }
 
 /// A page of dead letters, oldest first.
@@ -277,6 +279,7 @@ impl Bus {
                     dlq_seq: letter.dlq_seq,
                     projector: letter.projector,
                     event_seq: letter.event_seq,
+                    subject: letter.subject,
                 });
             }
             if pending == 0 {
@@ -284,6 +287,16 @@ impl Bus {
             }
         }
         Ok(refs)
+    }
+
+    /// Deletes one dead letter, overwriting its bytes on disk (a message erase): erasure's
+    /// way to remove the copy a projector kept of an erased scope's event.
+    pub async fn erase_dead_letter(&self, dlq_seq: u64) -> Result<bool, DlqError> {
+        let stream = self.dead_letter_stream().await?;
+        stream
+            .delete_message(dlq_seq)
+            .await
+            .map_err(|e| DlqError::JetStream(e.to_string()))
     }
 
     /// One dead letter by its sequence in the dead-letter stream.

@@ -46,10 +46,12 @@ impl Bus {
             retention: stream::RetentionPolicy::Limits,
             discard: stream::DiscardPolicy::Old,
             allow_direct: true,
-            // The stream is the audit log and every read model's source: no API request may
-            // purge it or delete its messages. (Erasure gets a controlled path of its own.)
-            deny_delete: true,
-            deny_purge: true,
+            // Erasure (GDPR) must delete messages, and a stream created denying deletes or
+            // purges can never allow them again (the server refuses that update). What keeps
+            // everyone else from purging or deleting is NATS permissions: only the admin
+            // identity may (see `engram_access::perms`).
+            deny_delete: false,
+            deny_purge: false,
             ..Default::default()
         }
     }
@@ -134,6 +136,12 @@ impl Bus {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(js_err)?;
                 let diffs = stream_diffs(&info.config, &wanted);
+                if info.config.deny_purge || info.config.deny_delete {
+                    tracing::warn!(
+                        stream = %wanted.name,
+                        "the events stream denies purges and deletes (an older engram created it): `engram erase` cannot delete events from it; the server refuses to lift that"
+                    );
+                }
                 if !diffs.is_empty() {
                     return Err(BusError::ConfigDrift {
                         resource: format!("stream {}", wanted.name),
@@ -257,13 +265,9 @@ fn stream_diffs(existing: &stream::Config, wanted: &stream::Config) -> Vec<Confi
     diff(&mut d, "max_bytes", existing.max_bytes, wanted.max_bytes);
     diff(&mut d, "retention", existing.retention, wanted.retention);
     diff(&mut d, "discard", existing.discard, wanted.discard);
-    diff(
-        &mut d,
-        "deny_delete",
-        existing.deny_delete,
-        wanted.deny_delete,
-    );
-    diff(&mut d, "deny_purge", existing.deny_purge, wanted.deny_purge);
+    // deny_delete and deny_purge are not compared: a stream an older engram made denies
+    // both, can never be changed back, and works as before except that erasure cannot
+    // delete its events (said at provisioning).
     d
 }
 
@@ -277,8 +281,6 @@ fn stream_fix(name: &str, diffs: &[ConfigDiff]) -> String {
     for d in diffs {
         match d.field {
             "subjects" => flags.push(format!("--subjects '{}'", engram_schema::STREAM_SUBJECTS)),
-            "deny_delete" => flags.push("--deny-delete".to_owned()),
-            "deny_purge" => flags.push("--deny-purge".to_owned()),
             field => other.push(field),
         }
     }

@@ -158,6 +158,32 @@ impl Bus {
     }
 
     /// Stream state and its consumers, for `engram streams` and health checks.
+    /// Removes every event on `subject` (a filter such as `engram.evt.acme.task.t1.*`) below
+    /// sequence `below` from the events stream (erasure); returns how many. Admin only: no
+    /// other identity may purge.
+    pub async fn purge_events(&self, subject: &str, below: u64) -> Result<u64, BusError> {
+        let stream = self.events_stream().await?;
+        let purged = stream
+            .purge()
+            .filter(subject)
+            .sequence(below)
+            .await
+            .map_err(|e| BusError::JetStream(format!("purging {subject}: {e}")))?;
+        Ok(purged.purged)
+    }
+
+    /// How many events the stream holds on `subject` (a filter): one stream-info request.
+    pub async fn events_on(&self, subject: &str) -> Result<u64, BusError> {
+        use futures::StreamExt as _;
+        let stream = self.events_stream().await?;
+        let mut subjects = stream.info_with_subjects(subject).await.map_err(js_err)?;
+        let mut n = 0;
+        while let Some(entry) = subjects.next().await {
+            n += entry.map_err(js_err)?.1 as u64;
+        }
+        Ok(n)
+    }
+
     /// The events stream's first and last sequence: one stream-info request, no consumer
     /// list.
     pub async fn stream_bounds(&self) -> Result<(u64, u64), BusError> {

@@ -178,6 +178,39 @@ impl WorkingMemory {
         Ok(entries)
     }
 
+    /// Removes every key of one scope, history and delete markers included (erasure);
+    /// returns how many messages went.
+    pub async fn purge_scope(&self, tenant: &Ident, scope: &Scope) -> Result<u64, BusError> {
+        let filter = format!(
+            "{}{tenant}.{}.{}.>",
+            self.store.prefix, scope.kind, scope.id
+        );
+        let purged = self
+            .store
+            .stream
+            .purge()
+            .filter(&filter)
+            .await
+            .map_err(js_err)?;
+        Ok(purged.purged)
+    }
+
+    /// How many live keys one scope holds.
+    pub async fn keys_of(&self, tenant: &Ident, scope: &Scope) -> Result<u64, BusError> {
+        let entries = self
+            .entries(
+                tenant,
+                scope,
+                EntryBounds {
+                    max_listed: 1024,
+                    max_entries: 1024,
+                    max_bytes: 1,
+                },
+            )
+            .await?;
+        Ok((entries.items.len() + entries.left_out) as u64)
+    }
+
     pub async fn delete(&self, tenant: &Ident, scope: &Scope, key: &str) -> Result<(), BusError> {
         let key = Self::key(tenant, scope, key)?;
         self.store.delete(key).await.map_err(js_err)

@@ -473,11 +473,24 @@ impl EventModel for Memories {
 impl engram_memory::model::Sliced for Memories {
     fn into_slice(self, keep: &[ScopeKey]) -> Self {
         Self {
-            model: self.model.into_slice(keep, |s| s.memories.len()),
+            model: self.model.into_slice(keep, memories_in),
         }
+    }
+
+    fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
+        self.model.erase(keys, memories_in)
+    }
+
+    fn held(&self, keys: &[ScopeKey]) -> u64 {
+        self.model.held(keys, memories_in)
     }
 
     fn advance_through(&mut self, seq: Seq) {
         self.model.advance_through(seq);
     }
+}
+
+/// What one scope counts: its memories.
+fn memories_in(scope: &ScopeState) -> usize {
+    scope.memories.len()
 }

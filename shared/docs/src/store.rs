@@ -398,8 +398,16 @@ impl DocStore {
 impl engram_memory::model::Sliced for DocStore {
     fn into_slice(self, keep: &[ScopeKey]) -> Self {
         Self {
-            model: self.model.into_slice(keep, |docs| docs.len()),
+            model: self.model.into_slice(keep, docs_in),
         }
+    }
+
+    fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
+        self.model.erase(keys, docs_in)
+    }
+
+    fn held(&self, keys: &[ScopeKey]) -> u64 {
+        self.model.held(keys, docs_in)
     }
 
     fn advance_through(&mut self, seq: Seq) {
@@ -439,4 +447,9 @@ impl EventModel for DocStore {
             }
         })
     }
+}
+
+/// What one scope counts: its documents.
+fn docs_in(docs: &ScopeDocs) -> usize {
+    docs.len()
 }

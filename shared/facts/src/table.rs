@@ -371,14 +371,16 @@ fn cardinality_code(cardinality: Cardinality) -> u8 {
 impl engram_memory::model::Sliced for FactTable {
     fn into_slice(self, keep: &[ScopeKey]) -> Self {
         Self {
-            model: self.model.into_slice(keep, |subjects| {
-                subjects
-                    .values()
-                    .flat_map(|predicates| predicates.values())
-                    .map(|group| group.facts().len())
-                    .sum()
-            }),
+            model: self.model.into_slice(keep, facts_in),
         }
+    }
+
+    fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
+        self.model.erase(keys, facts_in)
+    }
+
+    fn held(&self, keys: &[ScopeKey]) -> u64 {
+        self.model.held(keys, facts_in)
     }
 
     fn advance_through(&mut self, seq: Seq) {
@@ -397,4 +399,13 @@ impl EventModel for FactTable {
     fn state_hash(&self) -> [u8; 32] {
         FactTable::state_hash(self)
     }
+}
+
+/// What one scope counts: its fact versions.
+fn facts_in(subjects: &Subjects) -> usize {
+    subjects
+        .values()
+        .flat_map(|predicates| predicates.values())
+        .map(|group| group.facts().len())
+        .sum()
 }

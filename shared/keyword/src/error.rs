@@ -42,6 +42,11 @@ pub enum KeywordError {
     Corrupt(String),
 
     #[error(
+        "the keyword index at {dir} still holds deleted documents' data after purging it ({left}); erase the scopes again"
+    )]
+    Residue { dir: PathBuf, left: String },
+
+    #[error(
         "keyword index operation failed: {0}; if it repeats, reopen the index (it resumes from its last commit)"
     )]
     Index(#[from] tantivy::TantivyError),

@@ -35,10 +35,13 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use engram_memory::{Hit, MemoryFilter, MemoryMeta, ScopeKey, Seq};
-use tantivy::collector::TopDocs;
+use tantivy::collector::{Count, TopDocs};
 use tantivy::columnar::Column;
 use tantivy::directory::MmapDirectory;
+use tantivy::index::SegmentId;
 use tantivy::indexer::IndexWriterOptions;
+use tantivy::query::TermQuery;
+use tantivy::schema::IndexRecordOption;
 use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{Index, IndexBuilder, IndexReader, IndexWriter, ReloadPolicy, TantivyError};
 
@@ -54,6 +57,12 @@ pub const WRITER_MEMORY_BYTES: usize = 50 * 1024 * 1024;
 /// embedder, and the projector feeds documents one at a time anyway.
 const WRITER_THREADS: usize = 1;
 const MERGE_THREADS: usize = 1;
+
+/// How often [`KeywordIndex::purge_deleted`] retries a merge a background merge got in the way
+/// of, or a collection that found a purged segment's files still in use, and the pause
+/// before the first retry (each later one waits longer).
+const PURGE_RETRIES: u32 = 5;
+const PURGE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(50);
 
 /// How the checkpoint is written into a commit's payload: this prefix and the sequence, then
 /// optionally a newline and the caller's note.
@@ -178,6 +187,105 @@ impl KeywordIndex {
     pub fn delete(&mut self, seq: Seq) -> Result<(), KeywordError> {
         self.writer.delete_term(seq_term(&self.reader.fields, seq));
         Ok(())
+    }
+
+    /// Stages the removal of every memory of `scope` (an erasure), by its whole scope term:
+    /// `acme/task/t1` never takes `acme2/task/t1` with it. Like [`delete`](Self::delete), it
+    /// reaches what was added before it, committed or staged, and nothing added after.
+    pub fn delete_scope(&mut self, scope: &ScopeKey) -> Result<(), KeywordError> {
+        self.writer
+            .delete_term(schema::scope_term(&self.reader.fields, scope));
+        Ok(())
+    }
+
+    /// Rewrites the committed segments that hold deleted documents without them, and removes
+    /// the files they leave, so that what was deleted is gone from disk: a committed delete
+    /// only marks a document, and its text stays in the segment's files until a merge drops
+    /// it. An erasure calls it after the commit of its deletes. Blocks for the merges. The
+    /// commit's sequence and note stay as they are; readers are reloaded onto the result.
+    pub fn purge_deleted(&mut self) -> Result<(), KeywordError> {
+        let index = self.writer.index().clone();
+        let mut purged: Vec<SegmentId> = Vec::new();
+        let mut failed = None;
+        for attempt in 0..=PURGE_RETRIES {
+            let with_deletes: Vec<SegmentId> = index
+                .searchable_segment_metas()?
+                .iter()
+                .filter(|meta| meta.has_deletes())
+                .map(|meta| meta.id())
+                .collect();
+            if with_deletes.is_empty() {
+                failed = None;
+                break;
+            }
+            if attempt == PURGE_RETRIES {
+                failed = Some(failed.unwrap_or_else(|| {
+                    self.residue(format_args!(
+                        "{} segments with deleted documents",
+                        with_deletes.len()
+                    ))
+                }));
+                break;
+            }
+            purged.extend(&with_deletes);
+            // A background merge may have taken one of these segments first (then this one
+            // fails): its result drops the deleted documents too, or holds them as deletes
+            // for the next round.
+            if let Err(e) = self.writer.merge(&with_deletes).wait() {
+                failed = Some(e.into());
+                std::thread::sleep(PURGE_RETRY_PAUSE * (attempt + 1));
+            }
+        }
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        self.reader.reader.reload()?;
+        // A merge that was still reading a purged segment keeps its files from this
+        // collection; they go once it is done.
+        let mut attempt = 0;
+        loop {
+            self.writer.garbage_collect_files().wait()?;
+            let left = self.files_of(&purged)?;
+            if left == 0 {
+                return Ok(());
+            }
+            if attempt == PURGE_RETRIES {
+                return Err(self.residue(format_args!("{left} files of merged segments")));
+            }
+            attempt += 1;
+            std::thread::sleep(PURGE_RETRY_PAUSE * attempt);
+        }
+    }
+
+    fn residue(&self, left: impl std::fmt::Display) -> KeywordError {
+        KeywordError::Residue {
+            dir: self.dir.clone().unwrap_or_default(),
+            left: left.to_string(),
+        }
+    }
+
+    /// How many files of the segments `ids` are still in the index directory (0 in RAM).
+    fn files_of(&self, ids: &[SegmentId]) -> Result<usize, KeywordError> {
+        let Some(dir) = &self.dir else {
+            return Ok(0);
+        };
+        if ids.is_empty() {
+            return Ok(0);
+        }
+        let prefixes: Vec<String> = ids.iter().map(SegmentId::uuid_string).collect();
+        let mut left = 0;
+        for entry in std::fs::read_dir(dir).map_err(|e| KeywordError::Index(e.into()))? {
+            let entry = entry.map_err(|e| KeywordError::Index(e.into()))?;
+            let name = entry.file_name();
+            let name = name.to_string_lossy();
+            if prefixes
+                .iter()
+                .any(|prefix| name.starts_with(prefix.as_str()))
+            {
+                left += 1;
+            }
+        }
+        Ok(left)
     }
 
     /// Makes everything staged durable, together with `applied_seq`, the last stream sequence
@@ -376,6 +484,16 @@ impl KeywordReader {
     /// Memories in the last commit.
     pub fn doc_count(&self) -> u64 {
         self.reader.searcher().num_docs()
+    }
+
+    /// Memories of `scope` in the last commit (its whole scope term, as searches match it).
+    pub fn scope_count(&self, scope: &ScopeKey) -> Result<u64, KeywordError> {
+        let query = TermQuery::new(
+            schema::scope_term(&self.fields, scope),
+            IndexRecordOption::Basic,
+        );
+        let count = self.reader.searcher().search(&query, &Count)?;
+        Ok(count as u64)
     }
 
     /// Every committed memory with its metadata and text, in sequence order.

@@ -150,6 +150,28 @@ impl<T> ScopedModel<T> {
         self
     }
 
+    /// Removes the scopes in `erase` (an erasure), returning how many items they held
+    /// (`count` per scope, as for [`Self::into_slice`]). The applied sequence stays.
+    pub fn erase(&mut self, erase: &[ScopeKey], count: impl Fn(&T) -> usize) -> u64 {
+        let mut removed = 0;
+        for key in erase {
+            if let Some(state) = self.scopes.remove(key) {
+                let n = count(&state);
+                self.len = self.len.saturating_sub(n);
+                removed += n as u64;
+            }
+        }
+        removed
+    }
+
+    /// How many items (`count` per scope) the model holds of the scopes in `keys`.
+    pub fn held(&self, keys: &[ScopeKey], count: impl Fn(&T) -> usize) -> u64 {
+        keys.iter()
+            .filter_map(|k| self.scopes.get(k))
+            .map(|s| count(s) as u64)
+            .sum()
+    }
+
     /// Records that the model holds everything up to `seq` of the scopes it was fed: a
     /// reader that replayed only its scopes' subjects through `seq` has seen all of them,
     /// and skips anything at or below it from then on.
@@ -186,6 +208,10 @@ pub trait Sliced: Sized {
     fn into_slice(self, keep: &[ScopeKey]) -> Self;
     /// See [`ScopedModel::advance_through`].
     fn advance_through(&mut self, seq: Seq);
+    /// Removes the scopes in `keys`; returns the items they held ([`ScopedModel::erase`]).
+    fn erase(&mut self, keys: &[ScopeKey]) -> u64;
+    /// The items held of the scopes in `keys` ([`ScopedModel::held`]).
+    fn held(&self, keys: &[ScopeKey]) -> u64;
 }
 
 /// Which event said something (asserted a fact, recorded a skill), and when.

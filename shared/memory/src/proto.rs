@@ -100,6 +100,8 @@ pub mod limits {
     pub const MAX_NEIGHBOUR_IDS: usize = 1_024;
     /// Neighbours one memory gets in a neighbours answer.
     pub const MAX_NEIGHBOURS: usize = 16;
+    /// Scopes one erasure or traces request names.
+    pub const MAX_ERASE_SCOPES: usize = 1_024;
     /// Events one replay page returns.
     pub const MAX_REPLAY_EVENTS: usize = 1_000;
     /// Bytes of events (as JSON) one replay page returns, beyond its first event: a page
@@ -717,6 +719,46 @@ impl ReplayRequest {
         }
         Ok(())
     }
+}
+
+/// Erases the scopes from one projector's model (admin only: `engram.p.<name>.erase`), once
+/// it has applied `through_seq`, and checkpoints before answering.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EraseScopesRequest {
+    pub scopes: Vec<ScopeKey>,
+    #[serde(default)]
+    pub through_seq: Seq,
+}
+
+impl EraseScopesRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.scopes.is_empty() || self.scopes.len() > limits::MAX_ERASE_SCOPES {
+            return Err(InvalidField::new(
+                "scopes",
+                format!("1..={} scopes", limits::MAX_ERASE_SCOPES),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct EraseScopesResponse {
+    pub projector: String,
+    /// Items the model removed.
+    pub removed: u64,
+}
+
+/// How many items one projector's model holds of the scopes (`engram.p.<name>.traces`).
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TracesRequest {
+    pub scopes: Vec<ScopeKey>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct TracesResponse {
+    pub projector: String,
+    pub traces: u64,
 }
 
 /// What a working-memory request does.
@@ -1374,6 +1416,18 @@ pub fn json_schema() -> serde_json::Value {
             "engram-docs",
             generator.subschema_for::<DocRequest>(),
             generator.subschema_for::<DocResponse>(),
+        ),
+        endpoint(
+            &projector("<name>", "erase"),
+            "every engram projector",
+            generator.subschema_for::<EraseScopesRequest>(),
+            generator.subschema_for::<EraseScopesResponse>(),
+        ),
+        endpoint(
+            &projector("<name>", "traces"),
+            "every engram projector",
+            generator.subschema_for::<TracesRequest>(),
+            generator.subschema_for::<TracesResponse>(),
         ),
     ];
     let errors: Vec<serde_json::Value> = [

@@ -157,6 +157,23 @@ pub trait Projection: Send + Sync + 'static {
 
     /// A digest of the logical state, equal for equal content however it was built.
     async fn state_hash(&self) -> [u8; 32];
+
+    /// Removes everything the model holds of the scopes `keys` (erasure), and returns how
+    /// many items it removed. The loop publishes and checkpoints right after, so a restart
+    /// cannot bring the removed items back from an older checkpoint. The default refuses: a
+    /// model that keeps scope data must implement it.
+    async fn erase(&self, _keys: &[engram_memory::ScopeKey]) -> Result<u64, ProjectionError> {
+        Err(ProjectionError::Fatal(format!(
+            "projector {} cannot erase scopes",
+            self.name()
+        )))
+    }
+
+    /// How many items the model holds of the scopes `keys`: what erasure verification
+    /// reports as remaining traces (0 after an erase).
+    async fn traces(&self, _keys: &[engram_memory::ScopeKey]) -> u64 {
+        0
+    }
 }
 
 /// Failures that stop a projector.
@@ -324,12 +341,23 @@ pub struct Cut {
     pub state_hash: [u8; 32],
 }
 
-/// Asks a running projector's loop for a [`Cut`]. The loop cuts between batches, after
-/// publishing, so the cut holds exactly the events its ledger counts.
+/// What the loop is asked to do between batches.
+#[derive(Debug)]
+enum LoopRequest {
+    Cut(tokio::sync::oneshot::Sender<Result<Cut, ProjectionError>>),
+    Erase {
+        keys: Vec<engram_memory::ScopeKey>,
+        reply: tokio::sync::oneshot::Sender<Result<u64, ProjectionError>>,
+    },
+}
+
+/// Asks a running projector's loop for a [`Cut`], or an erasure. The loop does either
+/// between batches, after publishing, so a cut holds exactly the events its ledger counts
+/// and an erasure is checkpointed before it is answered.
 #[derive(Clone, Debug)]
 pub struct Cutter {
     projector: &'static str,
-    tx: tokio::sync::mpsc::Sender<tokio::sync::oneshot::Sender<Result<Cut, ProjectionError>>>,
+    tx: tokio::sync::mpsc::Sender<LoopRequest>,
 }
 
 impl Cutter {
@@ -347,13 +375,32 @@ impl Cutter {
                 self.projector
             ))
         };
-        self.tx.send(reply).await.map_err(|_| stopped())?;
+        self.tx
+            .send(LoopRequest::Cut(reply))
+            .await
+            .map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+
+    /// Erases the scopes `keys` from the model and checkpoints; returns the items removed.
+    /// Fails when the loop has stopped: an erasure must then be run again.
+    pub async fn erase(&self, keys: Vec<engram_memory::ScopeKey>) -> Result<u64, ProjectionError> {
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let stopped = || {
+            ProjectionError::Transient(format!(
+                "projector {} is not running; start it, then erase again",
+                self.projector
+            ))
+        };
+        self.tx
+            .send(LoopRequest::Erase { keys, reply })
+            .await
+            .map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
 
-type CutRequests =
-    tokio::sync::mpsc::Receiver<tokio::sync::oneshot::Sender<Result<Cut, ProjectionError>>>;
+type CutRequests = tokio::sync::mpsc::Receiver<LoopRequest>;
 
 /// Runs one projection against the stream.
 pub struct Projector<P: Projection> {
@@ -476,12 +523,24 @@ impl<P: Projection> Projector<P> {
                         self.checkpoint(&mut state).await?;
                         continue;
                     }
-                    Some(reply) = async { cuts.as_mut()?.recv().await }, if cuts.is_some() => {
-                        let cut = self.cut(&mut state).await;
-                        if let Err(e) = &cut {
-                            tracing::warn!(projector = name, error = %e, "snapshot cut failed");
+                    Some(request) = async { cuts.as_mut()?.recv().await }, if cuts.is_some() => {
+                        match request {
+                            LoopRequest::Cut(reply) => {
+                                let cut = self.cut(&mut state).await;
+                                if let Err(e) = &cut {
+                                    tracing::warn!(projector = name, error = %e, "snapshot cut failed");
+                                }
+                                let _ = reply.send(cut);
+                            }
+                            LoopRequest::Erase { keys, reply } => {
+                                let erased = self.erase(&mut state, &keys).await;
+                                match &erased {
+                                    Ok(n) => tracing::info!(projector = name, scopes = keys.len(), removed = n, "scopes erased"),
+                                    Err(e) => tracing::warn!(projector = name, error = %e, "erasure failed"),
+                                }
+                                let _ = reply.send(erased);
+                            }
                         }
-                        let _ = reply.send(cut);
                         continue;
                     }
                     next = reader.next_batch(self.settings.batch) => next,
@@ -666,6 +725,21 @@ impl<P: Projection> Projector<P> {
         }
         self.checkpoint(&mut state).await?;
         Ok(state.ledger)
+    }
+
+    /// An erasure: removes the scopes, then publishes and checkpoints, so that neither a
+    /// query nor a restart sees what was removed.
+    async fn erase(
+        &self,
+        state: &mut LoopState,
+        keys: &[engram_memory::ScopeKey],
+    ) -> Result<u64, ProjectionError> {
+        let removed = self.projection.erase(keys).await?;
+        self.projection.publish(&state.ledger).await?;
+        self.checkpoint(state).await.map_err(|e| {
+            ProjectionError::Transient(format!("erased, but the checkpoint failed: {e}"))
+        })?;
+        Ok(removed)
     }
 
     /// A snapshot cut: publishes what is applied (dead letters first), then exports.

@@ -9,8 +9,9 @@ use std::sync::{Arc, Mutex, RwLock, RwLockReadGuard};
 
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
+use engram_memory::ScopeKey;
 use engram_memory::Seq;
-use engram_memory::model::{AppliedSeq, EventModel};
+use engram_memory::model::{AppliedSeq, EventModel, Sliced};
 use engram_schema::Envelope;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -24,12 +25,30 @@ pub trait SnapshotModel: Default + Serialize + DeserializeOwned + Send + Sync + 
     fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String>;
 
     fn hash(&self) -> [u8; 32];
+
+    /// Removes the scopes in `keys` (an erasure); `None` if the model keeps no scopes.
+    fn erase(&mut self, _keys: &[ScopeKey]) -> Option<u64> {
+        None
+    }
+
+    /// The items held of the scopes in `keys`.
+    fn held(&self, _keys: &[ScopeKey]) -> u64 {
+        0
+    }
 }
 
 impl<M> SnapshotModel for M
 where
-    M: EventModel + Default + Serialize + DeserializeOwned + Send + Sync + 'static,
+    M: EventModel + Sliced + Default + Serialize + DeserializeOwned + Send + Sync + 'static,
 {
+    fn erase(&mut self, keys: &[ScopeKey]) -> Option<u64> {
+        Some(Sliced::erase(self, keys))
+    }
+
+    fn held(&self, keys: &[ScopeKey]) -> u64 {
+        Sliced::held(self, keys)
+    }
+
     fn apply_event(&mut self, seq: Seq, event: &Envelope) -> Result<(), String> {
         EventModel::apply(self, seq, event)
             .map(drop)
@@ -159,5 +178,19 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
 
     async fn state_hash(&self) -> [u8; 32] {
         self.read().hash()
+    }
+
+    async fn erase(&self, keys: &[ScopeKey]) -> Result<u64, ProjectionError> {
+        self.model
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .erase(keys)
+            .ok_or_else(|| {
+                ProjectionError::Fatal(format!("projector {} keeps no scopes to erase", self.name))
+            })
+    }
+
+    async fn traces(&self, keys: &[ScopeKey]) -> u64 {
+        self.read().held(keys)
     }
 }

@@ -29,6 +29,7 @@
 
 pub mod bootstrap;
 pub mod doc;
+pub mod erase;
 pub mod usage;
 
 use std::time::Duration;

@@ -429,10 +429,16 @@ fn hash_usage(canon: &mut Canon, usage: &Usage) {
 impl engram_memory::model::Sliced for SkillRegistry {
     fn into_slice(self, keep: &[ScopeKey]) -> Self {
         Self {
-            model: self
-                .model
-                .into_slice(keep, |names| names.values().map(|e| e.versions.len()).sum()),
+            model: self.model.into_slice(keep, skills_in),
         }
+    }
+
+    fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
+        self.model.erase(keys, skills_in)
+    }
+
+    fn held(&self, keys: &[ScopeKey]) -> u64 {
+        self.model.held(keys, skills_in)
     }
 
     fn advance_through(&mut self, seq: Seq) {
@@ -451,4 +457,9 @@ impl EventModel for SkillRegistry {
     fn state_hash(&self) -> [u8; 32] {
         SkillRegistry::state_hash(self)
     }
+}
+
+/// What one scope counts: its skill versions.
+fn skills_in(names: &Names) -> usize {
+    names.values().map(|e| e.versions.len()).sum()
 }

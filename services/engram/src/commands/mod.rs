@@ -5,6 +5,7 @@ pub mod append;
 pub mod consolidate;
 pub mod dlq;
 pub mod doc;
+pub mod erase;
 pub mod facts;
 pub mod forget;
 pub mod projector;

@@ -55,6 +55,7 @@ pub async fn run(
                     &proto::projector_subject(name.as_str(), "snapshot"),
                     &SnapshotRequest {
                         label: label.clone(),
+                        force: false,
                     },
                     Duration::from_secs(600),
                 )
