@@ -77,7 +77,10 @@ async fn erasing_one_user_of_many_leaves_no_trace_of_them_and_touches_nobody_els
     for tenant in ["acme", "acme2"] {
         if tenant == "acme2" {
             // A labelled snapshot of acme, older than the erasure: it holds the user too.
-            admin.snapshot(&scope_req, Some("before-erasure")).await.unwrap();
+            admin
+                .snapshot(&scope_req, Some("before-erasure"))
+                .await
+                .unwrap();
         }
         for n in 0..USERS {
             let mark = secret(tenant, n);

@@ -433,15 +433,14 @@ pub enum EraseCommand {
 }
 
 #[derive(Debug, Args)]
-#[group(id = "what", required = true, multiple = false)]
 pub struct EraseTarget {
     #[arg(long, required = true)]
     pub tenant: Option<String>,
     /// A scope: kind:id (repeatable).
-    #[arg(long, group = "what")]
+    #[arg(long, required_unless_present = "user", conflicts_with = "user")]
     pub scope: Vec<String>,
     /// A user: their `user:<id>` scope.
-    #[arg(long, group = "what")]
+    #[arg(long)]
     pub user: Option<String>,
 }
 

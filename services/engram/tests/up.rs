@@ -435,3 +435,100 @@ fn insecure_no_auth_is_loopback_only_and_says_so() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+#[test]
+fn erase_from_the_cli_leaves_no_trace_and_verify_says_so() {
+    let home = tempfile::tempdir().unwrap();
+    let lease = engram_natsd::PortLease::acquire().unwrap();
+    let (mut child, ready) = spawn_up(home.path(), lease.port());
+    let nats = token(&ready, "nats=").to_owned();
+    let h = home.path();
+    let mut last = String::new();
+    for (who, text) in [
+        ("u1", "u1 pays with card 4111"),
+        ("u2", "u2 pays by invoice"),
+    ] {
+        let receipt: serde_json::Value = serde_json::from_str(&ok(cli(h).args([
+            "--nats",
+            &nats,
+            "--json",
+            "append",
+            "--tenant",
+            "acme",
+            "--scope",
+            &format!("user:{who}"),
+            "--text",
+            text,
+        ])))
+        .unwrap();
+        last = receipt["seq"].to_string();
+    }
+    // Both are in the read models before anything is erased.
+    let found = ok(cli(h).args([
+        "--nats",
+        &nats,
+        "--json",
+        "retrieve",
+        "pays",
+        "--tenant",
+        "acme",
+        "--scope",
+        "user:u1",
+        "--mode",
+        "keyword",
+        "--min-seq",
+        &last,
+    ]));
+    assert!(found.contains("4111"), "{found}");
+    let erased = ok(cli(h).args(["--nats", &nats, "erase", "--tenant", "acme", "--user", "u1"]));
+    assert!(erased.contains("erased user:u1 of tenant acme"), "{erased}");
+    assert!(!erased.contains("NOT DONE"), "{erased}");
+    let verified = ok(cli(h).args([
+        "--nats", &nats, "erase", "verify", "--tenant", "acme", "--user", "u1",
+    ]));
+    assert!(verified.contains("no trace of user:u1"), "{verified}");
+    // The other user is untouched, and verify finds them: it is not blind.
+    let other = cli(h)
+        .args([
+            "--nats", &nats, "erase", "verify", "--tenant", "acme", "--user", "u2",
+        ])
+        .output()
+        .unwrap();
+    assert_eq!(other.status.code(), Some(1));
+    let listed = String::from_utf8_lossy(&other.stdout);
+    assert!(
+        listed.contains("stream") && listed.contains("read model keyword"),
+        "{listed}"
+    );
+    // An agent cannot erase: its key reaches no projector endpoint or the registry.
+    ok(cli(h).args(["--nats", &nats, "tenant", "add", "acme"]));
+    let added: serde_json::Value = serde_json::from_str(&ok(cli(h).args([
+        "--nats", &nats, "--json", "agent", "add", "--tenant", "acme", "--agent", "bot",
+    ])))
+    .unwrap();
+    let creds = added["creds"].as_str().unwrap();
+    let mut refused = false;
+    for _ in 0..100 {
+        let out = cli(&h.join("agent-machine"))
+            .args([
+                "--nats", &nats, "--creds", creds, "erase", "--tenant", "acme", "--user", "u2",
+            ])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&out.stderr).into_owned();
+        if !out.status.success() && !err.contains("refused these credentials") {
+            refused = true;
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(refused, "an agent's erase was not refused");
+    let still = ok(cli(h).args([
+        "--nats", &nats, "--json", "retrieve", "pays", "--tenant", "acme", "--scope", "user:u2",
+        "--mode", "keyword",
+    ]));
+    assert!(still.contains("invoice"), "{still}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(child.0.wait().unwrap().success());
+}

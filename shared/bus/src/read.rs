@@ -159,17 +159,52 @@ impl Bus {
 
     /// Stream state and its consumers, for `engram streams` and health checks.
     /// Removes every event on `subject` (a filter such as `engram.evt.acme.task.t1.*`) below
-    /// sequence `below` from the events stream (erasure); returns how many. Admin only: no
-    /// other identity may purge.
+    /// sequence `below` from the events stream (erasure); returns how many. Each is deleted
+    /// with an erase, which overwrites its bytes in the store (a purge only unlinks them);
+    /// a final purge by subject takes anything the listing missed. Admin only: no other
+    /// identity may delete or purge.
     pub async fn purge_events(&self, subject: &str, below: u64) -> Result<u64, BusError> {
         let stream = self.events_stream().await?;
+        let consumer = stream
+            .create_consumer(pull::OrderedConfig {
+                filter_subject: subject.to_owned(),
+                deliver_policy: DeliverPolicy::All,
+                headers_only: true,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        let mut seqs = Vec::new();
+        if consumer.cached_info().num_pending > 0 {
+            let mut messages = consumer.messages().await.map_err(js_err)?;
+            while let Some(message) = messages.next().await {
+                let message = message.map_err(js_err)?;
+                let info = message.info().map_err(js_err)?;
+                if info.stream_sequence < below {
+                    seqs.push(info.stream_sequence);
+                }
+                if info.pending == 0 || info.stream_sequence + 1 >= below {
+                    break;
+                }
+            }
+        }
+        let mut erased = 0;
+        for seq in seqs {
+            if stream
+                .delete_message(seq)
+                .await
+                .map_err(|e| BusError::JetStream(format!("erasing seq {seq}: {e}")))?
+            {
+                erased += 1;
+            }
+        }
         let purged = stream
             .purge()
             .filter(subject)
             .sequence(below)
             .await
             .map_err(|e| BusError::JetStream(format!("purging {subject}: {e}")))?;
-        Ok(purged.purged)
+        Ok(erased + purged.purged)
     }
 
     /// How many events the stream holds on `subject` (a filter): one stream-info request.

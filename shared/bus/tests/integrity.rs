@@ -110,7 +110,6 @@ async fn only_four_token_event_subjects_are_stored() {
     assert_eq!(stream_messages(&bus).await, 1);
 }
 
-
 #[tokio::test]
 async fn a_wider_stream_from_an_older_version_is_reported_with_the_command_that_fixes_it() {
     let nats = TestNats::start().await;
