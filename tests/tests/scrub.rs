@@ -250,3 +250,108 @@ async fn a_poison_message_with_a_secret_is_dead_lettered_redacted() {
         assert!(copy.contains("[REDACTED:key_value_secret]"), "{copy}");
     }
 }
+
+/// A raw client's `doc_changed` event: changes made without the SDK's redaction.
+fn raw_doc_change(name: &str, title: &str) -> Envelope {
+    let mut doc = engram_docs::LocalDoc::genesis::<engram_docs::TaskBoard>().unwrap();
+    doc.edit::<engram_docs::TaskBoard>(|b| {
+        b.items.insert(
+            "t1".into(),
+            engram_docs::TaskItem {
+                title: title.to_owned(),
+                ..Default::default()
+            },
+        );
+    })
+    .unwrap();
+    let out = doc.outgoing("task_board", name, 192 * 1024).unwrap();
+    Envelope::new(
+        ident("acme"),
+        team(),
+        ident("agent-1"),
+        ident("i-1"),
+        Layer::Working,
+        EventKind::DocChanged,
+        Content {
+            text: String::new(),
+            data: Some(out[0].data.clone()),
+        },
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_raw_document_change_writing_a_secret_never_reaches_the_documents_or_their_snapshot() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let bus = engram.client.bus().clone();
+    let before = redactions("docs");
+    // Given raw document changes (no SDK in front to redact them): one clean, one whose
+    // title is a key.
+    let clean = raw_doc_change("clean", "ship the release");
+    let leaky = raw_doc_change("leaky", &format!("use key {AWS} for the deploy"));
+    bus.append(&clean, AppendOptions::default()).await.unwrap();
+    let last = bus
+        .append(&leaky, AppendOptions::default())
+        .await
+        .unwrap()
+        .seq;
+    // The clean document is there; the leaky change was refused, so no document holds it.
+    let listed = engram
+        .client
+        .doc(
+            &serde_json::from_value(serde_json::json!({
+                "tenant": "acme", "scope": {"kind": "team", "id": "core"},
+                "read": "list", "include_values": true, "min_seq": last, "wait_ms": 10000,
+            }))
+            .unwrap(),
+        )
+        .await
+        .unwrap();
+    let shown = serde_json::to_string(&listed).unwrap();
+    assert!(shown.contains("ship the release"), "{shown}");
+    assert!(!shown.contains(AWS) && !shown.contains("leaky"), "{shown}");
+    // Its dead-letter copy holds no secret either, and the redaction was counted.
+    engram_testkit::wait_until(
+        "docs to dead-letter the change",
+        Duration::from_secs(30),
+        || {
+            let bus = bus.clone();
+            async move { bus.dead_letter_count("docs").await.unwrap_or(0) >= 1 }
+        },
+    )
+    .await;
+    let letters = bus.dead_letters(Some("docs"), 100).await.unwrap();
+    for letter in &letters.letters {
+        let bytes = String::from_utf8_lossy(&letter.payload);
+        let decoded = letter
+            .decode(bus.codec())
+            .map(|e| serde_json::to_string(&e).unwrap())
+            .unwrap_or_default();
+        assert!(!bytes.contains(AWS) && !decoded.contains(AWS));
+        assert!(decoded.contains("were removed"), "{decoded}");
+    }
+    assert!(redactions("docs") > before);
+    // And the docs model's snapshot, cut now, holds no trace of it in any form.
+    let cut = engram
+        .client
+        .snapshot(
+            &ScopeRequest {
+                tenant: ident("acme"),
+                scope: team(),
+                grants: vec![],
+            },
+            Some("after-raw-doc"),
+        )
+        .await
+        .unwrap();
+    assert!(!cut.snapshots.is_empty());
+    let store = engram_snapshots::SnapshotStore::open(&bus, Default::default())
+        .await
+        .unwrap();
+    let meta = store.list(Some("docs")).await.unwrap().pop().unwrap();
+    let blob = store.load(&meta).await.unwrap();
+    assert!(
+        !blob.windows(AWS.len()).any(|w| w == AWS.as_bytes()),
+        "the docs snapshot holds the key"
+    );
+}

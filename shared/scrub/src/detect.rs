@@ -46,6 +46,10 @@ pub(crate) struct Patterns {
     hint: Regex,
     /// Maximal runs of token characters, `=` only as trailing padding so that `key=abc` splits.
     run: Regex,
+    /// A secret said in prose: `my password is hunter22`, `the api key was 9fKx2…`.
+    prose: Regex,
+    /// A secret on a command line: `--password hunter22`, `curl -u bob:pw`, `mysql -pHunter22`.
+    cli: Regex,
 }
 
 fn compile(pattern: &str) -> Regex {
@@ -56,7 +60,7 @@ pub(crate) static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| {
     let kinds: Vec<&str> = Kind::ALL.iter().map(|k| k.as_str()).collect();
     Patterns {
         gate: compile(
-            r"(?i-u)akia|asia|agpa|aida|aroa|anpa|anva|aipa|sk-|sk_|rk_|gh[pousr]_|github_pat_|xox|aiza|eyj|bearer|-----begin|://|pass|pwd|secret|token|key|credential|creds|auth",
+            r"(?i-u)akia|asia|agpa|aida|aroa|anpa|anva|aipa|sk-|sk_|rk_|gh[pousr]_|github_pat_|xox|aiza|eyj|bearer|-----begin|://|pass|pwd|secret|token|key|credential|creds|auth|-u\s|mysql",
         ),
         marker: compile(&format!(r"\[REDACTED:(?:{})\]", kinds.join("|"))),
         aws_access: compile(
@@ -88,6 +92,12 @@ pub(crate) static PATTERNS: LazyLock<Patterns> = LazyLock::new(|| {
             r"(?i-u)passphrase|password|passwd|pass|pwd|secret|token|apikey|key|authorization|auth|credentials|credential|creds|bearer",
         ),
         run: compile(r"[A-Za-z0-9+/_-]{8,}=*"),
+        prose: compile(
+            r#"(?i)(?-u:\b)(?:password|passwd|passphrase|passcode|api[ _-]?key|secret|token)\s+(?:is|was|will be)\s+["'“‘]?([^\s"'”’,;]{4,128})"#,
+        ),
+        cli: compile(
+            r#"(?i)(?:^|\s)(?:--(?:password|passwd|pass|passphrase|token|api-key|apikey|secret|client-secret|auth-token)(?:=|\s+)["']?([^\s"']{3,256})|-u\s+[^\s:@]+:([^\s@]{3,256})|(?:mysql|mysqldump|mysqladmin)(?-u:\b)[^\n]{0,200}?\s-p([^\s]{3,256}))"#,
+        ),
     }
 });
 
@@ -221,6 +231,7 @@ fn segment(s: &Scrubber, text: &str, from: usize, to: usize, out: &mut Vec<Redac
     url_password(s, seg, &mut found);
     if s.on(Kind::KeyValueSecret) {
         key_values(seg, &mut found);
+        said(seg, &mut found);
     }
     let mut merged = merge(found);
     if s.on(Kind::HighEntropy) {
@@ -232,6 +243,46 @@ fn segment(s: &Scrubber, text: &str, from: usize, to: usize, out: &mut Vec<Redac
         end: r.end + from,
         ..r
     }));
+}
+
+/// Secrets said in prose or passed on a command line. Prose needs the value to look like a
+/// secret, not a word (`the password is wrong`): a digit, a symbol, or mixed case with
+/// length; a command-line value needs only not to be a variable or a placeholder.
+fn said(text: &str, out: &mut Vec<Redaction>) {
+    let p = &*PATTERNS;
+    let variable =
+        |v: &str| v.starts_with(['$', '<', '{', '%', '*']) || v.chars().all(|c| c == '*');
+    for m in p.prose.find_iter(text) {
+        let Some(caps) = p.prose.captures(m.as_str()) else {
+            continue;
+        };
+        let Some(g) = caps.get(1) else { continue };
+        // A sentence's full stop is not part of the password.
+        let v = g.as_str().trim_end_matches(['.', '!', '?', ')']);
+        let strong = v.bytes().any(|c| c.is_ascii_digit())
+            || v.bytes().any(|c| !c.is_ascii_alphanumeric())
+            || (v.len() >= 8
+                && v.bytes().any(|c| c.is_ascii_uppercase())
+                && v.bytes().any(|c| c.is_ascii_lowercase())
+                && v[1..].bytes().any(|c| c.is_ascii_uppercase()));
+        // A path or a URL is where something is, not the secret itself.
+        let path = v.starts_with(['/', '~', '.']) || v.contains("://");
+        if strong && !variable(v) && !path {
+            let start = m.start() + g.start();
+            push(out, Kind::KeyValueSecret, start, start + v.len());
+        }
+    }
+    for m in p.cli.find_iter(text) {
+        let Some(caps) = p.cli.captures(m.as_str()) else {
+            continue;
+        };
+        if let Some(g) = (1..=3).find_map(|i| caps.get(i))
+            && !variable(g.as_str())
+        {
+            let start = m.start() + g.start();
+            push(out, Kind::KeyValueSecret, start, start + g.len());
+        }
+    }
 }
 
 /// The first group of each match of `re` in `text`, as absolute byte ranges.

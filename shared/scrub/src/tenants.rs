@@ -63,11 +63,13 @@ impl Scrubbers {
         let scrubber = self.for_tenant(event.tenant.as_str());
         let dirty = |s: &str| !scrubber.scrub(s).is_clean();
         let data_dirty = || {
+            if event.kind == EventKind::DocChanged {
+                return !doc_change_secrets(scrubber, event).is_empty();
+            }
             event
                 .content
                 .data
                 .as_ref()
-                .filter(|_| event.kind != EventKind::DocChanged)
                 .is_some_and(|data| !scrub_json(scrubber, &mut data.clone()).is_empty())
         };
         if !dirty(&event.content.text) && !event.tags.iter().any(|t| dirty(t)) && !data_dirty() {
@@ -100,16 +102,64 @@ impl Scrubbers {
     pub fn scrub_event(&self, event: &mut Envelope) -> Vec<Kind> {
         let scrubber = self.for_tenant(event.tenant.as_str());
         let mut kinds = self.scrub_text_and_tags(event);
-        // A document change's data is automerge change bytes in base64: a chance match
-        // inside one would corrupt the change, and a secret in a document's fields is not
-        // visible in the bytes anyway.
-        if event.kind != EventKind::DocChanged
-            && let Some(data) = event.content.data.as_mut()
-        {
+        // A document change's data is automerge change bytes in base64, which no redaction
+        // can rewrite (a change is named by its hash, and later changes depend on it). The
+        // strings the changes write are checked instead: a change that writes a secret is
+        // dropped from the event, whose `changes` is left empty (so the docs model refuses
+        // it, and its dead-letter copy holds no secret). Writers using the SDK never get
+        // here: their edits are redacted before the change is made.
+        if event.kind == EventKind::DocChanged {
+            let found = doc_change_secrets(scrubber, event);
+            if !found.is_empty()
+                && let Some(data) = event.content.data.as_mut().and_then(|d| d.as_object_mut())
+            {
+                data.insert("changes".into(), serde_json::Value::Array(Vec::new()));
+                data.insert(
+                    "redacted".into(),
+                    serde_json::Value::String(format!(
+                        "the changes wrote {} secret(s) and were removed; write documents through the SDK, which redacts before the change is made",
+                        found.len()
+                    )),
+                );
+                kinds.extend(found);
+            }
+        } else if let Some(data) = event.content.data.as_mut() {
             kinds.extend(scrub_json(scrubber, data));
         }
         kinds
     }
+}
+
+/// The kinds of secrets the strings of a document change write: values put in maps and
+/// lists, and text typed into a text object (one character per operation, joined back).
+/// A change that does not decode holds no readable strings; the docs model refuses it.
+fn doc_change_secrets(scrubber: &Scrubber, event: &Envelope) -> Vec<Kind> {
+    use engram_schema::automerge::ScalarValue;
+    use engram_schema::automerge::legacy::OpType;
+    let Ok((_, changes)) = engram_schema::DocChanged::from_event(event) else {
+        return Vec::new();
+    };
+    let mut text = String::new();
+    for change in &changes {
+        for op in change.decode().operations {
+            if let OpType::Put(ScalarValue::Str(s)) = &op.action {
+                if op.insert && s.chars().count() == 1 {
+                    text.push_str(s);
+                } else {
+                    text.push('\n');
+                    text.push_str(s);
+                    text.push('\n');
+                }
+            }
+        }
+        text.push('\n');
+    }
+    scrubber
+        .scrub(&text)
+        .redactions
+        .iter()
+        .map(|r| r.kind)
+        .collect()
 }
 
 #[cfg(test)]

@@ -447,11 +447,40 @@ fn edge_cases_as_decided() {
     // Numbers and words without a separator are not values.
     for text in [
         "set password_min_length=12",
-        "my password is hunter22",
         "token: 12345678",
-        "mysql -u root -pHunter22",
+        "the password is wrong",
+        "your password is incorrect.",
+        "the token is expired",
+        "mysql -u root -p$MYSQL_PWD",
+        "curl -u bob:$TOKEN https://example.com",
+        "run it with --password <your password>",
     ] {
         assert_eq!(scrub(text), text);
+    }
+    // A secret said in prose, or passed on a command line, is redacted; only the secret.
+    for (text, want) in [
+        (
+            "my password is hunter22",
+            "my password is [REDACTED:key_value_secret]",
+        ),
+        (
+            "the api key was 9fKx2Lq7.",
+            "the api key was [REDACTED:key_value_secret].",
+        ),
+        (
+            "mysql -u root -pHunter22 app",
+            "mysql -u root -p[REDACTED:key_value_secret] app",
+        ),
+        (
+            "curl -u bob:s3cr3t https://example.com",
+            "curl -u bob:[REDACTED:key_value_secret] https://example.com",
+        ),
+        (
+            "deploy --password Tr0ub4dor&3 --force",
+            "deploy --password [REDACTED:key_value_secret] --force",
+        ),
+    ] {
+        assert_eq!(scrub(text), want, "{text}");
     }
     // A PIN is a password; a count is not.
     assert_eq!(
