@@ -487,6 +487,12 @@ async fn nothing_can_be_purged_or_deleted_and_the_registry_cannot_be_forged() {
         "$JS.API.STREAM.INFO.KV_engram_working",
         "$JS.API.STREAM.INFO.OBJ_ENGRAM_SNAPSHOTS",
         "$JS.API.STREAM.INFO.ENGRAM_ACCESS",
+        // Snapshot objects (every tenant's read models) by direct get and by consumer.
+        "$JS.API.DIRECT.GET.OBJ_ENGRAM_SNAPSHOTS.$O.ENGRAM_SNAPSHOTS.M.ZmFjdHMvMQ==",
+        "$JS.API.CONSUMER.CREATE.OBJ_ENGRAM_SNAPSHOTS.steal.$O.ENGRAM_SNAPSHOTS.C.>",
+        "$JS.API.DIRECT.GET.KV_ENGRAM_SNAPSHOT_INDEX.$KV.ENGRAM_SNAPSHOT_INDEX.facts.>",
+        // Other tenants' documents through the docs projector, bypassing the query service.
+        "engram.p.docs.get",
     ] {
         raw.refused(subject, "").await;
     }

@@ -339,6 +339,18 @@ fn agents_get_credentials_from_the_cli_and_lose_them_on_revoke() {
         &seq,
     ]));
     assert!(found.contains("login fails"), "{found}");
+    // ...replays it through the query service (its key reaches no stream)...
+    let replayed = ok(&mut as_agent(&[
+        "--json", "replay", "--tenant", "acme", "--scope", "task:t1",
+    ]));
+    assert!(replayed.contains("login fails"), "{replayed}");
+    let tail = as_agent(&["tail", "--tenant", "acme"]).output().unwrap();
+    assert!(!tail.status.success());
+    assert!(
+        String::from_utf8_lossy(&tail.stderr).contains("cannot tail"),
+        "{}",
+        String::from_utf8_lossy(&tail.stderr)
+    );
     // ...and can neither write to nor read another tenant.
     let other = as_agent(&[
         "append", "--tenant", "acme2", "--scope", "task:t1", "--text", "x",

@@ -32,6 +32,9 @@ pub enum BusError {
     Unavailable(String),
     #[error("invalid bus configuration: {0}")]
     InvalidConfig(String),
+    /// These credentials may not do this (an agent's key reaches no stream directly).
+    #[error("{0}")]
+    Forbidden(String),
     #[error("jetstream request failed: {0}")]
     JetStream(String),
     #[error(transparent)]

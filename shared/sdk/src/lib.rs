@@ -284,13 +284,26 @@ impl Client {
         }
     }
 
-    /// Replays matching events from `start` until caught up.
+    /// Replays matching events from `start` until caught up. Needs a key that reaches the
+    /// stream (the admin's or a service's); an agent pages with [`Client::replay_page`].
     pub async fn replay(
         &self,
         filter: &SubjectFilter,
         start: StartAt,
     ) -> Result<EventStream, BusError> {
+        self.refuse_agent("replay")?;
         self.bus.replay(filter, start).await
+    }
+
+    /// An agent's key reaches no stream: say what to use instead of waiting for a refusal
+    /// that comes as a timeout.
+    fn refuse_agent(&self, what: &str) -> Result<(), BusError> {
+        match self.agent_identity() {
+            Some((tenant, agent)) => Err(BusError::Forbidden(format!(
+                "agent {agent} of tenant {tenant} cannot {what} the stream directly: replay through the query service (Client::replay_page, or `engram replay --tenant {tenant} --scope <kind:id>`), or use the admin's credentials"
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// [`Client::replay`], plus the number of matching events when it started.
@@ -299,11 +312,13 @@ impl Client {
         filter: &SubjectFilter,
         start: StartAt,
     ) -> Result<(u64, EventStream), BusError> {
+        self.refuse_agent("replay")?;
         self.bus.replay_counted(filter, start).await
     }
 
-    /// Streams matching events appended from now on.
+    /// Streams matching events appended from now on (the admin's or a service's key).
     pub async fn tail(&self, filter: &SubjectFilter) -> Result<EventStream, BusError> {
+        self.refuse_agent("tail")?;
         self.bus.tail(filter).await
     }
 

@@ -23,6 +23,9 @@ pub async fn replay(config: &Config, args: &ReplayArgs, json: bool) -> anyhow::R
         StartAt::Beginning
     };
     let client = super::connect(config).await?;
+    if client.agent_identity().is_some() {
+        return replay_as_agent(&client, args, json).await;
+    }
     let (total, mut events) = client.replay_counted(&filter, start).await?;
     let bar = progress_bar(total);
     let started = Instant::now();
@@ -99,4 +102,69 @@ pub async fn tail(config: &Config, args: &FilterArgs, json: bool) -> anyhow::Res
             _ = tokio::signal::ctrl_c() => return Ok(ExitCode::SUCCESS),
         }
     }
+}
+
+/// `engram replay` with an agent's credentials: pages through the query service, which reads
+/// the agent's identity from its subject and its grants from the registry.
+async fn replay_as_agent(
+    client: &engram_sdk::Client,
+    args: &ReplayArgs,
+    json: bool,
+) -> anyhow::Result<ExitCode> {
+    let (tenant, scope) = match (&args.filter.tenant, &args.filter.scope) {
+        (Some(t), Some(s)) => (
+            engram_schema::Ident::parse("tenant", t.as_str())?,
+            s.parse()?,
+        ),
+        _ => anyhow::bail!(
+            "with agent credentials, replay names --tenant and --scope (the service checks the agent may read it)"
+        ),
+    };
+    anyhow::ensure!(
+        args.since.is_none() && args.from_time.is_none() && args.filter.layer.is_none(),
+        "with agent credentials, replay takes --from-seq, not --since, --from-time or --layer"
+    );
+    let scopes = engram_sdk::ScopeRequest {
+        tenant,
+        scope,
+        grants: Vec::new(),
+    };
+    let mut after = args.from_seq.map_or(0, |s| s.saturating_sub(1));
+    let mut count = 0u64;
+    let started = Instant::now();
+    loop {
+        let page = client
+            .replay_page(&engram_sdk::proto::ReplayRequest {
+                scopes: scopes.clone(),
+                after_seq: after,
+                limit: engram_sdk::proto::limits::MAX_REPLAY_EVENTS,
+            })
+            .await?;
+        for e in page.events {
+            count += 1;
+            if !args.count {
+                let stored = engram_bus::StoredEvent {
+                    seq: e.seq,
+                    subject: engram_schema::subject_for(&e.event),
+                    stored_at: e.stored_at,
+                    pending: 0,
+                    trace: None,
+                    event: e.event,
+                };
+                output::event(&stored, json);
+            }
+            if args.limit.is_some_and(|limit| count >= limit) {
+                return Ok(ExitCode::SUCCESS);
+            }
+        }
+        if page.done || page.next_after <= after {
+            break;
+        }
+        after = page.next_after;
+    }
+    eprintln!(
+        "replayed {count} events in {:.2}s through the query service",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(ExitCode::SUCCESS)
 }
