@@ -184,10 +184,16 @@ async fn erasing_one_user_of_many_leaves_no_trace_of_them_and_touches_nobody_els
     );
 
     // When user u3 of acme is erased
+    let started = std::time::Instant::now();
     let report = admin
         .erase(&ident("acme"), &erased, &snapshots, "test")
         .await
         .unwrap();
+    println!(
+        "erasure of {} events took {} ms",
+        report.events_purged,
+        started.elapsed().as_millis()
+    );
     assert!(report.incomplete.is_empty(), "{report:#?}");
     assert!(
         report.events_purged >= 6,
