@@ -37,6 +37,31 @@ pub fn embedder_model() -> String {
     format!("hash-{DIM}")
 }
 
+/// An episodic observation of `tenant`/`scope` by `agent`, with its vector from
+/// [`embedder`].
+pub fn embedded(
+    tenant: &str,
+    scope: engram_schema::Scope,
+    agent: &str,
+    text: &str,
+) -> engram_schema::Envelope {
+    let ident = |s: &str| engram_schema::Ident::parse("test", s).unwrap();
+    let mut e = engram_schema::Envelope::new(
+        ident(tenant),
+        scope,
+        ident(agent),
+        ident("i-1"),
+        engram_schema::Layer::Episodic,
+        engram_schema::EventKind::Observation,
+        engram_schema::Content::text(text),
+    );
+    e.embedding = Some(engram_schema::Embedding {
+        model: embedder_model(),
+        vector: embedder().embed_one(text),
+    });
+    e
+}
+
 /// Projectors and the query service of one test.
 pub struct Engram {
     pub client: Client,

@@ -12,10 +12,10 @@ use engram_access::{Credentials, Grantee, Record, ScopePattern};
 use engram_memory::proto::{
     Consistency, ContextRequest, ErrorCode, RetrievalMode, RetrieveRequest, ScopeRequest,
 };
-use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope};
+use engram_schema::{Envelope, EventKind, Ident, Layer, Scope};
 use engram_sdk::{Client, RetryPolicy, RpcError};
 use engram_testkit::{SecureNats, TestNats};
-use engram_tests::{Engram, embedder, embedder_model};
+use engram_tests::{Engram, embedder};
 use tokio::sync::mpsc;
 
 fn ident(s: &str) -> Ident {
@@ -27,20 +27,7 @@ fn scope(s: &str) -> Scope {
 }
 
 fn memory(tenant: &str, scope: Scope, text: &str) -> Envelope {
-    let mut e = Envelope::new(
-        ident(tenant),
-        scope,
-        ident("agent-1"),
-        ident("i-1"),
-        Layer::Episodic,
-        EventKind::Observation,
-        Content::text(text),
-    );
-    e.embedding = Some(engram_schema::Embedding {
-        model: embedder_model(),
-        vector: embedder().embed_one(text),
-    });
-    e
+    engram_tests::embedded(tenant, scope, "agent-1", text)
 }
 
 fn retrieve(scopes: ScopeRequest, query: &str, min_seq: u64) -> RetrieveRequest {

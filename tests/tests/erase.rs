@@ -5,9 +5,9 @@
 use std::time::Duration;
 
 use engram_memory::proto::{Consistency, RetrievalMode, RetrieveRequest, ScopeRequest};
-use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope};
+use engram_schema::{Envelope, EventKind, Ident, Layer, Scope};
 use engram_testkit::TestNats;
-use engram_tests::{Engram, embedder, embedder_model};
+use engram_tests::{Engram, embedder};
 
 fn ident(s: &str) -> Ident {
     Ident::parse("test", s).unwrap()
@@ -23,20 +23,7 @@ fn secret(tenant: &str, n: usize) -> String {
 }
 
 fn memory(tenant: &str, scope: Scope, text: &str) -> Envelope {
-    let mut e = Envelope::new(
-        ident(tenant),
-        scope,
-        ident("assistant"),
-        ident("i-1"),
-        Layer::Episodic,
-        EventKind::Observation,
-        Content::text(text),
-    );
-    e.embedding = Some(engram_schema::Embedding {
-        model: embedder_model(),
-        vector: embedder().embed_one(text),
-    });
-    e
+    engram_tests::embedded(tenant, scope, "assistant", text)
 }
 
 fn retrieve(tenant: &str, scope: Scope, query: &str, min_seq: u64) -> RetrieveRequest {

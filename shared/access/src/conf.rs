@@ -36,26 +36,10 @@ pub fn render(keys: &[(String, Role)], names: &Names) -> String {
 /// Writes `text` to `path` atomically (a reader sees the old file or the new, never half),
 /// mode 0600. Returns whether the content changed.
 pub fn write_if_changed(path: &Path, text: &str) -> Result<bool, AccessError> {
-    use std::io::Write as _;
-    use std::os::unix::fs::OpenOptionsExt as _;
     if std::fs::read_to_string(path).is_ok_and(|old| old == text) {
         return Ok(false);
     }
-    let err = |e: std::io::Error| AccessError::File {
-        path: path.display().to_string(),
-        reason: e.to_string(),
-    };
-    let tmp = path.with_extension("conf.tmp");
-    let _ = std::fs::remove_file(&tmp);
-    let mut file = std::fs::OpenOptions::new()
-        .write(true)
-        .create_new(true)
-        .mode(0o600)
-        .open(&tmp)
-        .map_err(err)?;
-    file.write_all(text.as_bytes()).map_err(err)?;
-    file.sync_all().map_err(err)?;
-    std::fs::rename(&tmp, path).map_err(err)?;
+    crate::write_private(path, text)?;
     Ok(true)
 }
 

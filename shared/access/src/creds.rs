@@ -148,8 +148,7 @@ impl Credentials {
 
     /// Writes the file with mode 0600 (its directory 0700), replacing any file there.
     pub fn save(&self, path: &Path) -> Result<(), AccessError> {
-        use std::io::Write as _;
-        use std::os::unix::fs::{DirBuilderExt as _, OpenOptionsExt as _};
+        use std::os::unix::fs::DirBuilderExt as _;
         let err = |e: std::io::Error| AccessError::File {
             path: path.display().to_string(),
             reason: e.to_string(),
@@ -173,17 +172,7 @@ impl Credentials {
             "# Engram credentials for {who} (public key {}).\n# Whoever holds this file acts as that identity: keep it secret.\n{body}",
             self.public_key()
         );
-        let tmp = path.with_extension("creds.tmp");
-        let _ = std::fs::remove_file(&tmp);
-        let mut file = std::fs::OpenOptions::new()
-            .write(true)
-            .create_new(true)
-            .mode(0o600)
-            .open(&tmp)
-            .map_err(err)?;
-        file.write_all(text.as_bytes()).map_err(err)?;
-        file.sync_all().map_err(err)?;
-        std::fs::rename(&tmp, path).map_err(err)
+        crate::write_private(path, &text)
     }
 
     /// Reads a credentials file, refusing one that other users can read.

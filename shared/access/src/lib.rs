@@ -52,3 +52,27 @@ pub enum AccessError {
     #[error("access registry ({stream}): {reason}")]
     Log { stream: String, reason: String },
 }
+
+/// Writes `text` to `path` atomically (a reader sees the old file or the new, never half),
+/// readable by its owner only: credentials and the server's authorization block.
+pub(crate) fn write_private(path: &std::path::Path, text: &str) -> Result<(), AccessError> {
+    use std::io::Write as _;
+    use std::os::unix::fs::OpenOptionsExt as _;
+    let err = |e: std::io::Error| AccessError::File {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    };
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    let _ = std::fs::remove_file(&tmp);
+    let mut file = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(&tmp)
+        .map_err(err)?;
+    file.write_all(text.as_bytes()).map_err(err)?;
+    file.sync_all().map_err(err)?;
+    std::fs::rename(&tmp, path).map_err(err)
+}

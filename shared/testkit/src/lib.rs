@@ -21,6 +21,12 @@ pub struct TestNats {
 impl TestNats {
     /// Starts a nats-server with JetStream on a random port.
     pub async fn start() -> Self {
+        Self::start_with(|_| None).await
+    }
+
+    /// Starts one with the config file `config` writes into the run dir (given the temp
+    /// dir), if any.
+    async fn start_with(config: impl FnOnce(&Path) -> Option<std::path::PathBuf>) -> Self {
         let _ = engram_telemetry::init_logging(engram_telemetry::LogFormat::Text, "warn");
         let bin = tokio::task::spawn_blocking(engram_natsd::locate)
             .await
@@ -30,7 +36,9 @@ impl TestNats {
             .prefix("engram-test-")
             .tempdir()
             .expect("cannot create temp dir");
-        let opts = ServerOptions::new(bin, dir.path().join("store"), dir.path().join("run"));
+        std::fs::create_dir_all(dir.path().join("run")).expect("cannot create run dir");
+        let mut opts = ServerOptions::new(bin, dir.path().join("store"), dir.path().join("run"));
+        opts.config_file = config(dir.path());
         let server = NatsServer::start(opts)
             .await
             .unwrap_or_else(|e| panic!("{e}"));
@@ -195,34 +203,27 @@ impl TestNats {
     /// A server that refuses anonymous connections; see [`SecureNats`].
     pub async fn start_secured() -> SecureNats {
         use engram_access::{Names, conf};
-        let _ = engram_telemetry::init_logging(engram_telemetry::LogFormat::Text, "warn");
-        let bin = tokio::task::spawn_blocking(engram_natsd::locate)
-            .await
-            .expect("locate task panicked")
-            .unwrap_or_else(|e| panic!("{e}"));
-        let dir = tempfile::Builder::new()
-            .prefix("engram-test-")
-            .tempdir()
-            .expect("cannot create temp dir");
-        let home = dir.path().join("home");
-        let run = dir.path().join("run");
-        std::fs::create_dir_all(&run).unwrap();
-        let creds = engram_access::creds::ensure_service_credentials(&home)
-            .unwrap_or_else(|e| panic!("{e}"));
-        let fixed: Vec<_> = creds
-            .iter()
-            .filter_map(|(r, c)| Some((c.public_key(), r.fixed_role()?)))
-            .collect();
-        let auth_conf = run.join("auth.conf");
-        conf::write_if_changed(&auth_conf, &conf::render(&fixed, &Names::default())).unwrap();
-        let main_conf = run.join("nats.conf");
-        std::fs::write(&main_conf, "include \"auth.conf\"\n").unwrap();
-        let mut opts = ServerOptions::new(bin, dir.path().join("store"), run);
-        opts.config_file = Some(main_conf);
-        let server = NatsServer::start(opts)
-            .await
-            .unwrap_or_else(|e| panic!("{e}"));
-        let nats = TestNats { server, dir };
+        let mut creds = Vec::new();
+        let mut fixed = Vec::new();
+        let mut home = std::path::PathBuf::new();
+        let mut auth_conf = std::path::PathBuf::new();
+        let nats = Self::start_with(|dir| {
+            home = dir.join("home");
+            creds = engram_access::creds::ensure_service_credentials(&home)
+                .unwrap_or_else(|e| panic!("{e}"));
+            fixed = creds
+                .iter()
+                .filter_map(|(r, c)| Some((c.public_key(), r.fixed_role()?)))
+                .collect();
+            auth_conf = dir.join("run").join("auth.conf");
+            conf::write_if_changed(&auth_conf, &conf::render(&fixed, &Names::default()))
+                .unwrap_or_else(|e| panic!("{e}"));
+            let main_conf = dir.join("run").join("nats.conf");
+            std::fs::write(&main_conf, "include \"auth.conf\"\n").expect("cannot write config");
+            Some(main_conf)
+        })
+        .await;
+
         let admin_creds = creds
             .iter()
             .find(|(r, _)| *r == engram_access::RoleName::Admin)
