@@ -372,6 +372,69 @@ fn agents_get_credentials_from_the_cli_and_lose_them_on_revoke() {
         "{}",
         String::from_utf8_lossy(&other.stderr)
     );
+    // A wider scope needs a grant, which an admin records; then the agent reads it.
+    ok(cli(h).args([
+        "--nats",
+        &nats,
+        "append",
+        "--tenant",
+        "acme",
+        "--scope",
+        "team:core",
+        "--text",
+        "the team deploys on tuesdays",
+    ]));
+    let team = |grant: &str| {
+        as_agent(&[
+            "retrieve", "deploys", "--tenant", "acme", "--scope", "task:t1", "--grant", grant,
+            "--mode", "keyword",
+        ])
+        .output()
+        .unwrap()
+    };
+    let refused = team("team:core");
+    assert!(!refused.status.success());
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("engram grant add"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+    ok(cli(h).args([
+        "--nats",
+        &nats,
+        "grant",
+        "add",
+        "--tenant",
+        "acme",
+        "--agent",
+        "planner",
+        "--scope",
+        "team:core",
+    ]));
+    let granted = ok(cli(h).args(["--nats", &nats, "grant", "list", "--tenant", "acme"]));
+    assert!(granted.contains("planner  reads team:core"), "{granted}");
+    let mut read = String::new();
+    for _ in 0..100 {
+        let out = team("team:core");
+        if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("tuesdays") {
+            read = String::from_utf8_lossy(&out.stdout).into_owned();
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(read.contains("tuesdays"), "the grant never took");
+    ok(cli(h).args([
+        "--nats",
+        &nats,
+        "grant",
+        "revoke",
+        "--tenant",
+        "acme",
+        "--agent",
+        "planner",
+        "--scope",
+        "team:core",
+    ]));
     // Listed, then revoked: its credentials stop working.
     let listed = ok(cli(h).args(["--nats", &nats, "agent", "list", "--tenant", "acme"]));
     assert!(
@@ -446,6 +509,51 @@ fn insecure_no_auth_is_loopback_only_and_says_so() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
+    // On loopback it starts, says so on start-up, and takes anonymous connections.
+    let log = home.path().join("up.log");
+    let mut child = KillOnDrop(
+        Command::new(ENGRAM)
+            .args([
+                "up",
+                "--insecure-no-auth",
+                "--nats-port",
+                "0",
+                "--http",
+                "127.0.0.1:0",
+            ])
+            .env("ENGRAM_HOME", home.path())
+            .env_remove("ENGRAM_CONFIG")
+            .stdout(Stdio::piped())
+            .stderr(std::fs::File::create(&log).unwrap())
+            .spawn()
+            .unwrap(),
+    );
+    let ready = Lines::of(child.0.stdout.take().unwrap())
+        .until("engram is up", Duration::from_secs(120))
+        .unwrap_or_else(|e| panic!("engram up: {e}"));
+    let nats = token(&ready, "nats=").to_owned();
+    let logs = std::fs::read_to_string(&log).unwrap();
+    assert!(
+        logs.contains("WARNING: engram is running without authentication"),
+        "{logs}"
+    );
+    assert!(
+        !home.path().join("auth").exists(),
+        "no credentials are made for an open server"
+    );
+    let anonymous = Command::new(ENGRAM)
+        .args(["--nats", &nats, "streams"])
+        .env("ENGRAM_HOME", home.path().join("elsewhere"))
+        .output()
+        .unwrap();
+    assert!(
+        anonymous.status.success(),
+        "{}",
+        String::from_utf8_lossy(&anonymous.stderr)
+    );
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(child.0.wait().unwrap().success());
 }
 
 #[test]
