@@ -166,3 +166,48 @@ impl Engram {
         }
     }
 }
+
+/// A `fact_asserted` event of `tenant`/`scope`: `subject` `predicate` `object`.
+pub fn fact(
+    tenant: &str,
+    scope: engram_schema::Scope,
+    subject: &str,
+    predicate: &str,
+    object: &str,
+) -> engram_schema::Envelope {
+    let mut e = embedded(tenant, scope, "agent-1", "");
+    e.embedding = None;
+    e.layer = engram_schema::Layer::Semantic;
+    e.kind = engram_schema::EventKind::FactAsserted;
+    e.content.data = Some(serde_json::json!({
+        "subject": subject, "predicate": predicate, "object": object}));
+    e
+}
+
+/// Writes a task board `name` of `tenant`/`scope` holding one item titled `title`, as
+/// agent `lead`; returns the sequence of its change.
+pub async fn board_with_item(
+    client: &Client,
+    tenant: &str,
+    scope: engram_schema::Scope,
+    name: &str,
+    title: &str,
+) -> u64 {
+    let writer = client.agent(tenant, "lead", "i-lead").unwrap();
+    let mut board = writer
+        .open_doc::<engram_docs::TaskBoard>(scope, name, None)
+        .await
+        .unwrap();
+    board
+        .edit(|b| {
+            b.items.insert(
+                "t1".into(),
+                engram_docs::TaskItem {
+                    title: title.to_owned(),
+                    ..Default::default()
+                },
+            );
+        })
+        .unwrap();
+    board.push().await.unwrap().unwrap().seq
+}

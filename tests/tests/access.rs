@@ -12,7 +12,7 @@ use engram_access::{Credentials, Grantee, Record, ScopePattern};
 use engram_memory::proto::{
     Consistency, ContextRequest, ErrorCode, RetrievalMode, RetrieveRequest, ScopeRequest,
 };
-use engram_schema::{Envelope, EventKind, Ident, Layer, Scope};
+use engram_schema::{Envelope, Ident, Layer, Scope};
 use engram_sdk::{Client, RetryPolicy, RpcError};
 use engram_testkit::{SecureNats, TestNats};
 use engram_tests::{Engram, embedder};
@@ -798,30 +798,26 @@ async fn no_read_path_returns_another_tenants_or_an_ungranted_scope() {
                 .append(&memory(tenant, scope(s), &text))
                 .await
                 .unwrap();
-            let mut fact = memory(tenant, scope(s), "");
-            fact.layer = Layer::Semantic;
-            fact.kind = EventKind::FactAsserted;
-            fact.content.data = Some(serde_json::json!({
-                "subject": "deploy", "predicate": "owner", "object": marker(tenant, s)}));
-            last = admin.append(&fact).await.unwrap().seq;
+            last = admin
+                .append(&engram_tests::fact(
+                    tenant,
+                    scope(s),
+                    "deploy",
+                    "owner",
+                    &marker(tenant, s),
+                ))
+                .await
+                .unwrap()
+                .seq;
             if s == "task:alpha" || s == "team:core" {
-                let writer = admin.agent(tenant, "lead", "i-lead").unwrap();
-                let mut board = writer
-                    .open_doc::<engram_docs::TaskBoard>(scope(s), "board", None)
-                    .await
-                    .unwrap();
-                board
-                    .edit(|b| {
-                        b.items.insert(
-                            "t1".into(),
-                            engram_docs::TaskItem {
-                                title: marker(tenant, s),
-                                ..Default::default()
-                            },
-                        );
-                    })
-                    .unwrap();
-                last = board.push().await.unwrap().unwrap().seq;
+                last = engram_tests::board_with_item(
+                    &admin,
+                    tenant,
+                    scope(s),
+                    "board",
+                    &marker(tenant, s),
+                )
+                .await;
             }
         }
     }

@@ -5,7 +5,7 @@
 use std::time::Duration;
 
 use engram_memory::proto::{Consistency, RetrievalMode, RetrieveRequest, ScopeRequest};
-use engram_schema::{Envelope, EventKind, Ident, Layer, Scope};
+use engram_schema::{Envelope, Ident, Scope};
 use engram_testkit::TestNats;
 use engram_tests::{Engram, embedder};
 
@@ -81,29 +81,17 @@ async fn erasing_one_user_of_many_leaves_no_trace_of_them_and_touches_nobody_els
                     .await
                     .unwrap();
             }
-            let mut fact = memory(tenant, user(n), "");
-            fact.layer = Layer::Semantic;
-            fact.kind = EventKind::FactAsserted;
-            fact.content.data = Some(serde_json::json!({
-                "subject": "billing", "predicate": "card", "object": mark}));
-            admin.append(&fact).await.unwrap();
-            let writer = admin.agent(tenant, "assistant", "i-1").unwrap();
-            let mut board = writer
-                .open_doc::<engram_docs::TaskBoard>(user(n), "todo", None)
+            admin
+                .append(&engram_tests::fact(
+                    tenant,
+                    user(n),
+                    "billing",
+                    "card",
+                    &mark,
+                ))
                 .await
                 .unwrap();
-            board
-                .edit(|b| {
-                    b.items.insert(
-                        "t1".into(),
-                        engram_docs::TaskItem {
-                            title: mark.clone(),
-                            ..Default::default()
-                        },
-                    );
-                })
-                .unwrap();
-            last = board.push().await.unwrap().unwrap().seq;
+            last = engram_tests::board_with_item(admin, tenant, user(n), "todo", &mark).await;
             admin
                 .bus()
                 .working_memory()
