@@ -79,6 +79,16 @@ pub enum Command {
     /// Grants: which agents may read which wider scopes (admin).
     #[command(subcommand)]
     Grant(GrantCommand),
+    /// API keys for the HTTP API: `add` issues an agent key and prints it as one line
+    /// (admin). Revoke it like any agent key: `engram agent revoke --key <public key>`.
+    #[command(subcommand)]
+    Key(KeyCommand),
+    /// Run the HTTP API (`/v1`, `/openapi.json`) as its own process against --nats.
+    Gateway {
+        /// Address to serve on.
+        #[arg(long, default_value = "127.0.0.1:7078")]
+        listen: SocketAddr,
+    },
     /// Erase a scope (or a user's scope) of a tenant everywhere: audit record, every read
     /// model and document, the events and their dead letters, working memory, snapshots
     /// (admin). `engram erase verify` searches all of them for what is left.
@@ -445,6 +455,21 @@ pub struct EraseTarget {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum KeyCommand {
+    /// Issue an API key for an agent (the same identity and permissions as its NATS
+    /// credentials); printed once, keep it secret.
+    Add {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        agent: String,
+        /// Scopes it may write and read: kind:id or kind:* (repeatable).
+        #[arg(long)]
+        scope: Vec<String>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
 pub enum TenantCommand {
     /// Create a tenant.
     Add { tenant: String },
@@ -641,6 +666,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Tenant(command) => commands::access::tenant(&config, command, json).await,
         Command::Agent(command) => commands::access::agent(&config, command, json).await,
         Command::Grant(command) => commands::access::grant(&config, command, json).await,
+        Command::Key(command) => commands::access::key(&config, command, json).await,
+        Command::Gateway { listen } => crate::up::run_gateway(&config, listen).await,
         Command::Erase(args) => commands::erase::run(&config, args, json).await,
         Command::Retrieve(args) => commands::query::retrieve(&config, args, json).await,
         Command::Context(args) => commands::query::context(&config, args, json).await,

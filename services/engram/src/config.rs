@@ -30,6 +30,8 @@ pub struct Config {
     pub projectors: ProjectorsConfig,
     /// Ranking defaults and limits of the query service.
     pub query: QueryConfig,
+    /// The HTTP API's limits (`/v1`).
+    pub gateway: engram_gateway::GatewayConfig,
     /// Who this process connects as: `nats.creds`, else the admin credentials `engram up`
     /// keeps in `<home>/auth/` when they exist. Read from the file at load.
     #[serde(skip)]
@@ -86,6 +88,7 @@ impl Default for Config {
             log: LogConfig::default(),
             projectors: ProjectorsConfig::default(),
             query: QueryConfig::default(),
+            gateway: engram_gateway::GatewayConfig::default(),
             identity: None,
         }
     }
@@ -163,7 +166,16 @@ pub enum ConfigError {
 
 /// Top-level keys the env layer may set. Other `ENGRAM_*` variables (ENGRAM_CONFIG,
 /// ENGRAM_NATS_SERVER, ENGRAM_CACHE_DIR, benchmark knobs) belong to other readers.
-const ENV_KEYS: &[&str] = &["home", "nats", "bus", "http", "log", "projectors", "query"];
+const ENV_KEYS: &[&str] = &[
+    "home",
+    "nats",
+    "bus",
+    "http",
+    "log",
+    "projectors",
+    "query",
+    "gateway",
+];
 
 impl Config {
     /// Merges every layer and validates the result.
@@ -251,6 +263,7 @@ impl Config {
         }
         self.projectors.validate().map_err(ConfigError::Invalid)?;
         self.query.validate().map_err(ConfigError::Invalid)?;
+        self.gateway.validate().map_err(ConfigError::Invalid)?;
         if self.nats.insecure_no_auth && !self.nats.managed_host.is_loopback() {
             return Err(ConfigError::Invalid(format!(
                 "nats.insecure_no_auth refuses nats.managed_host {}: without authentication the server may listen on loopback only; drop insecure_no_auth (agents then use credentials from `engram agent add`) or listen on 127.0.0.1",
@@ -286,6 +299,19 @@ impl Config {
             nkey: self.identity.clone(),
             ..self.bus.clone()
         }
+    }
+
+    /// The HTTP API over the server at `url`: each API key connects as its own agent.
+    pub fn gateway(&self, url: String) -> std::sync::Arc<engram_gateway::Gateway> {
+        engram_gateway::Gateway::new(
+            BusConfig {
+                url,
+                nkey: None,
+                ..self.bus.clone()
+            },
+            self.gateway.clone(),
+            self.projectors.scrub.clone(),
+        )
     }
 
     /// The bus config of a connection made as `creds`.

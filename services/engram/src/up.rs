@@ -253,7 +253,9 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         },
     );
     let lag_sampler = lag.spawn_sampler(bus.clone());
-    let app = crate::http::router(bus.clone(), nats_url.clone(), lag);
+    // The HTTP API beside /healthz and /metrics; it has nothing to serve without agent keys.
+    let app = crate::http::router(bus.clone(), nats_url.clone(), lag)
+        .merge(engram_gateway::router(config.gateway(nats_url.clone())));
     let http_task = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(stopped);
         if let Err(e) = serve.await {
@@ -415,6 +417,29 @@ pub async fn run_until_signalled(config: Config, demo: bool) -> Result<(), UpErr
         std::process::exit(130);
     });
     run(config, demo, shutdown).await
+}
+
+/// `engram gateway`: the HTTP API as its own process, until SIGINT or SIGTERM.
+pub async fn run_gateway(
+    config: &Config,
+    listen: SocketAddr,
+) -> anyhow::Result<std::process::ExitCode> {
+    let url = config.client_url();
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|source| UpError::Http {
+            addr: listen,
+            source,
+        })?;
+    let addr = listener.local_addr()?;
+    println!(
+        "engram gateway is up  http=http://{addr}  nats={}",
+        engram_bus::config::redact_url(&url)
+    );
+    axum::serve(listener, engram_gateway::router(config.gateway(url)))
+        .with_graceful_shutdown(wait_for_signal())
+        .await?;
+    Ok(std::process::ExitCode::SUCCESS)
 }
 
 pub(crate) async fn wait_for_signal() {

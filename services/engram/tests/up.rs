@@ -57,6 +57,41 @@ fn ok(c: &mut Command) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// A JSON POST with a bearer key, as an HTTP client would send it; the status and body.
+fn http_post(
+    addr: &str,
+    path: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    let mut stream = TcpStream::connect(addr).expect("http connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    let body = body.to_string();
+    write!(
+        stream,
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
+    )
+}
+
 /// Kills the process if the test fails half-way, so no `engram up` outlives its test.
 struct KillOnDrop(std::process::Child);
 
@@ -648,6 +683,56 @@ fn erase_from_the_cli_leaves_no_trace_and_verify_says_so() {
         "--mode", "keyword",
     ]));
     assert!(still.contains("invoice"), "{still}");
+    // SAFETY: kill(2) on our own child.
+    unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
+    assert!(child.0.wait().unwrap().success());
+}
+
+#[test]
+fn an_api_key_from_the_cli_appends_and_retrieves_through_the_http_api_of_engram_up() {
+    let home = tempfile::tempdir().unwrap();
+    let lease = engram_natsd::PortLease::acquire().unwrap();
+    let (mut child, ready) = spawn_up(home.path(), lease.port());
+    let (nats, http) = (
+        token(&ready, "nats=").to_owned(),
+        token(&ready, "http=http://").to_owned(),
+    );
+    let h = home.path();
+    ok(cli(h).args(["--nats", &nats, "tenant", "add", "acme"]));
+    let issued: serde_json::Value = serde_json::from_str(&ok(cli(h).args([
+        "--nats", &nats, "--json", "key", "add", "--tenant", "acme", "--agent", "web",
+    ])))
+    .unwrap();
+    let key = issued["api_key"].as_str().unwrap().to_owned();
+    let event = serde_json::json!({
+        "scope": {"kind": "task", "id": "t1"}, "layer": "episodic", "kind": "observation",
+        "content": {"text": "the checkout page times out"},
+    });
+    let mut appended = None;
+    for _ in 0..100 {
+        let (status, body) = http_post(&http, "/v1/events", &key, &event);
+        if status == 200 {
+            appended = Some(body);
+            break;
+        }
+        // The server takes the new key with its next reload, moments after it is issued.
+        assert_eq!(status, 401, "{body}");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let appended = appended.expect("the key never worked");
+    let seq = appended["results"][0]["seq"].as_u64().unwrap();
+    let (status, found) = http_post(
+        &http,
+        "/v1/retrieve",
+        &key,
+        &serde_json::json!({"scope": {"kind": "task", "id": "t1"}, "query": "checkout times out",
+            "mode": "keyword", "min_seq": seq, "wait_ms": 20000}),
+    );
+    assert_eq!(status, 200, "{found}");
+    assert!(
+        found.to_string().contains("checkout page times out"),
+        "{found}"
+    );
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
     assert!(child.0.wait().unwrap().success());

@@ -12,6 +12,9 @@ use serde::{Deserialize, Serialize};
 use crate::AccessError;
 use crate::perms::{Role, ScopePattern, inbox_prefix};
 
+/// The first token of an API key.
+pub const API_KEY_PREFIX: &str = "egk";
+
 /// Which kind of identity a credentials file is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
@@ -146,6 +149,43 @@ impl Credentials {
         }
     }
 
+    /// The API key of agent credentials: `egk.<tenant>.<agent>.<seed>`. It is the
+    /// credentials themselves (whoever holds it is the agent), in one header-safe line; the
+    /// gateway connects to NATS with the seed, so NATS enforces the same permissions.
+    pub fn api_key(&self) -> Option<String> {
+        let (tenant, agent) = self.agent_identity()?;
+        Some(format!("{API_KEY_PREFIX}.{tenant}.{agent}.{}", self.seed))
+    }
+
+    /// Agent credentials from an API key ([`Self::api_key`]), checked like a file.
+    pub fn from_api_key(key: &str) -> Result<Self, AccessError> {
+        let bad = |reason: &str| AccessError::BadCredentials {
+            path: "the API key".into(),
+            reason: reason.to_owned(),
+        };
+        if key.len() > 512 {
+            return Err(bad("it is too long"));
+        }
+        let mut parts = key.trim().split('.');
+        let (Some(API_KEY_PREFIX), Some(tenant), Some(agent), Some(seed), None) = (
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+            parts.next(),
+        ) else {
+            return Err(bad("it is not of the form egk.<tenant>.<agent>.<seed>"));
+        };
+        let creds = Self {
+            role: RoleName::Agent,
+            tenant: Some(Ident::parse("tenant", tenant).map_err(|_| bad("bad tenant"))?),
+            agent: Some(Ident::parse("agent", agent).map_err(|_| bad("bad agent"))?),
+            seed: seed.to_owned(),
+        };
+        creds.validate().map_err(|e| bad(&e))?;
+        Ok(creds)
+    }
+
     /// Writes the file with mode 0600 (its directory 0700), replacing any file there.
     pub fn save(&self, path: &Path) -> Result<(), AccessError> {
         use std::os::unix::fs::DirBuilderExt as _;
@@ -274,6 +314,28 @@ mod tests {
         std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).unwrap();
         let err = Credentials::load(&path).unwrap_err().to_string();
         assert!(err.contains("chmod 600"), "{err}");
+    }
+
+    #[test]
+    fn an_api_key_is_the_agent_credentials_in_one_line() {
+        let creds = Credentials::generate_agent(
+            Ident::parse("t", "acme").unwrap(),
+            Ident::parse("a", "planner").unwrap(),
+        );
+        let key = creds.api_key().unwrap();
+        assert!(key.starts_with("egk.acme.planner.SU"), "{key}");
+        let back = Credentials::from_api_key(&key).unwrap();
+        assert_eq!(back.public_key(), creds.public_key());
+        for bad in [
+            "egk.acme.planner",
+            "egk.acme.planner.SUNOTASEED",
+            "xyz.acme.planner.SU",
+            "egk.acme.*.SU",
+            &format!("{key}.extra"),
+        ] {
+            assert!(Credentials::from_api_key(bad).is_err(), "{bad}");
+        }
+        assert!(Credentials::generate(RoleName::Query).api_key().is_none());
     }
 
     #[test]

@@ -265,6 +265,15 @@ pub static ACCESS_ENFORCE_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::n
         .expect("valid metric"),
     )
 });
+/// HTTP API errors, by stable code (`invalid`, `unauthenticated`, `forbidden`, `too_large`,
+/// `rate_limited`, ...).
+pub static GATEWAY_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_gateway_errors_total",
+        "HTTP API requests answered with an error, by code",
+        &["code"],
+    )
+});
 /// Queries refused because the caller's identity may not read a scope it asked for.
 pub static ACCESS_DENIED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter(

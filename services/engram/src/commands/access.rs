@@ -9,7 +9,7 @@ use anyhow::Context as _;
 use engram_access::{AccessLog, Credentials, Grantee, Record, ScopePattern};
 use engram_schema::Ident;
 
-use crate::cli::{AgentCommand, GrantCommand, TenantCommand};
+use crate::cli::{AgentCommand, GrantCommand, KeyCommand, TenantCommand};
 use crate::config::Config;
 
 fn ident(field: &'static str, value: &str) -> anyhow::Result<Ident> {
@@ -93,40 +93,12 @@ pub async fn agent(config: &Config, command: AgentCommand, json: bool) -> anyhow
         } => {
             let tenant = ident("tenant", &tenant)?;
             let agent = ident("agent", &agent)?;
-            let scopes = if scope.is_empty() {
-                ScopePattern::defaults(&agent)
-            } else {
-                scope
-                    .iter()
-                    .map(|s| s.parse::<ScopePattern>())
-                    .collect::<Result<Vec<_>, _>>()?
-            };
-            let creds = Credentials::generate_agent(tenant.clone(), agent.clone());
+            let (creds, scopes, seq) = issue(&log, &tenant, &agent, &scope).await?;
             let key = creds.public_key();
             let path = out.unwrap_or_else(|| {
                 engram_access::creds::agent_path(&config.home, &tenant, &agent, &key)
             });
-            // The file first: a key the registry lists but nobody holds is harmless, a
-            // credentials file whose key was never registered would only fail to connect.
             creds.save(&path)?;
-            let seq = match log
-                .append(
-                    Record::AgentKeyAdded {
-                        tenant: tenant.clone(),
-                        agent: agent.clone(),
-                        key: key.clone(),
-                        scopes: scopes.clone(),
-                    },
-                    &by(),
-                )
-                .await
-            {
-                Ok(seq) => seq,
-                Err(e) => {
-                    let _ = std::fs::remove_file(&path);
-                    return Err(e.into());
-                }
-            };
             let shown: Vec<String> = scopes.iter().map(ToString::to_string).collect();
             print(
                 json,
@@ -187,6 +159,63 @@ pub async fn agent(config: &Config, command: AgentCommand, json: bool) -> anyhow
                 format!(
                     "revoked {} of agent {agent} of tenant {tenant} (seq {seq}); the running engram up reloads the server's authorization and closes their connections (see engram_access_enforce_seconds)",
                     key.as_deref().unwrap_or("every key")
+                ),
+            );
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// A fresh key pair for `agent` of `tenant`, registered with `scopes` (the defaults when
+/// none are given); the registry's sequence with it.
+async fn issue(
+    log: &AccessLog,
+    tenant: &Ident,
+    agent: &Ident,
+    scope: &[String],
+) -> anyhow::Result<(Credentials, Vec<ScopePattern>, u64)> {
+    let scopes = if scope.is_empty() {
+        ScopePattern::defaults(agent)
+    } else {
+        scope
+            .iter()
+            .map(|s| s.parse::<ScopePattern>())
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    let creds = Credentials::generate_agent(tenant.clone(), agent.clone());
+    let seq = log
+        .append(
+            Record::AgentKeyAdded {
+                tenant: tenant.clone(),
+                agent: agent.clone(),
+                key: creds.public_key(),
+                scopes: scopes.clone(),
+            },
+            &by(),
+        )
+        .await?;
+    Ok((creds, scopes, seq))
+}
+
+pub async fn key(config: &Config, command: KeyCommand, json: bool) -> anyhow::Result<ExitCode> {
+    let log = log(config).await?;
+    match command {
+        KeyCommand::Add {
+            tenant,
+            agent,
+            scope,
+        } => {
+            let (tenant, agent) = (ident("tenant", &tenant)?, ident("agent", &agent)?);
+            let (creds, scopes, seq) = issue(&log, &tenant, &agent, &scope).await?;
+            let api_key = creds.api_key().expect("agent credentials have an API key");
+            let shown: Vec<String> = scopes.iter().map(ToString::to_string).collect();
+            print(
+                json,
+                serde_json::json!({"tenant": tenant, "agent": agent, "key": creds.public_key(), "scopes": shown, "api_key": api_key, "seq": seq}),
+                format!(
+                    "API key for agent {agent} of tenant {tenant} (public key {}, scopes {}); shown once, keep it secret:\n{api_key}",
+                    creds.public_key(),
+                    shown.join(" ")
                 ),
             );
         }

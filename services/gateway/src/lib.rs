@@ -1,0 +1,326 @@
+//! Engram's HTTP API (`/v1`): appends and the query protocol over HTTP, for agents that do not
+//! speak NATS.
+//!
+//! **Authentication is the agent's own identity.** An API key (`engram key add`) is the
+//! agent's credentials in one line (`egk.<tenant>.<agent>.<seed>`): the gateway connects to
+//! NATS with that key, so the server enforces exactly the permissions an agent's NATS
+//! credentials have, and a revoked key stops working here the moment the server closes its
+//! connection. The gateway never holds a wider identity for a caller, and so can never
+//! widen one.
+//!
+//! # Layout
+//! - this module: the gateway's state (one NATS connection per key, bounded; a token bucket
+//!   per key), errors, and the router.
+//! - [`routes`]: the handlers, one per route.
+//! - [`openapi`]: the OpenAPI document, generated from the same Rust types as the NATS
+//!   protocol's JSON Schema.
+
+pub mod openapi;
+pub mod routes;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use engram_access::Credentials;
+use engram_bus::BusConfig;
+use engram_sdk::{Client, RetryPolicy};
+use serde::{Deserialize, Serialize};
+
+/// `[gateway]` settings.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct GatewayConfig {
+    /// Largest request body; a larger one is answered 413.
+    pub max_body_bytes: usize,
+    /// API keys with a NATS connection open at once; the least recently used is closed
+    /// past it (and reopened on its next request).
+    pub max_identities: usize,
+    /// Requests per second one key may make, on average...
+    pub rate_per_second: f64,
+    /// ...and in a burst. Beyond it: 429 with `Retry-After`.
+    pub burst: f64,
+}
+
+impl Default for GatewayConfig {
+    fn default() -> Self {
+        Self {
+            max_body_bytes: 1024 * 1024,
+            max_identities: 1024,
+            rate_per_second: 50.0,
+            burst: 100.0,
+        }
+    }
+}
+
+impl GatewayConfig {
+    pub fn validate(&self) -> Result<(), String> {
+        if self.max_body_bytes == 0 || self.max_identities == 0 {
+            return Err(
+                "gateway.max_body_bytes and gateway.max_identities must be at least 1".into(),
+            );
+        }
+        if !(self.rate_per_second > 0.0 && self.burst >= 1.0) {
+            return Err(
+                "gateway.rate_per_second must be above 0 and gateway.burst at least 1".into(),
+            );
+        }
+        Ok(())
+    }
+}
+
+/// A failed request, as the caller sees it: a status, a stable code and a message.
+#[derive(Clone, Debug, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub code: &'static str,
+    pub message: String,
+    pub retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            code,
+            message: message.into(),
+            retry_after: None,
+        }
+    }
+
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::BAD_REQUEST, "invalid", message)
+    }
+
+    fn unauthenticated(message: impl Into<String>) -> Self {
+        Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
+    }
+}
+
+impl From<engram_sdk::RpcError> for ApiError {
+    fn from(e: engram_sdk::RpcError) -> Self {
+        use engram_sdk::ErrorCode as C;
+        let (status, code) = match e.code() {
+            C::Invalid => (StatusCode::BAD_REQUEST, "invalid"),
+            C::Forbidden => (StatusCode::FORBIDDEN, "forbidden"),
+            C::NotYetVisible => (StatusCode::REQUEST_TIMEOUT, "not_yet_visible"),
+            C::Busy => (StatusCode::TOO_MANY_REQUESTS, "busy"),
+            C::Unavailable => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+            C::Internal => (StatusCode::INTERNAL_SERVER_ERROR, "internal"),
+        };
+        let mut err = Self::new(status, code, e.to_string());
+        if code == "busy" {
+            err.retry_after = Some(Duration::from_secs(1));
+        }
+        err
+    }
+}
+
+impl From<engram_sdk::AppendError> for ApiError {
+    fn from(e: engram_sdk::AppendError) -> Self {
+        use engram_sdk::AppendError as A;
+        let (status, code) = match &e {
+            A::Invalid(_) | A::Rejected(_) => (StatusCode::BAD_REQUEST, "invalid"),
+            A::TooLarge { .. } => (StatusCode::PAYLOAD_TOO_LARGE, "too_large"),
+            A::Conflict { .. } => (StatusCode::CONFLICT, "conflict"),
+            A::Forbidden { .. } => (StatusCode::FORBIDDEN, "forbidden"),
+            A::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "unavailable"),
+        };
+        Self::new(status, code, e.to_string())
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        engram_telemetry::metrics::GATEWAY_ERRORS
+            .with_label_values(&[self.code])
+            .inc();
+        let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
+        let mut response = (self.status, axum::Json(body)).into_response();
+        if let Some(after) = self.retry_after
+            && let Ok(v) = HeaderValue::from_str(&after.as_secs().max(1).to_string())
+        {
+            response.headers_mut().insert(header::RETRY_AFTER, v);
+        }
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        response
+    }
+}
+
+/// A key's token bucket.
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+/// A key's open connection.
+struct Open {
+    client: Client,
+    used: Instant,
+}
+
+/// The gateway's state.
+pub struct Gateway {
+    bus: BusConfig,
+    config: GatewayConfig,
+    scrub: engram_scrub::ScrubConfig,
+    clients: tokio::sync::Mutex<HashMap<String, Open>>,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+/// The caller of one request: its credentials and its connection.
+pub struct Caller {
+    pub creds: Credentials,
+    pub client: Client,
+}
+
+impl Caller {
+    pub fn tenant(&self) -> &engram_schema::Ident {
+        self.creds
+            .agent_identity()
+            .expect("an API key is an agent's")
+            .0
+    }
+
+    pub fn agent(&self) -> &engram_schema::Ident {
+        self.creds
+            .agent_identity()
+            .expect("an API key is an agent's")
+            .1
+    }
+}
+
+impl Gateway {
+    /// `bus` is the connection template (URL, timeouts); each key connects with its own
+    /// credentials on top of it.
+    pub fn new(
+        bus: BusConfig,
+        config: GatewayConfig,
+        scrub: engram_scrub::ScrubConfig,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            bus,
+            config,
+            scrub,
+            clients: tokio::sync::Mutex::default(),
+            buckets: Mutex::default(),
+        })
+    }
+
+    pub fn config(&self) -> &GatewayConfig {
+        &self.config
+    }
+
+    /// Who is asking: the bearer API key, rate-limited, with its connection.
+    pub async fn caller(&self, headers: &HeaderMap) -> Result<Caller, ApiError> {
+        let key = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .ok_or_else(|| {
+                ApiError::unauthenticated(
+                    "send `Authorization: Bearer <API key>`; an admin issues keys with `engram key add --tenant <t> --agent <a>`",
+                )
+            })?;
+        let creds =
+            Credentials::from_api_key(key).map_err(|e| ApiError::unauthenticated(e.to_string()))?;
+        let id = creds.public_key();
+        self.take_token(&id)?;
+        let client = self.client_for(&id, &creds).await?;
+        Ok(Caller { creds, client })
+    }
+
+    fn take_token(&self, id: &str) -> Result<(), ApiError> {
+        let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
+        // Bounded like the connections: a flood of made-up keys cannot grow the map.
+        if buckets.len() >= self.config.max_identities * 4 && !buckets.contains_key(id) {
+            buckets.retain(|_, b| b.at.elapsed() < Duration::from_secs(60));
+        }
+        let now = Instant::now();
+        let (rate, burst) = (self.config.rate_per_second, self.config.burst);
+        let bucket = buckets.entry(id.to_owned()).or_insert(Bucket {
+            tokens: burst,
+            at: now,
+        });
+        bucket.tokens =
+            (bucket.tokens + now.duration_since(bucket.at).as_secs_f64() * rate).min(burst);
+        bucket.at = now;
+        if bucket.tokens < 1.0 {
+            let wait = Duration::from_secs_f64((1.0 - bucket.tokens) / rate);
+            let mut err = ApiError::new(
+                StatusCode::TOO_MANY_REQUESTS,
+                "rate_limited",
+                format!(
+                    "this key makes more than {rate} requests per second (burst {burst}); retry after the Retry-After header's seconds"
+                ),
+            );
+            err.retry_after = Some(wait);
+            return Err(err);
+        }
+        bucket.tokens -= 1.0;
+        Ok(())
+    }
+
+    async fn client_for(&self, id: &str, creds: &Credentials) -> Result<Client, ApiError> {
+        let mut clients = self.clients.lock().await;
+        if let Some(open) = clients.get_mut(id) {
+            // A connection the server closed (the key was revoked) is not reused: the
+            // reconnect below tells a revoked key from a live one.
+            if open.client.bus().client().connection_state()
+                == async_nats::connection::State::Connected
+            {
+                open.used = Instant::now();
+                return Ok(open.client.clone());
+            }
+            clients.remove(id);
+        }
+        if clients.len() >= self.config.max_identities
+            && let Some(oldest) = clients
+                .iter()
+                .min_by_key(|(_, o)| o.used)
+                .map(|(k, _)| k.clone())
+        {
+            clients.remove(&oldest);
+        }
+        let config = BusConfig {
+            nkey: Some(engram_bus::NkeyAuth::of(creds)),
+            client_name: format!("engram-gateway-{}", &id[id.len().saturating_sub(8)..]),
+            ..self.bus.clone()
+        };
+        let client = Client::with_config(config, RetryPolicy::default(), false)
+            .await
+            .map_err(|e| match e {
+                engram_bus::BusError::Unauthorized { .. } => ApiError::unauthenticated(
+                    "the server refused this key: it was revoked, or never issued (`engram agent list`)",
+                ),
+                other => ApiError::new(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "unavailable",
+                    other.to_string(),
+                ),
+            })?
+            .with_scrub(&self.scrub);
+        clients.insert(
+            id.to_owned(),
+            Open {
+                client: client.clone(),
+                used: Instant::now(),
+            },
+        );
+        Ok(client)
+    }
+}
+
+/// The `/v1` routes and `/openapi.json`, with the body limit applied.
+pub fn router(gateway: Arc<Gateway>) -> axum::Router {
+    let limit = gateway.config.max_body_bytes;
+    routes::routes()
+        .layer(axum::extract::DefaultBodyLimit::max(limit))
+        .with_state(gateway)
+}
