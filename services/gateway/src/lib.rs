@@ -172,7 +172,14 @@ pub struct Gateway {
     scrub: engram_scrub::ScrubConfig,
     clients: tokio::sync::Mutex<HashMap<String, Open>>,
     buckets: Mutex<HashMap<String, Bucket>>,
+    /// New NATS connections being made at once. Any well-formed key passes the format
+    /// check (seeds are free to make), so connecting for a key the server will refuse must
+    /// not be unbounded.
+    connecting: tokio::sync::Semaphore,
 }
+
+/// New connections made at once, at most.
+const MAX_CONNECTING: usize = 16;
 
 /// The caller of one request: its credentials and its connection.
 pub struct Caller {
@@ -210,6 +217,7 @@ impl Gateway {
             scrub,
             clients: tokio::sync::Mutex::default(),
             buckets: Mutex::default(),
+            connecting: tokio::sync::Semaphore::new(MAX_CONNECTING),
         })
     }
 
@@ -238,9 +246,15 @@ impl Gateway {
 
     fn take_token(&self, id: &str) -> Result<(), ApiError> {
         let mut buckets = self.buckets.lock().unwrap_or_else(|p| p.into_inner());
-        // Bounded like the connections: a flood of made-up keys cannot grow the map.
-        if buckets.len() >= self.config.max_identities * 4 && !buckets.contains_key(id) {
+        // Bounded like the connections: a flood of made-up keys cannot grow the map. Past
+        // the bound, buckets idle for a minute go; if that is not enough, all do (a flood
+        // then resets everyone's budget, which costs less than the memory).
+        let cap = self.config.max_identities * 4;
+        if buckets.len() >= cap && !buckets.contains_key(id) {
             buckets.retain(|_, b| b.at.elapsed() < Duration::from_secs(60));
+            if buckets.len() >= cap {
+                buckets.clear();
+            }
         }
         let now = Instant::now();
         let (rate, burst) = (self.config.rate_per_second, self.config.burst);
@@ -268,26 +282,31 @@ impl Gateway {
     }
 
     async fn client_for(&self, id: &str, creds: &Credentials) -> Result<Client, ApiError> {
-        let mut clients = self.clients.lock().await;
-        if let Some(open) = clients.get_mut(id) {
-            // A connection the server closed (the key was revoked) is not reused: the
-            // reconnect below tells a revoked key from a live one.
-            if open.client.bus().client().connection_state()
-                == async_nats::connection::State::Connected
-            {
-                open.used = Instant::now();
-                return Ok(open.client.clone());
-            }
-            clients.remove(id);
-        }
-        if clients.len() >= self.config.max_identities
-            && let Some(oldest) = clients
-                .iter()
-                .min_by_key(|(_, o)| o.used)
-                .map(|(k, _)| k.clone())
         {
-            clients.remove(&oldest);
+            let mut clients = self.clients.lock().await;
+            if let Some(open) = clients.get_mut(id) {
+                // A connection the server closed (the key was revoked) is not reused: the
+                // reconnect below tells a revoked key from a live one.
+                if open.client.bus().client().connection_state()
+                    == async_nats::connection::State::Connected
+                {
+                    open.used = Instant::now();
+                    return Ok(open.client.clone());
+                }
+                clients.remove(id);
+            }
         }
+        let Ok(_permit) = self.connecting.try_acquire() else {
+            let mut err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "the gateway is opening many connections at once; retry after the Retry-After header's seconds",
+            );
+            err.retry_after = Some(Duration::from_secs(1));
+            return Err(err);
+        };
+        // Connected without holding the map: one slow connect must not hold every other
+        // key's requests.
         let config = BusConfig {
             nkey: Some(engram_bus::NkeyAuth::of(creds)),
             client_name: format!("engram-gateway-{}", &id[id.len().saturating_sub(8)..]),
@@ -306,6 +325,19 @@ impl Gateway {
                 ),
             })?
             .with_scrub(&self.scrub);
+        let mut clients = self.clients.lock().await;
+        if let Some(open) = clients.get(id) {
+            // Another request of this key connected meanwhile: keep one connection.
+            return Ok(open.client.clone());
+        }
+        if clients.len() >= self.config.max_identities
+            && let Some(oldest) = clients
+                .iter()
+                .min_by_key(|(_, o)| o.used)
+                .map(|(k, _)| k.clone())
+        {
+            clients.remove(&oldest);
+        }
         clients.insert(
             id.to_owned(),
             Open {
