@@ -1008,17 +1008,8 @@ async fn every_service_does_its_work_under_its_own_least_privilege_identity() {
     .unwrap()
     .await
     .unwrap();
-    for projector in ["vector", "keyword", "facts", "skills"] {
-        engram_testkit::wait_until(
-            &format!("{projector} to dead-letter the poison"),
-            Duration::from_secs(30),
-            || {
-                let bus = w.nats.admin.clone();
-                async move { bus.dead_letter_count(projector).await.unwrap_or(0) >= 1 }
-            },
-        )
+    engram_testkit::wait_dead_lettered(&w.nats.admin, &["vector", "keyword", "facts", "skills"], 1)
         .await;
-    }
     // Snapshots: cut by every projector into the object store, as the admin asks...
     let cut = w
         ._engram

@@ -2,8 +2,6 @@
 //! from every place Engram keeps memory, `erasure_traces` finds nothing of them afterwards
 //! (and finds the others, so the search is not blind), and nobody else lost anything.
 
-use std::time::Duration;
-
 use engram_memory::proto::{Consistency, RetrievalMode, RetrieveRequest, ScopeRequest};
 use engram_schema::{Envelope, Ident, Scope};
 use engram_testkit::TestNats;
@@ -120,17 +118,8 @@ async fn erasing_one_user_of_many_leaves_no_trace_of_them_and_touches_nobody_els
     .unwrap()
     .await
     .unwrap();
-    for projector in ["vector", "keyword", "facts", "skills"] {
-        engram_testkit::wait_until(
-            &format!("{projector} to dead-letter the poison"),
-            Duration::from_secs(30),
-            || {
-                let bus = nats.admin.clone();
-                async move { bus.dead_letter_count(projector).await.unwrap_or(0) >= 1 }
-            },
-        )
+    engram_testkit::wait_dead_lettered(&nats.admin, &["vector", "keyword", "facts", "skills"], 1)
         .await;
-    }
     // And the newest snapshots, cut now, hold the user as well.
     admin.snapshot(&scope_req, None).await.unwrap();
 

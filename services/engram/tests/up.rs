@@ -12,14 +12,16 @@ use common::Lines;
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
-fn http_get(addr: &str, path: &str) -> (u16, String) {
+/// Sends one raw HTTP/1.1 request (`head` holds the request line and headers, without
+/// `Host` and `Connection`) and returns the status and the body.
+fn http_exchange(addr: &str, head: &str, body: &str) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).expect("http connect");
     stream
-        .set_read_timeout(Some(Duration::from_secs(10)))
+        .set_read_timeout(Some(Duration::from_secs(30)))
         .unwrap();
     write!(
         stream,
-        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "{head}\r\nHost: {addr}\r\nConnection: close\r\n\r\n{body}"
     )
     .unwrap();
     let mut response = String::new();
@@ -34,6 +36,10 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
         .map(|(_, b)| b.to_owned())
         .unwrap_or_default();
     (status, body)
+}
+
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    http_exchange(addr, &format!("GET {path} HTTP/1.1"), "")
 }
 
 /// The CLI with `home` as its data dir, as a user on the machine running `engram up`.
@@ -64,28 +70,12 @@ fn http_post(
     key: &str,
     body: &serde_json::Value,
 ) -> (u16, serde_json::Value) {
-    let mut stream = TcpStream::connect(addr).expect("http connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
     let body = body.to_string();
-    write!(
-        stream,
-        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+    let head = format!(
+        "POST {path} HTTP/1.1\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}",
         body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
+    );
+    let (status, body) = http_exchange(addr, &head, &body);
     (
         status,
         serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),

@@ -120,6 +120,21 @@ pub fn event(tenant: &str, task: &str, text: &str) -> Envelope {
     )
 }
 
+/// Waits until each of `projectors` has dead-lettered at least `n` events.
+pub async fn wait_dead_lettered(bus: &Bus, projectors: &[&str], n: u64) {
+    for projector in projectors {
+        wait_until(
+            &format!("{projector} to dead-letter {n} events"),
+            Duration::from_secs(30),
+            || {
+                let bus = bus.clone();
+                async move { bus.dead_letter_count(projector).await.unwrap_or(0) >= n }
+            },
+        )
+        .await;
+    }
+}
+
 /// `events` as a projector reads them from the stream, at sequences `first_seq`,
 /// `first_seq + 1`, ...: for given/when/then tests that feed a read model without a server.
 pub fn stored(events: &[Envelope], first_seq: u64) -> Vec<engram_bus::StoredEvent> {

@@ -232,49 +232,43 @@ pub async fn grant(config: &Config, command: GrantCommand, json: bool) -> anyhow
             scope.parse::<ScopePattern>().context("--scope")?,
         ))
     };
+    let adding = matches!(command, GrantCommand::Add { .. });
     match command {
         GrantCommand::Add {
             tenant,
             agent,
             scope,
-        } => {
-            let (tenant, to, scope) = parse(&tenant, &agent, &scope)?;
-            let seq = log
-                .append(
-                    Record::GrantAdded {
-                        tenant: tenant.clone(),
-                        to: to.clone(),
-                        scope: scope.clone(),
-                    },
-                    &by(),
-                )
-                .await?;
-            print(
-                json,
-                serde_json::json!({"tenant": tenant, "agent": to.to_string(), "scope": scope.to_string(), "seq": seq}),
-                format!("granted {scope} to {to} in tenant {tenant} (seq {seq})"),
-            );
         }
-        GrantCommand::Revoke {
+        | GrantCommand::Revoke {
             tenant,
             agent,
             scope,
         } => {
             let (tenant, to, scope) = parse(&tenant, &agent, &scope)?;
-            let seq = log
-                .append(
-                    Record::GrantRevoked {
-                        tenant: tenant.clone(),
-                        to: to.clone(),
-                        scope: scope.clone(),
-                    },
-                    &by(),
-                )
-                .await?;
+            let (t, g, p) = (tenant.clone(), to.clone(), scope.clone());
+            let record = if adding {
+                Record::GrantAdded {
+                    tenant: t,
+                    to: g,
+                    scope: p,
+                }
+            } else {
+                Record::GrantRevoked {
+                    tenant: t,
+                    to: g,
+                    scope: p,
+                }
+            };
+            let seq = log.append(record, &by()).await?;
+            let done = if adding {
+                format!("granted {scope} to {to}")
+            } else {
+                format!("revoked the grant of {scope} to {to}")
+            };
             print(
                 json,
                 serde_json::json!({"tenant": tenant, "agent": to.to_string(), "scope": scope.to_string(), "seq": seq}),
-                format!("revoked the grant of {scope} to {to} in tenant {tenant} (seq {seq})"),
+                format!("{done} in tenant {tenant} (seq {seq})"),
             );
         }
         GrantCommand::List { tenant } => {
