@@ -46,6 +46,11 @@ bench-locomo *ARGS:
 bench-query *ARGS:
     cargo run --release -p engram-bench -- query {{ARGS}}
 
+# The HTTP API's overhead: append and retrieve through the gateway against the native NATS
+# path of the same agent identity, p50 and p99 ratios.
+bench-gateway *ARGS:
+    cargo run --release -p engram-bench -- gateway {{ARGS}}
+
 # The fact table in process: applying assertions, hashing, snapshots, current, as-of and
 # text queries, and one fact re-asserted many times.
 bench-facts *ARGS:
@@ -75,4 +80,4 @@ bench-embed *ARGS:
     cargo run --release -p engram-embed --bin bench-embed -- {{ARGS}}
 
 # All benchmarks.
-bench: loadtest bench-append bench-project bench-query bench-locomo bench-ann bench-embed bench-facts bench-bootstrap bench-docs
+bench: loadtest bench-append bench-project bench-query bench-gateway bench-locomo bench-ann bench-embed bench-facts bench-bootstrap bench-docs

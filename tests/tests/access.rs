@@ -965,6 +965,42 @@ async fn no_read_path_returns_another_tenants_or_an_ungranted_scope() {
     );
     // The check means something only if allowed answers carry memories at all.
     assert!(allowed_runs > 0 && refused_runs > 0 && with_content > 0);
+    // The listings (the inspector's scopes and dead letters) name only readable scopes,
+    // and another tenant's are refused.
+    for (tenant, agent, client) in &clients {
+        let listed = client
+            .list_scopes(&engram_memory::proto::ScopesRequest {
+                tenant: ident(tenant),
+                limit: 1000,
+            })
+            .await
+            .unwrap();
+        assert!(!listed.scopes.is_empty(), "{agent}@{tenant} lists no scope");
+        for s in &listed.scopes {
+            assert!(
+                may_read(tenant, agent, &s.scope.to_string()),
+                "{agent}@{tenant} was listed {}",
+                s.scope
+            );
+        }
+        let other = tenants.iter().find(|t| *t != tenant).unwrap();
+        let refused = client
+            .list_scopes(&engram_memory::proto::ScopesRequest {
+                tenant: ident(other),
+                limit: 1000,
+            })
+            .await
+            .unwrap_err();
+        assert!(format!("{refused:?}").contains("Forbidden"), "{refused:?}");
+        let refused = client
+            .list_dead_letters(&engram_memory::proto::DeadLettersRequest {
+                tenant: ident(other),
+                limit: 10,
+            })
+            .await
+            .unwrap_err();
+        assert!(format!("{refused:?}").contains("Forbidden"), "{refused:?}");
+    }
     let v = service_violations(&nats);
     assert!(v.is_empty(), "services were refused: {v:#?}");
 }

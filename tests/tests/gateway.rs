@@ -245,3 +245,309 @@ async fn an_api_key_appends_and_retrieves_as_its_agent_and_nothing_more() {
     )
     .await;
 }
+
+async fn get(base: &str, path: &str, key: &str) -> (u16, Value) {
+    let response = reqwest::Client::new()
+        .get(format!("{base}{path}"))
+        .bearer_auth(key)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    (
+        status,
+        response.json::<Value>().await.unwrap_or(Value::Null),
+    )
+}
+
+/// The routes beyond append and the queries: documents, forgetting, consolidation,
+/// snapshots, listings, erasure and the live tail, each as the key's agent and each showing
+/// only what that agent may read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_write_listing_and_tail_routes_act_as_the_key_and_show_only_what_it_may_read() {
+    let nats = TestNats::start_secured().await;
+    let engram = Engram::start_secured(&nats).await;
+    nats.add_tenant("acme").await;
+    nats.add_tenant("victim").await;
+    let key = nats
+        .add_agent("acme", "planner", &[])
+        .await
+        .api_key()
+        .unwrap();
+    let other = nats
+        .add_agent("acme", "other", &[])
+        .await
+        .api_key()
+        .unwrap();
+    let base = serve(&nats, GatewayConfig::default()).await;
+
+    // whoami: the registry's view of the key.
+    let (status, me) = get(&base, "/v1/whoami", &key).await;
+    assert_eq!(status, 200, "{me}");
+    assert_eq!(
+        (me["tenant"].as_str(), me["agent"].as_str()),
+        (Some("acme"), Some("planner"))
+    );
+    assert!(
+        me["scopes"]
+            .as_array()
+            .unwrap()
+            .contains(&json!("agent:planner")),
+        "{me}"
+    );
+
+    // Two memories; forget one; retrieval no longer returns it.
+    let (_, body, _) = post(
+        &base,
+        "/v1/events",
+        Some(&key),
+        &json!([
+            memory("the deploy key rotates on mondays"),
+            memory("the cache warms at noon")
+        ]),
+    )
+    .await;
+    let id = body["results"][0]["event_id"].as_str().unwrap().to_owned();
+    let (status, body, _) = post(
+        &base,
+        "/v1/forget",
+        Some(&key),
+        &json!({"scope": {"kind": "task", "id": "t1"}, "event_ids": [id], "reason": "wrong"}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    let seq = body["seq"].as_u64().unwrap();
+    let (_, body, _) = post(
+        &base,
+        "/v1/retrieve",
+        Some(&key),
+        &retrieve(None, "deploy key rotates", seq),
+    )
+    .await;
+    assert!(
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["event_id"] != id.as_str()),
+        "a forgotten memory was returned: {body}"
+    );
+
+    // A task board edited over HTTP reads back merged; a path that breaks its type is
+    // refused with nothing sent.
+    let (status, body, _) = post(
+        &base,
+        "/v1/docs/edit",
+        Some(&key),
+        &json!({"scope": {"kind": "task", "id": "t1"}, "doc_type": "task_board", "name": "sprint",
+                "set": [{"path": "/items/t-1/title", "value": "fix login"}, {"path": "/items/t-1/owner", "value": "planner"}]}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(
+        body["view"]["value"]["items"]["t-1"]["title"], "fix login",
+        "{body}"
+    );
+    let seq = body["seq"].as_u64().unwrap();
+    let (status, body, _) = post(
+        &base,
+        "/v1/docs",
+        Some(&key),
+        &json!({"scope": {"kind": "task", "id": "t1"}, "read": "state", "doc_type": "task_board", "name": "sprint", "min_seq": seq, "wait_ms": 10000}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body.to_string().contains("fix login"), "{body}");
+    let (status, body, _) = post(
+        &base,
+        "/v1/docs/edit",
+        Some(&key),
+        &json!({"scope": {"kind": "task", "id": "t1"}, "doc_type": "task_board", "name": "sprint",
+                "set": [{"path": "/items", "value": 7}]}),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (400, Some("invalid")),
+        "{body}"
+    );
+
+    // Consolidation of the key's own scope answers with a plan (possibly empty).
+    let (status, body, _) = post(
+        &base,
+        "/v1/consolidate",
+        Some(&key),
+        &json!({"scope": {"kind": "task", "id": "t1"}}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(body["planned"].is_u64(), "{body}");
+
+    // Scopes: the key's own and not another agent's private scope or another tenant's.
+    let (_, body, _) = post(
+        &base,
+        "/v1/events",
+        Some(&other),
+        &json!({"scope": {"kind": "agent", "id": "other"}, "layer": "episodic", "kind": "observation", "content": {"text": "private to other"}}),
+    )
+    .await;
+    let other_seq = body["results"][0]["seq"].as_u64().unwrap();
+    engram
+        .client
+        .append(&engram_tests::embedded(
+            "victim",
+            "task:t1".parse().unwrap(),
+            "agent-1",
+            "victim's memory",
+        ))
+        .await
+        .unwrap();
+    let (status, body, _) = post(&base, "/v1/scopes", Some(&key), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    let listed: Vec<String> = body["scopes"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| {
+            format!(
+                "{}:{}",
+                s["scope"]["kind"].as_str().unwrap(),
+                s["scope"]["id"].as_str().unwrap()
+            )
+        })
+        .collect();
+    assert!(listed.contains(&"task:t1".to_owned()), "{body}");
+    assert!(
+        !listed.contains(&"agent:other".to_owned()),
+        "another agent's scope was listed: {body}"
+    );
+    assert!(other_seq > 0);
+    let (status, _, _) = post(
+        &base,
+        "/v1/scopes",
+        Some(&key),
+        &json!({"tenant": "victim"}),
+    )
+    .await;
+    assert_eq!(status, 403);
+
+    // Dead letters: a poison event in the key's scope is listed, one in another agent's is not.
+    let js = async_nats::jetstream::new(nats.admin.client().clone());
+    for subject in [
+        "engram.evt.acme.task.t1.episodic",
+        "engram.evt.acme.agent.other.episodic",
+    ] {
+        js.publish(subject.to_owned(), "not an event".into())
+            .await
+            .unwrap()
+            .await
+            .unwrap();
+    }
+    engram_testkit::wait_dead_lettered(&nats.admin, &["vector", "keyword", "facts", "skills"], 2)
+        .await;
+    let (status, body, _) =
+        post(&base, "/v1/dead_letters", Some(&key), &json!({"limit": 50})).await;
+    assert_eq!(status, 200, "{body}");
+    let letters = body["dead_letters"].as_array().unwrap();
+    assert!(!letters.is_empty(), "{body}");
+    assert!(
+        letters
+            .iter()
+            .all(|l| l["subject"] == "engram.evt.acme.task.t1.episodic"),
+        "a dead letter of an unreadable scope was listed: {body}"
+    );
+
+    // Snapshots: after a cut, the index lists it.
+    engram
+        .client
+        .snapshot(
+            &engram_memory::proto::ScopeRequest {
+                tenant: engram_schema::Ident::parse("t", "acme").unwrap(),
+                scope: "task:t1".parse().unwrap(),
+                grants: Vec::new(),
+            },
+            None,
+        )
+        .await
+        .unwrap();
+    let (status, body, _) = post(&base, "/v1/snapshots", Some(&key), &json!({})).await;
+    assert_eq!(status, 200, "{body}");
+    assert!(!body["snapshots"].as_array().unwrap().is_empty(), "{body}");
+
+    // Erasure is the admin's: 403 with the command to run.
+    let (status, body, _) = post(
+        &base,
+        "/v1/erase",
+        Some(&key),
+        &json!({"scopes": [{"kind": "task", "id": "t1"}]}),
+    )
+    .await;
+    assert_eq!(status, 403, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .unwrap()
+            .contains("engram erase"),
+        "{body}"
+    );
+
+    // The live tail: history from after_seq, then an event appended after it opened, with
+    // its seq as the SSE id; a scope the key may not read is refused before the stream.
+    let (status, _) = get(&base, "/v1/tail?scope=agent:other", &key).await;
+    assert_eq!(status, 403);
+    let mut response = reqwest::Client::new()
+        .get(format!("{base}/v1/tail?scope=task:t1&after_seq=0"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status(), 200);
+    let (_, body, _) = post(
+        &base,
+        "/v1/events",
+        Some(&key),
+        &memory("live after the tail opened"),
+    )
+    .await;
+    let live_seq = body["results"][0]["seq"].as_u64().unwrap();
+    let mut seen = String::new();
+    let found = tokio::time::timeout(Duration::from_secs(30), async {
+        while let Some(chunk) = response.chunk().await.unwrap() {
+            seen.push_str(&String::from_utf8_lossy(&chunk));
+            if seen.contains("live after the tail opened") {
+                return true;
+            }
+        }
+        false
+    })
+    .await
+    .unwrap_or(false);
+    assert!(found, "the tail did not deliver the live event: {seen}");
+    assert!(
+        seen.contains("the cache warms at noon"),
+        "history missing: {seen}"
+    );
+    assert!(seen.contains(&format!("id: {live_seq}")), "{seen}");
+    assert!(seen.contains("event: memory"), "{seen}");
+
+    // The reference page renders every route of the document.
+    let page = reqwest::get(format!("{base}/reference"))
+        .await
+        .unwrap()
+        .text()
+        .await
+        .unwrap();
+    for path in [
+        "/v1/events",
+        "/v1/docs/edit",
+        "/v1/tail",
+        "/v1/forget",
+        "/v1/erase",
+    ] {
+        assert!(
+            page.contains(path),
+            "{path} missing from the reference page"
+        );
+    }
+    assert!(page.contains("RetrieveRequest"));
+}

@@ -9,11 +9,13 @@
 //! - [`facts`]: the fact table's costs in process.
 //! - [`docs`]: shared-document merge throughput and size, in process.
 //! - [`bootstrap`]: a replica from a snapshot and the tail, against a full replay.
+//! - [`gateway`]: the HTTP API's overhead over the native NATS path, same identity.
 //! - [`cli`]: flags (the `engram` binary's global ones, plus the benchmark).
 
 pub mod bootstrap;
 pub mod docs;
 pub mod facts;
+pub mod gateway;
 pub mod locomo;
 pub mod query;
 
@@ -96,6 +98,9 @@ pub mod cli {
         /// service, beside exact and graph search of the same vectors in-process.
         /// Self-contained.
         Query(crate::query::QueryArgs),
+        /// The HTTP API's latency on append and retrieve against the native NATS path of the
+        /// same agent identity, alternating request by request; p50 and p99 ratios.
+        Gateway(crate::gateway::GatewayArgs),
         /// What the bi-temporal fact table costs in process: applying assertions, hashing,
         /// snapshots, current, as-of and text queries, and one fact re-asserted many times.
         Facts(crate::facts::FactsArgs),
@@ -116,6 +121,7 @@ pub mod cli {
         match cli.command {
             Command::Locomo(args) => crate::locomo::run(&config, args, json).await,
             Command::Query(args) => crate::query::run(&config, args, json).await,
+            Command::Gateway(args) => crate::gateway::run(&config, args, json).await,
             Command::Facts(args) => crate::facts::run(args, json).await,
             Command::Bootstrap(args) => crate::bootstrap::run(&config, args, json).await,
             Command::Docs(args) => crate::docs::run(args, json).await,

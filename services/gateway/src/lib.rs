@@ -15,8 +15,10 @@
 //! - [`openapi`]: the OpenAPI document, generated from the same Rust types as the NATS
 //!   protocol's JSON Schema.
 
+pub mod inspector;
 pub mod openapi;
 pub mod routes;
+pub mod tail;
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -42,6 +44,10 @@ pub struct GatewayConfig {
     pub rate_per_second: f64,
     /// ...and in a burst. Beyond it: 429 with `Retry-After`.
     pub burst: f64,
+    /// Live tails (`GET /v1/tail`) one key may hold open at once...
+    pub max_tails_per_key: usize,
+    /// ...and all keys together.
+    pub max_tails: usize,
 }
 
 impl Default for GatewayConfig {
@@ -51,15 +57,21 @@ impl Default for GatewayConfig {
             max_identities: 1024,
             rate_per_second: 50.0,
             burst: 100.0,
+            max_tails_per_key: 4,
+            max_tails: 256,
         }
     }
 }
 
 impl GatewayConfig {
     pub fn validate(&self) -> Result<(), String> {
-        if self.max_body_bytes == 0 || self.max_identities == 0 {
+        if self.max_body_bytes == 0
+            || self.max_identities == 0
+            || self.max_tails == 0
+            || self.max_tails_per_key == 0
+        {
             return Err(
-                "gateway.max_body_bytes and gateway.max_identities must be at least 1".into(),
+                "gateway.max_body_bytes, max_identities, max_tails and max_tails_per_key must be at least 1".into(),
             );
         }
         if !(self.rate_per_second > 0.0 && self.burst >= 1.0) {
@@ -176,6 +188,8 @@ pub struct Gateway {
     /// check (seeds are free to make), so connecting for a key the server will refuse must
     /// not be unbounded.
     connecting: tokio::sync::Semaphore,
+    /// Open tails by key.
+    tails: Arc<Mutex<HashMap<String, usize>>>,
 }
 
 /// New connections made at once, at most.
@@ -218,6 +232,7 @@ impl Gateway {
             clients: tokio::sync::Mutex::default(),
             buckets: Mutex::default(),
             connecting: tokio::sync::Semaphore::new(MAX_CONNECTING),
+            tails: Arc::default(),
         })
     }
 

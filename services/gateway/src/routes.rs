@@ -28,9 +28,21 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
         .route("/v1/facts", post(facts))
         .route("/v1/skills", post(skills))
         .route("/v1/docs", post(docs))
+        .route("/v1/docs/edit", post(docs_edit))
         .route("/v1/replay", post(replay))
+        .route("/v1/tail", get(crate::tail::tail))
         .route("/v1/working", post(working))
+        .route("/v1/forget", post(forget))
+        .route("/v1/consolidate", post(consolidate))
+        .route("/v1/snapshots", post(snapshots))
+        .route("/v1/bootstrap", post(bootstrap))
+        .route("/v1/erase", post(erase))
+        .route("/v1/whoami", get(whoami))
+        .route("/v1/scopes", post(scopes))
+        .route("/v1/dead_letters", post(dead_letters))
+        .route("/reference", get(crate::openapi::reference))
         .route("/openapi.json", get(openapi))
+        .merge(crate::inspector::routes())
 }
 
 /// The body, or why not: too large is 413, as the limit layer decided.
@@ -116,6 +128,34 @@ pub struct ErrorBody {
     pub message: String,
 }
 
+/// One result per event, in order.
+fn results(
+    events: &[engram_schema::Envelope],
+    receipts: Vec<std::result::Result<engram_sdk::AppendReceipt, ApiError>>,
+) -> Vec<AppendResult> {
+    events
+        .iter()
+        .zip(receipts)
+        .map(|(event, r)| match r {
+            Ok(receipt) => AppendResult {
+                event_id: event.event_id.to_string(),
+                seq: Some(receipt.seq),
+                duplicate: receipt.duplicate,
+                error: None,
+            },
+            Err(e) => AppendResult {
+                event_id: event.event_id.to_string(),
+                seq: None,
+                duplicate: false,
+                error: Some(ErrorBody {
+                    code: e.code.to_owned(),
+                    message: e.message,
+                }),
+            },
+        })
+        .collect()
+}
+
 /// `POST /v1/events`: one event or an array of at most 1000. Every event is checked before
 /// any is sent; one bad event and none is appended. `tenant` and `agent_id` default to the
 /// key's, and an event naming another tenant or agent is refused: the key says who writes.
@@ -177,91 +217,274 @@ async fn append(
     {
         return Err(e);
     }
-    let results = events
-        .iter()
-        .zip(receipts)
-        .map(|(event, r)| match r {
-            Ok(receipt) => AppendResult {
-                event_id: event.event_id.to_string(),
-                seq: Some(receipt.seq),
-                duplicate: receipt.duplicate,
-                error: None,
-            },
-            Err(e) => AppendResult {
-                event_id: event.event_id.to_string(),
-                seq: None,
-                duplicate: false,
-                error: Some(ErrorBody {
-                    code: e.code.to_owned(),
-                    message: e.message,
-                }),
-            },
-        })
-        .collect();
+    let results = results(&events, receipts);
     Ok(Json(Appended { results }))
 }
 
-async fn retrieve(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    raw: std::result::Result<Bytes, BytesRejection>,
-) -> Result<proto::RetrieveResponse> {
-    let (caller, r): (_, proto::RetrieveRequest) = request(&g, &headers, raw).await?;
-    Ok(Json(caller.client.retrieve(&r).await?))
+/// A route that decodes its request for the caller and answers with one SDK call.
+macro_rules! forward {
+    ($name:ident, $req:ty, $resp:ty, |$client:ident, $r:ident| $call:expr) => {
+        async fn $name(
+            State(g): State<Arc<Gateway>>,
+            headers: HeaderMap,
+            raw: std::result::Result<Bytes, BytesRejection>,
+        ) -> Result<$resp> {
+            let (caller, $r): (_, $req) = request(&g, &headers, raw).await?;
+            let $client = &caller.client;
+            Ok(Json($call.await?))
+        }
+    };
 }
 
-async fn context(
+forward!(
+    retrieve,
+    proto::RetrieveRequest,
+    proto::RetrieveResponse,
+    |c, r| c.retrieve(&r)
+);
+forward!(context, proto::ContextRequest, proto::Context, |c, r| c
+    .build_context(&r));
+forward!(facts, proto::FactsRequest, proto::FactsResponse, |c, r| c
+    .facts(&r));
+forward!(
+    skills,
+    proto::SkillsRequest,
+    proto::SkillsResponse,
+    |c, r| c.skills(&r)
+);
+forward!(docs, proto::DocRequest, proto::DocResponse, |c, r| c
+    .doc(&r));
+forward!(
+    replay,
+    proto::ReplayRequest,
+    proto::ReplayResponse,
+    |c, r| c.replay_page(&r)
+);
+forward!(
+    working,
+    proto::WorkingRequest,
+    proto::WorkingResponse,
+    |c, r| c.working(&r)
+);
+forward!(
+    snapshots,
+    proto::SnapshotsRequest,
+    proto::SnapshotsResponse,
+    |c, r| c.list_snapshots(&r)
+);
+forward!(
+    bootstrap,
+    proto::BootstrapRequest,
+    proto::BootstrapResponse,
+    |c, r| c.bootstrap_slice(&r)
+);
+forward!(
+    scopes,
+    proto::ScopesRequest,
+    proto::ScopesResponse,
+    |c, r| c.list_scopes(&r)
+);
+forward!(
+    dead_letters,
+    proto::DeadLettersRequest,
+    proto::DeadLettersResponse,
+    |c, r| c.list_dead_letters(&r)
+);
+
+/// `GET /v1/whoami`: the key's tenant, agent, scopes and grants.
+async fn whoami(
     State(g): State<Arc<Gateway>>,
     headers: HeaderMap,
-    raw: std::result::Result<Bytes, BytesRejection>,
-) -> Result<proto::Context> {
-    let (caller, r): (_, proto::ContextRequest) = request(&g, &headers, raw).await?;
-    Ok(Json(caller.client.build_context(&r).await?))
+) -> Result<proto::WhoamiResponse> {
+    let caller = g.caller(&headers).await?;
+    Ok(Json(caller.client.whoami().await?))
 }
 
-async fn facts(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    raw: std::result::Result<Bytes, BytesRejection>,
-) -> Result<proto::FactsResponse> {
-    let (caller, r): (_, proto::FactsRequest) = request(&g, &headers, raw).await?;
-    Ok(Json(caller.client.facts(&r).await?))
+/// The caller's agent, writing as the gateway's instance.
+fn writer(caller: &Caller) -> std::result::Result<engram_sdk::Agent, ApiError> {
+    caller
+        .client
+        .agent(
+            caller.tenant().as_str(),
+            caller.agent().as_str(),
+            GATEWAY_INSTANCE,
+        )
+        .map_err(|e| ApiError::invalid(e.to_string()))
 }
 
-async fn skills(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    raw: std::result::Result<Bytes, BytesRejection>,
-) -> Result<proto::SkillsResponse> {
-    let (caller, r): (_, proto::SkillsRequest) = request(&g, &headers, raw).await?;
-    Ok(Json(caller.client.skills(&r).await?))
+/// The instance id of events the gateway writes for a caller that names none.
+pub const GATEWAY_INSTANCE: &str = "gateway";
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct DocEditRequest {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    pub scope: engram_schema::Scope,
+    /// `task_board`, `profile`, `scratchpad`, or a type of your own.
+    pub doc_type: String,
+    pub name: String,
+    /// Edit the state that includes at least this sequence (your last write's).
+    #[serde(default)]
+    pub min_seq: Option<u64>,
+    /// Values to set, by JSON pointer (`/items/t-7/status`); maps on the way are made.
+    #[serde(default)]
+    pub set: Vec<PathValue>,
+    /// JSON pointers to delete.
+    #[serde(default)]
+    pub delete: Vec<String>,
 }
 
-async fn docs(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    raw: std::result::Result<Bytes, BytesRejection>,
-) -> Result<proto::DocResponse> {
-    let (caller, r): (_, proto::DocRequest) = request(&g, &headers, raw).await?;
-    Ok(Json(caller.client.doc(&r).await?))
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct PathValue {
+    pub path: String,
+    pub value: serde_json::Value,
 }
 
-async fn replay(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
-    raw: std::result::Result<Bytes, BytesRejection>,
-) -> Result<proto::ReplayResponse> {
-    let (caller, r): (_, proto::ReplayRequest) = request(&g, &headers, raw).await?;
-    Ok(Json(caller.client.replay_page(&r).await?))
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct DocEdited {
+    /// Pass as `min_seq` to read this edit merged.
+    pub seq: u64,
+    pub event_id: String,
+    /// The document after the edit, with its conflicts (concurrent writes, every value kept).
+    pub view: engram_sdk::doc::DocView,
 }
 
-async fn working(
+/// `POST /v1/docs/edit`: sets and deletes by JSON pointer in one change, pushed as the key's
+/// agent.
+async fn docs_edit(
     State(g): State<Arc<Gateway>>,
     headers: HeaderMap,
     raw: std::result::Result<Bytes, BytesRejection>,
-) -> Result<proto::WorkingResponse> {
-    let (caller, r): (_, proto::WorkingRequest) = request(&g, &headers, raw).await?;
-    Ok(Json(caller.client.working(&r).await?))
+) -> Result<DocEdited> {
+    let (caller, r): (_, DocEditRequest) = request(&g, &headers, raw).await?;
+    let sets: Vec<_> = r.set.into_iter().map(|p| (p.path, p.value)).collect();
+    let edit = writer(&caller)?
+        .edit_doc(r.scope, &r.doc_type, &r.name, r.min_seq, &sets, &r.delete)
+        .await
+        .map_err(doc_edit_error)?;
+    Ok(Json(DocEdited {
+        seq: edit.receipt.seq,
+        event_id: edit.receipt.event_id.to_string(),
+        view: edit.view,
+    }))
+}
+
+fn doc_edit_error(e: engram_sdk::doc::DocEditError) -> ApiError {
+    use engram_sdk::doc::{DocClientError as C, DocEditError as E};
+    match e {
+        E::Client(C::Rpc(e)) => e.into(),
+        E::Client(C::Append(e)) => e.into(),
+        E::Client(C::BadReply(m)) => {
+            ApiError::new(StatusCode::INTERNAL_SERVER_ERROR, "internal", m)
+        }
+        other => ApiError::invalid(other.to_string()),
+    }
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ForgetRequest {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    pub scope: engram_schema::Scope,
+    /// The memories to withdraw from retrieval (at most 1000); ids of other scopes are ignored.
+    #[schemars(length(min = 1, max = 1000))]
+    pub event_ids: Vec<engram_schema::EventId>,
+    pub reason: String,
+    /// The layer the forget event is recorded in (default episodic).
+    #[serde(default)]
+    pub layer: Option<engram_schema::Layer>,
+}
+
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Receipt {
+    /// Pass as `min_seq` to read with this write applied.
+    pub seq: u64,
+    pub event_id: String,
+    pub duplicate: bool,
+}
+
+/// `POST /v1/forget`: one `forgotten` event naming the memories.
+async fn forget(
+    State(g): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    raw: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Receipt> {
+    let (caller, r): (_, ForgetRequest) = request(&g, &headers, raw).await?;
+    if r.event_ids.is_empty() || r.event_ids.len() > 1000 {
+        return Err(ApiError::invalid("name 1..=1000 event_ids to forget"));
+    }
+    let receipt = writer(&caller)?
+        .forget(
+            r.scope,
+            r.layer.unwrap_or(engram_schema::Layer::Episodic),
+            &r.event_ids,
+            r.reason,
+        )
+        .await?;
+    Ok(Json(Receipt {
+        seq: receipt.seq,
+        event_id: receipt.event_id.to_string(),
+        duplicate: receipt.duplicate,
+    }))
+}
+
+#[derive(serde::Serialize, schemars::JsonSchema)]
+pub struct Consolidated {
+    /// Events the consolidator planned.
+    pub planned: usize,
+    pub results: Vec<AppendResult>,
+}
+
+/// `POST /v1/consolidate`: the scope's consolidation plan, appended as the key's agent (the
+/// plan's event ids derive from its inputs, so a retry stores each once).
+async fn consolidate(
+    State(g): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    raw: std::result::Result<Bytes, BytesRejection>,
+) -> Result<Consolidated> {
+    let (caller, r): (_, proto::ConsolidateRequest) = request(&g, &headers, raw).await?;
+    let (events, receipts) = caller.client.consolidate(&r).await?;
+    Ok(Json(Consolidated {
+        planned: events.len(),
+        results: results(
+            &events,
+            receipts
+                .into_iter()
+                .map(|r| r.map_err(ApiError::from))
+                .collect(),
+        ),
+    }))
+}
+
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub struct EraseRequest {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    pub scopes: Vec<engram_schema::Scope>,
+}
+
+/// `POST /v1/erase`: verified erasure deletes events from the stream, which no agent's
+/// identity may do, and an API key is an agent's: the gateway will not act for it with a
+/// wider one. The answer says who can.
+async fn erase(
+    State(g): State<Arc<Gateway>>,
+    headers: HeaderMap,
+    raw: std::result::Result<Bytes, BytesRejection>,
+) -> Result<serde_json::Value> {
+    let (caller, r): (_, EraseRequest) = request(&g, &headers, raw).await?;
+    let scopes: Vec<String> = r.scopes.iter().map(|s| format!("--scope {s}")).collect();
+    Err(ApiError::new(
+        StatusCode::FORBIDDEN,
+        "forbidden",
+        format!(
+            "erasure deletes events from the log, which only the admin identity may do, and an API key is an agent's; run `engram erase --tenant {} {}` with the admin's credentials, or withdraw memories from retrieval with POST /v1/forget",
+            caller.tenant(),
+            scopes.join(" ")
+        ),
+    ))
 }
 
 async fn openapi() -> Json<serde_json::Value> {

@@ -9,9 +9,11 @@
 
 use std::time::Duration;
 
+use engram_access::registry::Grantee;
 use engram_access::{AccessLog, SharedRegistry, perms::caller_of};
-use engram_memory::proto::{ErrorCode, ScopeRequest};
+use engram_memory::proto::{ErrorCode, ScopeRequest, WhoamiResponse};
 use engram_rpc::Failure;
+use engram_schema::{Ident, Scope};
 use engram_telemetry::metrics;
 
 /// How long a refused scope waits for the registry to catch up with the log before it is
@@ -109,27 +111,91 @@ impl Guard {
     }
 }
 
+impl Guard {
+    /// The agent of `subject` as the registry holds it: its scopes and its grants.
+    pub async fn whoami(&self, subject: &str) -> Result<WhoamiResponse, Failure> {
+        let (tenant, agent) = caller(subject)?;
+        let registry = self.registry.read().await;
+        let Some(a) = registry
+            .agent(&tenant, &agent)
+            .filter(|_| registry.is_active(&tenant, &agent))
+        else {
+            return Err(Failure::new(
+                ErrorCode::Forbidden,
+                format!("agent {agent} of tenant {tenant} has no live credentials"),
+            ));
+        };
+        let grants = registry
+            .tenants
+            .get(&tenant)
+            .map(|t| {
+                t.grants
+                    .keys()
+                    .filter(|(to, _)| {
+                        *to == Grantee::AllAgents || *to == Grantee::Agent(agent.clone())
+                    })
+                    .map(|(_, pattern)| pattern.to_string())
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(WhoamiResponse {
+            scopes: a.scopes.iter().map(ToString::to_string).collect(),
+            grants,
+            tenant,
+            agent,
+        })
+    }
+
+    /// `items` less those whose scope the agent of `subject` may not read (and those of no
+    /// scope); the registry is read once for all of them.
+    pub async fn readable<T>(
+        &self,
+        subject: &str,
+        tenant: &Ident,
+        items: Vec<T>,
+        scope_of: impl Fn(&T) -> Option<Scope>,
+    ) -> Result<Vec<T>, Failure> {
+        let (own, agent) = caller(subject)?;
+        check_tenant(&own, tenant)?;
+        let registry = self.registry.read().await;
+        Ok(items
+            .into_iter()
+            .filter(|item| scope_of(item).is_some_and(|s| registry.may_read(tenant, &agent, &s)))
+            .collect())
+    }
+}
+
+/// The tenant and agent an agent subject names.
+pub fn caller(subject: &str) -> Result<(Ident, Ident), Failure> {
+    caller_of(subject).ok_or_else(|| {
+        Failure::new(
+            ErrorCode::Forbidden,
+            format!("{subject} is not an agent subject (engram.q.<tenant>.<agent>.<op>)"),
+        )
+    })
+}
+
+/// Refuses a request naming a tenant other than the caller's.
+pub fn check_tenant(own: &Ident, named: &Ident) -> Result<(), Failure> {
+    if own == named {
+        return Ok(());
+    }
+    metrics::ACCESS_DENIED.with_label_values(&["tenant"]).inc();
+    Err(Failure::new(
+        ErrorCode::Forbidden,
+        format!(
+            "these credentials are of tenant {own}; the request names tenant {named}, which they cannot read"
+        ),
+    ))
+}
+
 /// The caller of an agent subject, when the body names the same tenant.
 pub fn authenticated_tenant(
     subject: &str,
     scopes: &ScopeRequest,
-) -> Result<(engram_schema::Ident, engram_schema::Ident), Failure> {
-    let Some((tenant, agent)) = caller_of(subject) else {
-        return Err(Failure::new(
-            ErrorCode::Forbidden,
-            format!("{subject} is not an agent subject (engram.q.<tenant>.<agent>.<op>)"),
-        ));
-    };
-    if scopes.tenant != tenant {
-        metrics::ACCESS_DENIED.with_label_values(&["tenant"]).inc();
-        return Err(Failure::new(
-            ErrorCode::Forbidden,
-            format!(
-                "these credentials are of tenant {tenant}; the request names tenant {}, which they cannot read",
-                scopes.tenant
-            ),
-        ));
-    }
+) -> Result<(Ident, Ident), Failure> {
+    let (tenant, agent) = caller(subject)?;
+    check_tenant(&tenant, &scopes.tenant)?;
     Ok((tenant, agent))
 }
 

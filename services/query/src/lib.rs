@@ -31,12 +31,27 @@ use engram_memory::proto::{
     SearchResponse, SkillsRequest, SkillsResponse, read_models,
 };
 use engram_rpc::{EndpointLimits, Failure};
-use engram_schema::Ident;
+use engram_schema::{Ident, Scope};
 use engram_telemetry::metrics;
 use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::fusion::Side;
+
+/// Subjects one scope listing reads at most (each is one scope and event kind).
+const MAX_LISTED_SUBJECTS: usize = 100_000;
+
+/// Characters of a dead letter's text a listing shows.
+const DEAD_LETTER_TEXT_CHARS: usize = 300;
+
+/// The scope of an event subject, `engram.evt.<tenant>.<kind>.<id>.<event kind>`.
+fn scope_of_subject(subject: &str) -> Option<Scope> {
+    let tokens: Vec<&str> = subject.split('.').collect();
+    let [_, _, _, kind, id, _] = tokens.as_slice() else {
+        return None;
+    };
+    format!("{kind}:{id}").parse().ok()
+}
 
 /// The shortest `query.usage_interval`: usage events are aggregates, not a write per query.
 pub const MIN_USAGE_INTERVAL: Duration = Duration::from_millis(100);
@@ -136,6 +151,9 @@ pub struct Query {
     /// The registry agents' requests are checked against; unset when run without
     /// authentication.
     access: std::sync::OnceLock<access::Guard>,
+    /// Where the snapshot index is (`[projectors.snapshots]`), and the index once opened.
+    snapshots_config: std::sync::OnceLock<engram_snapshots::SnapshotsConfig>,
+    snapshots: tokio::sync::OnceCell<engram_snapshots::SnapshotStore>,
 }
 
 impl Query {
@@ -155,6 +173,8 @@ impl Query {
             tokens: Arc::new(tokens),
             last_cut: tokio::sync::Mutex::new(None),
             access: std::sync::OnceLock::new(),
+            snapshots_config: std::sync::OnceLock::new(),
+            snapshots: tokio::sync::OnceCell::new(),
         }))
     }
 
@@ -269,6 +289,65 @@ impl Query {
             },
         )
         .await?;
+        // Listings: the tenant's scopes, the snapshot index and the dead letters. The admin
+        // sees every scope of the tenant; an agent, those it may read.
+        macro_rules! listing {
+            ($subject:expr, $op:literal, $req:ty, |$q:ident, $r:ident, $who:ident| $body:expr) => {{
+                let q = self.clone();
+                engram_rpc::serve(&service, $subject, $op, limits, move |$r: $req| {
+                    let $q = q.clone();
+                    async move {
+                        let $who: Option<String> = None;
+                        $body
+                    }
+                })
+                .await?;
+                let q = self.clone();
+                engram_rpc::serve_from(
+                    &service,
+                    &engram_access::perms::query_subject_any($op),
+                    $op,
+                    limits,
+                    move |subject: &str, $r: $req| {
+                        let $q = q.clone();
+                        let $who = Some(subject.to_owned());
+                        async move { $body }
+                    },
+                )
+                .await?;
+            }};
+        }
+        listing!(
+            proto::SCOPES,
+            "scopes",
+            proto::ScopesRequest,
+            |q, r, who| q.scopes(r, who.as_deref()).await
+        );
+        listing!(
+            proto::DEAD_LETTERS,
+            "dead_letters",
+            proto::DeadLettersRequest,
+            |q, r, who| q.dead_letters(r, who.as_deref()).await
+        );
+        listing!(
+            proto::SNAPSHOTS,
+            "snapshots",
+            proto::SnapshotsRequest,
+            |q, r, _who| q.snapshots(r).await
+        );
+        let q = self.clone();
+        engram_rpc::serve_from(
+            &service,
+            &engram_access::perms::query_subject_any("whoami"),
+            "whoami",
+            limits,
+            move |subject: &str, _: proto::WhoamiRequest| {
+                let q = q.clone();
+                let subject = subject.to_owned();
+                async move { q.whoami(&subject).await }
+            },
+        )
+        .await?;
         // Cutting a snapshot copies every tenant's read models: the admin's alone. An agent
         // asking is told so, rather than left waiting for an answer nobody sends.
         engram_rpc::serve_from(
@@ -340,6 +419,11 @@ impl Query {
             Some(guard) => guard.authorize(subject, request.scope_request()).await,
             None => access::authenticated_tenant(subject, request.scope_request()).map(|_| ()),
         }
+    }
+
+    /// Where the snapshot index is, when not the default buckets.
+    pub fn set_snapshots(&self, config: engram_snapshots::SnapshotsConfig) {
+        let _ = self.snapshots_config.set(config);
     }
 
     /// Turns the access checks on: from now on agent requests are checked against `guard`.
@@ -548,6 +632,190 @@ impl Query {
             Duration::ZERO,
         )
         .await
+    }
+
+    /// Who the agent of `subject` is, as the registry holds it. Without authentication,
+    /// the subject's tenant and agent, with the default scopes.
+    pub async fn whoami(&self, subject: &str) -> Result<proto::WhoamiResponse, Failure> {
+        match self.access.get() {
+            Some(guard) => guard.whoami(subject).await,
+            None => {
+                let (tenant, agent) = access::caller(subject)?;
+                Ok(proto::WhoamiResponse {
+                    scopes: engram_access::perms::ScopePattern::defaults(&agent)
+                        .iter()
+                        .map(ToString::to_string)
+                        .collect(),
+                    grants: Vec::new(),
+                    tenant,
+                    agent,
+                })
+            }
+        }
+    }
+
+    /// `items` the caller may read: all for the admin (`who` is `None`), else those of
+    /// scopes the agent may read.
+    async fn readable<T>(
+        &self,
+        who: Option<&str>,
+        tenant: &Ident,
+        items: Vec<T>,
+        scope_of: impl Fn(&T) -> Option<Scope>,
+    ) -> Result<Vec<T>, Failure> {
+        let Some(subject) = who else {
+            return Ok(items);
+        };
+        match self.access.get() {
+            Some(guard) => guard.readable(subject, tenant, items, scope_of).await,
+            None => {
+                let (own, _) = access::caller(subject)?;
+                access::check_tenant(&own, tenant)?;
+                Ok(items)
+            }
+        }
+    }
+
+    /// The scopes of a tenant that hold events, from the stream's per-subject counts (one
+    /// stream-info listing, bounded).
+    pub async fn scopes(
+        &self,
+        request: proto::ScopesRequest,
+        who: Option<&str>,
+    ) -> Result<proto::ScopesResponse, Failure> {
+        request.validate().map_err(Failure::from)?;
+        let filter = format!("{}.{}.>", engram_schema::SUBJECT_PREFIX, request.tenant);
+        let (subjects, mut truncated) = self
+            .bus
+            .subject_counts(&filter, MAX_LISTED_SUBJECTS)
+            .await
+            .map_err(|e| Failure::new(ErrorCode::Unavailable, e.to_string()))?;
+        let mut by_scope: std::collections::BTreeMap<(String, String), proto::ScopeCount> =
+            Default::default();
+        for (subject, n) in subjects {
+            // engram.evt.<tenant>.<kind>.<id>.<event kind>
+            let tokens: Vec<&str> = subject.split('.').collect();
+            let [_, _, _, kind, id, event_kind] = tokens.as_slice() else {
+                continue;
+            };
+            let Ok(scope) = format!("{kind}:{id}").parse::<Scope>() else {
+                continue;
+            };
+            let entry = by_scope
+                .entry((kind.to_string(), id.to_string()))
+                .or_insert_with(|| proto::ScopeCount {
+                    scope,
+                    events: 0,
+                    kinds: Default::default(),
+                });
+            entry.events += n;
+            *entry.kinds.entry(event_kind.to_string()).or_default() += n;
+        }
+        let mut scopes = self
+            .readable(
+                who,
+                &request.tenant,
+                by_scope.into_values().collect(),
+                |c| Some(c.scope.clone()),
+            )
+            .await?;
+        if scopes.len() > request.limit {
+            scopes.truncate(request.limit);
+            truncated = true;
+        }
+        Ok(proto::ScopesResponse { scopes, truncated })
+    }
+
+    /// The snapshot index, metadata only.
+    pub async fn snapshots(
+        &self,
+        request: proto::SnapshotsRequest,
+    ) -> Result<proto::SnapshotsResponse, Failure> {
+        let store = self
+            .snapshots
+            .get_or_try_init(|| {
+                engram_snapshots::SnapshotStore::open(
+                    &self.bus,
+                    self.snapshots_config.get().cloned().unwrap_or_default(),
+                )
+            })
+            .await
+            .map_err(|e| Failure::new(ErrorCode::Unavailable, e.to_string()))?;
+        let list = store
+            .list(request.projector.as_ref().map(Ident::as_str))
+            .await
+            .map_err(|e| Failure::new(ErrorCode::Unavailable, e.to_string()))?;
+        Ok(proto::SnapshotsResponse {
+            snapshots: list
+                .iter()
+                .filter_map(|m| serde_json::to_value(m).ok())
+                .collect(),
+        })
+    }
+
+    /// The newest dead letters of a tenant's (readable) scopes: their headers are listed,
+    /// and only the letters returned are read whole.
+    pub async fn dead_letters(
+        &self,
+        request: proto::DeadLettersRequest,
+        who: Option<&str>,
+    ) -> Result<proto::DeadLettersResponse, Failure> {
+        request.validate().map_err(Failure::from)?;
+        let unavailable =
+            |e: engram_bus::dlq::DlqError| Failure::new(ErrorCode::Unavailable, e.to_string());
+        let prefix = format!("{}.{}.", engram_schema::SUBJECT_PREFIX, request.tenant);
+        let refs = match self.bus.dead_letter_refs(0).await {
+            Ok(refs) => refs,
+            // No projector has dead-lettered anything yet.
+            Err(engram_bus::dlq::DlqError::StreamMissing) => Vec::new(),
+            Err(e) => return Err(unavailable(e)),
+        };
+        let refs: Vec<_> = refs
+            .into_iter()
+            .filter(|r| r.subject.as_deref().is_some_and(|s| s.starts_with(&prefix)))
+            .collect();
+        let mut refs = self
+            .readable(who, &request.tenant, refs, |r| {
+                r.subject.as_deref().and_then(scope_of_subject)
+            })
+            .await?;
+        let total = refs.len() as u64;
+        refs.reverse();
+        refs.truncate(request.limit);
+        let codec = self.bus.codec();
+        let mut dead_letters = Vec::with_capacity(refs.len());
+        for r in refs {
+            let letter = match self.bus.dead_letter_at(r.dlq_seq).await {
+                Ok(letter) => letter,
+                // Erased or aged out since the listing.
+                Err(engram_bus::dlq::DlqError::NotFound { .. }) => continue,
+                Err(e) => return Err(unavailable(e)),
+            };
+            let event = letter.decode(codec).ok();
+            let subject = r.subject.unwrap_or_default();
+            dead_letters.push(proto::DeadLetterInfo {
+                dlq_seq: r.dlq_seq,
+                projector: r.projector,
+                event_seq: r.event_seq,
+                scope: scope_of_subject(&subject),
+                subject,
+                reason: letter.reason,
+                stored_at: letter.stored_at,
+                event_id: event.as_ref().map(|e| e.event_id.to_string()),
+                kind: event.as_ref().map(|e| e.kind.to_string()),
+                text: event.map(|e| {
+                    e.content
+                        .text
+                        .chars()
+                        .take(DEAD_LETTER_TEXT_CHARS)
+                        .collect()
+                }),
+            });
+        }
+        Ok(proto::DeadLettersResponse {
+            dead_letters,
+            total,
+        })
     }
 
     /// The consolidation plan of one scope, through the consolidator.

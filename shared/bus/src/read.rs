@@ -219,6 +219,27 @@ impl Bus {
         Ok(n)
     }
 
+    /// The subjects the events stream holds under `filter`, with their counts: at most
+    /// `max`, and whether there were more. One stream-info request per page of subjects.
+    pub async fn subject_counts(
+        &self,
+        filter: &str,
+        max: usize,
+    ) -> Result<(Vec<(String, u64)>, bool), BusError> {
+        use futures::StreamExt as _;
+        let stream = self.events_stream().await?;
+        let mut subjects = stream.info_with_subjects(filter).await.map_err(js_err)?;
+        let mut out = Vec::new();
+        while let Some(entry) = subjects.next().await {
+            if out.len() == max {
+                return Ok((out, true));
+            }
+            let (subject, n) = entry.map_err(js_err)?;
+            out.push((subject, n as u64));
+        }
+        Ok((out, false))
+    }
+
     /// The events stream's first and last sequence: one stream-info request, no consumer
     /// list.
     pub async fn stream_bounds(&self) -> Result<(u64, u64), BusError> {

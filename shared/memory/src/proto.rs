@@ -37,6 +37,10 @@ pub const CONSOLIDATE: &str = "engram.q.consolidate";
 pub const SNAPSHOT: &str = "engram.q.snapshot";
 pub const REPLAY: &str = "engram.q.replay";
 pub const WORKING: &str = "engram.q.working";
+pub const WHOAMI: &str = "engram.q.whoami";
+pub const SCOPES: &str = "engram.q.scopes";
+pub const SNAPSHOTS: &str = "engram.q.snapshots";
+pub const DEAD_LETTERS: &str = "engram.q.dead_letters";
 
 /// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
 /// module in the projector services uses the same constant.
@@ -63,6 +67,10 @@ pub fn projector_subject(projector: &str, op: &str) -> String {
 /// a limit is refused with a 400 naming the field, never clamped in silence and never left to
 /// allocate what it asks for.
 pub mod limits {
+    /// Scopes one listing returns.
+    pub const MAX_LISTED_SCOPES: usize = 10_000;
+    /// Dead letters one listing returns.
+    pub const MAX_DEAD_LETTERS: usize = 500;
     /// Bytes of a query text (retrieve, context, a fact or skill search). A retrieval query
     /// longer than a page of text says nothing more to the embedder (which reads 256 tokens)
     /// and only costs the keyword side.
@@ -719,6 +727,131 @@ impl ReplayRequest {
         }
         Ok(())
     }
+}
+
+/// Who the caller is, as the registry knows it (agents only: `engram.q.<t>.<a>.whoami`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WhoamiRequest {}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct WhoamiResponse {
+    pub tenant: Ident,
+    pub agent: Ident,
+    /// The scopes the key may write and read (`kind:id`, or `kind:*` for every id).
+    pub scopes: Vec<String>,
+    /// Scopes granted to it, read only.
+    pub grants: Vec<String>,
+}
+
+/// The scopes of a tenant that hold events, with their counts: for an agent, only those
+/// it may read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ScopesRequest {
+    pub tenant: Ident,
+    /// At most this many scopes (1..=10000, default 1000).
+    #[serde(default = "default_scopes_limit")]
+    #[schemars(range(min = 1, max = limits::MAX_LISTED_SCOPES))]
+    pub limit: usize,
+}
+
+fn default_scopes_limit() -> usize {
+    1000
+}
+
+impl ScopesRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.limit == 0 || self.limit > limits::MAX_LISTED_SCOPES {
+            return Err(InvalidField::new(
+                "limit",
+                format!("must be 1..={}", limits::MAX_LISTED_SCOPES),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ScopeCount {
+    pub scope: Scope,
+    /// Events the stream holds in the scope.
+    pub events: u64,
+    /// Of those, by event kind.
+    pub kinds: std::collections::BTreeMap<String, u64>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ScopesResponse {
+    pub scopes: Vec<ScopeCount>,
+    /// More scopes (or more subjects than one listing reads) than were returned.
+    pub truncated: bool,
+}
+
+/// The snapshot index: every read model's snapshots, oldest first. Metadata only (version,
+/// sizes, hashes, labels), the same for every caller.
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotsRequest {
+    /// One projector's only.
+    #[serde(default)]
+    pub projector: Option<Ident>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct SnapshotsResponse {
+    /// Index entries (`engram_snapshots::SnapshotMeta`).
+    pub snapshots: Vec<serde_json::Value>,
+}
+
+/// The newest dead letters of a tenant: events a projector refused. For an agent, only
+/// those of scopes it may read.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeadLettersRequest {
+    pub tenant: Ident,
+    /// At most this many (1..=500, default 100), newest first.
+    #[serde(default = "default_dead_letters_limit")]
+    #[schemars(range(min = 1, max = limits::MAX_DEAD_LETTERS))]
+    pub limit: usize,
+}
+
+fn default_dead_letters_limit() -> usize {
+    100
+}
+
+impl DeadLettersRequest {
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if self.limit == 0 || self.limit > limits::MAX_DEAD_LETTERS {
+            return Err(InvalidField::new(
+                "limit",
+                format!("must be 1..={}", limits::MAX_DEAD_LETTERS),
+            ));
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeadLetterInfo {
+    /// Its sequence in the dead-letter stream (`engram dlq show`).
+    pub dlq_seq: u64,
+    /// The projector that refused it.
+    pub projector: String,
+    /// Its sequence in the events stream.
+    pub event_seq: Option<u64>,
+    pub subject: String,
+    pub scope: Option<Scope>,
+    /// Why it was refused.
+    pub reason: String,
+    pub stored_at: DateTime<Utc>,
+    /// The event's id, kind and the start of its text, when its bytes still decode.
+    pub event_id: Option<String>,
+    pub kind: Option<String>,
+    pub text: Option<String>,
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct DeadLettersResponse {
+    pub dead_letters: Vec<DeadLetterInfo>,
+    /// Dead letters of readable scopes in all (more than were returned when above the limit).
+    pub total: u64,
 }
 
 /// Erases the scopes from one projector's model (admin only: `engram.p.<name>.erase`), once
@@ -1378,6 +1511,30 @@ pub fn json_schema() -> serde_json::Value {
             QUERY_SERVICE,
             generator.subschema_for::<WorkingRequest>(),
             generator.subschema_for::<WorkingResponse>(),
+        ),
+        endpoint(
+            "engram.q.<tenant>.<agent>.whoami",
+            QUERY_SERVICE,
+            generator.subschema_for::<WhoamiRequest>(),
+            generator.subschema_for::<WhoamiResponse>(),
+        ),
+        endpoint(
+            SCOPES,
+            QUERY_SERVICE,
+            generator.subschema_for::<ScopesRequest>(),
+            generator.subschema_for::<ScopesResponse>(),
+        ),
+        endpoint(
+            SNAPSHOTS,
+            QUERY_SERVICE,
+            generator.subschema_for::<SnapshotsRequest>(),
+            generator.subschema_for::<SnapshotsResponse>(),
+        ),
+        endpoint(
+            DEAD_LETTERS,
+            QUERY_SERVICE,
+            generator.subschema_for::<DeadLettersRequest>(),
+            generator.subschema_for::<DeadLettersResponse>(),
         ),
     ];
     let internal = vec![

@@ -175,7 +175,7 @@ impl Client {
         // Each projector loads its own snapshot: asked at once, the slowest sets the time,
         // not the sum.
         let responses =
-            futures::future::join_all(requests.iter().map(|r| self.query_bootstrap(r))).await;
+            futures::future::join_all(requests.iter().map(|r| self.bootstrap_slice(r))).await;
         for (model, response) in models.into_iter().zip(responses) {
             let response = response?;
             skipped.extend(response.skipped.iter().map(|s| format!("{model} {s}")));
@@ -222,7 +222,9 @@ impl Client {
         Ok(memory)
     }
 
-    async fn query_bootstrap(
+    /// One model's slice of its newest good snapshot (at most `request.version`) for the
+    /// request's scopes, as the query service answers it: what `bootstrap` loads first.
+    pub async fn bootstrap_slice(
         &self,
         request: &BootstrapRequest,
     ) -> Result<engram_memory::proto::BootstrapResponse, RpcError> {

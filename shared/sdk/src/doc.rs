@@ -58,6 +58,42 @@ impl From<LocalDocError> for DocClientError {
     }
 }
 
+/// Most paths one [`Agent::edit_doc`] sets and deletes.
+pub const MAX_EDIT_PATHS: usize = 256;
+
+/// What [`Agent::edit_doc`] did.
+#[derive(Debug)]
+pub struct DocEdit {
+    /// The push's last receipt: its seq is the read-your-writes token.
+    pub receipt: AppendReceipt,
+    /// The document as the writer's copy holds it after the edit.
+    pub view: DocView,
+    /// Fields written concurrently, every value kept.
+    pub conflicts: Vec<Conflict>,
+}
+
+#[derive(Debug, Error)]
+pub enum DocEditError {
+    #[error("nothing to edit: give at least one path to set or delete")]
+    Nothing,
+    #[error("{paths} paths in one edit; at most {MAX_EDIT_PATHS}")]
+    TooMany { paths: usize },
+    #[error(
+        "after this edit the document no longer reads as a {doc_type} ({reason}); nothing was sent"
+    )]
+    NotItsType { doc_type: String, reason: String },
+    #[error("the edit changed nothing (every value was already there)")]
+    Unchanged,
+    #[error(transparent)]
+    Client(#[from] DocClientError),
+}
+
+impl From<LocalDocError> for DocEditError {
+    fn from(e: LocalDocError) -> Self {
+        Self::Client(e.into())
+    }
+}
+
 /// A writer's copy of one shared document, of any type: what [`SharedDoc`] is made of, and
 /// what tools that edit documents generically (`engram doc edit`) use.
 pub struct DocHandle {
@@ -145,6 +181,54 @@ impl Agent {
         };
         handle.refresh().await?;
         Ok(handle)
+    }
+
+    /// Edits a document of any type by JSON-pointer paths and pushes the edit: the generic
+    /// writer behind `engram doc edit`, `POST /v1/docs/edit` and the MCP `task_board` tool.
+    /// Each value is redacted by the tenant's policy before the change is made (a secret put
+    /// and overwritten in one transaction would still be in the change's bytes). A built-in
+    /// type must still read as itself afterwards, or nothing is sent.
+    pub async fn edit_doc(
+        &self,
+        scope: Scope,
+        doc_type: &str,
+        name: &str,
+        min_seq: Option<u64>,
+        sets: &[(String, serde_json::Value)],
+        deletes: &[String],
+    ) -> Result<DocEdit, DocEditError> {
+        if sets.is_empty() && deletes.is_empty() {
+            return Err(DocEditError::Nothing);
+        }
+        if sets.len() + deletes.len() > MAX_EDIT_PATHS {
+            return Err(DocEditError::TooMany {
+                paths: sets.len() + deletes.len(),
+            });
+        }
+        let mut handle = self.open_raw_doc(scope, doc_type, name, min_seq).await?;
+        let client = self.client().clone();
+        let local = handle.local();
+        for (path, value) in sets {
+            let mut value = value.clone();
+            client.scrub_value(self.tenant().as_str(), &mut value);
+            local.set_path(path, &value).map_err(DocClientError::from)?;
+        }
+        for path in deletes {
+            local.delete_path(path).map_err(DocClientError::from)?;
+        }
+        engram_docs::types::check_reads_as(doc_type, local).map_err(|e| {
+            DocEditError::NotItsType {
+                doc_type: doc_type.to_owned(),
+                reason: e.to_string(),
+            }
+        })?;
+        let conflicts = handle.conflicts();
+        let receipt = handle.push().await?.ok_or(DocEditError::Unchanged)?;
+        Ok(DocEdit {
+            receipt,
+            view: handle.view(),
+            conflicts,
+        })
     }
 
     /// A document's state, history or the list of a scope's documents (read only).

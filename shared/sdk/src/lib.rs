@@ -397,6 +397,38 @@ impl Client {
         self.query(proto::WORKING, request, None).await
     }
 
+    /// Who this client's agent key is, as the registry holds it: its scopes and grants.
+    /// Agents only (the admin and services are no registry entry).
+    pub async fn whoami(&self) -> Result<proto::WhoamiResponse, RpcError> {
+        self.query(proto::WHOAMI, &proto::WhoamiRequest::default(), None)
+            .await
+    }
+
+    /// The scopes of a tenant that hold events, with counts (for an agent, those it may
+    /// read).
+    pub async fn list_scopes(
+        &self,
+        request: &proto::ScopesRequest,
+    ) -> Result<proto::ScopesResponse, RpcError> {
+        self.query(proto::SCOPES, request, None).await
+    }
+
+    /// The snapshot index: every read model's snapshots, metadata only.
+    pub async fn list_snapshots(
+        &self,
+        request: &proto::SnapshotsRequest,
+    ) -> Result<proto::SnapshotsResponse, RpcError> {
+        self.query(proto::SNAPSHOTS, request, None).await
+    }
+
+    /// The newest dead letters of a tenant (for an agent, of the scopes it may read).
+    pub async fn list_dead_letters(
+        &self,
+        request: &proto::DeadLettersRequest,
+    ) -> Result<proto::DeadLettersResponse, RpcError> {
+        self.query(proto::DEAD_LETTERS, request, None).await
+    }
+
     /// One page of the events of `request.scopes` after `request.after_seq`, through the
     /// query service: how an agent replays (its key reaches no stream directly).
     pub async fn replay_page(

@@ -219,6 +219,54 @@ pub async fn key(config: &Config, command: KeyCommand, json: bool) -> anyhow::Re
                 ),
             );
         }
+        KeyCommand::List { tenant, agent, all } => {
+            let registry = log.load().await?;
+            let tenant = tenant.map(|t| ident("tenant", &t)).transpose()?;
+            let agent = agent.map(|a| ident("agent", &a)).transpose()?;
+            let mut rows = Vec::new();
+            for (t, entry) in &registry.tenants {
+                if tenant.as_ref().is_some_and(|w| w != t) {
+                    continue;
+                }
+                for (name, a) in &entry.agents {
+                    if agent.as_ref().is_some_and(|w| w != name) {
+                        continue;
+                    }
+                    for k in a.keys.iter().filter(|k| all || k.revoked_at.is_none()) {
+                        rows.push((t, name, k, &a.scopes));
+                    }
+                }
+            }
+            // Live first, then newest first.
+            rows.sort_by_key(|(_, _, k, _)| (k.revoked_at.is_some(), std::cmp::Reverse(k.added_at)));
+            for (t, name, k, scopes) in rows {
+                let scopes: Vec<String> = scopes.iter().map(ToString::to_string).collect();
+                if json {
+                    println!(
+                        "{}",
+                        serde_json::json!({"tenant": t, "agent": name, "key": k.key, "added_at": k.added_at, "revoked_at": k.revoked_at, "scopes": scopes})
+                    );
+                    continue;
+                }
+                let state = match k.revoked_at {
+                    None => format!("live since {}", k.added_at.to_rfc3339()),
+                    Some(at) => format!("revoked {}", at.to_rfc3339()),
+                };
+                println!("{t}/{name}  {}  {state}  scopes {}", k.key, scopes.join(" "));
+            }
+        }
+        KeyCommand::Revoke { tenant, agent, key } => {
+            return Box::pin(self::agent(
+                config,
+                AgentCommand::Revoke {
+                    tenant,
+                    agent,
+                    key: Some(key),
+                },
+                json,
+            ))
+            .await;
+        }
     }
     Ok(ExitCode::SUCCESS)
 }

@@ -181,28 +181,17 @@ pub async fn run(config: &Config, command: DocCommand, json: bool) -> anyhow::Re
                 .collect::<anyhow::Result<Vec<_>>>()?;
             let scope: Scope = doc.scope.scope.parse()?;
             let writer = client.agent(&doc.scope.tenant, &agent, &instance)?;
-            let mut handle = writer
-                .open_raw_doc(scope, &doc.doc_type, &doc.name, doc.scope.min_seq)
-                .await?;
-            let local = handle.local();
-            for (path, value) in &sets {
-                // Redacted before the change is made: a secret put and overwritten in one
-                // transaction would still be in the change's bytes.
-                let mut value = value.clone();
-                client.scrub_value(&doc.scope.tenant, &mut value);
-                local.set_path(path, &value)?;
-            }
-            for path in &delete {
-                local.delete_path(path)?;
-            }
-            engram_docs::types::check_reads_as(&doc.doc_type, local).with_context(|| {
-                format!(
-                    "after this edit {}/{} no longer reads as a {}; nothing was sent",
-                    doc.doc_type, doc.name, doc.doc_type
+            let edit = writer
+                .edit_doc(
+                    scope,
+                    &doc.doc_type,
+                    &doc.name,
+                    doc.scope.min_seq,
+                    &sets,
+                    &delete,
                 )
-            })?;
-            let conflicts = handle.conflicts().len();
-            let receipt = handle.push().await?.context("the edit changed nothing")?;
+                .await?;
+            let (receipt, conflicts) = (edit.receipt, edit.conflicts.len());
             if json {
                 println!(
                     "{}",
