@@ -185,7 +185,10 @@ async fn bench(up: &engram::up::Running, args: &GatewayArgs) -> anyhow::Result<R
             Ident::parse("instance", "bench").expect("valid"),
             Layer::Episodic,
             EventKind::Observation,
-            Content::text(format!("memory {i}: the deploy of service {} timed out", i % 97)),
+            Content::text(format!(
+                "memory {i}: the deploy of service {} timed out",
+                i % 97
+            )),
         );
         e.embedding = Some(Embedding {
             model: MODEL.into(),
@@ -238,7 +241,14 @@ async fn bench(up: &engram::up::Running, args: &GatewayArgs) -> anyhow::Result<R
     // Warm both paths (connections, caches) before timing.
     for _ in 0..20 {
         native.retrieve(&request(&mut rng, None)).await?;
-        post(&http, &base, "/v1/retrieve", &api_key, &request(&mut rng, None)).await?;
+        post(
+            &http,
+            &base,
+            "/v1/retrieve",
+            &api_key,
+            &request(&mut rng, None),
+        )
+        .await?;
     }
 
     let bar = progress((args.requests * 4) as u64, "timing both paths");

@@ -199,9 +199,14 @@ async fn append(
         object
             .entry("instance_id")
             .or_insert_with(|| "gateway".into());
-        let event = codec
-            .decode_json(&item.to_string())
-            .map_err(|e| ApiError::invalid(format!("event {i}: {e}")))?;
+        let event = codec.decode_json(&item.to_string()).map_err(|e| match e {
+            engram_schema::SchemaError::TooLarge { .. } => ApiError::new(
+                StatusCode::PAYLOAD_TOO_LARGE,
+                "too_large",
+                format!("event {i}: {e}"),
+            ),
+            e => ApiError::invalid(format!("event {i}: {e}")),
+        })?;
         events.push(event);
     }
     let mut receipts: Vec<_> = caller
@@ -431,10 +436,22 @@ async fn forget(
     }))
 }
 
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+pub struct ConsolidateBody {
+    #[serde(flatten)]
+    pub request: proto::ConsolidateRequest,
+    /// Only plan: answer the events without appending them.
+    #[serde(default)]
+    pub dry_run: bool,
+}
+
 #[derive(serde::Serialize, schemars::JsonSchema)]
 pub struct Consolidated {
     /// Events the consolidator planned.
     pub planned: usize,
+    /// The planned events, on a dry run (empty otherwise).
+    pub events: Vec<serde_json::Value>,
+    /// One per event appended (none on a dry run).
     pub results: Vec<AppendResult>,
 }
 
@@ -445,10 +462,23 @@ async fn consolidate(
     headers: HeaderMap,
     raw: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Consolidated> {
-    let (caller, r): (_, proto::ConsolidateRequest) = request(&g, &headers, raw).await?;
-    let (events, receipts) = caller.client.consolidate(&r).await?;
+    let (caller, body): (_, ConsolidateBody) = request(&g, &headers, raw).await?;
+    if body.dry_run {
+        let plan = caller.client.consolidation_plan(&body.request).await?;
+        return Ok(Json(Consolidated {
+            planned: plan.events.len(),
+            events: plan
+                .events
+                .iter()
+                .filter_map(|e| serde_json::to_value(e).ok())
+                .collect(),
+            results: Vec::new(),
+        }));
+    }
+    let (events, receipts) = caller.client.consolidate(&body.request).await?;
     Ok(Json(Consolidated {
         planned: events.len(),
+        events: Vec::new(),
         results: results(
             &events,
             receipts

@@ -41,6 +41,9 @@ use crate::fusion::Side;
 /// Subjects one scope listing reads at most (each is one scope and event kind).
 const MAX_LISTED_SUBJECTS: usize = 100_000;
 
+/// Dead letters one listing scans, newest first: `total` counts within them.
+const MAX_SCANNED_DEAD_LETTERS: u64 = 50_000;
+
 /// Characters of a dead letter's text a listing shows.
 const DEAD_LETTER_TEXT_CHARS: usize = 300;
 
@@ -764,7 +767,15 @@ impl Query {
         let unavailable =
             |e: engram_bus::dlq::DlqError| Failure::new(ErrorCode::Unavailable, e.to_string());
         let prefix = format!("{}.{}.", engram_schema::SUBJECT_PREFIX, request.tenant);
-        let refs = match self.bus.dead_letter_refs(0).await {
+        // The newest letters only: anyone who can append can make poison events, so a
+        // listing must not cost the whole dead-letter stream.
+        let last = match self.bus.dead_letters_last_seq().await {
+            Ok(last) => last,
+            Err(engram_bus::dlq::DlqError::StreamMissing) => 0,
+            Err(e) => return Err(unavailable(e)),
+        };
+        let after = last.saturating_sub(MAX_SCANNED_DEAD_LETTERS);
+        let refs = match self.bus.dead_letter_refs(after).await {
             Ok(refs) => refs,
             // No projector has dead-lettered anything yet.
             Err(engram_bus::dlq::DlqError::StreamMissing) => Vec::new(),

@@ -850,7 +850,8 @@ pub struct DeadLetterInfo {
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
 pub struct DeadLettersResponse {
     pub dead_letters: Vec<DeadLetterInfo>,
-    /// Dead letters of readable scopes in all (more than were returned when above the limit).
+    /// Dead letters of readable scopes among the newest 50,000 of the stream (more than
+    /// were returned when above the limit).
     pub total: u64,
 }
 

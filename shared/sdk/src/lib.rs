@@ -357,11 +357,19 @@ impl Client {
         &self,
         request: &proto::ConsolidateRequest,
     ) -> Result<(Vec<Envelope>, Vec<Result<AppendReceipt, AppendError>>), RpcError> {
-        let plan: proto::ConsolidateResponse = self
-            .query(proto::CONSOLIDATE, request, request.consistency.wait_ms)
-            .await?;
+        let plan = self.consolidation_plan(request).await?;
         let receipts = self.append_batch(&plan.events).await;
         Ok((plan.events, receipts))
+    }
+
+    /// The consolidation plan of one scope, without appending it (a dry run): the events
+    /// [`Client::consolidate`] would append.
+    pub async fn consolidation_plan(
+        &self,
+        request: &proto::ConsolidateRequest,
+    ) -> Result<proto::ConsolidateResponse, RpcError> {
+        self.query(proto::CONSOLIDATE, request, request.consistency.wait_ms)
+            .await
     }
 
     /// Cuts a snapshot of every read model now, optionally labelled (labelled snapshots are

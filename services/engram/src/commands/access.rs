@@ -204,9 +204,27 @@ pub async fn key(config: &Config, command: KeyCommand, json: bool) -> anyhow::Re
             tenant,
             agent,
             scope,
+            read_all,
         } => {
             let (tenant, agent) = (ident("tenant", &tenant)?, ident("agent", &agent)?);
-            let (creds, scopes, seq) = issue(&log, &tenant, &agent, &scope).await?;
+            let (creds, scopes, mut seq) = issue(&log, &tenant, &agent, &scope).await?;
+            if read_all {
+                for kind in engram_schema::ScopeKind::ALL {
+                    seq = log
+                        .append(
+                            Record::GrantAdded {
+                                tenant: tenant.clone(),
+                                to: Grantee::Agent(agent.clone()),
+                                scope: ScopePattern {
+                                    kind: *kind,
+                                    id: None,
+                                },
+                            },
+                            &by(),
+                        )
+                        .await?;
+                }
+            }
             let api_key = creds.api_key().expect("agent credentials have an API key");
             let shown: Vec<String> = scopes.iter().map(ToString::to_string).collect();
             print(
@@ -238,7 +256,9 @@ pub async fn key(config: &Config, command: KeyCommand, json: bool) -> anyhow::Re
                 }
             }
             // Live first, then newest first.
-            rows.sort_by_key(|(_, _, k, _)| (k.revoked_at.is_some(), std::cmp::Reverse(k.added_at)));
+            rows.sort_by_key(|(_, _, k, _)| {
+                (k.revoked_at.is_some(), std::cmp::Reverse(k.added_at))
+            });
             for (t, name, k, scopes) in rows {
                 let scopes: Vec<String> = scopes.iter().map(ToString::to_string).collect();
                 if json {
@@ -252,7 +272,11 @@ pub async fn key(config: &Config, command: KeyCommand, json: bool) -> anyhow::Re
                     None => format!("live since {}", k.added_at.to_rfc3339()),
                     Some(at) => format!("revoked {}", at.to_rfc3339()),
                 };
-                println!("{t}/{name}  {}  {state}  scopes {}", k.key, scopes.join(" "));
+                println!(
+                    "{t}/{name}  {}  {state}  scopes {}",
+                    k.key,
+                    scopes.join(" ")
+                );
             }
         }
         KeyCommand::Revoke { tenant, agent, key } => {
