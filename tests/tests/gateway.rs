@@ -382,6 +382,32 @@ async fn the_write_listing_and_tail_routes_act_as_the_key_and_show_only_what_it_
     .await;
     assert_eq!(status, 200, "{body}");
     assert!(body["planned"].is_u64(), "{body}");
+    let (status, body, _) = post(
+        &base,
+        "/v1/consolidate",
+        Some(&key),
+        &json!({"scope": {"kind": "task", "id": "t1"}, "dry_run": true}),
+    )
+    .await;
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body["results"].as_array().unwrap().is_empty(),
+        "a dry run appended: {body}"
+    );
+
+    // An event over the event size limit, in a body under the request limit: 413 too.
+    let (status, body, _) = post(
+        &base,
+        "/v1/events",
+        Some(&key),
+        &memory(&"y".repeat(600 * 1024)),
+    )
+    .await;
+    assert_eq!(
+        (status, body["error"]["code"].as_str()),
+        (413, Some("too_large")),
+        "{body}"
+    );
 
     // Scopes: the key's own and not another agent's private scope or another tenant's.
     let (_, body, _) = post(
