@@ -38,7 +38,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::fusion::Side;
 
-/// Subjects one scope listing reads at most (each is one scope and event kind).
+/// Subjects one scope listing reads at most (each is one scope and layer).
 const MAX_LISTED_SUBJECTS: usize = 100_000;
 
 /// Dead letters one listing scans, newest first: `total` counts within them.
@@ -47,7 +47,7 @@ const MAX_SCANNED_DEAD_LETTERS: u64 = 50_000;
 /// Characters of a dead letter's text a listing shows.
 const DEAD_LETTER_TEXT_CHARS: usize = 300;
 
-/// The scope of an event subject, `engram.evt.<tenant>.<kind>.<id>.<event kind>`.
+/// The scope of an event subject, `engram.evt.<tenant>.<kind>.<id>.<layer>`.
 fn scope_of_subject(subject: &str) -> Option<Scope> {
     let tokens: Vec<&str> = subject.split('.').collect();
     let [_, _, _, kind, id, _] = tokens.as_slice() else {
@@ -696,9 +696,9 @@ impl Query {
         let mut by_scope: std::collections::BTreeMap<(String, String), proto::ScopeCount> =
             Default::default();
         for (subject, n) in subjects {
-            // engram.evt.<tenant>.<kind>.<id>.<event kind>
+            // engram.evt.<tenant>.<kind>.<id>.<layer>
             let tokens: Vec<&str> = subject.split('.').collect();
-            let [_, _, _, kind, id, event_kind] = tokens.as_slice() else {
+            let [_, _, _, kind, id, layer] = tokens.as_slice() else {
                 continue;
             };
             let Ok(scope) = format!("{kind}:{id}").parse::<Scope>() else {
@@ -709,10 +709,10 @@ impl Query {
                 .or_insert_with(|| proto::ScopeCount {
                     scope,
                     events: 0,
-                    kinds: Default::default(),
+                    layers: Default::default(),
                 });
             entry.events += n;
-            *entry.kinds.entry(event_kind.to_string()).or_default() += n;
+            *entry.layers.entry(layer.to_string()).or_default() += n;
         }
         let mut scopes = self
             .readable(

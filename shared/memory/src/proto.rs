@@ -775,8 +775,8 @@ pub struct ScopeCount {
     pub scope: Scope,
     /// Events the stream holds in the scope.
     pub events: u64,
-    /// Of those, by event kind.
-    pub kinds: std::collections::BTreeMap<String, u64>,
+    /// Of those, by memory layer (the subject's last token).
+    pub layers: std::collections::BTreeMap<String, u64>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]

@@ -208,8 +208,10 @@ class _Mem0:
             if memory_id in view.mems:
                 return scope, view
         for info in (yield from _ops.scopes(self.context)):
-            # mem0 memories live in user, agent and session scopes, as observations.
-            if info["scope"]["kind"] not in _KINDS or not info.get("kinds", {}).get("observation", 1):
+            # mem0 memories live in user, agent and session scopes, in the semantic or
+            # procedural layer.
+            layers = info.get("layers", {})
+            if info["scope"]["kind"] not in _KINDS or not (layers.get("semantic") or layers.get("procedural")):
                 continue
             candidate = Scope.parse((info["scope"]["kind"], info["scope"]["id"]))
             view = yield from self._refresh(candidate)

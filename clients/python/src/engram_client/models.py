@@ -163,4 +163,4 @@ class Whoami(TypedDict):
 class ScopeInfo(TypedDict):
     scope: ScopeJson
     events: int
-    kinds: dict[str, int]
+    layers: dict[str, int]
