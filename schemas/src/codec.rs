@@ -131,8 +131,13 @@ impl Codec {
     /// `occurred_at` and `recorded_at` may be left out and are filled in here; everything
     /// else is checked as strictly as on the binary path, with the failing field named.
     pub fn decode_json(&self, json: &str) -> Result<Envelope, SchemaError> {
-        let mut value: serde_json::Value = serde_json::from_str(json)
+        let value: serde_json::Value = serde_json::from_str(json)
             .map_err(|e| SchemaError::Malformed(format!("invalid JSON: {e}")))?;
+        self.decode_value(value)
+    }
+
+    /// [`Codec::decode_json`] of JSON already parsed (the HTTP gateway's batch items).
+    pub fn decode_value(&self, mut value: serde_json::Value) -> Result<Envelope, SchemaError> {
         let object = value
             .as_object_mut()
             .ok_or_else(|| SchemaError::Malformed("an event must be a JSON object".into()))?;

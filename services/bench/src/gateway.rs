@@ -70,6 +70,8 @@ struct Report {
     memories: usize,
     requests: usize,
     pairs: Vec<Pair>,
+    /// A keyless request (401 before any NATS): the HTTP round trip itself.
+    http_floor: Latency,
 }
 
 fn histogram() -> Histogram<u64> {
@@ -123,6 +125,10 @@ pub async fn run(config: &Config, args: GatewayArgs, json: bool) -> anyhow::Resu
                 p.p99_ratio
             );
         }
+        println!(
+            "http floor (a keyless request, answered 401 without NATS): p50 {:.3}ms p99 {:.3}ms",
+            report.http_floor.p50_ms, report.http_floor.p99_ms
+        );
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -251,28 +257,68 @@ async fn bench(up: &engram::up::Running, args: &GatewayArgs) -> anyhow::Result<R
         .await?;
     }
 
-    let bar = progress((args.requests * 4) as u64, "timing both paths");
+    // Appends first, then (once the projectors have applied them, so that no retrieval
+    // competes with indexing) retrievals; within each, which path goes first alternates.
+    let bar = progress((args.requests * 5) as u64, "timing both paths");
     let (mut native_append, mut http_append) = (histogram(), histogram());
+    let mut last_seq = 0;
+    for n in 0..args.requests {
+        let native_first = n % 2 == 0;
+        for native_turn in [native_first, !native_first] {
+            let e = event(&mut rng, args.memories + 2 * n + usize::from(native_turn));
+            if native_turn {
+                let started = Instant::now();
+                last_seq = last_seq.max(native.append(&e).await?.seq);
+                native_append.record(started.elapsed().as_micros().max(1) as u64)?;
+            } else {
+                let body = serde_json::to_value(&e)?;
+                let started = Instant::now();
+                let answer = post(&http, &base, "/v1/events", &api_key, &body).await?;
+                http_append.record(started.elapsed().as_micros().max(1) as u64)?;
+                let seq = answer["results"][0]["seq"].as_u64();
+                last_seq = last_seq.max(seq.ok_or_else(|| anyhow::anyhow!("no seq: {answer}"))?);
+            }
+            bar.inc(1);
+        }
+    }
+    crate::retrieve_when_visible(
+        &native,
+        request(&mut rng, Some(last_seq)),
+        Duration::from_secs(3600),
+    )
+    .await?;
     let (mut native_retrieve, mut http_retrieve) = (histogram(), histogram());
     for n in 0..args.requests {
-        let e = event(&mut rng, args.memories + 2 * n);
-        let started = Instant::now();
-        native.append(&e).await?;
-        native_append.record(started.elapsed().as_micros().max(1) as u64)?;
-        let e = event(&mut rng, args.memories + 2 * n + 1);
-        let body = serde_json::to_value(&e)?;
-        let started = Instant::now();
-        post(&http, &base, "/v1/events", &api_key, &body).await?;
-        http_append.record(started.elapsed().as_micros().max(1) as u64)?;
-
         let r = request(&mut rng, None);
+        let native_first = n % 2 == 0;
+        for native_turn in [native_first, !native_first] {
+            let started = Instant::now();
+            if native_turn {
+                native.retrieve(&r).await?;
+                native_retrieve.record(started.elapsed().as_micros().max(1) as u64)?;
+            } else {
+                post(&http, &base, "/v1/retrieve", &api_key, &r).await?;
+                http_retrieve.record(started.elapsed().as_micros().max(1) as u64)?;
+            }
+            bar.inc(1);
+        }
+    }
+    // The HTTP stack alone: a request the gateway answers without NATS (no key: 401).
+    let mut floor = histogram();
+    for _ in 0..args.requests {
         let started = Instant::now();
-        native.retrieve(&r).await?;
-        native_retrieve.record(started.elapsed().as_micros().max(1) as u64)?;
-        let started = Instant::now();
-        post(&http, &base, "/v1/retrieve", &api_key, &r).await?;
-        http_retrieve.record(started.elapsed().as_micros().max(1) as u64)?;
-        bar.inc(4);
+        let status = http
+            .post(format!("{base}/v1/retrieve"))
+            .json(&serde_json::json!({}))
+            .send()
+            .await?
+            .status();
+        anyhow::ensure!(
+            status.as_u16() == 401,
+            "a keyless request answered {status}"
+        );
+        floor.record(started.elapsed().as_micros().max(1) as u64)?;
+        bar.inc(1);
     }
     bar.finish_and_clear();
     let pair = |operation, n: &Histogram<u64>, g: &Histogram<u64>| {
@@ -292,6 +338,7 @@ async fn bench(up: &engram::up::Running, args: &GatewayArgs) -> anyhow::Result<R
             pair("append", &native_append, &http_append),
             pair("retrieve", &native_retrieve, &http_retrieve),
         ],
+        http_floor: Latency::of(&floor),
     })
 }
 
@@ -301,7 +348,7 @@ async fn post<T: Serialize>(
     path: &str,
     key: &str,
     body: &T,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<serde_json::Value> {
     let response = http
         .post(format!("{base}{path}"))
         .bearer_auth(key)
@@ -315,5 +362,5 @@ async fn post<T: Serialize>(
         "{path} answered {status}: {}",
         String::from_utf8_lossy(&bytes)
     );
-    Ok(())
+    Ok(serde_json::from_slice(&bytes)?)
 }

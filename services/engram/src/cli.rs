@@ -157,6 +157,9 @@ pub enum Command {
     /// Configuration tools.
     #[command(subcommand)]
     Config(ConfigCommand),
+    /// Serve Engram's memory tools (remember, recall, build_context, facts, skills, the task
+    /// board, forget) to a model harness as an MCP server on stdin/stdout, as one agent's key.
+    Mcp(commands::mcp::McpArgs),
 }
 
 /// Who asks and which scopes they may read.
@@ -466,6 +469,30 @@ pub enum KeyCommand {
         /// Scopes it may write and read: kind:id or kind:* (repeatable).
         #[arg(long)]
         scope: Vec<String>,
+        /// Also grant the agent read access to every scope of the tenant (`kind:*` for each
+        /// kind), writing none: an operator's key for the memory inspector.
+        #[arg(long)]
+        read_all: bool,
+    },
+    /// The keys issued (public keys only: an API key is shown once, at `add`), live first.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+        #[arg(long)]
+        agent: Option<String>,
+        /// Revoked keys too.
+        #[arg(long)]
+        all: bool,
+    },
+    /// Revoke one key (its public key, from `engram key list`); the agent's other keys
+    /// keep working. The server closes its connections at once.
+    Revoke {
+        #[arg(long)]
+        tenant: String,
+        #[arg(long)]
+        agent: String,
+        #[arg(long)]
+        key: String,
     },
 }
 
@@ -695,6 +722,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             }
         }
         Command::Snapshot(command) => commands::snapshot::run(&config, command, json).await,
+        Command::Mcp(args) => commands::mcp::run(&config, args).await,
         Command::Config(ConfigCommand::Dump) => {
             let config = config.redacted();
             if json {

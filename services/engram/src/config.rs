@@ -32,6 +32,8 @@ pub struct Config {
     pub query: QueryConfig,
     /// The HTTP API's limits (`/v1`).
     pub gateway: engram_gateway::GatewayConfig,
+    /// The MCP server at `/mcp` (`allowed_hosts`, its DNS-rebinding defence).
+    pub mcp: engram_mcp::McpConfig,
     /// Who this process connects as: `nats.creds`, else the admin credentials `engram up`
     /// keeps in `<home>/auth/` when they exist. Read from the file at load.
     #[serde(skip)]
@@ -89,6 +91,7 @@ impl Default for Config {
             projectors: ProjectorsConfig::default(),
             query: QueryConfig::default(),
             gateway: engram_gateway::GatewayConfig::default(),
+            mcp: engram_mcp::McpConfig::default(),
             identity: None,
         }
     }
@@ -175,6 +178,7 @@ const ENV_KEYS: &[&str] = &[
     "projectors",
     "query",
     "gateway",
+    "mcp",
 ];
 
 impl Config {
@@ -264,6 +268,7 @@ impl Config {
         self.projectors.validate().map_err(ConfigError::Invalid)?;
         self.query.validate().map_err(ConfigError::Invalid)?;
         self.gateway.validate().map_err(ConfigError::Invalid)?;
+        self.mcp.validate().map_err(ConfigError::Invalid)?;
         if self.nats.insecure_no_auth && !self.nats.managed_host.is_loopback() {
             return Err(ConfigError::Invalid(format!(
                 "nats.insecure_no_auth refuses nats.managed_host {}: without authentication the server may listen on loopback only; drop insecure_no_auth (agents then use credentials from `engram agent add`) or listen on 127.0.0.1",

@@ -187,6 +187,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     let query = engram_query::Query::new(query_bus.clone(), config.query.clone())
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
+    query.set_snapshots(config.projectors.snapshots.clone());
     if let Some(identities) = &identities {
         let registry = engram_access::SharedRegistry::default();
         let query_log = engram_access::AccessLog::new(query_bus.client().clone());
@@ -254,8 +255,12 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     );
     let lag_sampler = lag.spawn_sampler(bus.clone());
     // The HTTP API beside /healthz and /metrics; it has nothing to serve without agent keys.
+    let gateway = config.gateway(nats_url.clone());
+    let mut mcp = config.mcp.http(http_addr);
+    mcp.shutdown = http_stop.clone();
     let app = crate::http::router(bus.clone(), nats_url.clone(), lag)
-        .merge(engram_gateway::router(config.gateway(nats_url.clone())));
+        .merge(engram_gateway::router(gateway.clone()))
+        .merge(engram_mcp::router(gateway, mcp));
     let http_task = tokio::spawn(async move {
         let serve = axum::serve(listener, app).with_graceful_shutdown(stopped);
         if let Err(e) = serve.await {
@@ -436,8 +441,15 @@ pub async fn run_gateway(
         "engram gateway is up  http=http://{addr}  nats={}",
         engram_bus::config::redact_url(&url)
     );
-    axum::serve(listener, engram_gateway::router(config.gateway(url)))
-        .with_graceful_shutdown(wait_for_signal())
+    let gateway = config.gateway(url);
+    let mcp = config.mcp.http(addr);
+    let mcp_stop = mcp.shutdown.clone();
+    let app = engram_gateway::router(gateway.clone()).merge(engram_mcp::router(gateway, mcp));
+    axum::serve(listener, app)
+        .with_graceful_shutdown(async move {
+            wait_for_signal().await;
+            mcp_stop.cancel();
+        })
         .await?;
     Ok(std::process::ExitCode::SUCCESS)
 }

@@ -723,6 +723,30 @@ fn an_api_key_from_the_cli_appends_and_retrieves_through_the_http_api_of_engram_
         found.to_string().contains("checkout page times out"),
         "{found}"
     );
+    // `key list` shows the key (its public half only), `key revoke` ends it.
+    let public = issued["key"].as_str().unwrap();
+    let listed = ok(cli(h).args(["--nats", &nats, "key", "list", "--tenant", "acme"]));
+    assert!(
+        listed.contains(public) && listed.contains("live"),
+        "{listed}"
+    );
+    assert!(
+        !listed.contains(&key),
+        "key list printed a secret: {listed}"
+    );
+    ok(cli(h).args([
+        "--nats", &nats, "key", "revoke", "--tenant", "acme", "--agent", "web", "--key", public,
+    ]));
+    let listed = ok(cli(h).args(["--nats", &nats, "key", "list", "--tenant", "acme"]));
+    assert!(
+        !listed.contains(public),
+        "a revoked key is listed as live: {listed}"
+    );
+    let listed = ok(cli(h).args(["--nats", &nats, "key", "list", "--tenant", "acme", "--all"]));
+    assert!(
+        listed.contains(public) && listed.contains("revoked"),
+        "{listed}"
+    );
     // SAFETY: kill(2) on our own child.
     unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
     assert!(child.0.wait().unwrap().success());

@@ -199,7 +199,7 @@ async fn append(
         object
             .entry("instance_id")
             .or_insert_with(|| "gateway".into());
-        let event = codec.decode_json(&item.to_string()).map_err(|e| match e {
+        let event = codec.decode_value(item).map_err(|e| match e {
             engram_schema::SchemaError::TooLarge { .. } => ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",

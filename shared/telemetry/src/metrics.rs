@@ -274,6 +274,24 @@ pub static GATEWAY_ERRORS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["code"],
     )
 });
+/// MCP tool calls (`engram mcp`, `/mcp`), by tool and outcome: `ok`, or `error` (a tool
+/// error the model is shown: bad arguments, a refused scope, Engram unavailable).
+pub static MCP_TOOL_CALLS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_mcp_tool_calls_total",
+        "MCP tool calls, by tool and outcome",
+        &["tool", "outcome"],
+    )
+});
+/// MCP tool call latency, by tool, including read-your-writes waits.
+pub static MCP_TOOL_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram(
+        "engram_mcp_tool_seconds",
+        "MCP tool call latency, by tool",
+        &["tool"],
+        prometheus::exponential_buckets(0.0005, 2.0, 16).unwrap(),
+    )
+});
 /// Queries refused because the caller's identity may not read a scope it asked for.
 pub static ACCESS_DENIED: LazyLock<IntCounterVec> = LazyLock::new(|| {
     counter(

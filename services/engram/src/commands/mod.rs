@@ -8,6 +8,7 @@ pub mod doc;
 pub mod erase;
 pub mod facts;
 pub mod forget;
+pub mod mcp;
 pub mod projector;
 pub mod query;
 pub mod read;
