@@ -2,8 +2,11 @@
 //! consolidates; `kill -9` it, and the other takes over within the lease's bound, with no
 //! consolidation output stored twice.
 
+mod common;
+use common::KillOnDrop;
+
 use std::collections::HashSet;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use engram_bus::{Bus, StartAt};
@@ -20,15 +23,6 @@ partitions = 1
 lease_ttl = "2s"
 "#;
 const LEASE_TTL: Duration = Duration::from_secs(2);
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 fn spawn(home: &std::path::Path, url: &str, replica: &str) -> KillOnDrop {
     std::fs::create_dir_all(home).unwrap();

@@ -1,6 +1,7 @@
 //! `engram up --demo` as a new user first runs it: every section, in order, and no warning.
 
 mod common;
+use common::KillOnDrop;
 
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -9,15 +10,6 @@ use engram::demo::SECTIONS;
 use engram_testkit::TestNats;
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
-
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_demo_shows_the_main_job_in_order_and_warns_about_nothing() {

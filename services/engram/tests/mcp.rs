@@ -13,7 +13,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Lines;
+use common::{KillOnDrop, Lines, cli, ok, token};
 use rmcp::model::{CallToolRequestParams, ClientConfig};
 use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -36,16 +36,6 @@ const TOOLS: [&str; 9] = [
     "task_board",
 ];
 
-/// Kills `engram up` if the test fails half-way.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// A running `engram up` with one tenant and one agent API key.
 struct Up {
     child: KillOnDrop,
@@ -54,32 +44,6 @@ struct Up {
     http: String,
     key: String,
     _lease: engram_natsd::PortLease,
-}
-
-fn token<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|t| t.strip_prefix(key))
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
-}
-
-fn cli(home: &std::path::Path) -> Command {
-    let mut c = Command::new(ENGRAM);
-    c.env("ENGRAM_HOME", home)
-        .env_remove("ENGRAM_CONFIG")
-        .env_remove("ENGRAM_CREDS")
-        .env_remove("ENGRAM_API_KEY");
-    c
-}
-
-fn ok(c: &mut Command) -> String {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{:?}: {}",
-        c.get_args().collect::<Vec<_>>(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
 /// One raw HTTP/1.1 exchange with the `Host` header given; the status and the body.

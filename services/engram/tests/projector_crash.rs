@@ -3,7 +3,10 @@
 //! exactly once (no event lost, none applied twice, even to a model where applying twice
 //! would leave the same state).
 
-use std::process::{Child, Command, Stdio};
+mod common;
+use common::KillOnDrop;
+
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engram_bus::Bus;
@@ -37,15 +40,6 @@ kind = "client_supplied"
 model = "hash-32"
 dim = 32
 "#;
-
-struct KillOnDrop(Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Writes the projectors' config, with `checkpoints` as its checkpoint interval line.
 fn write_config(home: &std::path::Path, checkpoints: &str) {

@@ -8,7 +8,7 @@ use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::Lines;
+use common::{KillOnDrop, Lines, cli, ok, token};
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
@@ -42,27 +42,6 @@ fn http_get(addr: &str, path: &str) -> (u16, String) {
     http_exchange(addr, &format!("GET {path} HTTP/1.1"), "")
 }
 
-/// The CLI with `home` as its data dir, as a user on the machine running `engram up`.
-fn cli(home: &std::path::Path) -> Command {
-    let mut c = Command::new(ENGRAM);
-    c.env("ENGRAM_HOME", home)
-        .env_remove("ENGRAM_CONFIG")
-        .env_remove("ENGRAM_CREDS");
-    c
-}
-
-/// Runs the CLI and returns its stdout, failing with its stderr.
-fn ok(c: &mut Command) -> String {
-    let out = c.output().unwrap();
-    assert!(
-        out.status.success(),
-        "{:?}: {}",
-        c.get_args().collect::<Vec<_>>(),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
 /// A JSON POST with a bearer key, as an HTTP client would send it; the status and body.
 fn http_post(
     addr: &str,
@@ -80,22 +59,6 @@ fn http_post(
         status,
         serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),
     )
-}
-
-/// Kills the process if the test fails half-way, so no `engram up` outlives its test.
-struct KillOnDrop(std::process::Child);
-
-impl Drop for KillOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn token<'a>(line: &'a str, key: &str) -> &'a str {
-    line.split_whitespace()
-        .find_map(|t| t.strip_prefix(key))
-        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
 }
 
 /// Starts `engram up` with its data in `home` and returns it with its "engram is up" line.

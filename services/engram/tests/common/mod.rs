@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 use std::io::{BufRead, BufReader, Read};
+use std::process::Command;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
 
@@ -57,4 +58,44 @@ impl Lines {
     pub fn seen(&self) -> &[String] {
         &self.seen
     }
+}
+
+/// Kills the process if the test fails half-way, so no child outlives its test.
+pub struct KillOnDrop(pub std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The value after `key` in a line of `key=value` tokens ("engram is up  nats=…  http=…").
+pub fn token<'a>(line: &'a str, key: &str) -> &'a str {
+    line.split_whitespace()
+        .find_map(|t| t.strip_prefix(key))
+        .unwrap_or_else(|| panic!("no {key} in {line:?}"))
+}
+
+/// The CLI with `home` as its data dir, as a user on the machine running `engram up`, with
+/// none of the caller's identity settings.
+pub fn cli(home: &std::path::Path) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_engram"));
+    c.env("ENGRAM_HOME", home)
+        .env_remove("ENGRAM_CONFIG")
+        .env_remove("ENGRAM_CREDS")
+        .env_remove("ENGRAM_API_KEY");
+    c
+}
+
+/// Runs the CLI and returns its stdout, failing with its stderr.
+pub fn ok(c: &mut Command) -> String {
+    let out = c.output().unwrap();
+    assert!(
+        out.status.success(),
+        "{:?}: {}",
+        c.get_args().collect::<Vec<_>>(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
 }
