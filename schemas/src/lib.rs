@@ -30,7 +30,7 @@ pub use payload::{
     FactRetracted, FaultyInstance, Forgotten, ObservedOutcomes, Payload, PayloadError, Retrieved,
     SkillOutcome, SkillRecorded, Used,
 };
-pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, subject_for};
+pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, parse_subject, subject_for};
 
 /// The envelope version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u16 = 1;

@@ -40,6 +40,26 @@ pub fn subject_matches(event: &Envelope, subject: &str) -> bool {
         && tokens.next().is_none()
 }
 
+/// The tenant, scope and layer an event subject names ([`subject_for`]'s inverse), or
+/// `None` for anything else: a listing of the stream's subjects reads scopes from this.
+pub fn parse_subject(subject: &str) -> Option<(Ident, crate::Scope, Layer)> {
+    let rest = subject.strip_prefix(SUBJECT_PREFIX)?.strip_prefix('.')?;
+    let mut tokens = rest.split('.');
+    let (Some(tenant), Some(kind), Some(id), Some(layer), None) = (
+        tokens.next(),
+        tokens.next(),
+        tokens.next(),
+        tokens.next(),
+        tokens.next(),
+    ) else {
+        return None;
+    };
+    let tenant = Ident::parse("tenant", tenant).ok()?;
+    let scope = format!("{kind}:{id}").parse().ok()?;
+    let layer = layer.parse().ok()?;
+    Some((tenant, scope, layer))
+}
+
 /// Which events to replay or tail. `None` means any value for that token.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct SubjectFilter {
@@ -99,6 +119,32 @@ mod tests {
 
     fn id(s: &str) -> Ident {
         Ident::parse("id", s).unwrap()
+    }
+
+    #[test]
+    fn a_subject_parses_back_to_its_tenant_scope_and_layer_and_nothing_else_parses() {
+        let e = Envelope::new(
+            id("acme"),
+            Scope::new(ScopeKind::Team, "team-a").unwrap(),
+            id("agent-1"),
+            id("i-1"),
+            Layer::Semantic,
+            EventKind::FactAsserted,
+            Content::text("x"),
+        );
+        let (tenant, scope, layer) = parse_subject(&subject_for(&e)).unwrap();
+        assert_eq!((tenant, scope, layer), (e.tenant, e.scope, e.layer));
+        for bad in [
+            "engram.evt.acme.team.team-a",
+            "engram.evt.acme.team.team-a.semantic.extra",
+            "engram.evt.acme.galaxy.team-a.semantic",
+            "engram.evt.acme.team.team-a.nonsense",
+            "engram.evt.ac*me.team.team-a.semantic",
+            "engram.dlq.vector",
+            "engram.evtx.acme.team.team-a.semantic",
+        ] {
+            assert!(parse_subject(bad).is_none(), "{bad} parsed");
+        }
     }
 
     #[test]

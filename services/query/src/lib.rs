@@ -47,13 +47,9 @@ const MAX_SCANNED_DEAD_LETTERS: u64 = 50_000;
 /// Characters of a dead letter's text a listing shows.
 const DEAD_LETTER_TEXT_CHARS: usize = 300;
 
-/// The scope of an event subject, `engram.evt.<tenant>.<kind>.<id>.<layer>`.
+/// The scope of an event subject.
 fn scope_of_subject(subject: &str) -> Option<Scope> {
-    let tokens: Vec<&str> = subject.split('.').collect();
-    let [_, _, _, kind, id, _] = tokens.as_slice() else {
-        return None;
-    };
-    format!("{kind}:{id}").parse().ok()
+    engram_schema::parse_subject(subject).map(|(_, scope, _)| scope)
 }
 
 /// The shortest `query.usage_interval`: usage events are aggregates, not a write per query.
@@ -693,19 +689,14 @@ impl Query {
             .subject_counts(&filter, MAX_LISTED_SUBJECTS)
             .await
             .map_err(|e| Failure::new(ErrorCode::Unavailable, e.to_string()))?;
-        let mut by_scope: std::collections::BTreeMap<(String, String), proto::ScopeCount> =
+        let mut by_scope: std::collections::BTreeMap<String, proto::ScopeCount> =
             Default::default();
         for (subject, n) in subjects {
-            // engram.evt.<tenant>.<kind>.<id>.<layer>
-            let tokens: Vec<&str> = subject.split('.').collect();
-            let [_, _, _, kind, id, layer] = tokens.as_slice() else {
-                continue;
-            };
-            let Ok(scope) = format!("{kind}:{id}").parse::<Scope>() else {
+            let Some((_, scope, layer)) = engram_schema::parse_subject(&subject) else {
                 continue;
             };
             let entry = by_scope
-                .entry((kind.to_string(), id.to_string()))
+                .entry(scope.to_string())
                 .or_insert_with(|| proto::ScopeCount {
                     scope,
                     events: 0,
