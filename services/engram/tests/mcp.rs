@@ -8,12 +8,10 @@
 mod common;
 
 use std::collections::HashMap;
-use std::io::{Read, Write};
-use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{KillOnDrop, Lines, cli, ok, token};
+use common::{KillOnDrop, Lines, cli, http_exchange, ok, token};
 use rmcp::model::{CallToolRequestParams, ClientConfig};
 use rmcp::service::RunningService;
 use rmcp::transport::streamable_http_client::StreamableHttpClientTransportConfig;
@@ -44,32 +42,6 @@ struct Up {
     http: String,
     key: String,
     _lease: engram_natsd::PortLease,
-}
-
-/// One raw HTTP/1.1 exchange with the `Host` header given; the status and the body.
-fn http_exchange(addr: &str, host: &str, head: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("http connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "{head}\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
-        body.len()
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
 }
 
 /// An MCP `initialize` POST to `/mcp` with `headers` (each `Name: value`).

@@ -3,43 +3,17 @@
 
 mod common;
 
-use std::io::{Read, Write};
+use std::io::Read;
 use std::net::TcpStream;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{KillOnDrop, Lines, cli, ok, token};
+use common::{KillOnDrop, Lines, cli, http_exchange, ok, token};
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
-/// Sends one raw HTTP/1.1 request (`head` holds the request line and headers, without
-/// `Host` and `Connection`) and returns the status and the body.
-fn http_exchange(addr: &str, head: &str, body: &str) -> (u16, String) {
-    let mut stream = TcpStream::connect(addr).expect("http connect");
-    stream
-        .set_read_timeout(Some(Duration::from_secs(30)))
-        .unwrap();
-    write!(
-        stream,
-        "{head}\r\nHost: {addr}\r\nConnection: close\r\n\r\n{body}"
-    )
-    .unwrap();
-    let mut response = String::new();
-    stream.read_to_string(&mut response).unwrap();
-    let status = response
-        .split_whitespace()
-        .nth(1)
-        .and_then(|s| s.parse().ok())
-        .expect("status line");
-    let body = response
-        .split_once("\r\n\r\n")
-        .map(|(_, b)| b.to_owned())
-        .unwrap_or_default();
-    (status, body)
-}
-
 fn http_get(addr: &str, path: &str) -> (u16, String) {
-    http_exchange(addr, &format!("GET {path} HTTP/1.1"), "")
+    http_exchange(addr, addr, &format!("GET {path} HTTP/1.1"), "")
 }
 
 /// A JSON POST with a bearer key, as an HTTP client would send it; the status and body.
@@ -51,10 +25,9 @@ fn http_post(
 ) -> (u16, serde_json::Value) {
     let body = body.to_string();
     let head = format!(
-        "POST {path} HTTP/1.1\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json\r\nContent-Length: {}",
-        body.len()
+        "POST {path} HTTP/1.1\r\nAuthorization: Bearer {key}\r\nContent-Type: application/json"
     );
-    let (status, body) = http_exchange(addr, &head, &body);
+    let (status, body) = http_exchange(addr, addr, &head, &body);
     (
         status,
         serde_json::from_str(&body).unwrap_or(serde_json::Value::Null),

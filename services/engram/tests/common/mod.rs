@@ -3,7 +3,7 @@
 // Each test binary includes this module and uses a part of it.
 #![allow(dead_code)]
 
-use std::io::{BufRead, BufReader, Read};
+use std::io::{BufRead, BufReader, Read, Write};
 use std::process::Command;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, channel};
 use std::time::{Duration, Instant};
@@ -98,4 +98,32 @@ pub fn ok(c: &mut Command) -> String {
         String::from_utf8_lossy(&out.stderr)
     );
     String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// One raw HTTP/1.1 exchange: `head` holds the request line and headers other than `Host`,
+/// `Content-Length` and `Connection`; the status and the body. Raw, so a test controls
+/// every header (a `Host` the server must refuse, say).
+pub fn http_exchange(addr: &str, host: &str, head: &str, body: &str) -> (u16, String) {
+    let mut stream = std::net::TcpStream::connect(addr).expect("http connect");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "{head}\r\nHost: {host}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let status = response
+        .split_whitespace()
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .expect("status line");
+    let body = response
+        .split_once("\r\n\r\n")
+        .map(|(_, b)| b.to_owned())
+        .unwrap_or_default();
+    (status, body)
 }
