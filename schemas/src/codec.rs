@@ -17,6 +17,9 @@ use crate::error::SchemaError;
 /// in a debug build), so deeper input is refused before they see it.
 pub const MAX_NESTING: usize = 64;
 
+/// The default of [`Limits::max_event_bytes`]: 512 KiB.
+pub const DEFAULT_MAX_EVENT_BYTES: usize = 512 * 1024;
+
 /// Size limits enforced before anything is published.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
@@ -29,7 +32,7 @@ pub struct Limits {
 impl Default for Limits {
     fn default() -> Self {
         Self {
-            max_event_bytes: 512 * 1024,
+            max_event_bytes: DEFAULT_MAX_EVENT_BYTES,
         }
     }
 }

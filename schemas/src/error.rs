@@ -24,6 +24,11 @@ pub enum SchemaError {
     TooLarge { size: usize, max: usize },
     #[error("invalid field {field}: {reason}")]
     InvalidField { field: &'static str, reason: String },
+    /// A field holds more than it may once expanded (document changes that inflate past
+    /// [`crate::payload::MAX_DOC_INFLATED_BYTES`]), though the event itself fits: a size
+    /// refusal, answered like [`SchemaError::TooLarge`] where the caller tells them apart.
+    #[error("oversized field {field}: {reason}")]
+    PayloadTooLarge { field: &'static str, reason: String },
     #[error("malformed event: {0}")]
     Malformed(String),
 }

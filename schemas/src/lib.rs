@@ -12,6 +12,7 @@
 //! an older version skip fields they do not know. A reader never accepts a `schema_version`
 //! newer than [`SCHEMA_VERSION`]: it cannot know what such an event means.
 
+mod chunk;
 pub mod codec;
 pub mod envelope;
 pub mod error;

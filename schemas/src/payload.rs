@@ -57,6 +57,12 @@ pub const MAX_DATA_DEPTH: usize = MAX_OBJECT_DEPTH + 1;
 pub const MAX_FORGOTTEN: usize = 1_000;
 /// Most automerge changes one `doc_changed` event carries; more go in further events.
 pub const MAX_DOC_CHANGES: usize = 1_024;
+/// Most bytes the changes of one `doc_changed` event may take once inflated, all of them
+/// together: the default event size limit. automerge compresses a large change (deflate), and
+/// a few kilobytes of deflate can stand for gigabytes; every reader parses the changes under
+/// this bound instead, reading no further than one byte past it. An uncompressed change
+/// counts its own size.
+pub const MAX_DOC_INFLATED_BYTES: usize = crate::codec::DEFAULT_MAX_EVENT_BYTES;
 /// Most heads one `doc_changed` event names. A document has one head per concurrent branch
 /// not yet merged; a writer past this many has not merged what it saw.
 pub const MAX_DOC_HEADS: usize = 64;
@@ -66,10 +72,13 @@ pub const MAX_RETRIEVED: usize = 1_000;
 /// Why a payload was refused. `field` is `content.data.<name>`, or `content.data` when the
 /// payload is missing or not a JSON object; `reason` says what to send instead.
 #[derive(Debug, Clone, PartialEq, Error)]
-#[error("invalid field {field}: {reason}")]
+#[error("{} {field}: {reason}", if *.too_large { "oversized field" } else { "invalid field" })]
 pub struct PayloadError {
     pub field: &'static str,
     pub reason: String,
+    /// Refused for its size (changes that inflate past [`MAX_DOC_INFLATED_BYTES`]), not its
+    /// shape: it becomes [`SchemaError::PayloadTooLarge`].
+    too_large: bool,
 }
 
 impl PayloadError {
@@ -79,16 +88,29 @@ impl PayloadError {
         self.field.strip_prefix("content.data.")
     }
 
+    /// Whether the payload was refused for its size rather than its shape: sending the same
+    /// content in smaller pieces would pass.
+    pub fn is_too_large(&self) -> bool {
+        self.too_large
+    }
+
     fn new(field: &'static str, reason: impl Into<String>) -> Self {
         Self {
             field,
             reason: reason.into(),
+            too_large: false,
         }
     }
 }
 
 impl From<PayloadError> for SchemaError {
     fn from(e: PayloadError) -> Self {
+        if e.too_large {
+            return SchemaError::PayloadTooLarge {
+                field: e.field,
+                reason: e.reason,
+            };
+        }
         SchemaError::InvalidField {
             field: e.field,
             reason: e.reason,
@@ -719,6 +741,9 @@ impl DocChanged {
                 format!("item {i}: {head:?} is not a change hash (64 lowercase hex digits)"),
             ));
         }
+        // One budget for the whole event: each change takes what it inflates to, so no
+        // number of small compressed changes adds up to more than one bound.
+        let mut budget = MAX_DOC_INFLATED_BYTES;
         let changes = doc
             .changes
             .iter()
@@ -733,15 +758,57 @@ impl DocChanged {
                             format!("item {i}: not base64 ({e}); send standard, padded base64"),
                         )
                     })?;
-                automerge::Change::try_from(&bytes[..]).map_err(|e| {
-                    PayloadError::new(
+                crate::chunk::parse_change(&bytes, &mut budget).map_err(|e| match e {
+                    crate::chunk::ChunkError::OverBudget => PayloadError {
+                        too_large: true,
+                        ..PayloadError::new(
+                            "content.data.changes",
+                            format!(
+                                "item {i}: the changes inflate to more than {MAX_DOC_INFLATED_BYTES} bytes, the most one event's changes may hold once decompressed; send fewer or smaller changes per event, the rest in further events"
+                            ),
+                        )
+                    },
+                    crate::chunk::ChunkError::Invalid(reason) => PayloadError::new(
                         "content.data.changes",
-                        format!("item {i}: not an automerge change ({e}); send Change::raw_bytes"),
-                    )
+                        format!(
+                            "item {i}: not an automerge change ({reason}); send Change::raw_bytes"
+                        ),
+                    ),
                 })
             })
             .collect::<Result<Vec<_>, _>>()?;
         Ok((doc, changes))
+    }
+
+    /// `event` with each compressed change of its data replaced by the uncompressed chunk
+    /// it stands for (what `Change::raw_bytes` gives: the same change, of the same hash), or
+    /// `None` when none was compressed. `changes` are the event's, as [`DocChanged::from_event`]
+    /// returned them. A reader that has checked the changes hands this copy on, so that
+    /// parsing them again inflates nothing.
+    pub fn uncompressed(event: &Envelope, changes: &[automerge::Change]) -> Option<Envelope> {
+        use base64::Engine as _;
+        let encoded = event.content.data.as_ref()?.get("changes")?.as_array()?;
+        if encoded.len() != changes.len() {
+            return None;
+        }
+        let plain: Vec<String> = changes
+            .iter()
+            .map(|c| base64::engine::general_purpose::STANDARD.encode(c.raw_bytes()))
+            .collect();
+        if plain
+            .iter()
+            .zip(encoded)
+            .all(|(p, e)| e.as_str() == Some(p.as_str()))
+        {
+            return None;
+        }
+        let mut copy = event.clone();
+        let data = copy.content.data.as_mut()?.as_object_mut()?;
+        data.insert(
+            "changes".into(),
+            Value::Array(plain.into_iter().map(Value::String).collect()),
+        );
+        Some(copy)
     }
 }
 

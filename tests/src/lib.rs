@@ -95,13 +95,14 @@ impl Engram {
         let projectors = engram_projectors::start(
             &projectors,
             dir.path(),
-            move |_| Bus::connect(config.clone()),
+            move |_, _| Bus::connect(config.clone()),
             stop.clone(),
         )
         .await
         .unwrap();
         let query: Arc<Query> = Query::new(bus.clone(), query).await.unwrap();
-        query.serve(stop.clone()).await.unwrap();
+        let responder = nats.bus().await;
+        query.serve(responder.client(), stop.clone()).await.unwrap();
         Self {
             client: Client::from_bus(bus, RetryPolicy::default()),
             dir,
@@ -117,21 +118,32 @@ impl Engram {
         use engram_access::RoleName;
         let dir = tempfile::tempdir().unwrap();
         let stop = CancellationToken::new();
-        let projectors_creds = nats.service(RoleName::Projectors);
-        let consolidator_creds = nats.service(RoleName::Consolidator);
-        let (p, c) = (
-            nats.config_as(&projectors_creds),
-            nats.config_as(&consolidator_creds),
-        );
+        let as_role = |role| nats.config_as(&nats.service(role));
+        let identities = [
+            RoleName::Projectors,
+            RoleName::Consolidator,
+            RoleName::ProjectorsResponder,
+            RoleName::ConsolidatorResponder,
+        ]
+        .map(|role| (role, as_role(role)));
         let projectors = engram_projectors::start(
             &projectors_config(),
             dir.path(),
-            move |name| {
-                let config = if name == engram_memory::proto::read_models::CONSOLIDATOR {
-                    c.clone()
+            move |name, link| {
+                let worker = if name == engram_memory::proto::read_models::CONSOLIDATOR {
+                    RoleName::Consolidator
                 } else {
-                    p.clone()
+                    RoleName::Projectors
                 };
+                let role = match link {
+                    engram_rpc::Link::Worker => worker,
+                    engram_rpc::Link::Responder => worker.responder().expect("a service"),
+                };
+                let config = identities
+                    .iter()
+                    .find(|(r, _)| *r == role)
+                    .map(|(_, c)| c.clone())
+                    .expect("every service role has credentials");
                 Bus::connect(config)
             },
             stop.clone(),
@@ -149,7 +161,10 @@ impl Engram {
         log.catch_up(&registry).await.unwrap();
         log.clone().follow(registry.clone(), stop.clone());
         query.set_access(engram_query::access::Guard::new(registry, log));
-        query.serve(stop.clone()).await.unwrap();
+        let responder = Bus::connect(as_role(RoleName::QueryResponder))
+            .await
+            .unwrap();
+        query.serve(responder.client(), stop.clone()).await.unwrap();
         Self {
             client: Client::from_bus(nats.admin.clone(), RetryPolicy::default()),
             dir,

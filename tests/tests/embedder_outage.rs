@@ -121,7 +121,7 @@ async fn outage(refusal: StatusCode, reason: &str) {
     let running = engram_projectors::start(
         &config,
         dir.path(),
-        move |_| Bus::connect(bus_config.clone()),
+        move |_, _| Bus::connect(bus_config.clone()),
         stop.clone(),
     )
     .await

@@ -278,7 +278,7 @@ async fn a_text_model_replica_from_a_snapshot_plus_the_tail_equals_the_running_o
                 ..config()
             },
             dir.path(),
-            move |_| engram_bus::Bus::connect(bus_config.clone()),
+            move |_, _| engram_bus::Bus::connect(bus_config.clone()),
             stop.clone(),
         )
         .await

@@ -70,6 +70,16 @@ pub struct HttpConfig {
     /// ...for longer than this.
     #[serde(with = "humantime_serde")]
     pub health_lag_grace: std::time::Duration,
+    /// A request's headers must arrive within this long of the connection opening or going
+    /// idle; a slow or silent connection is closed.
+    #[serde(with = "humantime_serde")]
+    pub header_read_timeout: std::time::Duration,
+    /// A request's whole body must arrive within this long of its headers; past it the
+    /// request is answered 408 and the connection closed.
+    #[serde(with = "humantime_serde")]
+    pub body_read_timeout: std::time::Duration,
+    /// HTTP connections open at once; one more is closed as soon as it is accepted.
+    pub max_connections: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -117,6 +127,9 @@ impl Default for HttpConfig {
             // so a thousand events behind for two minutes is a stall, not a catch-up.
             health_max_lag_events: 1000,
             health_lag_grace: std::time::Duration::from_secs(120),
+            header_read_timeout: engram_gateway::ServeLimits::default().header_read_timeout,
+            body_read_timeout: engram_gateway::ServeLimits::default().body_read_timeout,
+            max_connections: engram_gateway::ServeLimits::default().max_connections,
         }
     }
 }
@@ -268,6 +281,9 @@ impl Config {
         self.projectors.validate().map_err(ConfigError::Invalid)?;
         self.query.validate().map_err(ConfigError::Invalid)?;
         self.gateway.validate().map_err(ConfigError::Invalid)?;
+        self.serve_limits()
+            .validate()
+            .map_err(ConfigError::Invalid)?;
         self.mcp.validate().map_err(ConfigError::Invalid)?;
         if self.nats.insecure_no_auth && !self.nats.managed_host.is_loopback() {
             return Err(ConfigError::Invalid(format!(
@@ -303,6 +319,15 @@ impl Config {
             url,
             nkey: self.identity.clone(),
             ..self.bus.clone()
+        }
+    }
+
+    /// What one HTTP connection may hold (`[http]`), for [`engram_gateway::serve`].
+    pub fn serve_limits(&self) -> engram_gateway::ServeLimits {
+        engram_gateway::ServeLimits {
+            header_read_timeout: self.http.header_read_timeout,
+            body_read_timeout: self.http.body_read_timeout,
+            max_connections: self.http.max_connections,
         }
     }
 
@@ -392,6 +417,8 @@ mod tests {
             jail.set_env("ENGRAM_NATS_SERVER", "/ignored/by/config");
             jail.set_env("ENGRAM_CACHE_DIR", "/ignored/too");
             jail.set_env("ENGRAM_HTTP__LISTEN", "127.0.0.1:9001");
+            jail.set_env("ENGRAM_HTTP__HEADER_READ_TIMEOUT", "3s");
+            jail.set_env("ENGRAM_HTTP__MAX_CONNECTIONS", "64");
             let flags = FlagOverrides {
                 http_listen: Some("127.0.0.1:9002".parse().unwrap()),
                 ..FlagOverrides::default()
@@ -409,6 +436,16 @@ mod tests {
             assert_eq!(c.bus.stream.replicas, 2); // env over toml
             assert_eq!(c.nats.managed_port, 5001); // env over toml
             assert_eq!(c.http.listen.port(), 9002); // flag over env over toml
+            let limits = c.serve_limits();
+            assert_eq!(
+                limits.header_read_timeout,
+                std::time::Duration::from_secs(3)
+            );
+            assert_eq!(limits.max_connections, 64);
+            assert_eq!(
+                limits.body_read_timeout,
+                engram_gateway::ServeLimits::default().body_read_timeout
+            );
             assert_eq!(c.client_url(), "nats://127.0.0.1:5001");
             // The dump parses back to the same config.
             let again: Config = toml::from_str(&c.to_toml()).unwrap();
@@ -432,6 +469,17 @@ mod tests {
                 .unwrap_err()
                 .to_string();
             assert!(err.contains("duplicate_window"), "{err}");
+
+            jail.create_file("slow.toml", "[http]\nbody_read_timeout = \"0s\"\n")?;
+            let err = Config::load(Some(Path::new("slow.toml")), &FlagOverrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("http.body_read_timeout"), "{err}");
+            jail.create_file("few.toml", "[http]\nmax_connections = 0\n")?;
+            let err = Config::load(Some(Path::new("few.toml")), &FlagOverrides::default())
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("http.max_connections"), "{err}");
 
             let missing = Config::load(Some(Path::new("nope.toml")), &FlagOverrides::default());
             assert!(matches!(missing, Err(ConfigError::MissingFile(_))));

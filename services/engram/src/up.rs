@@ -66,6 +66,8 @@ pub struct Running {
     access_stop: CancellationToken,
     /// The query service's own connection (its identity's).
     query_bus: Bus,
+    /// The connection the query service answers on (its responder identity's).
+    query_responder: Bus,
 }
 
 /// The identities of a managed server with authentication, from `<home>/auth/`.
@@ -172,18 +174,21 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     let projectors = engram_projectors::start(
         &config.projectors,
         &state_dir,
-        |name| {
-            let role = if name == engram_memory::proto::read_models::CONSOLIDATOR {
+        |name, link| {
+            let worker = if name == engram_memory::proto::read_models::CONSOLIDATOR {
                 RoleName::Consolidator
             } else {
                 RoleName::Projectors
             };
-            Bus::connect(bus_as(role, format!("engram-projector-{name}")))
+            let (role, client) = service_link(worker, link, &format!("engram-projector-{name}"));
+            Bus::connect(bus_as(role, client))
         },
         projectors_stop.clone(),
     )
     .await?;
     let query_bus = Bus::connect(bus_as(RoleName::Query, "engram-query".into())).await?;
+    let (role, name) = service_link(RoleName::Query, engram_rpc::Link::Responder, "engram-query");
+    let query_responder = Bus::connect(bus_as(role, name)).await?;
     let query = engram_query::Query::new(query_bus.clone(), config.query.clone())
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
@@ -222,7 +227,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     }
     let query_stop = CancellationToken::new();
     let query_task = query
-        .serve(query_stop.clone())
+        .serve(query_responder.client(), query_stop.clone())
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
     tracing::info!(projectors = ?config.projectors.run, "projectors and query service ready");
@@ -261,9 +266,9 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     let app = crate::http::router(bus.clone(), nats_url.clone(), lag)
         .merge(engram_gateway::router(gateway.clone()))
         .merge(engram_mcp::router(gateway, mcp));
+    let limits = config.serve_limits();
     let http_task = tokio::spawn(async move {
-        let serve = axum::serve(listener, app).with_graceful_shutdown(stopped);
-        if let Err(e) = serve.await {
+        if let Err(e) = engram_gateway::serve(listener, app, limits, stopped).await {
             tracing::error!(error = %e, "http server failed");
         }
     });
@@ -281,7 +286,20 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         lag_sampler,
         access_stop,
         query_bus,
+        query_responder,
     })
+}
+
+/// The identity and client name of one of a service's two connections.
+pub(crate) fn service_link(
+    worker: engram_access::RoleName,
+    link: engram_rpc::Link,
+    name: &str,
+) -> (engram_access::RoleName, String) {
+    match (link, worker.responder()) {
+        (engram_rpc::Link::Responder, Some(responder)) => (responder, format!("{name}-responder")),
+        _ => (worker, name.to_owned()),
+    }
 }
 
 async fn start_managed_server(
@@ -345,6 +363,7 @@ impl Running {
             bus,
             access_stop,
             query_bus,
+            query_responder,
             ..
         } = self;
         tracing::info!("shutting down");
@@ -359,6 +378,8 @@ impl Running {
         query_stop.cancel();
         let _ = query_task.await;
         access_stop.cancel();
+        let _ =
+            tokio::time::timeout(Duration::from_secs(5), query_responder.client().drain()).await;
         let _ = tokio::time::timeout(Duration::from_secs(5), query_bus.client().drain()).await;
         projectors_stop.cancel();
         if let Err(e) = projectors.join().await {
@@ -445,12 +466,11 @@ pub async fn run_gateway(
     let mcp = config.mcp.http(addr);
     let mcp_stop = mcp.shutdown.clone();
     let app = engram_gateway::router(gateway.clone()).merge(engram_mcp::router(gateway, mcp));
-    axum::serve(listener, app)
-        .with_graceful_shutdown(async move {
-            wait_for_signal().await;
-            mcp_stop.cancel();
-        })
-        .await?;
+    engram_gateway::serve(listener, app, config.serve_limits(), async move {
+        wait_for_signal().await;
+        mcp_stop.cancel();
+    })
+    .await?;
     Ok(std::process::ExitCode::SUCCESS)
 }
 

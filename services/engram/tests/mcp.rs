@@ -8,6 +8,7 @@
 mod common;
 
 use std::collections::HashMap;
+use std::io::{Read, Write};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -62,6 +63,11 @@ fn mcp_post(addr: &str, host: &str, headers: &[&str]) -> (u16, String) {
 
 impl Up {
     fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// With `env` (`ENGRAM_*` settings) on top.
+    fn start_with(env: &[(&str, &str)]) -> Self {
         let home = tempfile::tempdir().unwrap();
         let lease = engram_natsd::PortLease::acquire().unwrap();
         let mut child = KillOnDrop(
@@ -75,6 +81,7 @@ impl Up {
                 ])
                 .env("ENGRAM_HOME", home.path())
                 .env_remove("ENGRAM_CONFIG")
+                .envs(env.iter().copied())
                 .stdout(Stdio::piped())
                 .stderr(Stdio::inherit())
                 .spawn()
@@ -438,6 +445,112 @@ async fn mcp_over_http_refuses_missing_and_bad_keys_foreign_hosts_and_bad_scopes
         "{refused}"
     );
     client.cancel().await.unwrap();
+    up.stop();
+}
+
+/// One raw request (`Connection: close`) and the whole response, head and body.
+fn raw(addr: &str, head: &str, body: &str) -> String {
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(30)))
+        .unwrap();
+    write!(
+        stream,
+        "{head}\r\nHost: {addr}\r\nContent-Length: {}\r\nConnection: close\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut response = String::new();
+    let _ = stream.read_to_string(&mut response);
+    response
+}
+
+/// The value of header `name` in a raw response.
+fn header_of<'a>(response: &'a str, name: &str) -> Option<&'a str> {
+    let head = response.split_once("\r\n\r\n")?.0;
+    head.lines().find_map(|l| {
+        let (n, v) = l.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engram_up_cuts_off_slow_clients_binds_sessions_to_keys_and_checks_origins() {
+    let up = Up::start_with(&[
+        ("ENGRAM_HTTP__HEADER_READ_TIMEOUT", "1s"),
+        ("ENGRAM_MCP__MAX_SESSIONS_PER_KEY", "64"),
+    ]);
+    let addr = up.http.clone();
+    let port = addr.rsplit(':').next().unwrap().to_owned();
+    let auth = format!("Authorization: Bearer {}", up.key);
+
+    // Headers that never end: `[http] header_read_timeout` closes the connection.
+    let mut loris = std::net::TcpStream::connect(&addr).unwrap();
+    loris
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .unwrap();
+    write!(loris, "POST /mcp HTTP/1.1\r\nHost: {addr}\r\nX-Slow: a").unwrap();
+    let started = Instant::now();
+    let mut rest = Vec::new();
+    let closed = loris.read_to_end(&mut rest).is_ok();
+    assert!(
+        closed && started.elapsed() < Duration::from_secs(15),
+        "a slow-loris connection was kept open for {:?}",
+        started.elapsed()
+    );
+
+    // A page of another site: 403 with a JSON error, before the key is looked at; this
+    // server's own loopback origin is accepted.
+    let (status, body) = mcp_post(&addr, &addr, &[&auth, "Origin: https://evil.example"]);
+    assert_eq!(status, 403, "{body}");
+    let error: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!(error["error"]["code"], "forbidden", "{body}");
+    let origin = format!("Origin: http://localhost:{port}");
+    let (status, body) = mcp_post(&addr, &addr, &[&auth, &origin]);
+    assert_eq!(status, 200, "{body}");
+
+    // A session of this key is not another key's to use or to close.
+    let initialize = json!({
+        "jsonrpc": "2.0", "id": 1, "method": "initialize",
+        "params": {"protocolVersion": "2025-06-18", "capabilities": {},
+                   "clientInfo": {"name": "raw", "version": "0"}},
+    })
+    .to_string();
+    let mcp_head = "POST /mcp HTTP/1.1\r\nContent-Type: application/json\r\nAccept: application/json, text/event-stream";
+    let opened = raw(&addr, &format!("{mcp_head}\r\n{auth}"), &initialize);
+    let session = header_of(&opened, "mcp-session-id")
+        .unwrap_or_else(|| panic!("no session: {opened}"))
+        .to_owned();
+    let h = up.home.path();
+    let other: Value = serde_json::from_str(&ok(cli(h).args([
+        "--nats", &up.nats, "--json", "key", "add", "--tenant", "acme", "--agent", "other",
+    ])))
+    .unwrap();
+    let other_auth = format!(
+        "Authorization: Bearer {}",
+        other["api_key"].as_str().unwrap()
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while mcp_post(&addr, &addr, &[&other_auth]).0 != 200 {
+        assert!(Instant::now() < deadline, "the second key never worked");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let closing = raw(
+        &addr,
+        &format!("DELETE /mcp HTTP/1.1\r\n{other_auth}\r\nMcp-Session-Id: {session}"),
+        "",
+    );
+    assert!(closing.starts_with("HTTP/1.1 404"), "{closing}");
+    let initialized = json!({"jsonrpc": "2.0", "method": "notifications/initialized"}).to_string();
+    let still = raw(
+        &addr,
+        &format!("{mcp_head}\r\n{auth}\r\nMcp-Session-Id: {session}"),
+        &initialized,
+    );
+    assert!(
+        still.starts_with("HTTP/1.1 202"),
+        "the session was closed by another key: {still}"
+    );
     up.stop();
 }
 

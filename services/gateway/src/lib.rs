@@ -14,17 +14,31 @@
 //! - [`routes`]: the handlers, one per route.
 //! - [`openapi`]: the OpenAPI document, generated from the same Rust types as the NATS
 //!   protocol's JSON Schema.
+//! - [`serve`]: the HTTP server loop, with header and body read timeouts and a connection
+//!   limit ([`ServeLimits`]).
+//!
+//! **A key is exactly one identity.** The tenant and agent tokens of an API key are claims;
+//! the seed is the proof of its public key only. So a new connection is verified before it
+//! serves anything: its `whoami` must answer (the server lets a key publish only on its own
+//! agent's query subject, so edited tokens cannot ask), for those tokens, with this public
+//! key among the registry's live keys of that agent. Connections are cached by the whole
+//! identity and never serve another.
 
 pub mod inspector;
 pub mod openapi;
 pub mod routes;
+pub mod serve;
 pub mod tail;
+
+pub use serve::{BodyTimedOut, ServeLimits, serve};
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use axum::extract::{Request, State};
 use axum::http::{HeaderMap, HeaderValue, StatusCode, header};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use engram_access::Credentials;
 use engram_bus::BusConfig;
@@ -109,6 +123,14 @@ impl ApiError {
     fn unauthenticated(message: impl Into<String>) -> Self {
         Self::new(StatusCode::UNAUTHORIZED, "unauthenticated", message)
     }
+
+    /// The one answer to a key the server or the registry does not know as it claims to be:
+    /// revoked, never issued, or with tokens that are not its own.
+    fn refused_key() -> Self {
+        Self::unauthenticated(
+            "the server refused this key: it was revoked, or never issued (`engram agent list`)",
+        )
+    }
 }
 
 impl From<engram_sdk::RpcError> for ApiError {
@@ -171,9 +193,13 @@ struct Bucket {
     at: Instant,
 }
 
-/// A key's open connection.
+/// A key's open connection, verified for the identity it is cached under.
 struct Open {
     client: Client,
+    /// The public key it connected with, when the registry verified it: a public key
+    /// belongs to one identity only (the registry never gives one to a second), so another
+    /// identity claiming it is refused without asking anyone. `None` without a registry.
+    verified_key: Option<String>,
     used: Instant,
 }
 
@@ -190,18 +216,35 @@ pub struct Gateway {
     connecting: tokio::sync::Semaphore,
     /// Open tails by key.
     tails: Arc<Mutex<HashMap<String, usize>>>,
+    /// One connect-and-verify at a time per public key: concurrent first requests of a key
+    /// wait for one connection, and the identities one seed can claim (any tokens) cost
+    /// one verification slot at a time, not one of [`MAX_CONNECTING`] each.
+    verifying: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
 }
 
 /// New connections made at once, at most.
 const MAX_CONNECTING: usize = 16;
 
-/// The caller of one request: its credentials and its connection.
+/// How long a new connection's `whoami` may take. A key whose tokens are not its own can
+/// neither publish on those tokens' subject nor receive on their inbox (the server denies
+/// both), so it gets no answer at all: past this it is refused like an unknown key.
+pub const VERIFY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The caller of one request: its credentials and its connection, verified. The
+/// authenticating middleware ([`authenticate`]) puts it in the request's extensions.
+#[derive(Clone)]
 pub struct Caller {
     pub creds: Credentials,
     pub client: Client,
 }
 
 impl Caller {
+    /// The whole identity, `<tenant>.<agent>.<public key>`: what connections and MCP
+    /// sessions are bound to.
+    pub fn identity(&self) -> String {
+        identity_of(&self.creds)
+    }
+
     pub fn tenant(&self) -> &engram_schema::Ident {
         self.creds
             .agent_identity()
@@ -233,6 +276,7 @@ impl Gateway {
             buckets: Mutex::default(),
             connecting: tokio::sync::Semaphore::new(MAX_CONNECTING),
             tails: Arc::default(),
+            verifying: Mutex::default(),
         })
     }
 
@@ -255,7 +299,7 @@ impl Gateway {
             Credentials::from_api_key(key).map_err(|e| ApiError::unauthenticated(e.to_string()))?;
         let id = creds.public_key();
         self.take_token(&id)?;
-        let client = self.client_for(&id, &creds).await?;
+        let client = self.client_for(&creds).await?;
         Ok(Caller { creds, client })
     }
 
@@ -296,20 +340,18 @@ impl Gateway {
         Ok(())
     }
 
-    async fn client_for(&self, id: &str, creds: &Credentials) -> Result<Client, ApiError> {
-        {
-            let mut clients = self.clients.lock().await;
-            if let Some(open) = clients.get_mut(id) {
-                // A connection the server closed (the key was revoked) is not reused: the
-                // reconnect below tells a revoked key from a live one.
-                if open.client.bus().client().connection_state()
-                    == async_nats::connection::State::Connected
-                {
-                    open.used = Instant::now();
-                    return Ok(open.client.clone());
-                }
-                clients.remove(id);
-            }
+    /// The verified connection of `creds`' identity: the cached one, or one connected and
+    /// verified now.
+    async fn client_for(&self, creds: &Credentials) -> Result<Client, ApiError> {
+        let identity = identity_of(creds);
+        let public_key = creds.public_key();
+        if let Some(client) = self.cached(&identity, &public_key).await? {
+            return Ok(client);
+        }
+        let _turn = self.verify_turn(&public_key).await?;
+        // The request that held the turn before may have connected this identity.
+        if let Some(client) = self.cached(&identity, &public_key).await? {
+            return Ok(client);
         }
         let Ok(_permit) = self.connecting.try_acquire() else {
             let mut err = ApiError::new(
@@ -324,15 +366,16 @@ impl Gateway {
         // key's requests.
         let config = BusConfig {
             nkey: Some(engram_bus::NkeyAuth::of(creds)),
-            client_name: format!("engram-gateway-{}", &id[id.len().saturating_sub(8)..]),
+            client_name: format!(
+                "engram-gateway-{}",
+                &public_key[public_key.len().saturating_sub(8)..]
+            ),
             ..self.bus.clone()
         };
         let client = Client::with_config(config, RetryPolicy::default(), false)
             .await
             .map_err(|e| match e {
-                engram_bus::BusError::Unauthorized { .. } => ApiError::unauthenticated(
-                    "the server refused this key: it was revoked, or never issued (`engram agent list`)",
-                ),
+                engram_bus::BusError::Unauthorized { .. } => ApiError::refused_key(),
                 other => ApiError::new(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "unavailable",
@@ -340,11 +383,10 @@ impl Gateway {
                 ),
             })?
             .with_scrub(&self.scrub);
+        // Before its first use: an unverified connection never serves a request. A refused
+        // one is dropped here, which closes it.
+        let registry = verify(&client, creds).await?;
         let mut clients = self.clients.lock().await;
-        if let Some(open) = clients.get(id) {
-            // Another request of this key connected meanwhile: keep one connection.
-            return Ok(open.client.clone());
-        }
         if clients.len() >= self.config.max_identities
             && let Some(oldest) = clients
                 .iter()
@@ -354,20 +396,167 @@ impl Gateway {
             clients.remove(&oldest);
         }
         clients.insert(
-            id.to_owned(),
+            identity,
             Open {
                 client: client.clone(),
+                verified_key: registry.then_some(public_key),
                 used: Instant::now(),
             },
         );
         Ok(client)
+    }
+
+    /// The cached connection of `identity`, if it is still connected; a refusal if the
+    /// registry verified `public_key` for another identity (the same seed with edited
+    /// tokens), without asking anyone.
+    async fn cached(&self, identity: &str, public_key: &str) -> Result<Option<Client>, ApiError> {
+        let mut clients = self.clients.lock().await;
+        if let Some(open) = clients.get_mut(identity) {
+            // A connection the server closed (the key was revoked) is not reused: connecting
+            // again tells a revoked key from a live one.
+            if open.client.bus().client().connection_state()
+                == async_nats::connection::State::Connected
+            {
+                open.used = Instant::now();
+                return Ok(Some(open.client.clone()));
+            }
+            clients.remove(identity);
+            return Ok(None);
+        }
+        if clients
+            .values()
+            .any(|o| o.verified_key.as_deref() == Some(public_key))
+        {
+            return Err(ApiError::refused_key());
+        }
+        Ok(None)
+    }
+
+    /// This public key's turn to connect and verify; waits for the one before it, and
+    /// answers 503 if that takes longer than a connect and a verification can.
+    async fn verify_turn(&self, public_key: &str) -> Result<VerifyTurn<'_>, ApiError> {
+        let lock = {
+            let mut verifying = self.verifying.lock().unwrap_or_else(|p| p.into_inner());
+            verifying.entry(public_key.to_owned()).or_default().clone()
+        };
+        let wait = VERIFY_TIMEOUT + self.bus.connect_timeout;
+        let guard = tokio::time::timeout(wait, lock.lock_owned()).await;
+        let turn = VerifyTurn {
+            gateway: self,
+            public_key: public_key.to_owned(),
+            guard: guard.ok(),
+        };
+        if turn.guard.is_none() {
+            let mut err = ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "this key's connection is still being verified; retry after the Retry-After header's seconds",
+            );
+            err.retry_after = Some(Duration::from_secs(1));
+            return Err(err);
+        }
+        Ok(turn)
+    }
+}
+
+/// One key's turn to connect and verify; the last turn of a key removes its lock.
+struct VerifyTurn<'a> {
+    gateway: &'a Gateway,
+    public_key: String,
+    guard: Option<tokio::sync::OwnedMutexGuard<()>>,
+}
+
+impl Drop for VerifyTurn<'_> {
+    fn drop(&mut self) {
+        drop(self.guard.take());
+        let mut verifying = self
+            .gateway
+            .verifying
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        // Only the map holds it: no request waits for this key's turn.
+        if verifying
+            .get(&self.public_key)
+            .is_some_and(|lock| Arc::strong_count(lock) == 1)
+        {
+            verifying.remove(&self.public_key);
+        }
+    }
+}
+
+/// `<tenant>.<agent>.<public key>`: the whole identity an API key claims.
+fn identity_of(creds: &Credentials) -> String {
+    let (tenant, agent) = creds.agent_identity().expect("an API key is an agent's");
+    format!("{tenant}.{agent}.{}", creds.public_key())
+}
+
+/// Whether `client`, connected with `creds`' seed, is the identity its tokens claim: its
+/// `whoami` answers for those tokens, with its public key among the registry's live keys of
+/// that agent. `Ok(true)` when verified against the registry; `Ok(false)` when the query
+/// service has none.
+async fn verify(client: &Client, creds: &Credentials) -> Result<bool, ApiError> {
+    use engram_sdk::{ErrorCode, RpcError};
+    let (tenant, agent) = creds.agent_identity().expect("an API key is an agent's");
+    let public_key = creds.public_key();
+    let refused = |reason: &str| {
+        tracing::info!(%tenant, %agent, key = %public_key, reason, "api key refused");
+        ApiError::refused_key()
+    };
+    let me = match tokio::time::timeout(VERIFY_TIMEOUT, client.whoami()).await {
+        // The server dropped the request (its subject or its reply inbox is not this key's).
+        Err(_) | Ok(Err(RpcError::Timeout { .. })) => {
+            return Err(refused("whoami was not answered"));
+        }
+        Ok(Err(RpcError::NoResponders { .. })) => {
+            return Err(ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "unavailable",
+                "no query service answers, so this key cannot be verified; is `engram up` (or the query service) running?",
+            ));
+        }
+        Ok(Err(e)) if e.code() == ErrorCode::Forbidden => {
+            return Err(refused(
+                "the registry holds no live credentials for its agent",
+            ));
+        }
+        Ok(Err(e)) => return Err(e.into()),
+        Ok(Ok(me)) => me,
+    };
+    if me.tenant != *tenant || me.agent != *agent {
+        return Err(refused("whoami answered for another identity"));
+    }
+    match me.public_keys {
+        // No registry behind the query service: the server authenticates nobody
+        // (`--insecure-no-auth`), so there is nothing to check a key against, and its tokens
+        // are taken as they are, as they always were without authentication.
+        None => Ok(false),
+        Some(keys) if keys.contains(&public_key) => Ok(true),
+        Some(_) => Err(refused("its public key is not a live key of its agent")),
+    }
+}
+
+/// Authenticates a request from its headers alone, before any byte of its body is read:
+/// the key, its rate limit and its verified connection, put in the request's extensions as
+/// the [`Caller`] the handler takes. An unauthenticated request is answered here; its body
+/// is never read.
+pub async fn authenticate(
+    State(gateway): State<Arc<Gateway>>,
+    mut request: Request,
+    next: Next,
+) -> Response {
+    match gateway.caller(request.headers()).await {
+        Ok(caller) => {
+            request.extensions_mut().insert(caller);
+            next.run(request).await
+        }
+        Err(e) => e.into_response(),
     }
 }
 
 /// The `/v1` routes and `/openapi.json`, with the body limit applied.
 pub fn router(gateway: Arc<Gateway>) -> axum::Router {
     let limit = gateway.config.max_body_bytes;
-    routes::routes()
+    routes::routes(&gateway)
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(gateway)
 }

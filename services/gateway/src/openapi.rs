@@ -54,7 +54,7 @@ pub fn document() -> serde_json::Value {
         "/v1/docs/edit": operation("Edit a shared document by JSON pointer (set and delete in one change), pushed as the key's agent; returns the seq and the document with its conflicts.", schema(s::<DocEditRequest>), schema(s::<DocEdited>)),
         "/v1/forget": operation("Withdraw memories of a scope from retrieval: one forgotten event naming them.", schema(s::<ForgetRequest>), schema(s::<Receipt>)),
         "/v1/consolidate": operation("Consolidate one scope now (dedup, summarise, decay, or restore), appended as the key's agent; dry_run only plans.", schema(s::<crate::routes::ConsolidateBody>), schema(s::<Consolidated>)),
-        "/v1/snapshots": operation("The snapshot index: every read model's snapshots, metadata only.", schema(s::<proto::SnapshotsRequest>), schema(s::<proto::SnapshotsResponse>)),
+        "/v1/snapshots": operation("The snapshot index: every read model's snapshots, metadata only.", schema(s::<crate::routes::SnapshotsBody>), schema(s::<proto::SnapshotsResponse>)),
         "/v1/bootstrap": operation("One model's slice of its newest good snapshot for the readable scopes; replay after its version.", schema(s::<proto::BootstrapRequest>), schema(s::<proto::BootstrapResponse>)),
         "/v1/scopes": operation("The tenant's scopes that hold events and that this key may read, with counts by kind.", schema(s::<proto::ScopesRequest>), schema(s::<proto::ScopesResponse>)),
         "/v1/dead_letters": operation("The newest events a projector refused, of the scopes this key may read.", schema(s::<proto::DeadLettersRequest>), schema(s::<proto::DeadLettersResponse>)),

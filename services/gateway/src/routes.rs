@@ -1,12 +1,15 @@
 //! The `/v1` handlers. Each takes the caller from its API key, fills the tenant it leaves
 //! out, refuses one naming another, and answers through the SDK, so an HTTP request gets the
 //! same checks, bounds and errors as the NATS path.
+//!
+//! The caller comes from [`crate::authenticate`], which runs before the handler's body
+//! extractor: a request without a valid key is answered 401 with its body unread.
 
 use std::sync::Arc;
 
-use axum::extract::State;
+use axum::extract::Extension;
 use axum::extract::rejection::BytesRejection;
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::StatusCode;
 use axum::routing::{get, post};
 use axum::{Json, Router};
 use bytes::Bytes;
@@ -20,8 +23,10 @@ pub const MAX_BATCH: usize = 1_000;
 
 type Result<T> = std::result::Result<Json<T>, ApiError>;
 
-pub(crate) fn routes() -> Router<Arc<Gateway>> {
-    Router::new()
+pub(crate) fn routes(gateway: &Arc<Gateway>) -> Router<Arc<Gateway>> {
+    // Every `/v1` route but the tail (which authenticates itself and reads no body) takes
+    // its caller from the middleware; `route_layer`, so an unknown path is a 404 unasked.
+    let authenticated = Router::new()
         .route("/v1/events", post(append))
         .route("/v1/retrieve", post(retrieve))
         .route("/v1/context", post(context))
@@ -30,7 +35,6 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
         .route("/v1/docs", post(docs))
         .route("/v1/docs/edit", post(docs_edit))
         .route("/v1/replay", post(replay))
-        .route("/v1/tail", get(crate::tail::tail))
         .route("/v1/working", post(working))
         .route("/v1/forget", post(forget))
         .route("/v1/consolidate", post(consolidate))
@@ -40,15 +44,24 @@ pub(crate) fn routes() -> Router<Arc<Gateway>> {
         .route("/v1/whoami", get(whoami))
         .route("/v1/scopes", post(scopes))
         .route("/v1/dead_letters", post(dead_letters))
+        .route_layer(axum::middleware::from_fn_with_state(
+            gateway.clone(),
+            crate::authenticate,
+        ));
+    authenticated
+        .route("/v1/tail", get(crate::tail::tail))
         .route("/reference", get(crate::openapi::reference))
         .route("/openapi.json", get(openapi))
         .merge(crate::inspector::routes())
 }
 
-/// The body, or why not: too large is 413, as the limit layer decided.
+/// The body, or why not: too large is 413, as the limit layer decided; not sent in time is
+/// 408 (`http.body_read_timeout`).
 fn body(body: std::result::Result<Bytes, BytesRejection>) -> std::result::Result<Bytes, ApiError> {
     body.map_err(|r| {
-        if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
+        if let Some(late) = crate::serve::timed_out(&r) {
+            ApiError::new(StatusCode::REQUEST_TIMEOUT, "timeout", late.to_string())
+        } else if r.status() == StatusCode::PAYLOAD_TOO_LARGE {
             ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
@@ -90,18 +103,17 @@ fn fill(caller: &Caller, value: &mut serde_json::Value) -> std::result::Result<(
     Ok(())
 }
 
+/// The body as `T`, with the NATS path's message for the same mistake: the field's path, and
+/// an unknown field named (every body type refuses them).
 fn decode<T: DeserializeOwned>(value: serde_json::Value) -> std::result::Result<T, ApiError> {
-    serde_json::from_value(value)
-        .map_err(|e| ApiError::invalid(format!("request does not decode: {e}")))
+    engram_rpc::decode_from(value).map_err(ApiError::invalid)
 }
 
 /// A request of one of the query paths, decoded for the caller.
-async fn request<T: DeserializeOwned>(
-    gateway: &Gateway,
-    headers: &HeaderMap,
+fn request<T: DeserializeOwned>(
+    caller: Caller,
     raw: std::result::Result<Bytes, BytesRejection>,
 ) -> std::result::Result<(Caller, T), ApiError> {
-    let caller = gateway.caller(headers).await?;
     let bytes = body(raw)?;
     let value = with_tenant(&caller, &bytes)?;
     Ok((caller, decode(value)?))
@@ -160,11 +172,9 @@ fn results(
 /// any is sent; one bad event and none is appended. `tenant` and `agent_id` default to the
 /// key's, and an event naming another tenant or agent is refused: the key says who writes.
 async fn append(
-    State(gateway): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     raw: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Appended> {
-    let caller = gateway.caller(&headers).await?;
     let bytes = body(raw)?;
     let value: serde_json::Value = serde_json::from_slice(&bytes)
         .map_err(|e| ApiError::invalid(format!("the body is not JSON: {e}")))?;
@@ -230,11 +240,10 @@ async fn append(
 macro_rules! forward {
     ($name:ident, $req:ty, $resp:ty, |$client:ident, $r:ident| $call:expr) => {
         async fn $name(
-            State(g): State<Arc<Gateway>>,
-            headers: HeaderMap,
+            Extension(caller): Extension<Caller>,
             raw: std::result::Result<Bytes, BytesRejection>,
         ) -> Result<$resp> {
-            let (caller, $r): (_, $req) = request(&g, &headers, raw).await?;
+            let (caller, $r): (_, $req) = request(caller, raw)?;
             let $client = &caller.client;
             Ok(Json($call.await?))
         }
@@ -273,9 +282,9 @@ forward!(
 );
 forward!(
     snapshots,
-    proto::SnapshotsRequest,
+    SnapshotsBody,
     proto::SnapshotsResponse,
-    |c, r| c.list_snapshots(&r)
+    |c, r| c.list_snapshots(&r.request)
 );
 forward!(
     bootstrap,
@@ -296,12 +305,20 @@ forward!(
     |c, r| c.list_dead_letters(&r)
 );
 
+/// `POST /v1/snapshots`: the query protocol's request names no tenant (the index is the same
+/// for every caller), but a `/v1` body may name the key's, as every other one does, and the
+/// gateway fills it in ([`fill`]).
+#[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct SnapshotsBody {
+    #[serde(default)]
+    pub tenant: Option<String>,
+    #[serde(flatten)]
+    pub request: proto::SnapshotsRequest,
+}
+
 /// `GET /v1/whoami`: the key's tenant, agent, scopes and grants.
-async fn whoami(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
-) -> Result<proto::WhoamiResponse> {
-    let caller = g.caller(&headers).await?;
+async fn whoami(Extension(caller): Extension<Caller>) -> Result<proto::WhoamiResponse> {
     Ok(Json(caller.client.whoami().await?))
 }
 
@@ -359,11 +376,10 @@ pub struct DocEdited {
 /// `POST /v1/docs/edit`: sets and deletes by JSON pointer in one change, pushed as the key's
 /// agent.
 async fn docs_edit(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     raw: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<DocEdited> {
-    let (caller, r): (_, DocEditRequest) = request(&g, &headers, raw).await?;
+    let (caller, r): (_, DocEditRequest) = request(caller, raw)?;
     let sets: Vec<_> = r.set.into_iter().map(|p| (p.path, p.value)).collect();
     let edit = writer(&caller)?
         .edit_doc(r.scope, &r.doc_type, &r.name, r.min_seq, &sets, &r.delete)
@@ -413,11 +429,10 @@ pub struct Receipt {
 
 /// `POST /v1/forget`: one `forgotten` event naming the memories.
 async fn forget(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     raw: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Receipt> {
-    let (caller, r): (_, ForgetRequest) = request(&g, &headers, raw).await?;
+    let (caller, r): (_, ForgetRequest) = request(caller, raw)?;
     if r.event_ids.is_empty() || r.event_ids.len() > 1000 {
         return Err(ApiError::invalid("name 1..=1000 event_ids to forget"));
     }
@@ -436,7 +451,11 @@ async fn forget(
     }))
 }
 
+/// `ConsolidateRequest` plus `dry_run`. Unknown fields are refused by the request's own type:
+/// it flattens the scopes itself, so it reads every key this body leaves, and a
+/// `deny_unknown_fields` here would refuse all of them (hence the schema-only attribute).
 #[derive(serde::Deserialize, schemars::JsonSchema)]
+#[schemars(deny_unknown_fields)]
 pub struct ConsolidateBody {
     #[serde(flatten)]
     pub request: proto::ConsolidateRequest,
@@ -458,11 +477,10 @@ pub struct Consolidated {
 /// `POST /v1/consolidate`: the scope's consolidation plan, appended as the key's agent (the
 /// plan's event ids derive from its inputs, so a retry stores each once).
 async fn consolidate(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     raw: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<Consolidated> {
-    let (caller, body): (_, ConsolidateBody) = request(&g, &headers, raw).await?;
+    let (caller, body): (_, ConsolidateBody) = request(caller, raw)?;
     if body.dry_run {
         let plan = caller.client.consolidation_plan(&body.request).await?;
         return Ok(Json(Consolidated {
@@ -490,6 +508,7 @@ async fn consolidate(
 }
 
 #[derive(serde::Deserialize, schemars::JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct EraseRequest {
     #[serde(default)]
     pub tenant: Option<String>,
@@ -500,11 +519,10 @@ pub struct EraseRequest {
 /// identity may do, and an API key is an agent's: the gateway will not act for it with a
 /// wider one. The answer says who can.
 async fn erase(
-    State(g): State<Arc<Gateway>>,
-    headers: HeaderMap,
+    Extension(caller): Extension<Caller>,
     raw: std::result::Result<Bytes, BytesRejection>,
 ) -> Result<serde_json::Value> {
-    let (caller, r): (_, EraseRequest) = request(&g, &headers, raw).await?;
+    let (caller, r): (_, EraseRequest) = request(caller, raw)?;
     let scopes: Vec<String> = r.scopes.iter().map(|s| format!("--scope {s}")).collect();
     Err(ApiError::new(
         StatusCode::FORBIDDEN,

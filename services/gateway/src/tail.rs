@@ -5,11 +5,20 @@
 //! moment before the next. A client that reconnects with `Last-Event-ID` (the last event's
 //! seq, which every event carries as its SSE id) resumes where it stopped, without a gap or
 //! a duplicate. Open tails are bounded per key and in all.
+//!
+//! A page says how far it read (`next_after`), events or not, and the next starts after it:
+//! an idle tail's page reads nothing while nothing is appended, and one small direct get per
+//! scope when only other scopes were written to, however much (`engram_query::replay`).
+//!
+//! Every error is JSON, as on every other route: before the stream starts, an [`ApiError`]
+//! answer (a bad query string too); after, one `error` event whose data is the same
+//! `{"error": {"code", "message"}}` body, and then the stream ends.
 
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
 
+use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
 use axum::http::{HeaderMap, StatusCode};
 use axum::response::sse::{Event, KeepAlive, Sse};
@@ -38,9 +47,16 @@ pub struct TailQuery {
 pub(crate) async fn tail(
     State(g): State<Arc<Gateway>>,
     headers: HeaderMap,
-    Query(q): Query<TailQuery>,
+    query: Result<Query<TailQuery>, QueryRejection>,
 ) -> Result<Sse<impl Stream<Item = Result<Event, Infallible>>>, ApiError> {
+    // The key first, as on every route: nothing is said about a request without one.
     let caller = g.caller(&headers).await?;
+    let Query(q) = query.map_err(|r| {
+        ApiError::invalid(format!(
+            "the query string: {}; /v1/tail takes scope=<kind:id>, grants=<kind:id,...> and after_seq=<seq>",
+            r.body_text()
+        ))
+    })?;
     let parse = |s: &str| {
         s.trim()
             .parse::<Scope>()
@@ -51,11 +67,18 @@ pub(crate) async fn tail(
         Some(list) => list.split(',').map(parse).collect::<Result<Vec<_>, _>>()?,
         None => Vec::new(),
     };
-    let after = headers
-        .get("last-event-id")
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or(q.after_seq);
+    let after = match headers.get("last-event-id") {
+        None => q.after_seq,
+        Some(v) => v
+            .to_str()
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .ok_or_else(|| {
+                ApiError::invalid(
+                    "Last-Event-ID must be the seq of the last event received (the SSE id every event carries)",
+                )
+            })?,
+    };
     let mut request = proto::ReplayRequest {
         scopes: proto::ScopeRequest {
             tenant: caller.tenant().clone(),
@@ -79,10 +102,7 @@ pub(crate) async fn tail(
                 None => match client.replay_page(&request).await {
                     Ok(p) => p,
                     Err(e) => {
-                        let body = serde_json::json!({"error": {"code": "unavailable", "message": e.to_string()}});
-                        let _ = tx
-                            .send(Event::default().event("error").data(body.to_string()))
-                            .await;
+                        let _ = tx.send(error_event(ApiError::from(e))).await;
                         return;
                     }
                 },
@@ -105,6 +125,16 @@ pub(crate) async fn tail(
         }
     });
     Ok(Sse::new(stream).keep_alive(KeepAlive::default()))
+}
+
+/// An error after the stream started, as the one `error` event before it ends: the data is
+/// the JSON body any route answers an error with.
+fn error_event(e: ApiError) -> Event {
+    engram_telemetry::metrics::GATEWAY_ERRORS
+        .with_label_values(&[e.code])
+        .inc();
+    let body = serde_json::json!({"error": {"code": e.code, "message": e.message}});
+    Event::default().event("error").data(body.to_string())
 }
 
 /// A stream fed by a task: it ends when the task returns or the client goes (the task's

@@ -14,6 +14,14 @@ pub const NAME: &str = engram_memory::proto::read_models::DOCS;
 
 pub type DocsProjection = SnapshotProjection<DocStore>;
 
+/// The docs projection kept in `dir`. It is the one model that applies document changes, so
+/// its projector is the one that decodes them (once per event: the secret check and the
+/// store share that decode, and the store parses them uncompressed); every other projector
+/// leaves them alone, since decoding inflates compressed changes.
+pub fn projection(dir: &std::path::Path) -> DocsProjection {
+    DocsProjection::new(NAME, dir).applying_doc_changes()
+}
+
 fn summary(scope: &ScopeKey, id: &DocId, entry: &DocEntry, with_value: bool) -> DocSummary {
     DocSummary {
         scope: scope.scope(),
@@ -124,7 +132,7 @@ impl crate::ReadModel for DocsModel {
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,
     ) -> Result<std::sync::Arc<DocsProjection>, crate::StartError> {
-        Ok(std::sync::Arc::new(DocsProjection::new(NAME, dir)))
+        Ok(std::sync::Arc::new(projection(dir)))
     }
 
     async fn answer(

@@ -255,9 +255,14 @@ pub struct RunningProjectors {
     tasks: Vec<(ProjectorName, JoinHandle<Result<(), ProjectorError>>)>,
     /// The periodic snapshot cutters; they end with the shutdown signal.
     tasks_aux: Vec<JoinHandle<()>>,
-    /// Each projector's NATS service and the connection it came from: stopped and drained
-    /// once the loops are done, so that nothing is left to lose its server at shutdown.
-    services: Vec<(async_nats::service::Service, async_nats::Client)>,
+    /// Each projector's NATS service, the responder connection it answers on and the worker
+    /// connection: stopped and drained once the loops are done, so that nothing is left to
+    /// lose its server at shutdown.
+    services: Vec<(
+        async_nats::service::Service,
+        async_nats::Client,
+        async_nats::Client,
+    )>,
 }
 
 impl RunningProjectors {
@@ -279,13 +284,15 @@ impl RunningProjectors {
         for task in self.tasks_aux {
             let _ = task.await;
         }
-        for (service, client) in self.services {
+        for (service, responder, worker) in self.services {
             if let Err(e) = service.stop().await {
                 tracing::debug!(error = %e, "projector service did not stop cleanly");
             }
-            let drained = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
-            if !matches!(drained, Ok(Ok(()))) {
-                tracing::debug!("projector connection did not drain in time");
+            for client in [responder, worker] {
+                let drained = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
+                if !matches!(drained, Ok(Ok(()))) {
+                    tracing::debug!("projector connection did not drain in time");
+                }
             }
         }
         first
@@ -293,8 +300,9 @@ impl RunningProjectors {
 }
 
 /// Starts the configured projectors: each gets its own NATS connection (a consumer sharing a
-/// connection with a busy publisher can stall), its projector loop and its query endpoint.
-/// State lives under `dir`. They stop (each checkpointing) when `shutdown` is cancelled;
+/// connection with a busy publisher can stall), its projector loop and its query endpoint,
+/// served on a second connection (`connect(name, Link::Responder)`): see
+/// [`engram_rpc::Link`]. State lives under `dir`. They stop (each checkpointing) when `shutdown` is cancelled;
 /// [`RunningProjectors::join`] waits for that.
 pub async fn start<F, Fut>(
     config: &ProjectorsConfig,
@@ -303,7 +311,7 @@ pub async fn start<F, Fut>(
     shutdown: CancellationToken,
 ) -> Result<RunningProjectors, StartError>
 where
-    F: Fn(&'static str) -> Fut,
+    F: Fn(&'static str, engram_rpc::Link) -> Fut,
     Fut: Future<Output = Result<Bus, engram_bus::BusError>>,
 {
     let mut running = RunningProjectors {
@@ -316,12 +324,17 @@ where
     for name in config.run.iter().copied() {
         let projector = name.as_str();
         running._locks.push(lock_state(dir, projector)?);
-        let bus = connect(projector)
+        let bus = connect(projector, engram_rpc::Link::Worker)
             .await
             .map_err(|source| StartError::Bus { projector, source })?;
+        let responder = connect(projector, engram_rpc::Link::Responder)
+            .await
+            .map_err(|source| StartError::Bus { projector, source })?
+            .client()
+            .clone();
         let client = bus.client().clone();
         let service = engram_rpc::start_service(
-            bus.client(),
+            &responder,
             &format!("engram-{projector}"),
             &format!("engram {projector} projector"),
         )
@@ -559,11 +572,11 @@ where
         .map_err(service_err)?;
         running.visibility.insert(name, visibility);
         running.tasks.push((name, task));
-        running.services.push((service, client));
+        running.services.push((service, responder, client));
     }
     // Subscriptions reach the server on the next flush: until then another connection's
     // request can find no responder. Started means answering.
-    for (_, client) in &running.services {
+    for (_, client, _) in &running.services {
         client
             .flush()
             .await
@@ -583,8 +596,10 @@ pub type Launched = (
 );
 
 /// What `engram.p.<projector>.snapshot` takes: cut a snapshot now, with an optional label
-/// (labelled snapshots are kept by retention).
+/// (labelled snapshots are kept by retention). Unknown fields are refused, like every
+/// request's (a misspelt `force` would cut nothing new).
 #[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct SnapshotRequest {
     #[serde(default)]
     pub label: Option<String>,

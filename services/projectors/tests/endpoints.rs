@@ -70,7 +70,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     let running = engram_projectors::start(
         &config(),
         dir.path(),
-        move |_| Bus::connect(bus_config.clone()),
+        move |_, _| Bus::connect(bus_config.clone()),
         stop.clone(),
     )
     .await
@@ -142,7 +142,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     let running = engram_projectors::start(
         &config(),
         dir.path(),
-        move |_| Bus::connect(bus_config.clone()),
+        move |_, _| Bus::connect(bus_config.clone()),
         stop.clone(),
     )
     .await

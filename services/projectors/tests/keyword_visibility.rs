@@ -38,7 +38,7 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
     let running = engram_projectors::start(
         &config,
         dir.path(),
-        move |_| Bus::connect(bus_config.clone()),
+        move |_, _| Bus::connect(bus_config.clone()),
         stop.clone(),
     )
     .await

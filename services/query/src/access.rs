@@ -112,9 +112,13 @@ impl Guard {
 }
 
 impl Guard {
-    /// The agent of `subject` as the registry holds it: its scopes and its grants.
+    /// The agent of `subject` as the registry holds it: its scopes, its grants and its live
+    /// public keys. The registry catches up with the log first (bounded), so a key issued a
+    /// moment ago is known: the gateway refuses a key whose public key is not listed.
     pub async fn whoami(&self, subject: &str) -> Result<WhoamiResponse, Failure> {
         let (tenant, agent) = caller(subject)?;
+        // A failed or slow catch-up answers from the registry as folded so far.
+        let _ = tokio::time::timeout(FRESHNESS_WAIT, self.log.catch_up(&self.registry)).await;
         let registry = self.registry.read().await;
         let Some(a) = registry
             .agent(&tenant, &agent)
@@ -141,6 +145,7 @@ impl Guard {
         Ok(WhoamiResponse {
             scopes: a.scopes.iter().map(ToString::to_string).collect(),
             grants,
+            public_keys: Some(registry.live_keys_of(&tenant, &agent)),
             tenant,
             agent,
         })

@@ -4,6 +4,8 @@
 //! - [`fusion`]: hybrid ranking (pure).
 //! - [`context`]: `build_context`, the per-step call that assembles all four memory layers
 //!   within a token budget.
+//! - [`replay`]: replay pages, read with direct gets (no consumer per page), and each
+//!   agent's and tenant's share of them.
 //! - [`usage`]: how often each memory was returned, written to the log as periodic
 //!   aggregated `feedback {retrieved}` events, never one write per query.
 //! - this module: the service (`engram-query` on NATS), scope resolution, fan-out to the
@@ -16,6 +18,7 @@
 pub mod access;
 pub mod context;
 pub mod fusion;
+pub mod replay;
 pub mod usage;
 
 use std::sync::Arc;
@@ -153,6 +156,8 @@ pub struct Query {
     /// Where the snapshot index is (`[projectors.snapshots]`), and the index once opened.
     snapshots_config: std::sync::OnceLock<engram_snapshots::SnapshotsConfig>,
     snapshots: tokio::sync::OnceCell<engram_snapshots::SnapshotStore>,
+    /// Replay pages in flight, by agent and by tenant, each bounded.
+    replay_shares: replay::Shares,
 }
 
 impl Query {
@@ -174,18 +179,22 @@ impl Query {
             access: std::sync::OnceLock::new(),
             snapshots_config: std::sync::OnceLock::new(),
             snapshots: tokio::sync::OnceCell::new(),
+            replay_shares: replay::Shares::default(),
         }))
     }
 
-    /// Registers the service's endpoints and serves them until `shutdown` is cancelled (or
-    /// the connection closes); the returned task ends once they are stopped and the last
-    /// retrieval usage is appended.
+    /// Registers the service's endpoints on `responder` and serves them until `shutdown` is
+    /// cancelled (or the connection closes); the returned task ends once they are stopped
+    /// and the last retrieval usage is appended. `responder` is a connection of its own, of
+    /// the query responder identity (inboxes only), never the one the service works with:
+    /// see [`engram_rpc::Link`].
     pub async fn serve(
         self: &Arc<Self>,
+        responder: &async_nats::Client,
         shutdown: CancellationToken,
     ) -> Result<tokio::task::JoinHandle<()>, engram_rpc::RpcError> {
         let service = engram_rpc::start_service(
-            &self.client,
+            responder,
             proto::QUERY_SERVICE,
             "engram memory queries: retrieve, context, facts, skills, shared documents",
         )
@@ -376,7 +385,7 @@ impl Query {
         .await?;
         // Subscriptions reach the server on the next flush: until then another connection's
         // request can find no responder. Served means answering.
-        self.client
+        responder
             .flush()
             .await
             .map_err(|e| engram_rpc::RpcError::Transport {
@@ -634,7 +643,8 @@ impl Query {
     }
 
     /// Who the agent of `subject` is, as the registry holds it. Without authentication,
-    /// the subject's tenant and agent, with the default scopes.
+    /// the subject's tenant and agent, with the default scopes and no public keys (there is
+    /// no registry to list them).
     pub async fn whoami(&self, subject: &str) -> Result<proto::WhoamiResponse, Failure> {
         match self.access.get() {
             Some(guard) => guard.whoami(subject).await,
@@ -646,6 +656,7 @@ impl Query {
                         .map(ToString::to_string)
                         .collect(),
                     grants: Vec::new(),
+                    public_keys: None,
                     tenant,
                     agent,
                 })
@@ -967,85 +978,41 @@ impl Query {
         Ok(response)
     }
 
-    /// One page of the events of the request's scopes after `after_seq`, in stream order.
-    /// Each scope is read from `after_seq` on, at most a page of it; where one scope's read
-    /// was cut short, the merged page ends at its last event, so no page skips an event of
-    /// another scope.
+    /// One page of the events of the request's scopes after `after_seq`, in stream order,
+    /// read without a consumer ([`replay`]). Within the tenant's share of replay pages:
+    /// [`Query::replay_as`] is the agent's path, which holds the agent to its own share too.
     pub async fn replay(
         &self,
         request: proto::ReplayRequest,
     ) -> Result<proto::ReplayResponse, Failure> {
-        use futures::StreamExt as _;
+        self.replay_for(None, request).await
+    }
+
+    /// [`Query::replay`] for the agent whose subject (`engram.q.<tenant>.<agent>.replay`)
+    /// the request arrived on: within that agent's share and its tenant's.
+    pub async fn replay_as(
+        &self,
+        subject: &str,
+        request: proto::ReplayRequest,
+    ) -> Result<proto::ReplayResponse, Failure> {
+        let caller = engram_access::perms::caller_of(subject);
+        self.replay_for(caller, request).await
+    }
+
+    async fn replay_for(
+        &self,
+        caller: Option<(Ident, Ident)>,
+        request: proto::ReplayRequest,
+    ) -> Result<proto::ReplayResponse, Failure> {
         let keys = request.scopes.resolve().map_err(Failure::invalid)?;
         request.validate().map_err(Failure::from)?;
-        let (first_seq, last_seq) = self.bus.stream_bounds().await.map_err(unavailable)?;
-        let size = |e: &proto::ReplayedEvent| serde_json::to_vec(e).map_or(0, |b| b.len());
-        let (limit, max_bytes) = (request.limit, proto::limits::MAX_REPLAY_BYTES);
-        let mut merged = Vec::new();
-        let mut cut: Option<u64> = None;
-        if last_seq > request.after_seq {
-            for key in &keys {
-                let filter = engram_schema::SubjectFilter::all()
-                    .tenant(key.tenant.clone())
-                    .scope(key.kind, key.id.clone());
-                let mut events = self
-                    .bus
-                    .replay(&filter, engram_bus::StartAt::Seq(request.after_seq + 1))
-                    .await
-                    .map_err(unavailable)?;
-                let (mut n, mut bytes) = (0usize, 0usize);
-                while let Some(item) = events.next().await {
-                    let stored = match item {
-                        Ok(stored) if stored.seq <= last_seq => stored,
-                        Ok(_) => break,
-                        // Not an event of this scope (it does not decode, or its body names
-                        // another): the projectors skip it too.
-                        Err(engram_bus::ReadError::Decode { .. }) => continue,
-                        Err(e) => return Err(unavailable(e)),
-                    };
-                    let replayed = proto::ReplayedEvent {
-                        seq: stored.seq,
-                        stored_at: stored.stored_at,
-                        event: stored.event,
-                    };
-                    bytes += size(&replayed);
-                    n += 1;
-                    let seq = replayed.seq;
-                    merged.push(replayed);
-                    if n >= limit || bytes >= max_bytes {
-                        cut = Some(cut.map_or(seq, |c| c.min(seq)));
-                        break;
-                    }
-                }
-            }
-        }
-        merged.sort_by_key(|e| e.seq);
-        if let Some(c) = cut {
-            merged.retain(|e| e.seq <= c);
-        }
-        let mut truncated = cut.is_some();
-        let mut events = Vec::with_capacity(merged.len().min(limit));
-        let mut bytes = 0;
-        for e in merged {
-            if events.len() >= limit || (bytes >= max_bytes && !events.is_empty()) {
-                truncated = true;
-                break;
-            }
-            bytes += size(&e);
-            events.push(e);
-        }
-        let next_after = if truncated {
-            events.last().map_or(request.after_seq, |e| e.seq)
-        } else {
-            last_seq.max(request.after_seq)
+        // An agent's requests are checked to name its own tenant before they get here.
+        let (tenant, agent) = match &caller {
+            Some((tenant, agent)) => (tenant, Some(agent)),
+            None => (&request.scopes.tenant, None),
         };
-        Ok(proto::ReplayResponse {
-            events,
-            first_seq,
-            last_seq,
-            next_after,
-            done: !truncated,
-        })
+        let _share = self.replay_shares.take(tenant, agent)?;
+        replay::page(&self.bus, &keys, request.after_seq, request.limit).await
     }
 
     /// Assembles working, episodic, semantic and procedural memory for one agent step.

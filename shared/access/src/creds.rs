@@ -10,7 +10,7 @@ use engram_schema::Ident;
 use serde::{Deserialize, Serialize};
 
 use crate::AccessError;
-use crate::perms::{Role, ScopePattern, inbox_prefix};
+use crate::perms::{Role, ScopePattern, Service, inbox_prefix};
 
 /// The first token of an API key.
 pub const API_KEY_PREFIX: &str = "egk";
@@ -23,12 +23,34 @@ pub enum RoleName {
     Projectors,
     Consolidator,
     Query,
+    /// The connections the services answer requests on ([`Role::Responder`]).
+    ProjectorsResponder,
+    ConsolidatorResponder,
+    QueryResponder,
     Agent,
 }
 
 impl RoleName {
-    /// The service identities `engram up` generates, besides the admin.
-    pub const SERVICES: [RoleName; 3] = [Self::Projectors, Self::Consolidator, Self::Query];
+    /// The service identities `engram up` generates, besides the admin: each service's
+    /// worker and its responder.
+    pub const SERVICES: [RoleName; 6] = [
+        Self::Projectors,
+        Self::Consolidator,
+        Self::Query,
+        Self::ProjectorsResponder,
+        Self::ConsolidatorResponder,
+        Self::QueryResponder,
+    ];
+
+    /// The identity the service `worker` answers requests with.
+    pub fn responder(self) -> Option<RoleName> {
+        match self {
+            Self::Projectors => Some(Self::ProjectorsResponder),
+            Self::Consolidator => Some(Self::ConsolidatorResponder),
+            Self::Query => Some(Self::QueryResponder),
+            _ => None,
+        }
+    }
 
     pub fn as_str(self) -> &'static str {
         match self {
@@ -36,6 +58,9 @@ impl RoleName {
             Self::Projectors => "projectors",
             Self::Consolidator => "consolidator",
             Self::Query => "query",
+            Self::ProjectorsResponder => "projectors_responder",
+            Self::ConsolidatorResponder => "consolidator_responder",
+            Self::QueryResponder => "query_responder",
             Self::Agent => "agent",
         }
     }
@@ -46,6 +71,9 @@ impl RoleName {
             Role::Projectors => Self::Projectors,
             Role::Consolidator => Self::Consolidator,
             Role::Query => Self::Query,
+            Role::Responder(Service::Projectors) => Self::ProjectorsResponder,
+            Role::Responder(Service::Consolidator) => Self::ConsolidatorResponder,
+            Role::Responder(Service::Query) => Self::QueryResponder,
             Role::Agent { .. } => Self::Agent,
         }
     }
@@ -57,6 +85,9 @@ impl RoleName {
             Self::Projectors => Some(Role::Projectors),
             Self::Consolidator => Some(Role::Consolidator),
             Self::Query => Some(Role::Query),
+            Self::ProjectorsResponder => Some(Role::Responder(Service::Projectors)),
+            Self::ConsolidatorResponder => Some(Role::Responder(Service::Consolidator)),
+            Self::QueryResponder => Some(Role::Responder(Service::Query)),
             Self::Agent => None,
         }
     }

@@ -136,8 +136,17 @@ pub enum Role {
     Projectors,
     /// The consolidator: a projector that also appends what it consolidates.
     Consolidator,
-    /// The query service: serves `engram.q.>`, asks the projectors, reads the registry.
+    /// The query service: asks the projectors, reads the registry, appends usage and writes
+    /// working memory for agents. It answers `engram.q.>` on its [`Role::Responder`].
     Query,
+    /// The connection a service answers requests on, apart from the one it works with: it
+    /// receives the service's requests and publishes only to inboxes. A reply subject is
+    /// whatever the requester wrote, so the identity that follows it must hold no right a
+    /// request could borrow (the confused deputy: a reply aimed at `engram.evt.<other
+    /// tenant>…` with the query service's rights). The service also checks every reply
+    /// subject before it does any work (`engram_rpc`): this identity is the server's second
+    /// line.
+    Responder(Service),
     /// One agent of one tenant.
     Agent {
         tenant: Ident,
@@ -145,6 +154,89 @@ pub enum Role {
         scopes: Vec<ScopePattern>,
     },
 }
+
+/// A service that answers requests: each has a worker identity ([`Role::Projectors`],
+/// [`Role::Consolidator`], [`Role::Query`]) and a [`Role::Responder`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Service {
+    Projectors,
+    Consolidator,
+    Query,
+}
+
+impl Service {
+    pub const ALL: [Service; 3] = [Self::Projectors, Self::Consolidator, Self::Query];
+
+    /// The worker role of this service.
+    pub fn worker(self) -> Role {
+        match self {
+            Self::Projectors => Role::Projectors,
+            Self::Consolidator => Role::Consolidator,
+            Self::Query => Role::Query,
+        }
+    }
+
+    /// The request subjects this service answers (besides `$SRV` discovery).
+    fn requests(self) -> (Vec<String>, Vec<String>) {
+        match self {
+            // Every read model but the consolidator, whose endpoints are its own.
+            Self::Projectors => (
+                vec![format!("{PROJECTOR_PREFIX}.>")],
+                vec![format!("{PROJECTOR_PREFIX}.consolidator.>")],
+            ),
+            Self::Consolidator => (vec![format!("{PROJECTOR_PREFIX}.consolidator.*")], vec![]),
+            Self::Query => (vec![format!("{QUERY_PREFIX}.>")], vec![]),
+        }
+    }
+}
+
+/// The first tokens of projector request subjects (`engram.p.<model>.<op>`).
+pub const PROJECTOR_PREFIX: &str = "engram.p";
+
+/// The prefix every reply subject of a request to an agent subject must have: the caller's
+/// own inbox, which only the caller may subscribe to. `None` for a subject that names no
+/// agent.
+pub fn caller_inbox(subject: &str) -> Option<String> {
+    let (tenant, agent) = caller_of(subject)?;
+    Some(format!(
+        "{}.",
+        inbox_prefix(&Role::Agent {
+            tenant,
+            agent,
+            scopes: Vec::new(),
+        })
+    ))
+}
+
+/// Whether a service may answer a request that arrived on `subject` at `reply`: a request
+/// on an agent's subject only at that agent's inbox; any other (the admin's and the
+/// services' own subjects, which no agent may publish to) only at an inbox that is not an
+/// agent's. A request without a reply subject is never served: nobody would read the
+/// answer, and its work (a write, a cut) would be done for nobody.
+pub fn reply_allowed(subject: &str, reply: Option<&str>) -> bool {
+    let Some(reply) = reply else {
+        return false;
+    };
+    // A reply subject with wildcards or empty tokens is no inbox.
+    let well_formed = !reply.is_empty()
+        && reply
+            .split('.')
+            .all(|t| !t.is_empty() && t != "*" && t != ">" && !t.contains(char::is_whitespace));
+    if !well_formed {
+        return false;
+    }
+    match caller_inbox(subject) {
+        Some(prefix) => reply.starts_with(&prefix),
+        None if subject.starts_with(&format!("{QUERY_PREFIX}.")) && subject.split('.').count() > 3 => {
+            // Looks like an agent subject but does not parse as one: nobody's.
+            false
+        }
+        None => reply.starts_with("_INBOX.") && !reply.starts_with(AGENT_INBOX_PREFIX),
+    }
+}
+
+/// The first tokens of every agent's inbox (`_INBOX.a.<tenant>.<agent>`).
+const AGENT_INBOX_PREFIX: &str = "_INBOX.a.";
 
 /// The subject an agent sends `op` to: tenant and agent are tokens the server's permissions
 /// pin to the key, so the query service reads them from the subject and never from the body.
@@ -178,7 +270,7 @@ pub fn caller_of(subject: &str) -> Option<(Ident, Ident)> {
 pub fn inbox_prefix(role: &Role) -> String {
     match role {
         Role::Admin => "_INBOX".into(),
-        Role::Agent { tenant, agent, .. } => format!("_INBOX.a.{tenant}.{agent}"),
+        Role::Agent { tenant, agent, .. } => format!("{AGENT_INBOX_PREFIX}{tenant}.{agent}"),
         service => format!("_INBOX.s.{}", RoleName::of(service).as_str()),
     }
 }
@@ -249,19 +341,38 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                 allow_responses: false,
             })
         }
+        Role::Responder(service) => {
+            let (requests, deny) = service.requests();
+            Some(Permissions {
+                publish: Rule {
+                    // Answers go to inboxes only; which inbox is checked before any work
+                    // (`reply_allowed`). No right to the log, KV, the object store, the
+                    // JetStream API or acks: a reply aimed there is refused by the server.
+                    allow: vec!["_INBOX.>".to_owned()],
+                    deny: Vec::new(),
+                },
+                subscribe: Rule {
+                    allow: requests.into_iter().chain(["$SRV.>".to_owned()]).collect(),
+                    deny,
+                },
+                // Not needed (inboxes are allowed) and not wanted: it would let a reply
+                // subject outside `_INBOX` through.
+                allow_responses: false,
+            })
+        }
         service => {
-            // What every service does: read streams through consumers and direct gets, ack,
-            // answer flow control, and be discoverable (`$SRV`).
+            // What every service's worker does: read streams through consumers and direct
+            // gets, and answer flow control. It receives no requests (its responder does),
+            // so nothing a client sends decides where it publishes.
             let mut publish = s(&[
                 "$JS.API.INFO",
                 "$JS.API.STREAM.INFO.*",
                 "$JS.API.CONSUMER.>",
                 "$JS.API.DIRECT.GET.>",
                 "$JS.API.STREAM.MSG.GET.*",
-                "$JS.ACK.>",
                 "$JS.FC.>",
             ]);
-            let mut subscribe = vec![inbox, "$SRV.>".to_owned()];
+            let subscribe = vec![inbox];
             // Destructive or structural operations on the log are the admin's alone.
             let mut deny = vec![
                 "$JS.API.STREAM.DELETE.>".to_owned(),
@@ -270,6 +381,9 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
             ];
             let projector = |publish: &mut Vec<String>| {
                 publish.extend([
+                    // Acks of its own durable consumers on the events stream; an ack
+                    // elsewhere would make another consumer skip a message.
+                    format!("$JS.ACK.{events}.>"),
                     format!("{}.>", engram_telemetry_dlq_prefix()),
                     format!("$JS.API.STREAM.CREATE.{dlq}"),
                     format!("$O.{snaps}.>"),
@@ -283,28 +397,25 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                 ]);
             };
             match service {
-                Role::Projectors => {
-                    projector(&mut publish);
-                    subscribe.push("engram.p.>".into());
-                }
+                Role::Projectors => projector(&mut publish),
                 Role::Consolidator => {
                     projector(&mut publish);
                     publish.push(format!("{}.>", engram_schema::SUBJECT_PREFIX));
                     // Asks the vector model for close pairs, and nothing else of it.
-                    publish.push("engram.p.vector.neighbours".into());
-                    subscribe.push("engram.p.consolidator.*".into());
+                    publish.push(format!("{PROJECTOR_PREFIX}.vector.neighbours"));
                 }
                 Role::Query => {
-                    publish.push("engram.p.>".into());
+                    publish.push(format!("{PROJECTOR_PREFIX}.>"));
                     publish.push(format!("{}.>", engram_schema::SUBJECT_PREFIX));
                     publish.push(format!("$KV.{working}.>"));
                     // Erasure is the admin's: the service that answers agents cannot erase.
-                    deny.push("engram.p.*.erase".into());
-                    subscribe.push(format!("{QUERY_PREFIX}.>"));
+                    deny.push(format!("{PROJECTOR_PREFIX}.*.erase"));
                     // The query service reads the registry: it is the one that checks grants.
                     deny.retain(|d| !d.contains(access.as_str()));
                 }
-                Role::Admin | Role::Agent { .. } => unreachable!("matched above"),
+                Role::Admin | Role::Agent { .. } | Role::Responder(_) => {
+                    unreachable!("matched above")
+                }
             }
             // No service writes to or reshapes the events stream other than by publishing.
             deny.extend([
@@ -325,7 +436,7 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                     allow: subscribe,
                     deny: Vec::new(),
                 },
-                allow_responses: true,
+                allow_responses: false,
             })
         }
     }

@@ -383,6 +383,14 @@ impl Registry {
             .is_some_and(|a| a.scopes.iter().any(|p| p.matches(scope)))
     }
 
+    /// The public keys of `agent` of `tenant` that are live: a key claiming to be that agent
+    /// must be one of them (a key's tokens are claims; its seed proves only its public key).
+    pub fn live_keys_of(&self, tenant: &Ident, agent: &Ident) -> Vec<String> {
+        self.agent(tenant, agent)
+            .map(|a| a.active_keys().map(|k| k.key.clone()).collect())
+            .unwrap_or_default()
+    }
+
     /// Every live agent key and the role it connects as: what the server's config lists.
     pub fn live_keys(&self) -> Vec<(String, Role)> {
         let mut keys = Vec::new();
@@ -469,6 +477,9 @@ mod tests {
     #[test]
     fn a_revoked_agent_reads_nothing_and_has_no_live_key() {
         let mut r = with_agent();
+        assert_eq!(r.live_keys_of(&id("acme"), &id("planner")), ["UKEY1"]);
+        assert!(r.live_keys_of(&id("acme"), &id("coder")).is_empty());
+        assert!(r.live_keys_of(&id("acme2"), &id("planner")).is_empty());
         r.apply(
             3,
             &entry(Record::AgentRevoked {
@@ -478,6 +489,7 @@ mod tests {
             }),
         );
         assert!(r.live_keys().is_empty());
+        assert!(r.live_keys_of(&id("acme"), &id("planner")).is_empty());
         assert!(!r.may_read(&id("acme"), &id("planner"), &"task:x".parse().unwrap()));
         assert!(
             r.key_owner("UKEY1").is_some(),

@@ -7,6 +7,8 @@
 //! - [`append`]: `append` and `append_batch`. `Nats-Msg-Id` is the event id, so a retried
 //!   append is stored once; the returned stream sequence is the consistency token.
 //! - [`read`]: `replay` (ordered consumer, ends when caught up) and `tail` (live).
+//! - [`direct`]: pages read with batched direct gets, which leave no consumer behind: what
+//!   serves agents' replay pages, whose number nobody bounds.
 //! - [`durable`]: durable consumers positioned from a projector's checkpoint, and the
 //!   dead-letter stream for messages a projector cannot apply.
 //! - [`working`]: working memory, a KV bucket with per-key TTL.
@@ -16,6 +18,7 @@
 
 pub mod append;
 pub mod config;
+pub mod direct;
 pub mod dlq;
 pub mod durable;
 pub mod error;
@@ -32,6 +35,7 @@ use engram_schema::Codec;
 use engram_telemetry::metrics;
 
 pub use append::{AppendOptions, AppendReceipt};
+pub use direct::{DirectBatch, StreamPosition};
 pub use config::{BusConfig, DeadLetterSettings, NkeyAuth, StreamSettings, WorkingMemorySettings};
 pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};

@@ -149,6 +149,22 @@ impl Bus {
                         diffs,
                     });
                 }
+                // Replay pages are direct gets (`crate::direct`). Allowing them changes no
+                // stored event, so a stream made without them (by hand, or edited) is
+                // changed in place rather than reported.
+                if !info.config.allow_direct {
+                    let config = stream::Config {
+                        allow_direct: true,
+                        ..info.config.clone()
+                    };
+                    self.js.update_stream(&config).await.map_err(|e| {
+                        BusError::JetStream(format!(
+                            "the events stream does not allow direct gets, which replay pages need, and allowing them failed: {e}; run `nats stream edit {} --allow-direct`",
+                            wanted.name
+                        ))
+                    })?;
+                    tracing::info!(stream = %wanted.name, "events stream now allows direct gets (replay pages read with them)");
+                }
                 false
             }
             Err(e) if is_not_found(&e) => {

@@ -325,13 +325,46 @@ pub(crate) fn decode_message(
     let stored_at = DateTime::<Utc>::from_timestamp_nanos(
         i64::try_from(info.published.unix_timestamp_nanos()).unwrap_or_default(),
     );
-    let subject = message.subject.to_string();
-    let trace = message
-        .headers
-        .as_ref()
+    let stored = Stored {
+        seq,
+        subject: message.subject.to_string(),
+        stored_at,
+        pending,
+        headers: message.headers.as_ref(),
+        payload: &message.payload,
+    };
+    (pending, decode_stored(codec, mode, stored))
+}
+
+/// A message as the stream stored it, however it was read (a consumer's delivery or a
+/// direct get).
+pub(crate) struct Stored<'a> {
+    pub seq: u64,
+    pub subject: String,
+    pub stored_at: DateTime<Utc>,
+    pub pending: u64,
+    pub headers: Option<&'a async_nats::HeaderMap>,
+    pub payload: &'a [u8],
+}
+
+/// Decodes one stored message into an event, or says why it is no trustworthy event.
+pub(crate) fn decode_stored(
+    codec: &engram_schema::Codec,
+    mode: &'static str,
+    stored: Stored<'_>,
+) -> Result<StoredEvent, ReadError> {
+    let Stored {
+        seq,
+        subject,
+        stored_at,
+        pending,
+        headers,
+        payload,
+    } = stored;
+    let trace = headers
         .and_then(|h| h.get(trace_context::HEADER))
         .and_then(|v| TraceContext::parse(v.as_str()));
-    let result = match codec.decode(&message.payload) {
+    match codec.decode(payload) {
         // Decoded, but published where it does not belong: the subject is what stream
         // permissions, filters and optimistic concurrency went by, the envelope is what every
         // reader trusts, and a message whose two disagree is neither's. Poison, never applied.
@@ -374,6 +407,5 @@ pub(crate) fn decode_message(
                 source,
             })
         }
-    };
-    (pending, result)
+    }
 }

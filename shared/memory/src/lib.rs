@@ -152,8 +152,11 @@ pub fn is_text_memory(event: &Envelope) -> bool {
 /// Restrictions on which memories a query may return, beyond its scopes. Empty lists mean
 /// "any"; `tags` matches a memory carrying at least one of them; `min_confidence` leaves out
 /// memories that later outcomes contradicted or a faulty instance wrote ([`confidence`]).
+///
+/// Part of requests only: unknown fields are refused, so that a misspelt `min_confidence`
+/// is an error rather than a filter that lets everything through.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct MemoryFilter {
     pub layers: Vec<Layer>,
     pub kinds: Vec<EventKind>,

@@ -18,6 +18,17 @@
 //!
 //! Errors are NATS service errors: the `Nats-Service-Error-Code` header carries one of the
 //! [`ErrorCode`] values and the body is a JSON [`ErrorBody`].
+//!
+//! Every request type, and every type inside one, refuses unknown fields
+//! (`deny_unknown_fields`): a misspelt `grants` or `min_seq` would otherwise be dropped in
+//! silence, reading fewer scopes or stale state. Response types accept them, so that an older
+//! client reads a newer server's answers. Most requests flatten [`ScopeRequest`] and
+//! [`Consistency`] into themselves; serde checks the keys no field and no flattened struct
+//! took, which holds as long as every flattened type is a plain derived struct (one without
+//! a flatten of its own: such a type reads every key left, so an outer check would refuse
+//! them all). A body flattening a whole request (the gateway's `/v1/consolidate`) leaves the
+//! check to the request's own type. `tests::unknown_fields_are_refused_in_every_request`
+//! keeps this true.
 
 use chrono::{DateTime, Utc};
 use engram_schema::{EventId, EventKind, Ident, Layer, Scope};
@@ -115,6 +126,12 @@ pub mod limits {
     /// Bytes of events (as JSON) one replay page returns, beyond its first event: a page
     /// fits the server's max_payload.
     pub const MAX_REPLAY_BYTES: usize = 512 * 1024;
+    /// Longest `ttl_ms` a working-memory put may ask for: seven days. Working memory is a
+    /// scope's scratch space; the bucket keeps no age limit of its own (its entries live
+    /// exactly their TTL), so without this bound a key could be held for ever.
+    pub const MAX_WORKING_TTL_MS: u64 = 7 * 24 * 60 * 60 * 1000;
+    /// Shortest `ttl_ms`: the server's TTL granularity is a second.
+    pub const MIN_WORKING_TTL_MS: u64 = 1000;
 }
 
 /// A request field outside what the protocol allows; answered as a 400 that names it.
@@ -212,6 +229,7 @@ pub enum RetrievalMode {
 /// of the same tenant; a sibling (same kind, other id) or anything of another tenant is
 /// refused, never silently read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ScopeRequest {
     pub tenant: Ident,
     pub scope: Scope,
@@ -224,6 +242,7 @@ pub struct ScopeRequest {
 /// never stale results; a `min_seq` beyond the stream's last sequence is refused at once, since
 /// no append returned it.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct Consistency {
     #[serde(default)]
     pub min_seq: Option<Seq>,
@@ -233,6 +252,7 @@ pub struct Consistency {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RetrieveRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -431,6 +451,7 @@ pub struct RetrieveResponse {
 
 /// A search of one projector's text index (internal).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SearchRequest {
     pub scopes: Vec<ScopeKey>,
     pub query: String,
@@ -455,6 +476,7 @@ pub struct SearchRequest {
 /// (internal): the near-duplicate candidates the consolidator checks by text. Summaries
 /// are never neighbours, nor memories out of default retrieval.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct NeighboursRequest {
     pub scope: ScopeKey,
     /// Memories of `scope` to find the neighbours of; ids it does not hold are skipped.
@@ -500,6 +522,7 @@ pub struct SearchResponse {
 
 /// Facts as they are now, or as they stood.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct FactsRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -534,6 +557,7 @@ pub struct FactsResponse {
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SkillsRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -574,6 +598,7 @@ pub enum DocRead {
 /// `State` and `History` read the document `doc_type`/`name` of the request's own scope;
 /// `List` reads the own scope and the granted ancestors.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct DocRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -675,6 +700,7 @@ pub struct DocResponse {
 /// Planning writes nothing; appending the events is what consolidates, and their ids are
 /// derived from their inputs, so appending them twice stores them once.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ConsolidateRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -700,6 +726,7 @@ pub struct ConsolidateResponse {
 /// order, after `after_seq`: how an agent, whose key reaches no stream directly, replays
 /// its memory. Page on with `next_after` until `done`.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ReplayRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -731,6 +758,7 @@ impl ReplayRequest {
 
 /// Who the caller is, as the registry knows it (agents only: `engram.q.<t>.<a>.whoami`).
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WhoamiRequest {}
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
@@ -741,11 +769,17 @@ pub struct WhoamiResponse {
     pub scopes: Vec<String>,
     /// Scopes granted to it, read only.
     pub grants: Vec<String>,
+    /// The public keys of the agent's live credentials, as the registry holds them: the
+    /// gateway refuses an API key whose public key is not one of them. Absent when the
+    /// query service runs without a registry (no authentication).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub public_keys: Option<Vec<String>>,
 }
 
 /// The scopes of a tenant that hold events, with their counts: for an agent, only those
 /// it may read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ScopesRequest {
     pub tenant: Ident,
     /// At most this many scopes (1..=10000, default 1000).
@@ -789,6 +823,7 @@ pub struct ScopesResponse {
 /// The snapshot index: every read model's snapshots, oldest first. Metadata only (version,
 /// sizes, hashes, labels), the same for every caller.
 #[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SnapshotsRequest {
     /// One projector's only.
     #[serde(default)]
@@ -804,6 +839,7 @@ pub struct SnapshotsResponse {
 /// The newest dead letters of a tenant: events a projector refused. For an agent, only
 /// those of scopes it may read.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct DeadLettersRequest {
     pub tenant: Ident,
     /// At most this many (1..=500, default 100), newest first.
@@ -858,6 +894,7 @@ pub struct DeadLettersResponse {
 /// Erases the scopes from one projector's model (admin only: `engram.p.<name>.erase`), once
 /// it has applied `through_seq`, and checkpoints before answering.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct EraseScopesRequest {
     pub scopes: Vec<ScopeKey>,
     #[serde(default)]
@@ -885,6 +922,7 @@ pub struct EraseScopesResponse {
 
 /// How many items one projector's model holds of the scopes (`engram.p.<name>.traces`).
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct TracesRequest {
     pub scopes: Vec<ScopeKey>,
 }
@@ -911,6 +949,7 @@ pub enum WorkingOp {
 /// scope's scratch space), through the query service: how an agent, whose key reaches no
 /// bucket directly, keeps it. Put and delete need a scope the agent's key may write.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct WorkingRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -921,7 +960,10 @@ pub struct WorkingRequest {
     /// Text for `put`.
     #[serde(default)]
     pub value: Option<String>,
+    /// `put` only: how long the entry lives, in ms (default: the deployment's
+    /// `working_memory.default_ttl`), 1000..=[`limits::MAX_WORKING_TTL_MS`] (7 days).
     #[serde(default)]
+    #[schemars(range(min = limits::MIN_WORKING_TTL_MS, max = limits::MAX_WORKING_TTL_MS))]
     pub ttl_ms: Option<u64>,
 }
 
@@ -950,6 +992,21 @@ impl WorkingRequest {
                 "value",
                 "given with put, and only with put",
             ));
+        }
+        if let Some(ttl) = self.ttl_ms {
+            if self.op != WorkingOp::Put {
+                return Err(InvalidField::new("ttl_ms", "given with put only"));
+            }
+            if !(limits::MIN_WORKING_TTL_MS..=limits::MAX_WORKING_TTL_MS).contains(&ttl) {
+                return Err(InvalidField::new(
+                    "ttl_ms",
+                    format!(
+                        "{ttl} ms is outside {}..={} ms; working memory is scratch space: keep what must last as events",
+                        limits::MIN_WORKING_TTL_MS,
+                        limits::MAX_WORKING_TTL_MS
+                    ),
+                ));
+            }
         }
         Ok(())
     }
@@ -996,6 +1053,7 @@ pub struct ReplayResponse {
 /// that the request's scopes may read, in the checkpoint format; the instance then replays
 /// the stream after the snapshot's version.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct BootstrapRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -1012,6 +1070,7 @@ pub struct BootstrapRequest {
 /// point later. A snapshot holds every scope of a model; a bootstrap hands each instance only
 /// the slice of its own scopes, which the scopes here are checked like any request's.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SnapshotCutRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -1074,6 +1133,7 @@ pub struct BootstrapResponse {
 
 /// What an agent asks for at the start of each step.
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct ContextRequest {
     #[serde(flatten)]
     pub scopes: ScopeRequest,
@@ -1748,5 +1808,239 @@ mod tests {
             request("task:t1", &["team:a", "team:b"]).resolve().is_err(),
             "two teams"
         );
+    }
+
+    /// Decodes `body` as `T` and encodes it again: what a Rust client sends of it.
+    fn via<T: Serialize + serde::de::DeserializeOwned>(
+        body: &serde_json::Value,
+    ) -> Result<serde_json::Value, String> {
+        let decoded: T = serde_json::from_value(body.clone()).map_err(|e| e.to_string())?;
+        serde_json::to_value(&decoded).map_err(|e| e.to_string())
+    }
+
+    type Via = fn(&serde_json::Value) -> Result<serde_json::Value, String>;
+
+    /// Every request type with a smallest valid body, by the name its schema has.
+    fn every_request() -> Vec<(&'static str, Via, serde_json::Value)> {
+        use serde_json::json;
+        let scope = json!({"kind": "task", "id": "t1"});
+        let key = json!({"tenant": "acme", "kind": "task", "id": "t1"});
+        let scoped = |extra: serde_json::Value| {
+            let mut body = json!({"tenant": "acme", "scope": scope.clone()});
+            if let (Some(body), Some(extra)) = (body.as_object_mut(), extra.as_object()) {
+                body.extend(extra.clone());
+            }
+            body
+        };
+        vec![
+            (
+                "RetrieveRequest",
+                via::<RetrieveRequest> as Via,
+                scoped(json!({"query": "q"})),
+            ),
+            (
+                "ContextRequest",
+                via::<ContextRequest>,
+                scoped(json!({"agent_id": "a1", "task": "t1", "query": "q", "token_budget": 100})),
+            ),
+            ("FactsRequest", via::<FactsRequest>, scoped(json!({}))),
+            ("SkillsRequest", via::<SkillsRequest>, scoped(json!({}))),
+            (
+                "DocRequest",
+                via::<DocRequest>,
+                scoped(json!({"read": "list"})),
+            ),
+            (
+                "BootstrapRequest",
+                via::<BootstrapRequest>,
+                scoped(json!({"model": "facts"})),
+            ),
+            (
+                "ConsolidateRequest",
+                via::<ConsolidateRequest>,
+                scoped(json!({})),
+            ),
+            ("ReplayRequest", via::<ReplayRequest>, scoped(json!({}))),
+            (
+                "WorkingRequest",
+                via::<WorkingRequest>,
+                scoped(json!({"op": "list"})),
+            ),
+            ("WhoamiRequest", via::<WhoamiRequest>, json!({})),
+            (
+                "ScopesRequest",
+                via::<ScopesRequest>,
+                json!({"tenant": "acme"}),
+            ),
+            ("SnapshotsRequest", via::<SnapshotsRequest>, json!({})),
+            (
+                "DeadLettersRequest",
+                via::<DeadLettersRequest>,
+                json!({"tenant": "acme"}),
+            ),
+            (
+                "SnapshotCutRequest",
+                via::<SnapshotCutRequest>,
+                scoped(json!({})),
+            ),
+            (
+                "SearchRequest",
+                via::<SearchRequest>,
+                json!({"scopes": [key.clone()], "query": "q", "k": 5}),
+            ),
+            (
+                "NeighboursRequest",
+                via::<NeighboursRequest>,
+                json!({"scope": key.clone(), "event_ids": [], "min_similarity": 0.9, "k": 4}),
+            ),
+            (
+                "EraseScopesRequest",
+                via::<EraseScopesRequest>,
+                json!({"scopes": [key.clone()]}),
+            ),
+            (
+                "TracesRequest",
+                via::<TracesRequest>,
+                json!({"scopes": [key]}),
+            ),
+            // Decoded alone by the projectors' status and ledger endpoints.
+            ("Consistency", via::<Consistency>, json!({})),
+            ("ScopeRequest", via::<ScopeRequest>, scoped(json!({}))),
+            ("Ranking", via::<Ranking>, json!({})),
+            ("MemoryFilter", via::<MemoryFilter>, json!({})),
+        ]
+    }
+
+    fn with(body: &serde_json::Value, key: &str, value: serde_json::Value) -> serde_json::Value {
+        let mut body = body.clone();
+        body.as_object_mut()
+            .expect("a request is an object")
+            .insert(key.to_owned(), value);
+        body
+    }
+
+    /// A misspelt field was dropped in silence: `grnt` read no grant, `min_sq` read stale
+    /// state. Every request type, and every type flattened into one, refuses it by name; and
+    /// what a Rust client encodes of a request still decodes (the flattened parts included).
+    #[test]
+    fn unknown_fields_are_refused_in_every_request() {
+        for (name, via, body) in every_request() {
+            let sent = via(&body).unwrap_or_else(|e| panic!("{name}: {body} does not decode: {e}"));
+            via(&sent)
+                .unwrap_or_else(|e| panic!("{name}: its own encoding {sent} is refused: {e}"));
+            let mut misspelt = vec![("grnt", with(&sent, "grnt", serde_json::json!([])))];
+            // The flattened parts: a type that carries them must refuse their misspellings.
+            if sent.get("wait_ms").is_some() {
+                misspelt.push(("min_sq", with(&sent, "min_sq", 3.into())));
+            }
+            if sent.get("grants").is_some() {
+                misspelt.push(("grant", with(&sent, "grant", serde_json::json!([]))));
+            }
+            for (field, body) in misspelt {
+                let e = via(&body).expect_err(&format!("{name} took `{field}`: {body}"));
+                assert!(
+                    e.contains(&format!("unknown field `{field}`")),
+                    "{name}: {e}"
+                );
+            }
+        }
+    }
+
+    /// Misspelt fields inside a request's objects are refused too, naming them.
+    #[test]
+    fn unknown_fields_are_refused_inside_requests() {
+        use serde_json::json;
+        let retrieve = every_request()
+            .into_iter()
+            .find(|(name, ..)| *name == "RetrieveRequest")
+            .expect("listed")
+            .2;
+        let search = json!({"scopes": [], "query": "q", "k": 5});
+        for (body, field) in [
+            (with(&retrieve, "filter", json!({"tgs": ["x"]})), "tgs"),
+            (with(&retrieve, "ranking", json!({"rrf": 1})), "rrf"),
+            (
+                with(&search, "filter", json!({"min_confidance": 0.5})),
+                "min_confidance",
+            ),
+        ] {
+            let e = match body.get("k") {
+                Some(_) => via::<SearchRequest>(&body),
+                None => via::<RetrieveRequest>(&body),
+            }
+            .expect_err(&body.to_string());
+            assert!(e.contains(&format!("unknown field `{field}`")), "{e}");
+        }
+    }
+
+    /// The published schema says what the decoders do: no request takes other properties,
+    /// and the table above covers every request an endpoint takes.
+    #[test]
+    fn every_request_schema_refuses_other_properties() {
+        let schema = json_schema();
+        let listed: Vec<&str> = every_request().iter().map(|(name, ..)| *name).collect();
+        let defs = &schema["$defs"];
+        let endpoints = schema["endpoints"]
+            .as_array()
+            .into_iter()
+            .chain(schema["internal_endpoints"].as_array())
+            .flatten();
+        for endpoint in endpoints {
+            let reference = endpoint["request"]["$ref"].as_str().expect("a $ref");
+            let name = reference.trim_start_matches("#/$defs/");
+            assert!(
+                listed.contains(&name),
+                "{name} is missing from every_request"
+            );
+            assert_eq!(
+                defs[name]["additionalProperties"],
+                serde_json::Value::Bool(false),
+                "{name}"
+            );
+        }
+        for nested in ["Ranking", "MemoryFilter"] {
+            assert_eq!(
+                defs[nested]["additionalProperties"],
+                serde_json::Value::Bool(false),
+                "{nested}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_working_ttl_is_bounded() {
+        let put = |ttl_ms: Option<u64>| WorkingRequest {
+            scopes: request("task:t1", &[]),
+            op: WorkingOp::Put,
+            key: Some("k".into()),
+            value: Some("v".into()),
+            ttl_ms,
+        };
+        for ok in [
+            None,
+            Some(limits::MIN_WORKING_TTL_MS),
+            Some(limits::MAX_WORKING_TTL_MS),
+        ] {
+            put(ok).validate().unwrap();
+        }
+        for bad in [
+            0,
+            limits::MIN_WORKING_TTL_MS - 1,
+            limits::MAX_WORKING_TTL_MS + 1,
+            u64::MAX,
+        ] {
+            let e = put(Some(bad)).validate().unwrap_err();
+            assert_eq!(e.field, "ttl_ms", "{bad}");
+            assert!(
+                e.reason.contains(&limits::MAX_WORKING_TTL_MS.to_string()),
+                "{e}"
+            );
+        }
+        let get = WorkingRequest {
+            op: WorkingOp::Get,
+            value: None,
+            ..put(Some(60_000))
+        };
+        assert_eq!(get.validate().unwrap_err().field, "ttl_ms");
     }
 }

@@ -29,6 +29,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use engram_bus::{Bus, BusError, Delivery, StoredEvent};
 use engram_memory::Seq;
+use engram_schema::{DocChanged, EventKind};
+use engram_scrub::DocChanges;
 use engram_telemetry::metrics;
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -173,6 +175,18 @@ pub trait Projection: Send + Sync + 'static {
     /// reports as remaining traces (0 after an erase).
     async fn traces(&self, _keys: &[engram_memory::ScopeKey]) -> u64 {
         0
+    }
+
+    /// Whether the model applies the changes of `doc_changed` events (the docs model does;
+    /// every other model ignores the kind). Decoding them inflates compressed changes, so
+    /// the projector decodes them for such a model only, once per event: to find the secrets
+    /// they write, to dead-letter those that do not decode before the model sees them, and
+    /// to hand the model the changes uncompressed, so that its own parse inflates nothing.
+    /// Every other projector leaves them alone. (Each projector's scrubber used to decode
+    /// every change: one compressed change was inflated once per projector, and again by
+    /// the model and by its dead letter.)
+    fn applies_doc_changes(&self) -> bool {
+        false
     }
 }
 
@@ -812,11 +826,20 @@ impl<P: Projection> Projector<P> {
         let last_seq = last.seq;
 
         let mut events = Vec::with_capacity(fresh.len());
-        let mut poison: Vec<(&Delivery, String)> = Vec::new();
+        // Beside each event: its redacted copy, what its dead letter carries if the model
+        // refuses it (screened once, not again for the letter).
+        let mut redacted = Vec::with_capacity(fresh.len());
+        let mut poison: Vec<(&Delivery, String, Option<Redacted>)> = Vec::new();
         for delivery in &fresh {
             match &delivery.event {
-                Ok(event) => events.push(self.scrubbed(event)),
-                Err(e) => poison.push((delivery, e.to_string())),
+                Ok(event) => match self.screened(event) {
+                    Ok(screened) => {
+                        events.push(screened.event);
+                        redacted.push(screened.redacted);
+                    }
+                    Err((reason, copy)) => poison.push((delivery, reason, copy)),
+                },
+                Err(e) => poison.push((delivery, e.to_string(), None)),
             }
         }
         let rejected = self.projection.apply(&events).await?;
@@ -831,7 +854,7 @@ impl<P: Projection> Projector<P> {
                 .iter()
                 .find(|d| d.seq == events[r.index].seq)
                 .expect("every applied event came from the batch");
-            poison.push((delivery, r.reason.clone()));
+            poison.push((delivery, r.reason.clone(), redacted[r.index].take()));
         }
         let mut ledger = state.ledger;
         for (stored, _) in events
@@ -846,15 +869,17 @@ impl<P: Projection> Projector<P> {
         ledger.seq = last_seq;
         state.ledger = ledger;
         state.events_since_checkpoint += fresh.len() as u64;
-        state
-            .dead_letters
-            .extend(poison.into_iter().map(|(delivery, reason)| DeadLetter {
-                seq: delivery.seq,
-                subject: delivery.subject().to_owned(),
-                payload: self.dead_letter_payload(delivery),
-                reason,
-                attempts: 0,
-            }));
+        state.dead_letters.extend(
+            poison
+                .into_iter()
+                .map(|(delivery, reason, copy)| DeadLetter {
+                    seq: delivery.seq,
+                    subject: delivery.subject().to_owned(),
+                    payload: self.dead_letter_payload(delivery, copy),
+                    reason,
+                    attempts: 0,
+                }),
+        );
         self.ledger.send_replace(ledger);
         metrics::PROJECTOR_APPLIED
             .with_label_values(&[name])
@@ -866,14 +891,31 @@ impl<P: Projection> Projector<P> {
     }
 
     /// `event` as the model may see it: with its secrets redacted by its tenant's policy
-    /// (counted under this projector's name), or as stored when nothing is redacted.
-    fn scrubbed(&self, event: &StoredEvent) -> StoredEvent {
+    /// (counted under this projector's name), or as stored when nothing is redacted. The
+    /// changes of a `doc_changed` event are decoded only for a model that applies them
+    /// ([`Projection::applies_doc_changes`]), and then once: that one decode finds their
+    /// secrets, refuses the event if they do not decode (`Err`: the reason the model would
+    /// give, which the event is dead-lettered with, and its redacted copy if any), and the
+    /// model gets them uncompressed, so that its parse inflates nothing.
+    fn screened(&self, event: &StoredEvent) -> Result<Screened, (String, Option<Redacted>)> {
         let Some(scrubbers) = &self.settings.scrubbers else {
-            return event.clone();
+            // Nothing decodes the changes here: the model's own parse is their one decode.
+            return Ok(Screened {
+                event: event.clone(),
+                redacted: None,
+            });
         };
-        match scrubbers.scrubbed(&event.event) {
-            None => event.clone(),
-            Some((clean, kinds)) => {
+        let decoded = (event.event.kind == EventKind::DocChanged
+            && self.projection.applies_doc_changes())
+        .then(|| DocChanged::from_event(&event.event));
+        let docs = match &decoded {
+            Some(Ok((_, changes))) => DocChanges::Decoded(changes),
+            // A change that does not decode writes no readable strings.
+            Some(Err(_)) | None => DocChanges::Leave,
+        };
+        let redacted = scrubbers
+            .scrubbed_with(&event.event, docs)
+            .map(|(clean, kinds)| {
                 let name = self.projection.name();
                 for kind in &kinds {
                     metrics::SCRUB_REDACTIONS
@@ -886,19 +928,33 @@ impl<P: Projection> Projector<P> {
                     redactions = kinds.len(),
                     "secrets redacted from a raw event before it was applied"
                 );
-                StoredEvent {
-                    event: clean,
-                    ..event.clone()
+                Redacted {
+                    clean: Box::new(clean),
+                    kinds,
                 }
+            });
+        let seen = redacted.as_ref().map_or(&event.event, |r| &*r.clean);
+        let model_event = match decoded {
+            None => seen.clone(),
+            Some(Ok((_, changes))) => {
+                DocChanged::uncompressed(seen, &changes).unwrap_or_else(|| seen.clone())
             }
-        }
+            Some(Err(e)) => return Err((e.to_string(), redacted)),
+        };
+        Ok(Screened {
+            event: StoredEvent {
+                event: model_event,
+                ..event.clone()
+            },
+            redacted,
+        })
     }
 
     /// The bytes a dead letter carries: the stored message, unless secrets must be redacted
-    /// from it. An event is encoded again with its secrets redacted, as the model saw it; a
-    /// message that does not decode as an event is redacted as text (it is kept for
-    /// inspection, and was no event to begin with).
-    fn dead_letter_payload(&self, delivery: &Delivery) -> Vec<u8> {
+    /// from it. An event is encoded again with its secrets redacted, as it was screened
+    /// (`redacted`); a message that does not decode as an event is redacted as text (it is
+    /// kept for inspection, and was no event to begin with).
+    fn dead_letter_payload(&self, delivery: &Delivery, redacted: Option<Redacted>) -> Vec<u8> {
         let raw = delivery.payload();
         let Some(scrubbers) = &self.settings.scrubbers else {
             return raw.to_vec();
@@ -910,10 +966,11 @@ impl<P: Projection> Projector<P> {
                     .inc();
             }
         };
-        if let Ok(stored) = &delivery.event {
-            return match scrubbers.scrubbed(&stored.event) {
+        if delivery.event.is_ok() {
+            // Screened already: scrubbing it again would decode its document changes again.
+            return match redacted {
                 None => raw.to_vec(),
-                Some((clean, kinds)) => {
+                Some(Redacted { clean, kinds }) => {
                     count(&kinds);
                     rmp_serde::to_vec_named(&clean).unwrap_or_default()
                 }
@@ -1115,6 +1172,19 @@ struct LoopState {
 }
 
 /// A poison message waiting to be dead-lettered, owned so that it outlives its batch.
+/// An event as [`Projector::screened`] hands it to the model.
+struct Screened {
+    event: StoredEvent,
+    /// Its redacted copy, when secrets were taken out of it.
+    redacted: Option<Redacted>,
+}
+
+/// An event with its secrets redacted, and the kinds redacted.
+struct Redacted {
+    clean: Box<engram_schema::Envelope>,
+    kinds: Vec<engram_scrub::Kind>,
+}
+
 struct DeadLetter {
     seq: Seq,
     subject: String,

@@ -69,6 +69,8 @@ pub struct SnapshotProjection<M> {
     /// skipped, since a [`SnapshotModel`] need not skip them itself. Set from the ledger by
     /// `restore` and `reset`; `apply` locks it after the model, never the other way round.
     applied: Mutex<AppliedSeq>,
+    /// [`Projection::applies_doc_changes`].
+    doc_changes: bool,
 }
 
 impl<M: SnapshotModel> SnapshotProjection<M> {
@@ -78,7 +80,16 @@ impl<M: SnapshotModel> SnapshotProjection<M> {
             path: dir.into().join(format!("{name}.snap")),
             model: Arc::new(RwLock::new(M::default())),
             applied: Mutex::new(AppliedSeq::NONE),
+            doc_changes: false,
         }
+    }
+
+    /// Marks the model as one that applies `doc_changed` events' changes (the docs model):
+    /// the projector then decodes them, once per event, before the model sees them
+    /// ([`Projection::applies_doc_changes`]); for any other model it leaves them alone.
+    pub fn applying_doc_changes(mut self) -> Self {
+        self.doc_changes = true;
+        self
     }
 
     /// Read access for queries. Hold it briefly: the projector waits for it to apply.
@@ -99,6 +110,10 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
 
     fn state_dir(&self) -> Option<&std::path::Path> {
         self.path.parent()
+    }
+
+    fn applies_doc_changes(&self) -> bool {
+        self.doc_changes
     }
 
     async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {

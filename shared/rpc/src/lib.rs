@@ -5,6 +5,13 @@
 //! errors: the `Nats-Service-Error-Code` header holds an HTTP-like status
 //! ([`ErrorCode::http_status`]) and `Nats-Service-Error` the message, so non-Rust agents can
 //! read them without a schema.
+//!
+//! A request is answered only at the caller's own inbox
+//! ([`engram_access::perms::reply_allowed`]): on an agent's subject
+//! (`engram.q.<tenant>.<agent>.<op>`) that agent's `_INBOX.a.<tenant>.<agent>.`, elsewhere
+//! an inbox that is no agent's. Any other request is dropped before its handler runs and
+//! counted in `engram_rpc_replies_refused_total`. Serve on a connection of the service's
+//! responder identity ([`engram_access::Role::Responder`]), which may publish to inboxes only.
 
 use std::future::Future;
 use std::sync::Arc;
@@ -19,6 +26,16 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tracing::Instrument;
+
+/// Which of a service's two connections is meant. A service works (consumes, appends,
+/// writes KV, asks other services) on its worker connection and answers requests on its
+/// responder connection, whose identity may publish to inboxes only: so no reply subject a
+/// requester writes can borrow the worker's rights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Link {
+    Worker,
+    Responder,
+}
 
 /// A failed call, as the caller sees it.
 #[derive(Clone, Debug, Error, PartialEq, Eq)]
@@ -243,10 +260,26 @@ fn service_error(failure: &Failure) -> service::error::Error {
 }
 
 /// A request body as `Req`, or why not, naming the field where decoding stopped: a client in
-/// another language learns which of its fields to fix.
+/// another language learns which of its fields to fix. Every request type refuses unknown
+/// fields (`engram_memory::proto`), so a misspelt one is named here too, and nothing may
+/// follow the JSON value.
 fn decode<Req: DeserializeOwned>(body: &[u8]) -> Result<Req, String> {
     let mut json = serde_json::Deserializer::from_slice(body);
-    serde_path_to_error::deserialize(&mut json).map_err(|e| {
+    let request = decode_from(&mut json)?;
+    json.end()
+        .map_err(|e| format!("request does not decode: {e}"))?;
+    Ok(request)
+}
+
+/// [`decode`] from any deserializer, with the same messages: the gateway decodes its bodies
+/// (JSON values, once it has filled in the tenant) with it, so HTTP and NATS callers read
+/// the same error for the same mistake.
+pub fn decode_from<'de, Req, D>(deserializer: D) -> Result<Req, String>
+where
+    Req: serde::Deserialize<'de>,
+    D: serde::Deserializer<'de>,
+{
+    serde_path_to_error::deserialize(deserializer).map_err(|e| {
         let path = e.path().to_string();
         if path == "." {
             format!("request does not decode: {}", e.into_inner())
@@ -303,6 +336,21 @@ where
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1)));
     Ok(tokio::spawn(async move {
         while let Some(request) = endpoint.next().await {
+            // Before anything else, busy replies included: the reply subject is the
+            // requester's to choose, and answering it is a publish with this service's
+            // rights. Only the caller's own inbox gets an answer; any other request is
+            // dropped undone (its work may be a write, and nobody could read its answer).
+            let reply = request.message.reply.as_ref().map(|r| r.as_str());
+            if !engram_access::perms::reply_allowed(&request.message.subject, reply) {
+                metrics::RPC_REPLIES_REFUSED.with_label_values(&[op]).inc();
+                tracing::debug!(
+                    op,
+                    subject = %request.message.subject,
+                    reply = reply.unwrap_or(""),
+                    "request dropped: its reply subject is not the caller's inbox"
+                );
+                continue;
+            }
             let Ok(permit) = permits.clone().try_acquire_owned() else {
                 metrics::QUERIES.with_label_values(&[op, "busy"]).inc();
                 let busy = Failure::new(

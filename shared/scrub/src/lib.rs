@@ -59,4 +59,4 @@ mod value;
 pub use json::scrub_json;
 pub use policy::{Kind, ScrubPolicy};
 pub use scrubber::{Redaction, Scrubbed, Scrubber};
-pub use tenants::{ScrubConfig, Scrubbers};
+pub use tenants::{DocChanges, ScrubConfig, Scrubbers};

@@ -60,11 +60,22 @@ impl Scrubbers {
     /// or `None` when it has none, without copying the event: the usual case on the append
     /// path. (Only its data, usually small, is copied to be checked.)
     pub fn scrubbed(&self, event: &Envelope) -> Option<(Envelope, Vec<Kind>)> {
+        self.scrubbed_with(event, DocChanges::Decode)
+    }
+
+    /// [`Scrubbers::scrubbed`], with the changes of a `doc_changed` event treated as `docs`
+    /// says. They are decoded at most once, however many secrets the event holds.
+    pub fn scrubbed_with(
+        &self,
+        event: &Envelope,
+        docs: DocChanges<'_>,
+    ) -> Option<(Envelope, Vec<Kind>)> {
         let scrubber = self.for_tenant(event.tenant.as_str());
+        let doc_found = doc_secrets(scrubber, event, docs);
         let dirty = |s: &str| !scrubber.scrub(s).is_clean();
         let data_dirty = || {
             if event.kind == EventKind::DocChanged {
-                return !doc_change_secrets(scrubber, event).is_empty();
+                return !doc_found.is_empty();
             }
             event
                 .content
@@ -76,7 +87,7 @@ impl Scrubbers {
             return None;
         }
         let mut copy = event.clone();
-        let kinds = self.scrub_event(&mut copy);
+        let kinds = self.redact(&mut copy, doc_found);
         Some((copy, kinds))
     }
 
@@ -100,6 +111,16 @@ impl Scrubbers {
     /// Redacts the secrets in `event`'s text, data (but a document change's) and tags, by its
     /// tenant's policy; returns the kinds redacted, in order (none: the event is unchanged).
     pub fn scrub_event(&self, event: &mut Envelope) -> Vec<Kind> {
+        let found = doc_secrets(
+            self.for_tenant(event.tenant.as_str()),
+            event,
+            DocChanges::Decode,
+        );
+        self.redact(event, found)
+    }
+
+    /// [`Scrubbers::scrub_event`] with the secrets of its document changes already found.
+    fn redact(&self, event: &mut Envelope, doc_found: Vec<Kind>) -> Vec<Kind> {
         let scrubber = self.for_tenant(event.tenant.as_str());
         let mut kinds = self.scrub_text_and_tags(event);
         // A document change's data is automerge change bytes in base64, which no redaction
@@ -109,8 +130,7 @@ impl Scrubbers {
         // it, and its dead-letter copy holds no secret). Writers using the SDK never get
         // here: their edits are redacted before the change is made.
         if event.kind == EventKind::DocChanged {
-            let found = doc_change_secrets(scrubber, event);
-            if !found.is_empty()
+            if !doc_found.is_empty()
                 && let Some(data) = event.content.data.as_mut().and_then(|d| d.as_object_mut())
             {
                 data.insert("changes".into(), serde_json::Value::Array(Vec::new()));
@@ -118,10 +138,10 @@ impl Scrubbers {
                     "redacted".into(),
                     serde_json::Value::String(format!(
                         "the changes wrote {} secret(s) and were removed; write documents through the SDK, which redacts before the change is made",
-                        found.len()
+                        doc_found.len()
                     )),
                 );
-                kinds.extend(found);
+                kinds.extend(doc_found);
             }
         } else if let Some(data) = event.content.data.as_mut() {
             kinds.extend(scrub_json(scrubber, data));
@@ -130,17 +150,50 @@ impl Scrubbers {
     }
 }
 
-/// The kinds of secrets the strings of a document change write: values put in maps and
+/// What scrubbing does with the changes of a `doc_changed` event. Decoding them inflates the
+/// compressed ones (up to [`engram_schema::payload::MAX_DOC_INFLATED_BYTES`] per event), so
+/// it is done once per event, by the one reader that applies them.
+#[derive(Clone, Copy, Debug)]
+pub enum DocChanges<'a> {
+    /// Decode them and check the strings they write: what the append path does, where the
+    /// event is about to be stored.
+    Decode,
+    /// The event's changes, already decoded by the caller
+    /// ([`engram_schema::DocChanged::from_event`]): checked without decoding them again.
+    Decoded(&'a [engram_schema::automerge::Change]),
+    /// Leave them alone, unchecked: for a reader that never applies document changes (every
+    /// read model but the docs model ignores `doc_changed` events), whose copy of the event
+    /// keeps or shows nothing of them.
+    Leave,
+}
+
+/// The kinds of secrets the changes of `event` write, if it is a `doc_changed` event, found
+/// as `docs` says.
+fn doc_secrets(scrubber: &Scrubber, event: &Envelope, docs: DocChanges<'_>) -> Vec<Kind> {
+    if event.kind != EventKind::DocChanged {
+        return Vec::new();
+    }
+    match docs {
+        DocChanges::Leave => Vec::new(),
+        DocChanges::Decoded(changes) => doc_change_secrets(scrubber, changes),
+        // A change that does not decode holds no readable strings; the docs model refuses it.
+        DocChanges::Decode => match engram_schema::DocChanged::from_event(event) {
+            Ok((_, changes)) => doc_change_secrets(scrubber, &changes),
+            Err(_) => Vec::new(),
+        },
+    }
+}
+
+/// The kinds of secrets the strings of document changes write: values put in maps and
 /// lists, and text typed into a text object (one character per operation, joined back).
-/// A change that does not decode holds no readable strings; the docs model refuses it.
-fn doc_change_secrets(scrubber: &Scrubber, event: &Envelope) -> Vec<Kind> {
+fn doc_change_secrets(
+    scrubber: &Scrubber,
+    changes: &[engram_schema::automerge::Change],
+) -> Vec<Kind> {
     use engram_schema::automerge::ScalarValue;
     use engram_schema::automerge::legacy::OpType;
-    let Ok((_, changes)) = engram_schema::DocChanged::from_event(event) else {
-        return Vec::new();
-    };
     let mut text = String::new();
-    for change in &changes {
+    for change in changes {
         for op in change.decode().operations {
             if let OpType::Put(ScalarValue::Str(s)) = &op.action {
                 if op.insert && s.chars().count() == 1 {

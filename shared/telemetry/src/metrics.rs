@@ -95,6 +95,19 @@ pub static EVENTS_READ: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// The scope reads of replay pages (`engram.q.replay`, and so `/v1/tail`), one per scope
+/// of a page, by result: `events` (a direct-get batch returned some), `empty` (a batch
+/// found none of the scope's) and `skipped` (the stream held nothing after the page's
+/// start, so nothing was read). An idle tail's foreign writes show as `empty`, at most one
+/// per scope per page, never as a consumer.
+pub static REPLAY_SCOPE_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_replay_scope_reads_total",
+        "scope reads of replay pages, by result (events, empty, skipped)",
+        &["result"],
+    )
+});
+
 /// 1 while the process holds a live NATS connection.
 pub static NATS_CONNECTED: LazyLock<IntGauge> = LazyLock::new(|| {
     register(IntGauge::new("engram_nats_connected", "1 if the nats connection is up").unwrap())
@@ -263,6 +276,16 @@ pub static ACCESS_ENFORCE_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::n
             ]),
         )
         .expect("valid metric"),
+    )
+});
+/// Requests a service dropped unanswered and undone because their reply subject was not
+/// the caller's own inbox (or they had none), by operation: a confused-deputy attempt, or a
+/// client that does not set its inbox prefix.
+pub static RPC_REPLIES_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_rpc_replies_refused_total",
+        "requests dropped because their reply subject is not the caller's inbox, by operation",
+        &["op"],
     )
 });
 /// HTTP API errors, by stable code (`invalid`, `unauthenticated`, `forbidden`, `too_large`,
@@ -478,6 +501,9 @@ pub fn touch_all(layers: &[&str]) {
         for outcome in ["ok", "undecodable"] {
             EVENTS_READ.with_label_values(&[mode, outcome]);
         }
+    }
+    for result in ["events", "empty", "skipped"] {
+        REPLAY_SCOPE_READS.with_label_values(&[result]);
     }
     for outcome in ["appended", "retried", "dropped"] {
         USAGE_EVENTS.with_label_values(&[outcome]);

@@ -25,24 +25,36 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
         engram_access::Credentials::load(&engram_access::creds::service_path(&config.home, role))
             .ok()
     };
-    let (as_projectors, as_consolidator) = (
-        service(engram_access::RoleName::Projectors),
-        service(engram_access::RoleName::Consolidator),
-    );
+    use engram_access::RoleName;
+    let identities: Vec<(RoleName, Option<engram_access::Credentials>)> = [
+        RoleName::Projectors,
+        RoleName::Consolidator,
+        RoleName::ProjectorsResponder,
+        RoleName::ConsolidatorResponder,
+    ]
+    .into_iter()
+    .map(|r| (r, service(r)))
+    .collect();
     let running = engram_projectors::start(
         &projectors,
         &engram_projectors::state_dir(&config.home),
-        |name| {
-            let creds = if name == engram_memory::proto::read_models::CONSOLIDATOR {
-                as_consolidator.as_ref()
+        |name, link| {
+            let worker = if name == engram_memory::proto::read_models::CONSOLIDATOR {
+                RoleName::Consolidator
             } else {
-                as_projectors.as_ref()
+                RoleName::Projectors
             };
+            let (role, client_name) =
+                crate::up::service_link(worker, link, &format!("engram-projector-{name}"));
+            let creds = identities
+                .iter()
+                .find(|(r, _)| *r == role)
+                .and_then(|(_, c)| c.as_ref());
             let mut c = match creds {
                 Some(creds) => config.bus_config_as(url.clone(), creds),
                 None => config.bus_config(url.clone()),
             };
-            c.client_name = format!("engram-projector-{name}");
+            c.client_name = client_name;
             Bus::connect(c)
         },
         stop.clone(),
