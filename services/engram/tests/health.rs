@@ -47,6 +47,7 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
             listen: "127.0.0.1:0".parse().unwrap(),
             health_max_lag_events: 2,
             health_lag_grace: Duration::from_millis(500),
+            ..HttpConfig::default()
         },
         projectors: ProjectorsConfig {
             run: vec!["vector".parse::<ProjectorName>().unwrap()],

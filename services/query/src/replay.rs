@@ -242,7 +242,9 @@ fn assemble(
         events.push(e);
     }
     let next_after = if trimmed {
-        events.last().map_or(after_seq, |e: &proto::ReplayedEvent| e.seq)
+        events
+            .last()
+            .map_or(after_seq, |e: &proto::ReplayedEvent| e.seq)
     } else {
         covered
     };
@@ -338,6 +340,9 @@ mod tests {
         // Then the limit: two events, ending at the second.
         let merged = vec![event(30), event(20), event(40)];
         let page = assemble(merged, 1, 90, 10, 90, 2, 1 << 20);
-        assert_eq!((page.events.len(), page.next_after, page.done), (2, 30, false));
+        assert_eq!(
+            (page.events.len(), page.next_after, page.done),
+            (2, 30, false)
+        );
     }
 }

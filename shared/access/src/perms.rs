@@ -227,7 +227,9 @@ pub fn reply_allowed(subject: &str, reply: Option<&str>) -> bool {
     }
     match caller_inbox(subject) {
         Some(prefix) => reply.starts_with(&prefix),
-        None if subject.starts_with(&format!("{QUERY_PREFIX}.")) && subject.split('.').count() > 3 => {
+        None if subject.starts_with(&format!("{QUERY_PREFIX}."))
+            && subject.split('.').count() > 3 =>
+        {
             // Looks like an agent subject but does not parse as one: nobody's.
             false
         }

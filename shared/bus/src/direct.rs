@@ -78,11 +78,9 @@ impl Bus {
         let inbox = self.client.new_inbox();
         // Subscribed before the request is published, on the same connection, so no answer
         // can arrive before the subscription does. Dropping it unsubscribes.
-        let mut answers = self
-            .client
-            .subscribe(inbox.clone())
-            .await
-            .map_err(|e| BusError::Unavailable(format!("subscribing to a direct get's inbox: {e}")))?;
+        let mut answers = self.client.subscribe(inbox.clone()).await.map_err(|e| {
+            BusError::Unavailable(format!("subscribing to a direct get's inbox: {e}"))
+        })?;
         self.client
             .publish_with_reply(subject.clone(), inbox, body.to_string().into())
             .await
@@ -163,10 +161,7 @@ impl Bus {
         let body = serde_json::json!({"seq": from_seq.max(1), "next_by_subj": filter});
         let answer: Answer = self
             .js
-            .request(
-                format!("STREAM.MSG.GET.{}", self.config.stream.name),
-                &body,
-            )
+            .request(format!("STREAM.MSG.GET.{}", self.config.stream.name), &body)
             .await
             .map_err(|e| BusError::Unavailable(format!("asking the stream leader: {e}")))?;
         match (answer.message, answer.error) {
@@ -222,11 +217,5 @@ impl DirectBatch {
 }
 
 fn header_u64(message: &async_nats::Message, name: &str) -> Option<u64> {
-    message
-        .headers
-        .as_ref()?
-        .get(name)?
-        .as_str()
-        .parse()
-        .ok()
+    message.headers.as_ref()?.get(name)?.as_str().parse().ok()
 }

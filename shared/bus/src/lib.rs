@@ -35,8 +35,8 @@ use engram_schema::Codec;
 use engram_telemetry::metrics;
 
 pub use append::{AppendOptions, AppendReceipt};
-pub use direct::{DirectBatch, StreamPosition};
 pub use config::{BusConfig, DeadLetterSettings, NkeyAuth, StreamSettings, WorkingMemorySettings};
+pub use direct::{DirectBatch, StreamPosition};
 pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};
 pub use head::StreamHead;
