@@ -91,7 +91,8 @@ impl AsRef<str> for Ident {
 
 /// A client-chosen event id: a UUID (v7 preferred, for time order) or a ULID.
 ///
-/// It doubles as the JetStream `Nats-Msg-Id`, which is what makes a retried append idempotent,
+/// Qualified by its tenant (`<tenant>:<event id>`), it is the JetStream `Nats-Msg-Id`, which
+/// is what makes a retried append idempotent,
 /// so it is kept in canonical form: a UUID lowercase and hyphenated, a ULID uppercase.
 #[derive(
     Clone, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize, JsonSchema,

@@ -226,3 +226,64 @@ pub async fn board_with_item(
         .unwrap();
     board.push().await.unwrap().unwrap().seq
 }
+
+/// The HTTP API (and `/mcp`, when `mcp` is given) served the way `engram up` serves it
+/// ([`engram_gateway::serve`], within `limits`) on a random loopback port, against `nats`,
+/// until `stop` completes. Returns the address it listens on.
+pub async fn serve_http_with(
+    nats: &engram_testkit::SecureNats,
+    config: engram_gateway::GatewayConfig,
+    limits: engram_gateway::ServeLimits,
+    mcp: Option<engram_mcp::McpConfig>,
+    stop: CancellationToken,
+) -> std::net::SocketAddr {
+    let gateway: Arc<engram_gateway::Gateway> = engram_gateway::Gateway::new(
+        nats.nats.bus_config(),
+        config,
+        engram_scrub::ScrubConfig::default(),
+    );
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let mut app = engram_gateway::router(gateway.clone());
+    if let Some(mcp) = mcp {
+        let mut mcp = mcp.http(addr);
+        mcp.shutdown = stop.clone();
+        app = app.merge(engram_mcp::router(gateway, mcp));
+    }
+    tokio::spawn(async move {
+        engram_gateway::serve(listener, app, limits, stop.cancelled_owned())
+            .await
+            .unwrap();
+    });
+    addr
+}
+
+/// [`serve_http_with`] the default limits, no `/mcp`, for the rest of the test; returns
+/// the base URL (`http://127.0.0.1:<port>`).
+pub async fn serve_http(
+    nats: &engram_testkit::SecureNats,
+    config: engram_gateway::GatewayConfig,
+) -> String {
+    let addr = serve_http_with(
+        nats,
+        config,
+        engram_gateway::ServeLimits::default(),
+        None,
+        CancellationToken::new(),
+    )
+    .await;
+    format!("http://{addr}")
+}
+
+/// A server with authentication, the services, tenant `tenant` and an API key of its agent
+/// `agent` with the default scopes: where every HTTP test starts.
+pub async fn secured_with_key(
+    tenant: &str,
+    agent: &str,
+) -> (engram_testkit::SecureNats, Engram, String) {
+    let nats = TestNats::start_secured().await;
+    let engram = Engram::start_secured(&nats).await;
+    nats.add_tenant(tenant).await;
+    let key = nats.add_agent(tenant, agent, &[]).await.api_key().unwrap();
+    (nats, engram, key)
+}

@@ -1,30 +1,12 @@
 //! The HTTP API against a server with authentication: an API key is the agent's identity, so
 //! the gateway answers exactly what the agent's NATS credentials may do, with JSON errors.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use engram_gateway::{Gateway, GatewayConfig};
-use engram_testkit::{SecureNats, TestNats};
+use engram_gateway::GatewayConfig;
+use engram_testkit::TestNats;
 use engram_tests::{Engram, embedder};
 use serde_json::{Value, json};
-
-/// Serves the gateway on a random loopback port; returns its base URL.
-async fn serve(nats: &SecureNats, config: GatewayConfig) -> String {
-    let gateway: Arc<Gateway> = Gateway::new(
-        nats.nats.bus_config(),
-        config,
-        engram_scrub::ScrubConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, engram_gateway::router(gateway))
-            .await
-            .unwrap();
-    });
-    format!("http://{addr}")
-}
 
 async fn post(
     base: &str,
@@ -76,7 +58,7 @@ async fn an_api_key_appends_and_retrieves_as_its_agent_and_nothing_more() {
     nats.add_tenant("victim").await;
     let creds = nats.add_agent("acme", "planner", &[]).await;
     let key = creds.api_key().unwrap();
-    let base = serve(&nats, GatewayConfig::default()).await;
+    let base = engram_tests::serve_http(&nats, GatewayConfig::default()).await;
 
     // Append (tenant and agent from the key), then read the write back.
     let (status, body, _) = post(
@@ -157,7 +139,7 @@ async fn an_api_key_appends_and_retrieves_as_its_agent_and_nothing_more() {
     );
 
     // Too large: 413 with a JSON body.
-    let small = serve(
+    let small = engram_tests::serve_http(
         &nats,
         GatewayConfig {
             max_body_bytes: 1024,
@@ -174,7 +156,7 @@ async fn an_api_key_appends_and_retrieves_as_its_agent_and_nothing_more() {
     );
 
     // Rate-limited per key: 429 with Retry-After.
-    let slow = serve(
+    let slow = engram_tests::serve_http(
         &nats,
         GatewayConfig {
             rate_per_second: 0.5,
@@ -279,7 +261,7 @@ async fn the_write_listing_and_tail_routes_act_as_the_key_and_show_only_what_it_
         .await
         .api_key()
         .unwrap();
-    let base = serve(&nats, GatewayConfig::default()).await;
+    let base = engram_tests::serve_http(&nats, GatewayConfig::default()).await;
 
     // whoami: the registry's view of the key.
     let (status, me) = get(&base, "/v1/whoami", &key).await;

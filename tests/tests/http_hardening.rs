@@ -8,10 +8,9 @@
 //! wait is bounded well above them.
 
 use std::net::SocketAddr;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use engram_gateway::{Gateway, GatewayConfig, ServeLimits};
+use engram_gateway::{GatewayConfig, ServeLimits};
 use engram_testkit::{SecureNats, TestNats};
 use engram_tests::Engram;
 use serde_json::{Value, json};
@@ -39,23 +38,15 @@ struct Served {
 
 impl Served {
     async fn start(nats: &SecureNats, limits: ServeLimits, mcp: engram_mcp::McpConfig) -> Self {
-        let gateway: Arc<Gateway> = Gateway::new(
-            nats.nats.bus_config(),
-            GatewayConfig::default(),
-            engram_scrub::ScrubConfig::default(),
-        );
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-        let addr = listener.local_addr().unwrap();
         let stop = CancellationToken::new();
-        let mut mcp = mcp.http(addr);
-        mcp.shutdown = stop.clone();
-        let app = engram_gateway::router(gateway.clone()).merge(engram_mcp::router(gateway, mcp));
-        let stopped = stop.clone().cancelled_owned();
-        tokio::spawn(async move {
-            engram_gateway::serve(listener, app, limits, stopped)
-                .await
-                .unwrap();
-        });
+        let addr = engram_tests::serve_http_with(
+            nats,
+            GatewayConfig::default(),
+            limits,
+            Some(mcp),
+            stop.clone(),
+        )
+        .await;
         Self {
             addr,
             _stop: stop.drop_guard(),
@@ -122,14 +113,7 @@ async fn exchange(stream: &mut TcpStream, addr: SocketAddr) -> u16 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn slow_headers_an_endless_body_and_silence_are_cut_off_within_the_timeouts() {
-    let nats = TestNats::start_secured().await;
-    let _engram = Engram::start_secured(&nats).await;
-    nats.add_tenant("acme").await;
-    let key = nats
-        .add_agent("acme", "planner", &[])
-        .await
-        .api_key()
-        .unwrap();
+    let (nats, _engram, key) = engram_tests::secured_with_key("acme", "planner").await;
     let served = Served::start(&nats, short_limits(), engram_mcp::McpConfig::default()).await;
     let addr = served.addr;
 

@@ -9,11 +9,10 @@
 use std::panic::AssertUnwindSafe;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::Duration;
 
 use engram_docs::{TaskBoard, TaskItem};
-use engram_gateway::{Gateway, GatewayConfig};
+use engram_gateway::GatewayConfig;
 use engram_testkit::{SecureNats, TestNats};
 use engram_tests::{Engram, embedder};
 use fantoccini::elements::Element;
@@ -26,23 +25,6 @@ const CHROMIUM: &str = "/usr/bin/chromium";
 /// How long a DOM condition may take: the page waits on the services, which wait on the
 /// projectors.
 const WAIT: Duration = Duration::from_secs(20);
-
-/// Serves the gateway on a random loopback port; returns its base URL.
-async fn serve(nats: &SecureNats) -> String {
-    let gateway: Arc<Gateway> = Gateway::new(
-        nats.nats.bus_config(),
-        GatewayConfig::default(),
-        engram_scrub::ScrubConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, engram_gateway::router(gateway))
-            .await
-            .unwrap();
-    });
-    format!("http://{addr}")
-}
 
 async fn post(base: &str, path: &str, key: &str, body: &Value) -> Value {
     let response = reqwest::Client::new()
@@ -386,7 +368,7 @@ async fn the_inspector_shows_what_a_key_may_read() {
         scope: "team:core".parse().unwrap(),
     })
     .await;
-    let base = serve(&nats).await;
+    let base = engram_tests::serve_http(&nats, GatewayConfig::default()).await;
     engram_testkit::wait_until("the grant to be in force", WAIT, || {
         let (base, key) = (base.clone(), key.clone());
         async move {

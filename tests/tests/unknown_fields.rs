@@ -4,13 +4,12 @@
 //! `grants` or `min_seq` used to be dropped in silence, reading fewer scopes or stale state.
 //! And a working-memory TTL is bounded.
 
-use std::sync::Arc;
 use std::time::Duration;
 
-use engram_gateway::{Gateway, GatewayConfig};
+use engram_gateway::GatewayConfig;
 use engram_memory::proto::{self, ErrorCode, limits};
 use engram_sdk::RpcError;
-use engram_testkit::{SecureNats, TestNats};
+use engram_testkit::TestNats;
 use engram_tests::{Engram, embedder};
 use serde_json::{Value, json};
 
@@ -246,22 +245,6 @@ async fn a_working_memory_ttl_beyond_its_bound_is_refused_and_at_it_accepted() {
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
-async fn serve(nats: &SecureNats) -> String {
-    let gateway: Arc<Gateway> = Gateway::new(
-        nats.nats.bus_config(),
-        GatewayConfig::default(),
-        engram_scrub::ScrubConfig::default(),
-    );
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(listener, engram_gateway::router(gateway))
-            .await
-            .unwrap();
-    });
-    format!("http://{addr}")
-}
-
 async fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
     let response = reqwest::Client::new()
         .post(format!("{base}{path}"))
@@ -300,15 +283,8 @@ fn http_body(path: &str) -> Value {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn every_post_route_refuses_an_unknown_field_naming_it_and_appends_nothing() {
-    let nats = TestNats::start_secured().await;
-    let _engram = Engram::start_secured(&nats).await;
-    nats.add_tenant("acme").await;
-    let key = nats
-        .add_agent("acme", "planner", &[])
-        .await
-        .api_key()
-        .unwrap();
-    let base = serve(&nats).await;
+    let (nats, _engram, key) = engram_tests::secured_with_key("acme", "planner").await;
+    let base = engram_tests::serve_http(&nats, GatewayConfig::default()).await;
     let document: Value = reqwest::Client::new()
         .get(format!("{base}/openapi.json"))
         .bearer_auth(&key)

@@ -210,7 +210,8 @@ async fn append(
             .entry("instance_id")
             .or_insert_with(|| "gateway".into());
         let event = codec.decode_value(item).map_err(|e| match e {
-            engram_schema::SchemaError::TooLarge { .. } => ApiError::new(
+            engram_schema::SchemaError::TooLarge { .. }
+            | engram_schema::SchemaError::PayloadTooLarge { .. } => ApiError::new(
                 StatusCode::PAYLOAD_TOO_LARGE,
                 "too_large",
                 format!("event {i}: {e}"),

@@ -84,6 +84,11 @@ impl Guard {
 }
 
 impl Guard {
+    /// Whether `agent` of `tenant` may write `scope`: its key's own scopes cover it.
+    pub async fn may_write(&self, tenant: &Ident, agent: &Ident, scope: &Scope) -> bool {
+        self.registry.read().await.may_write(tenant, agent, scope)
+    }
+
     /// Refuses a write to `scope` by the agent named by `subject` unless its own scopes
     /// cover it.
     pub async fn authorize_write(

@@ -16,6 +16,7 @@
 //! ([`ScopeRequest::resolve`]). Projectors then match scope keys exactly.
 
 pub mod access;
+pub mod append;
 pub mod context;
 pub mod fusion;
 pub mod replay;
@@ -259,6 +260,20 @@ impl Query {
         endpoint!(proto::REPLAY, "replay", proto::ReplayRequest, |q, r| q
             .replay(r)
             .await);
+        // Appends, by agents only (the admin and services publish to the log themselves).
+        let q = self.clone();
+        engram_rpc::serve_from(
+            &service,
+            &engram_access::perms::query_subject_any(append::op()),
+            "append",
+            limits,
+            move |subject: &str, r: proto::AppendRequest| {
+                let q = q.clone();
+                let subject = subject.to_owned();
+                async move { q.append_as(&subject, r).await }
+            },
+        )
+        .await?;
         // Working memory: reads like any other path; a put or delete by an agent also
         // needs a scope its key may write (checked in `working_as`).
         let q = self.clone();

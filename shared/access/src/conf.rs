@@ -116,6 +116,10 @@ mod tests {
             &[
                 ("UADMIN".into(), Role::Admin),
                 ("UQUERY".into(), Role::Query),
+                (
+                    "UQRESP".into(),
+                    Role::Responder(crate::perms::Service::Query),
+                ),
             ],
             &Names::default(),
         );
@@ -125,6 +129,12 @@ mod tests {
         assert_eq!(users[0]["nkey"], "UADMIN");
         assert!(users[0].get("permissions").is_none());
         assert!(users[1]["permissions"]["publish"]["allow"].is_array());
-        assert_eq!(users[1]["permissions"]["allow_responses"], true);
+        // No identity replies through `allow_responses`: that would let a service answer at
+        // whatever reply subject a caller names. The responder publishes to inboxes only.
+        assert!(users[1]["permissions"].get("allow_responses").is_none());
+        assert_eq!(
+            users[2]["permissions"]["publish"]["allow"],
+            serde_json::json!(["_INBOX.>"])
+        );
     }
 }

@@ -317,20 +317,15 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
         Role::Agent {
             tenant,
             agent,
-            scopes,
+            scopes: _,
         } => {
-            let mut publish: Vec<String> = scopes
-                .iter()
-                .map(|p| {
-                    format!(
-                        "{}.{tenant}.{}.{}.*",
-                        engram_schema::SUBJECT_PREFIX,
-                        p.kind,
-                        p.id_token()
-                    )
-                })
-                .collect();
-            publish.push(query_subject(tenant, agent, "*"));
+            // Its own query subjects, nothing else: appends too go through the query service
+            // (`engram.q.<tenant>.<agent>.append`), which checks each event against
+            // `scopes`. A key that could publish to the log directly could have the server
+            // acknowledge the publish at any reply subject it names: another tenant's events,
+            // a KV bucket, the registry, the JetStream API. The server publishes those acks
+            // itself, outside every permission.
+            let publish = vec![query_subject(tenant, agent, "*")];
             Some(Permissions {
                 publish: Rule {
                     allow: publish,
@@ -468,12 +463,8 @@ mod tests {
         let p = permissions(&agent("acme", "planner"), &Names::default()).unwrap();
         assert_eq!(
             p.publish.allow,
-            vec![
-                "engram.evt.acme.task.*.*",
-                "engram.evt.acme.session.*.*",
-                "engram.evt.acme.agent.planner.*",
-                "engram.q.acme.planner.*",
-            ]
+            vec!["engram.q.acme.planner.*"],
+            "appends go through the query service: a key that publishes to the log chooses where the server acks it"
         );
         assert_eq!(p.subscribe.allow, vec!["_INBOX.a.acme.planner.>"]);
         assert!(!p.allow_responses);

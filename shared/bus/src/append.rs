@@ -1,7 +1,10 @@
 //! Appending events.
 //!
-//! Every publish carries `Nats-Msg-Id = event_id`, so the stream stores a retried append once
-//! within its duplicate window and acks the retry with the original sequence.
+//! Every publish carries `Nats-Msg-Id = <tenant>:<event_id>` ([`dedup_key`]), so the stream
+//! stores a retried append once within its duplicate window and acks the retry with the
+//! original sequence. The stream deduplicates across all its subjects, so the key names the
+//! tenant: two tenants that choose the same event id never collide, and no append of one
+//! tenant can be taken for a retry of another's.
 
 use std::error::Error as _;
 use std::time::Instant;
@@ -18,6 +21,12 @@ use crate::{AppendError, Bus};
 
 /// Header naming the event kind, so consumers can filter without decoding the payload.
 pub const KIND_HEADER: &str = "Engram-Kind";
+
+/// The `Nats-Msg-Id` the stream deduplicates `event` by: `<tenant>:<event_id>`. A tenant
+/// is a subject token, so it holds no `:` and the key splits one way only.
+pub fn dedup_key(event: &Envelope) -> String {
+    format!("{}:{}", event.tenant, event.event_id)
+}
 
 /// Per-append options.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -68,7 +77,7 @@ impl Bus {
             .map_or_else(TraceContext::new_root, |t| t.child());
         let mut message = jetstream::message::PublishMessage::build()
             .payload(Bytes::from(payload))
-            .message_id(event.event_id.as_str())
+            .message_id(dedup_key(event).as_str())
             .header(KIND_HEADER, event.kind.as_str())
             .header(trace_context::HEADER, trace.to_string().as_str());
         if let Some(seq) = opts.expected_last_subject_seq {

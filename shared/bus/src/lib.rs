@@ -4,8 +4,8 @@
 //! - [`config`]: what the bus provisions and how it publishes ([`BusConfig`]).
 //! - [`provision`]: idempotent creation of the events stream and the working-memory bucket;
 //!   an existing resource with a different config is reported field by field, never changed.
-//! - [`append`]: `append` and `append_batch`. `Nats-Msg-Id` is the event id, so a retried
-//!   append is stored once; the returned stream sequence is the consistency token.
+//! - [`append`]: `append` and `append_batch`. `Nats-Msg-Id` is `<tenant>:<event id>`, so a
+//!   retried append is stored once and no tenant's id collides with another's; the returned stream sequence is the consistency token.
 //! - [`read`]: `replay` (ordered consumer, ends when caught up) and `tail` (live).
 //! - [`direct`]: pages read with batched direct gets, which leave no consumer behind: what
 //!   serves agents' replay pages, whose number nobody bounds.

@@ -385,6 +385,27 @@ pub(crate) fn decode_stored(
                 },
             })
         }
+        // Its dedup key names another tenant: published to take the place of that tenant's
+        // append (the stream would drop the real one as a retry). Never applied, so the
+        // attempt gains nothing but a dead letter. The bare event id is the key before
+        // tenant-qualified keys, and collides with no qualified one.
+        Ok(event) if !dedup_key_matches(&event, headers) => {
+            metrics::EVENTS_READ
+                .with_label_values(&[mode, "forged_dedup_key"])
+                .inc();
+            tracing::warn!(seq, subject = %subject, "skipping event whose dedup key names another tenant");
+            Err(ReadError::Decode {
+                seq,
+                subject,
+                source: SchemaError::InvalidField {
+                    field: "Nats-Msg-Id",
+                    reason: format!(
+                        "an event's Nats-Msg-Id is <tenant>:<event id>, here {}; publish it with that header (the SDK and `engram append` do)",
+                        crate::append::dedup_key(&event)
+                    ),
+                },
+            })
+        }
         Ok(event) => {
             metrics::EVENTS_READ.with_label_values(&[mode, "ok"]).inc();
             Ok(StoredEvent {
@@ -408,4 +429,22 @@ pub(crate) fn decode_stored(
             })
         }
     }
+}
+
+/// Whether `headers` carry no dedup key, `event`'s own ([`crate::append::dedup_key`]), or
+/// the bare event id that keyed events before keys named their tenant.
+fn dedup_key_matches(
+    event: &engram_schema::Envelope,
+    headers: Option<&async_nats::HeaderMap>,
+) -> bool {
+    let Some(key) = headers.and_then(|h| h.get("Nats-Msg-Id")) else {
+        return true;
+    };
+    let key = key.as_str();
+    let id = event.event_id.as_str();
+    key == id
+        || key
+            .strip_suffix(id)
+            .and_then(|k| k.strip_suffix(':'))
+            .is_some_and(|tenant| tenant == event.tenant.as_str())
 }

@@ -49,6 +49,9 @@ pub const SNAPSHOT: &str = "engram.q.snapshot";
 pub const REPLAY: &str = "engram.q.replay";
 pub const WORKING: &str = "engram.q.working";
 pub const WHOAMI: &str = "engram.q.whoami";
+/// Agents only, as `engram.q.<tenant>.<agent>.append`: [`AppendRequest`] ->
+/// [`AppendResponse`]. An agent's key publishes nothing to the log itself.
+pub const APPEND: &str = "engram.q.append";
 pub const SCOPES: &str = "engram.q.scopes";
 pub const SNAPSHOTS: &str = "engram.q.snapshots";
 pub const DEAD_LETTERS: &str = "engram.q.dead_letters";
@@ -78,6 +81,9 @@ pub fn projector_subject(projector: &str, op: &str) -> String {
 /// a limit is refused with a 400 naming the field, never clamped in silence and never left to
 /// allocate what it asks for.
 pub mod limits {
+    /// Events one append request carries. The request must also fit the server's
+    /// `max_payload`; the SDK splits larger batches.
+    pub const MAX_APPEND_EVENTS: usize = 256;
     /// Scopes one listing returns.
     pub const MAX_LISTED_SCOPES: usize = 10_000;
     /// Dead letters one listing returns.
@@ -945,6 +951,62 @@ pub enum WorkingOp {
     List,
 }
 
+/// Events an agent appends, through the query service: the agent's key may publish on its
+/// own query subjects only, so no reply subject it names can make the stream, a bucket or
+/// the JetStream API publish for it (a JetStream publish is acknowledged at whatever reply
+/// subject the publisher chose). The service checks each event against the caller the
+/// subject names (tenant, `agent_id`, a scope its key may write) and appends it with the
+/// same deduplication key a direct append uses, so a retried request stores nothing twice.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendRequest {
+    /// 1..=[`limits::MAX_APPEND_EVENTS`] events, each the envelope contract.
+    #[schemars(length(min = 1, max = limits::MAX_APPEND_EVENTS))]
+    pub events: Vec<engram_schema::Envelope>,
+    /// Store the (single) event only if its subject's last sequence is exactly this (0: the
+    /// subject must be empty); otherwise it fails with `conflict`.
+    #[serde(default)]
+    pub expected_last_subject_seq: Option<u64>,
+}
+
+/// One result per event, in request order.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendResponse {
+    pub results: Vec<AppendResult>,
+}
+
+/// One event's outcome: stored (`seq`, `duplicate` when its id was already stored), or why
+/// not. Nothing of a failed event was stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendResult {
+    #[serde(default)]
+    pub seq: Option<Seq>,
+    #[serde(default)]
+    pub duplicate: bool,
+    /// The event's encoded size.
+    #[serde(default)]
+    pub bytes: u64,
+    #[serde(default)]
+    pub error: Option<AppendFailure>,
+}
+
+/// Why one event was not stored.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct AppendFailure {
+    /// `invalid`, `too_large`, `conflict`, `unavailable` (safe to retry with the same event
+    /// id), `rejected` or `forbidden`.
+    pub kind: String,
+    pub message: String,
+    /// `too_large`: the event's size and the limit.
+    #[serde(default)]
+    pub size: Option<u64>,
+    #[serde(default)]
+    pub max: Option<u64>,
+}
+
 /// Working memory of the request's own scope (never its grants: working memory is the
 /// scope's scratch space), through the query service: how an agent, whose key reaches no
 /// bucket directly, keeps it. Put and delete need a scope the agent's key may write.
@@ -1572,6 +1634,12 @@ pub fn json_schema() -> serde_json::Value {
             QUERY_SERVICE,
             generator.subschema_for::<WorkingRequest>(),
             generator.subschema_for::<WorkingResponse>(),
+        ),
+        endpoint(
+            "engram.q.<tenant>.<agent>.append",
+            QUERY_SERVICE,
+            generator.subschema_for::<AppendRequest>(),
+            generator.subschema_for::<AppendResponse>(),
         ),
         endpoint(
             "engram.q.<tenant>.<agent>.whoami",

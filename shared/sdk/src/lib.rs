@@ -234,7 +234,15 @@ impl Client {
         let mut backoff = self.retry.initial_backoff;
         let mut attempt = 1u32;
         loop {
-            match self.bus.append(event, opts).await {
+            let result = if self.agent_identity().is_some() {
+                self.append_through_service(std::slice::from_ref(event), opts)
+                    .await
+                    .pop()
+                    .expect("one result per event")
+            } else {
+                self.bus.append(event, opts).await
+            };
+            match result {
                 Err(e)
                     if e.is_retryable() && started.elapsed() + backoff < self.retry.max_elapsed =>
                 {
@@ -259,7 +267,7 @@ impl Client {
         let events: Vec<Envelope> = scrubbed.into_iter().map(|e| e.into_owned()).collect();
         let events = &events[..];
         let inflight = self.bus.config().max_inflight;
-        let mut results = self.bus.append_batch(events, inflight).await;
+        let mut results = self.append_batch_once(events, inflight).await;
         let started = tokio::time::Instant::now();
         let mut backoff = self.retry.initial_backoff;
         loop {
@@ -277,9 +285,103 @@ impl Client {
             let again: Vec<Envelope> = retry.iter().map(|&i| events[i].clone()).collect();
             for (i, r) in retry
                 .into_iter()
-                .zip(self.bus.append_batch(&again, inflight).await)
+                .zip(self.append_batch_once(&again, inflight).await)
             {
                 results[i] = r;
+            }
+        }
+    }
+
+    /// One try of a batch: straight to the stream, or, for an agent, through the query
+    /// service in requests of at most [`proto::limits::MAX_APPEND_EVENTS`] events that fit
+    /// the server's payload limit.
+    async fn append_batch_once(
+        &self,
+        events: &[Envelope],
+        inflight: usize,
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
+        if self.agent_identity().is_none() {
+            return self.bus.append_batch(events, inflight).await;
+        }
+        // Room for the request's own fields and headers.
+        let budget = (self.bus.client().server_info().max_payload).saturating_sub(4096);
+        let mut results = Vec::with_capacity(events.len());
+        let mut start = 0;
+        while start < events.len() {
+            let mut end = start;
+            let mut bytes = 0usize;
+            while end < events.len() && end - start < proto::limits::MAX_APPEND_EVENTS {
+                let size = serde_json::to_vec(&events[end]).map_or(0, |b| b.len()) + 1;
+                if end > start && bytes + size > budget {
+                    break;
+                }
+                bytes += size;
+                end += 1;
+            }
+            results.extend(
+                self.append_through_service(&events[start..end], AppendOptions::default())
+                    .await,
+            );
+            start = end;
+        }
+        results
+    }
+
+    /// Appends `events` with one request to the query service (an agent's key publishes to
+    /// no stream: see `engram_query::append`); one result per event. A request that fails
+    /// as a whole fails each event the same way; `unavailable` ones are safe to retry, the
+    /// service deduplicates by the same key a direct append uses.
+    async fn append_through_service(
+        &self,
+        events: &[Envelope],
+        opts: AppendOptions,
+    ) -> Vec<Result<AppendReceipt, AppendError>> {
+        let request = proto::AppendRequest {
+            events: events.to_vec(),
+            expected_last_subject_seq: opts.expected_last_subject_seq,
+        };
+        let subject_of = |e: &Envelope| engram_schema::subject_for(e);
+        match self
+            .query::<_, proto::AppendResponse>(proto::APPEND, &request, None)
+            .await
+        {
+            Ok(response) if response.results.len() == events.len() => events
+                .iter()
+                .zip(response.results)
+                .map(|(event, r)| match r.error {
+                    None => Ok(AppendReceipt {
+                        seq: r.seq.unwrap_or_default(),
+                        duplicate: r.duplicate,
+                        subject: subject_of(event),
+                        event_id: event.event_id.to_string(),
+                        bytes: r.bytes as usize,
+                    }),
+                    Some(f) => Err(append_error(&f, event, opts)),
+                })
+                .collect(),
+            Ok(response) => events
+                .iter()
+                .map(|_| {
+                    Err(AppendError::Rejected(format!(
+                        "the query service answered {} results for {} events",
+                        response.results.len(),
+                        events.len()
+                    )))
+                })
+                .collect(),
+            Err(e) => {
+                let error = |event: &Envelope| match e.code() {
+                    ErrorCode::Forbidden => AppendError::Forbidden {
+                        subject: subject_of(event),
+                    },
+                    ErrorCode::Invalid => {
+                        AppendError::Invalid(engram_schema::SchemaError::Malformed(e.to_string()))
+                    }
+                    // Busy was retried by `query`; a timeout or a lost connection may or may
+                    // not have stored the events: a retry with the same ids is safe.
+                    _ => AppendError::Unavailable(e.to_string()),
+                };
+                events.iter().map(|event| Err(error(event))).collect()
             }
         }
     }
@@ -640,5 +742,25 @@ impl EventBuilder<'_> {
         let agent = self.agent;
         let event = self.build()?;
         agent.client.append(&event).await
+    }
+}
+
+/// The typed error of one event the query service did not append.
+fn append_error(f: &proto::AppendFailure, event: &Envelope, opts: AppendOptions) -> AppendError {
+    match f.kind.as_str() {
+        "invalid" => AppendError::Invalid(engram_schema::SchemaError::Malformed(f.message.clone())),
+        "too_large" => AppendError::TooLarge {
+            size: f.size.unwrap_or_default() as usize,
+            max: f.max.unwrap_or_default() as usize,
+        },
+        "conflict" => AppendError::Conflict {
+            subject: engram_schema::subject_for(event),
+            expected: opts.expected_last_subject_seq.unwrap_or_default(),
+        },
+        "unavailable" => AppendError::Unavailable(f.message.clone()),
+        "forbidden" => AppendError::Forbidden {
+            subject: engram_schema::subject_for(event),
+        },
+        _ => AppendError::Rejected(f.message.clone()),
     }
 }

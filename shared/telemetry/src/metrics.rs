@@ -87,7 +87,7 @@ pub static EVENTS_READ: LazyLock<IntCounterVec> = LazyLock::new(|| {
         IntCounterVec::new(
             Opts::new(
                 "engram_events_read_total",
-                "events delivered to replay and tail readers",
+                "events delivered to replay and tail readers, by outcome (ok, undecodable, subject_mismatch: published on another scope's subject, forged_dedup_key: its Nats-Msg-Id names another tenant)",
             ),
             &["mode", "outcome"],
         )
@@ -498,7 +498,7 @@ pub fn touch_all(layers: &[&str]) {
         APPEND_LATENCY.with_label_values(&[outcome]);
     }
     for mode in ["replay", "tail"] {
-        for outcome in ["ok", "undecodable"] {
+        for outcome in ["ok", "undecodable", "subject_mismatch", "forged_dedup_key"] {
             EVENTS_READ.with_label_values(&[mode, outcome]);
         }
     }

@@ -6,11 +6,11 @@ same operations (and so the same adapters) run on it. It connects with the key's
 and the inbox prefix ``_INBOX.a.<tenant>.<agent>``, the only subjects an agent may
 receive on. What each request becomes:
 
-- appends (``/v1/events``, and ``forget``, which is a ``forgotten`` event): a JetStream
-  publish of the MessagePack envelope on ``engram.evt.<tenant>.<scope kind>.<scope
-  id>.<layer>`` with ``Nats-Msg-Id`` = event id (a retry is stored once), ``Engram-Kind``
-  and ``traceparent``, answered by the stream's PubAck. An agent has no ``$JS.API`` access,
-  and needs none for this.
+- appends (``/v1/events``, and ``forget``, which is a ``forgotten`` event): a request to
+  ``engram.q.<tenant>.<agent>.append`` with ``{"events": [envelope]}``; the query service
+  checks the event against the key (tenant, agent, a scope it may write) and appends it
+  with ``Nats-Msg-Id`` = ``<tenant>:<event id>``, so a retry is stored once. An agent's key
+  publishes to no stream and has no ``$JS.API`` access.
 - queries: JSON request/reply on ``engram.q.<tenant>.<agent>.<op>`` (retrieve, context,
   facts, skills, doc, replay, working, bootstrap, snapshots, whoami, scopes,
   dead_letters), with
@@ -26,14 +26,11 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 from typing import Any, Mapping
 
-import msgpack  # type: ignore[import-untyped]
 import nats
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
-from nats.js.errors import APIError
 
 from ._core import LAYERS, Identity, Request, Response, RetryPolicy, Scope, ScopeLike, check_ident, rfc3339, uuid7
 from .client import AsyncEngram
@@ -68,33 +65,18 @@ def _error(status: int, code: str, message: str, retry_after: float | None = Non
     return Response(status, {"error": {"code": code, "message": message}}, headers)
 
 
-def _traceparent() -> str:
-    return f"00-{os.urandom(16).hex()}-{os.urandom(8).hex()}-01"
-
-
 class NatsTransport:
     """Sends the client's requests over one NATS connection (see the module docs)."""
 
     def __init__(self, nc: Any, identity: Identity, *, instance_id: str = "py", ack_timeout: float = 10.0) -> None:
         self.nc = nc
-        self.js = nc.jetstream()
         self.identity = identity
         self.instance_id = instance_id
         self.ack_timeout = ack_timeout
-        #: Publishes waiting for their ack, by subject: the server refuses a publish the
-        #: key may not make asynchronously (no ack ever comes), so each waits for either.
-        self._waiting: dict[str, list[asyncio.Future[None]]] = {}
 
     async def error_cb(self, e: Exception) -> None:
-        text = str(e)
-        marker = "permissions violation for publish to"
-        at = text.lower().find(marker)
-        if at < 0:
-            return
-        subject = text[at + len(marker) :].strip().strip("\"'")
-        for waiter in self._waiting.get(subject, []):
-            if not waiter.done():
-                waiter.set_result(None)
+        """Server errors arrive here; every operation is a request with its own answer, so
+        none waits on them."""
 
     async def send(self, request: Request) -> Response:
         if request.path == "/v1/events":
@@ -143,36 +125,25 @@ class NatsTransport:
         except (ValueError, KeyError, TypeError) as err:
             return {"event_id": str(e.get("event_id", "")), "seq": None, "duplicate": False,
                     "error": {"code": "invalid", "message": str(err)}}
-        scope = event["scope"]
-        subject = f"engram.evt.{event['tenant']}.{scope['kind']}.{scope['id']}.{event['layer']}"
-        headers = {"Nats-Msg-Id": event["event_id"], "Engram-Kind": event["kind"], "traceparent": _traceparent()}
         result: dict[str, Any] = {"event_id": event["event_id"], "seq": None, "duplicate": False, "error": None}
-        refused: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiting.setdefault(subject, []).append(refused)
-        publish = asyncio.ensure_future(
-            self.js.publish(subject, msgpack.packb(event, use_bin_type=True), headers=headers, timeout=self.ack_timeout)
-        )
-        try:
-            await asyncio.wait({publish, refused}, return_when=asyncio.FIRST_COMPLETED)
-            if refused.done() and not publish.done():
-                publish.cancel()
-                result["error"] = {"code": "forbidden", "message": f"this key may not append to {subject}"}
-                return result
-            ack = publish.result()
-        except APIError as err:
-            code = "conflict" if err.err_code == 10071 else "too_large" if "size" in str(err).lower() else "invalid"
-            result["error"] = {"code": code, "message": f"the stream refused the event: {err}"}
-        except (NatsTimeout, NoRespondersError) as err:
-            result["error"] = {"code": "unavailable", "message": f"no ack for {subject}: {err!r}"}
+        # Through the query service: an agent's key publishes to no stream (a JetStream
+        # publish is acknowledged at any reply subject the publisher names, so a key that
+        # could publish to the log could make the server write elsewhere). The service
+        # checks the event against this key and stores a retry once.
+        reply = await self._query("append", {"events": [event]})
+        if reply.status != 200:
+            error = (reply.body or {}).get("error", {})
+            code = error.get("code", "unavailable")
+            result["error"] = {"code": "unavailable" if code in ("busy", "internal") else code,
+                               "message": error.get("message", f"append failed with status {reply.status}")}
+            return result
+        outcome = (reply.body.get("results") or [{}])[0]
+        failure = outcome.get("error")
+        if failure:
+            result["error"] = {"code": failure.get("kind", "rejected"), "message": failure.get("message", "")}
         else:
-            result["seq"] = ack.seq
-            result["duplicate"] = bool(ack.duplicate)
-        finally:
-            waiters = self._waiting.get(subject, [])
-            if refused in waiters:
-                waiters.remove(refused)
-            if not waiters:
-                self._waiting.pop(subject, None)
+            result["seq"] = outcome.get("seq")
+            result["duplicate"] = bool(outcome.get("duplicate"))
         return result
 
     async def _forget(self, body: Mapping[str, Any]) -> Response:
