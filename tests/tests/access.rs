@@ -30,6 +30,12 @@ fn memory(tenant: &str, scope: Scope, text: &str) -> Envelope {
     engram_tests::embedded(tenant, scope, "agent-1", text)
 }
 
+/// `event` as written by `agent`: an agent's key appends only events that name it.
+fn by(agent: &str, mut event: Envelope) -> Envelope {
+    event.agent_id = ident(agent);
+    event
+}
+
 fn retrieve(scopes: ScopeRequest, query: &str, min_seq: u64) -> RetrieveRequest {
     RetrieveRequest {
         scopes,
@@ -184,7 +190,10 @@ async fn world() -> World {
     let attacker = nats.add_agent("attacker", "mallory", &[]).await;
     let as_victim = client_as(&nats, &victim).await;
     let seq = as_victim
-        .append(&memory("victim", scope("task:payroll"), SECRET))
+        .append(&by(
+            "owner",
+            memory("victim", scope("task:payroll"), SECRET),
+        ))
         .await
         .unwrap()
         .seq;
@@ -544,7 +553,7 @@ async fn a_scope_is_read_only_through_the_agents_own_scopes_or_a_registry_grant(
         .append(&memory("victim", scope("task:payroll"), "intern was here"))
         .await;
     assert!(
-        matches!(&write, Err(engram_sdk::AppendError::Forbidden { subject }) if subject.starts_with("engram.evt.victim.task.payroll")),
+        matches!(&write, Err(engram_sdk::AppendError::Forbidden { subject, .. }) if subject.starts_with("engram.evt.victim.task.payroll")),
         "{write:?}"
     );
     // An admin's grant is a fact in the registry: the next query sees it.
@@ -655,7 +664,10 @@ async fn prefix_colliding_case_variant_and_wildcard_tenants_stay_apart() {
     let a2 = nats.add_agent("acme2", "bot", &[]).await;
     let seq = client_as(&nats, &a)
         .await
-        .append(&memory("acme", scope("task:shared"), "acme secret plan"))
+        .append(&by(
+            "bot",
+            memory("acme", scope("task:shared"), "acme secret plan"),
+        ))
         .await
         .unwrap()
         .seq;
@@ -1025,7 +1037,7 @@ async fn every_service_does_its_work_under_its_own_least_privilege_identity() {
         format!("{lesson} again"),
     ] {
         last = owner
-            .append(&memory("victim", task.clone(), &text))
+            .append(&by("owner", memory("victim", task.clone(), &text)))
             .await
             .unwrap()
             .seq;

@@ -738,7 +738,19 @@ async fn for_every_endpoint_and_identity_a_foreign_reply_subject_causes_no_publi
         services.len()
     );
     dropped(refused_before, reaching).await;
-    assert_eq!(refused_replies() - refused_before, reaching);
+    let delta: BTreeMap<String, u64> = refused_by_op()
+        .into_iter()
+        .map(|(op, n)| {
+            let before = by_op_before.get(&op).copied().unwrap_or(0);
+            (op, n - before)
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    assert_eq!(
+        refused_replies() - refused_before,
+        reaching,
+        "dropped by operation {delta:#?}, sent {expected_by_op:#?}"
+    );
     // After the last was dropped, nothing happens because of any of them.
     w.nats.admin.client().flush().await.unwrap();
     let answered = traffic.violations(|s| sent_replies.contains(s));

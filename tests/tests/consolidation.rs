@@ -105,6 +105,7 @@ async fn consolidating_a_scope_merges_duplicates_for_retrieval_and_never_stores_
         scopes: scopes(),
         steps: vec![],
         restore: vec![],
+        apply: false,
         consistency: at(last),
     };
     let (events, receipts) = engram.client.consolidate(&request).await.unwrap();
@@ -142,6 +143,7 @@ async fn consolidating_a_scope_merges_duplicates_for_retrieval_and_never_stores_
         .client
         .consolidate(&ConsolidateRequest {
             restore: vec![engram_schema::EventId::parse(&original).unwrap()],
+            apply: false,
             consistency: at(done),
             ..request.clone()
         })
@@ -207,6 +209,7 @@ async fn a_reordered_memory_is_found_by_the_vector_model_and_merged() {
         scopes: scopes(),
         steps: vec!["dedup".into()],
         restore: vec![],
+        apply: false,
         consistency: at(last),
     };
     let (events, receipts) = engram.client.consolidate(&request).await.unwrap();

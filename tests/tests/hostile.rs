@@ -17,6 +17,10 @@ use engram_testkit::TestNats;
 use engram_tests::{Engram, embedder, embedder_model, projectors_config};
 use futures::future::join_all;
 
+/// The memory test measures the whole process's RSS, so it runs alone: every other test of
+/// this file holds a share, the memory test all of it.
+static MEASURED: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn ident(s: &str) -> Ident {
     Ident::parse("test", s).unwrap()
 }
@@ -124,6 +128,7 @@ async fn still_answers(engram: &Engram) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_ranking_field_out_of_range_is_a_400_naming_it() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     let seq = engram
@@ -173,6 +178,7 @@ async fn every_ranking_field_out_of_range_is_a_400_naming_it() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn oversized_and_out_of_range_requests_are_refused_on_every_endpoint() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     engram.client.append(&memory("hello world")).await.unwrap();
@@ -288,6 +294,7 @@ async fn oversized_and_out_of_range_requests_are_refused_on_every_endpoint() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn impossible_tokens_are_refused_at_once_and_long_waits_are_capped() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start_with(&nats, frozen_keyword(), QueryConfig::default()).await;
     let seq = engram
@@ -346,6 +353,7 @@ async fn impossible_tokens_are_refused_at_once_and_long_waits_are_capped() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_endpoint_answers_busy_and_abandoned_work_frees_its_slot() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let query = QueryConfig {
         max_in_flight: 4,
@@ -436,6 +444,7 @@ fn rss_bytes() -> u64 {
 /// and the service answers an ordinary request afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_thousand_concurrent_worst_case_requests_stay_bounded() {
+    let _alone = MEASURED.write().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     let batch: Vec<Envelope> = (0..200)
@@ -507,6 +516,7 @@ async fn a_thousand_concurrent_worst_case_requests_stay_bounded() {
 /// and says how much it left out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_context_reads_a_bounded_share_of_a_huge_working_memory() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     let wm = engram.client.working_memory().await.unwrap();
@@ -559,6 +569,7 @@ async fn a_context_reads_a_bounded_share_of_a_huge_working_memory() {
 /// once instead of waiting out its timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reply_too_large_to_send_is_a_typed_error() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     let big = format!("needle {}", "hay ".repeat(100_000));
@@ -582,6 +593,7 @@ async fn a_reply_too_large_to_send_is_a_typed_error() {
 /// large for the server is refused at publish.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn raw_poison_appends_are_dead_lettered_by_every_projector_without_stalling_them() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     let bus = nats.bus().await;
@@ -671,6 +683,7 @@ async fn raw_poison_appends_are_dead_lettered_by_every_projector_without_stallin
 /// is a typed 400, and the service still answers an ordinary request afterwards.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_query_inputs_that_held_up_stay_typed_400s() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     engram.client.append(&memory("hello world")).await.unwrap();
@@ -729,6 +742,7 @@ async fn hostile_query_inputs_that_held_up_stay_typed_400s() {
 /// answered busy at once, and the slots come back when the waiting callers give up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_projector_endpoint_answers_busy_and_frees_its_slots() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let projectors = ProjectorsConfig {
         max_in_flight: 2,
@@ -811,6 +825,7 @@ async fn a_full_projector_endpoint_answers_busy_and_frees_its_slots() {
 /// while the victim's own write after it is there.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_event_whose_body_names_another_tenant_never_reaches_that_tenants_retrieve() {
+    let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
     let bus = nats.bus().await;

@@ -59,6 +59,10 @@ fn nats_body(service: &str, op: &str) -> Option<Value> {
         | ("engram-consolidator", "plan") => scoped(json!({})),
         ("engram-query", "doc") | ("engram-docs", "get") => scoped(json!({"read": "list"})),
         ("engram-query", "working") => scoped(json!({"op": "list"})),
+        ("engram-query", "append") => json!({"events": [engram_tests::embedded(
+            "acme", engram_schema::Scope::new(engram_schema::ScopeKind::Task, "t1").unwrap(),
+            "agent-1", "hello",
+        )]}),
         ("engram-query", "scopes" | "dead_letters") => json!({"tenant": "acme"}),
         ("engram-query", "snapshots" | "whoami") => json!({}),
         ("engram-query", "snapshot") => return None,

@@ -261,6 +261,7 @@ async fn twenty_use_reports_aggregate_into_one_event_per_scope_and_reinforce() {
                 scopes: scopes(team(scope)),
                 steps: vec!["decay".into()],
                 restore: vec![],
+                apply: false,
                 consistency: at(last),
             })
             .await

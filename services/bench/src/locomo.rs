@@ -165,6 +165,7 @@ async fn consolidate(
             },
             steps: vec!["dedup".into(), "summarise".into()],
             restore: Vec::new(),
+            apply: false,
             consistency: Consistency {
                 min_seq: Some(ingested.last_seq),
                 wait_ms: Some(engram_memory::proto::limits::MAX_WAIT_MS),

@@ -586,9 +586,10 @@ pub struct AppendArgs {
     /// fact_asserted, fact_retracted, skill_recorded, preference, feedback, checkpoint).
     #[arg(long, default_value = "observation")]
     pub kind: String,
-    /// Agent id for --text, or the default for JSON events.
-    #[arg(long, default_value = "cli")]
-    pub agent: String,
+    /// Agent id for --text, or the default for JSON events. Default: the agent of the
+    /// credentials (`--creds`; an agent's key appends only events naming it), else `cli`.
+    #[arg(long)]
+    pub agent: Option<String>,
     /// Instance id for --text, or the default for JSON events.
     #[arg(long, default_value = "cli")]
     pub instance: String,

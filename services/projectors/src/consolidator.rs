@@ -388,6 +388,7 @@ impl crate::ReadModel for ConsolidatorModel {
         Ok(ConsolidateResponse {
             events: projection.refine(unrefined, Some(deadline)).await,
             visible_seq: visible,
+            results: Vec::new(),
         })
     }
 

@@ -103,6 +103,63 @@ impl Query {
     }
 }
 
+impl Query {
+    /// The consolidation plan of the request's scope; with `apply`, its events appended
+    /// with this service's connection (each authored by the consolidator, with an id
+    /// derived from its inputs, so a repeated apply stores nothing twice). For an agent
+    /// (`subject`), only events in scopes its key may write are appended; the others are
+    /// `forbidden` results.
+    pub async fn consolidate_as(
+        &self,
+        subject: Option<&str>,
+        request: proto::ConsolidateRequest,
+    ) -> Result<proto::ConsolidateResponse, Failure> {
+        let apply = request.apply;
+        let mut plan = self.consolidate(request).await?;
+        if !apply || plan.events.is_empty() {
+            return Ok(plan);
+        }
+        let caller = subject.map(access::caller).transpose()?;
+        let mut results: Vec<Option<AppendResult>> = vec![None; plan.events.len()];
+        let mut allowed = Vec::new();
+        let mut positions = Vec::new();
+        for (i, event) in plan.events.iter().enumerate() {
+            let refused = match (&caller, self.access.get()) {
+                (Some((tenant, _)), _) if &event.tenant != tenant => true,
+                (Some((tenant, agent)), Some(guard)) => {
+                    !guard.may_write(tenant, agent, &event.scope).await
+                }
+                _ => false,
+            };
+            if refused {
+                metrics::ACCESS_DENIED.with_label_values(&["append"]).inc();
+                results[i] = Some(failed(
+                    "forbidden",
+                    format!(
+                        "planned event {i} is in {}, which this key may not write",
+                        event.scope
+                    ),
+                ));
+            } else {
+                positions.push(i);
+                allowed.push(event.clone());
+            }
+        }
+        let receipts = self
+            .bus
+            .append_batch(&allowed, self.bus.config().max_inflight)
+            .await;
+        for (i, receipt) in positions.into_iter().zip(receipts) {
+            results[i] = Some(result_of(receipt));
+        }
+        plan.results = results
+            .into_iter()
+            .map(|r| r.expect("every event has a result"))
+            .collect();
+        Ok(plan)
+    }
+}
+
 fn failed(kind: &str, message: String) -> AppendResult {
     AppendResult {
         seq: None,

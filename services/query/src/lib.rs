@@ -247,12 +247,37 @@ impl Query {
         endpoint!(proto::SKILLS, "skills", SkillsRequest, |q, r| q
             .skills(r)
             .await);
-        endpoint!(
+        // Consolidation: a plan, and with `apply` its events appended by this service (they
+        // are the consolidator's, which no agent's key may author); an agent's only into
+        // scopes its key may write (`consolidate_as`).
+        let q = self.clone();
+        engram_rpc::serve(
+            &service,
             proto::CONSOLIDATE,
             "consolidate",
-            ConsolidateRequest,
-            |q, r| q.consolidate(r).await
-        );
+            limits,
+            move |r: ConsolidateRequest| {
+                let q = q.clone();
+                async move { q.consolidate_as(None, r).await }
+            },
+        )
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve_from(
+            &service,
+            &engram_access::perms::query_subject_any("consolidate"),
+            "consolidate",
+            limits,
+            move |subject: &str, r: ConsolidateRequest| {
+                let q = q.clone();
+                let subject = subject.to_owned();
+                async move {
+                    q.authorize(&subject, &r).await?;
+                    q.consolidate_as(Some(&subject), r).await
+                }
+            },
+        )
+        .await?;
         endpoint!(proto::BOOTSTRAP, "bootstrap", BootstrapRequest, |q, r| q
             .bootstrap(r)
             .await);

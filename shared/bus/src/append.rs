@@ -213,7 +213,12 @@ async fn finish(
         ack = tokio::time::timeout(p.ack_timeout, ack) => ack
             .map_err(|_| AppendError::Unavailable(format!("no ack within {:?}", p.ack_timeout)))?
             .map_err(|e| publish_error(e, p, expected))?,
-        () = refusal => return Err(AppendError::Forbidden { subject: p.subject.clone() }),
+        () = refusal => {
+            return Err(AppendError::Forbidden {
+                subject: p.subject.clone(),
+                reason: "an agent writes only to its own tenant and to the scopes its key was issued for (`engram agent list`)".into(),
+            })
+        }
     };
     Ok(AppendReceipt {
         seq: ack.sequence,

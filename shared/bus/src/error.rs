@@ -69,12 +69,10 @@ pub enum AppendError {
     /// The server refused it for another reason.
     #[error("append rejected by the server: {0}")]
     Rejected(String),
-    /// The connection's credentials may not publish there: another tenant, or a scope the
+    /// The credentials may not append this event: another tenant or agent, or a scope the
     /// agent's key does not cover. Nothing was stored.
-    #[error(
-        "these credentials may not append to {subject}: an agent writes only to its own tenant and to the scopes its key was issued for (`engram agent list`); nothing was stored"
-    )]
-    Forbidden { subject: String },
+    #[error("these credentials may not append to {subject}: {reason}; nothing was stored")]
+    Forbidden { subject: String, reason: String },
 }
 
 impl AppendError {

@@ -718,6 +718,11 @@ pub struct ConsolidateRequest {
     #[serde(default)]
     #[schemars(length(max = 1000))]
     pub restore: Vec<EventId>,
+    /// Append the plan too: the query service stores each planned event (authored by the
+    /// consolidator) in a scope the caller may write, and answers each one's result in
+    /// `results`. Without it the plan is only returned (a dry run).
+    #[serde(default)]
+    pub apply: bool,
     #[serde(default, flatten)]
     pub consistency: Consistency,
 }
@@ -726,6 +731,9 @@ pub struct ConsolidateRequest {
 pub struct ConsolidateResponse {
     pub events: Vec<engram_schema::Envelope>,
     pub visible_seq: Seq,
+    /// With `apply`: one result per planned event, in order.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub results: Vec<AppendResult>,
 }
 
 /// One page of the events of the request's scopes (its own and its grants), in stream
@@ -1929,6 +1937,17 @@ mod tests {
                 scoped(json!({})),
             ),
             ("ReplayRequest", via::<ReplayRequest>, scoped(json!({}))),
+            (
+                "AppendRequest",
+                via::<AppendRequest>,
+                json!({"events": [{
+                    "schema_version": 1, "event_id": "0190a0b0-0000-7000-8000-000000000001",
+                    "tenant": "acme", "scope": scope.clone(), "agent_id": "a1",
+                    "instance_id": "i1", "layer": "episodic", "kind": "observation",
+                    "occurred_at": "2026-01-01T00:00:00Z", "recorded_at": "2026-01-01T00:00:00Z",
+                    "content": {"text": "x"}, "importance": 0.5, "tags": [],
+                }]}),
+            ),
             (
                 "WorkingRequest",
                 via::<WorkingRequest>,

@@ -345,20 +345,9 @@ impl Client {
             .query::<_, proto::AppendResponse>(proto::APPEND, &request, None)
             .await
         {
-            Ok(response) if response.results.len() == events.len() => events
-                .iter()
-                .zip(response.results)
-                .map(|(event, r)| match r.error {
-                    None => Ok(AppendReceipt {
-                        seq: r.seq.unwrap_or_default(),
-                        duplicate: r.duplicate,
-                        subject: subject_of(event),
-                        event_id: event.event_id.to_string(),
-                        bytes: r.bytes as usize,
-                    }),
-                    Some(f) => Err(append_error(&f, event, opts)),
-                })
-                .collect(),
+            Ok(response) if response.results.len() == events.len() => {
+                receipts_of(events, response.results, opts)
+            }
             Ok(response) => events
                 .iter()
                 .map(|_| {
@@ -373,6 +362,7 @@ impl Client {
                 let error = |event: &Envelope| match e.code() {
                     ErrorCode::Forbidden => AppendError::Forbidden {
                         subject: subject_of(event),
+                        reason: e.to_string(),
                     },
                     ErrorCode::Invalid => {
                         AppendError::Invalid(engram_schema::SchemaError::Malformed(e.to_string()))
@@ -459,8 +449,19 @@ impl Client {
         &self,
         request: &proto::ConsolidateRequest,
     ) -> Result<(Vec<Envelope>, Vec<Result<AppendReceipt, AppendError>>), RpcError> {
-        let plan = self.consolidation_plan(request).await?;
-        let receipts = self.append_batch(&plan.events).await;
+        // The query service appends the plan: its events are the consolidator's, which no
+        // agent's key may author, and only into scopes the caller may write.
+        let request = proto::ConsolidateRequest {
+            apply: true,
+            ..request.clone()
+        };
+        let plan = self.consolidation_plan(&request).await?;
+        let receipts = if plan.results.len() == plan.events.len() {
+            receipts_of(&plan.events, plan.results, AppendOptions::default())
+        } else {
+            // A service from before `apply` returned the plan only: append it here.
+            self.append_batch(&plan.events).await
+        };
         Ok((plan.events, receipts))
     }
 
@@ -745,6 +746,28 @@ impl EventBuilder<'_> {
     }
 }
 
+/// The receipts of `events` from the query service's per-event `results` (as many).
+fn receipts_of(
+    events: &[Envelope],
+    results: Vec<proto::AppendResult>,
+    opts: AppendOptions,
+) -> Vec<Result<AppendReceipt, AppendError>> {
+    events
+        .iter()
+        .zip(results)
+        .map(|(event, r)| match r.error {
+            None => Ok(AppendReceipt {
+                seq: r.seq.unwrap_or_default(),
+                duplicate: r.duplicate,
+                subject: engram_schema::subject_for(event),
+                event_id: event.event_id.to_string(),
+                bytes: r.bytes as usize,
+            }),
+            Some(f) => Err(append_error(&f, event, opts)),
+        })
+        .collect()
+}
+
 /// The typed error of one event the query service did not append.
 fn append_error(f: &proto::AppendFailure, event: &Envelope, opts: AppendOptions) -> AppendError {
     match f.kind.as_str() {
@@ -760,6 +783,7 @@ fn append_error(f: &proto::AppendFailure, event: &Envelope, opts: AppendOptions)
         "unavailable" => AppendError::Unavailable(f.message.clone()),
         "forbidden" => AppendError::Forbidden {
             subject: engram_schema::subject_for(event),
+            reason: f.message.clone(),
         },
         _ => AppendError::Rejected(f.message.clone()),
     }

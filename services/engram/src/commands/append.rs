@@ -11,8 +11,16 @@ use engram_sdk::AppendOptions;
 use crate::cli::AppendArgs;
 use crate::output;
 
-pub async fn run(config: &Config, args: AppendArgs, json: bool) -> anyhow::Result<ExitCode> {
+pub async fn run(config: &Config, mut args: AppendArgs, json: bool) -> anyhow::Result<ExitCode> {
     let codec = Codec::new(config.bus.limits);
+    let client = super::connect(config).await?;
+    if args.agent.is_none() {
+        args.agent = Some(
+            client
+                .agent_identity()
+                .map_or_else(|| "cli".to_owned(), |(_, agent)| agent.to_string()),
+        );
+    }
     let events = match &args.text {
         Some(text) => vec![event_from_flags(&args, text)?],
         None => parse_events(&codec, &args)?,
@@ -22,7 +30,6 @@ pub async fn run(config: &Config, args: AppendArgs, json: bool) -> anyhow::Resul
             "no events given: pass JSON objects as arguments, pipe them on stdin, or use --text"
         );
     }
-    let client = super::connect(config).await?;
     let results = if let Some(seq) = args.expect_last_seq {
         anyhow::ensure!(
             events.len() == 1,
@@ -63,7 +70,7 @@ fn event_from_flags(args: &AppendArgs, text: &str) -> anyhow::Result<Envelope> {
     let event = Envelope::new(
         Ident::parse("tenant", tenant)?,
         scope,
-        Ident::parse("agent_id", args.agent.as_str())?,
+        Ident::parse("agent_id", args.agent.as_deref().unwrap_or("cli"))?,
         Ident::parse("instance_id", args.instance.as_str())?,
         args.layer.parse::<Layer>()?,
         args.kind.parse::<EventKind>()?,
@@ -150,7 +157,7 @@ fn apply_defaults(value: &mut serde_json::Value, args: &AppendArgs) {
     }
     object
         .entry("agent_id")
-        .or_insert_with(|| args.agent.clone().into());
+        .or_insert_with(|| args.agent.clone().unwrap_or_else(|| "cli".into()).into());
     object
         .entry("instance_id")
         .or_insert_with(|| args.instance.clone().into());
@@ -174,7 +181,7 @@ mod tests {
             scope: Some("team:core".into()),
             layer: "semantic".into(),
             kind: "fact_asserted".into(),
-            agent: "cli".into(),
+            agent: Some("cli".into()),
             instance: "cli".into(),
             expect_last_seq: None,
         }

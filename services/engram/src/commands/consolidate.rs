@@ -23,6 +23,7 @@ pub async fn run(
             .iter()
             .map(|id| engram_schema::EventId::parse(id))
             .collect::<Result<_, _>>()?,
+        apply: false,
         consistency: scope.consistency(),
     };
     let client = super::connect(config).await?;
