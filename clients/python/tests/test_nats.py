@@ -1,5 +1,5 @@
-"""The async API over NATS with the key's nkey: appends are JetStream publishes the
-stream acknowledges, queries are request/reply to the query service."""
+"""The async API over NATS with the key's nkey: every operation, appends included, is
+request/reply to the query service on the key's own subjects."""
 
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ async def test_append_retrieve_and_facts_over_nats(server: Server, alice_key: st
         fact = await mem.assert_fact("cache", "state", "cold")
         facts = await mem.facts(subject="cache", min_seq=fact["seq"])
         assert [f["object"] for f in facts["facts"]] == ["cold"]
-        # The stream stores a retried publish (same Nats-Msg-Id) once.
+        # The stream stores a retried append (same event id) once.
         event = mem.event("published twice", event_id=uuid7())
         first, again = await mem.append_batch([event, event])
         assert first["seq"] == again["seq"] and again["duplicate"]

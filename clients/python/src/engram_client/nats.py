@@ -24,7 +24,6 @@ The gateway-only routes (docs/edit, consolidate, tail) answer
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any, Mapping
 
@@ -57,6 +56,8 @@ QUERY_OPS = {
     "/v1/scopes": "scopes",
     "/v1/dead_letters": "dead_letters",
 }
+#: Events one append request carries (``engram_memory::proto::limits::MAX_APPEND_EVENTS``).
+MAX_APPEND_EVENTS = 256
 _CODE_OF_STATUS = {400: "invalid", 403: "forbidden", 408: "not_yet_visible", 429: "busy", 503: "unavailable"}
 
 
@@ -81,7 +82,7 @@ class NatsTransport:
     async def send(self, request: Request) -> Response:
         if request.path == "/v1/events":
             events = request.body if isinstance(request.body, list) else [request.body]
-            return Response(200, {"results": await asyncio.gather(*(self._publish(e) for e in events))})
+            return Response(200, {"results": await self._append(events)})
         if request.path == "/v1/forget":
             return await self._forget(request.body)
         op = QUERY_OPS.get(request.path)
@@ -120,31 +121,45 @@ class NatsTransport:
         return out
 
     async def _publish(self, e: Mapping[str, Any]) -> dict[str, Any]:
-        try:
-            event = self.envelope(e)
-        except (ValueError, KeyError, TypeError) as err:
-            return {"event_id": str(e.get("event_id", "")), "seq": None, "duplicate": False,
-                    "error": {"code": "invalid", "message": str(err)}}
-        result: dict[str, Any] = {"event_id": event["event_id"], "seq": None, "duplicate": False, "error": None}
-        # Through the query service: an agent's key publishes to no stream (a JetStream
-        # publish is acknowledged at any reply subject the publisher names, so a key that
-        # could publish to the log could make the server write elsewhere). The service
-        # checks the event against this key and stores a retry once.
-        reply = await self._query("append", {"events": [event]})
-        if reply.status != 200:
-            error = (reply.body or {}).get("error", {})
-            code = error.get("code", "unavailable")
-            result["error"] = {"code": "unavailable" if code in ("busy", "internal") else code,
-                               "message": error.get("message", f"append failed with status {reply.status}")}
-            return result
-        outcome = (reply.body.get("results") or [{}])[0]
-        failure = outcome.get("error")
-        if failure:
-            result["error"] = {"code": failure.get("kind", "rejected"), "message": failure.get("message", "")}
-        else:
-            result["seq"] = outcome.get("seq")
-            result["duplicate"] = bool(outcome.get("duplicate"))
-        return result
+        return (await self._append([e]))[0]
+
+    async def _append(self, given: list[Mapping[str, Any]]) -> list[dict[str, Any]]:
+        """Appends through the query service, in stream order, one request per
+        ``MAX_APPEND_EVENTS``: an agent's key publishes to no stream (a JetStream publish is
+        acknowledged at any reply subject the publisher names, so a key that could publish
+        to the log could make the server write elsewhere). The service checks each event
+        against this key and stores a retry once."""
+        results: list[dict[str, Any]] = []
+        valid: list[tuple[int, dict[str, Any]]] = []
+        for e in given:
+            result: dict[str, Any] = {"event_id": str(e.get("event_id", "")), "seq": None, "duplicate": False, "error": None}
+            try:
+                event = self.envelope(e)
+            except (ValueError, KeyError, TypeError) as err:
+                result["error"] = {"code": "invalid", "message": str(err)}
+            else:
+                result["event_id"] = event["event_id"]
+                valid.append((len(results), event))
+            results.append(result)
+        for start in range(0, len(valid), MAX_APPEND_EVENTS):
+            chunk = valid[start : start + MAX_APPEND_EVENTS]
+            reply = await self._query("append", {"events": [event for _, event in chunk]})
+            if reply.status != 200:
+                error = (reply.body or {}).get("error", {})
+                code = error.get("code", "unavailable")
+                failure = {"code": "unavailable" if code in ("busy", "internal") else code,
+                           "message": error.get("message", f"append failed with status {reply.status}")}
+                for i, _ in chunk:
+                    results[i]["error"] = dict(failure)
+                continue
+            for (i, _), outcome in zip(chunk, reply.body.get("results") or []):
+                if outcome.get("error"):
+                    results[i]["error"] = {"code": outcome["error"].get("kind", "rejected"),
+                                           "message": outcome["error"].get("message", "")}
+                else:
+                    results[i]["seq"] = outcome.get("seq")
+                    results[i]["duplicate"] = bool(outcome.get("duplicate"))
+        return results
 
     async def _forget(self, body: Mapping[str, Any]) -> Response:
         event = {
