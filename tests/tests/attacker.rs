@@ -559,7 +559,7 @@ async fn one_agent_key_changes_nothing_of_another_tenant_whatever_it_sends() {
                 .expect("a request at the caller's own inbox is answered or refused in time");
                 if let Ok(m) = answer {
                     assert!(
-                        !String::from_utf8_lossy(&m.payload).contains("AKIAIOSFODNN7EXAMPLE"),
+                        !String::from_utf8_lossy(&m.payload).contains("acme2 payroll key"),
                         "{subject} answered with the victim's secret"
                     );
                 }
@@ -830,4 +830,92 @@ async fn one_tenants_event_ids_never_take_the_place_of_anothers() {
         found.results.iter().all(|r| !r.text.contains("IGNORE")),
         "{found:?}"
     );
+}
+
+/// Replay pages are served without a consumer each, within per-agent and per-tenant shares:
+/// a flood of one tenant's pages leaves the stream's consumers as they were and never makes
+/// another tenant's replay unavailable. Before, 1,260 pages used the stream's 1,000
+/// consumers up and the other tenant's replay answered 503.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_flood_of_one_tenants_replay_pages_holds_nothing_and_starves_nobody() {
+    let w = world().await;
+    let consumers = || async {
+        let mut s = w
+            .nats
+            .admin
+            .jetstream()
+            .get_stream(&Names::default().events_stream)
+            .await
+            .unwrap();
+        s.info().await.unwrap().state.consumer_count
+    };
+    let before = consumers().await;
+    let raw = raw_as(&w.nats, &w.attacker).await;
+    let subject = perms::query_subject(&ident("acme"), &ident("mallory"), "replay");
+    let body = serde_json::json!({
+        "tenant": "acme", "scope": {"kind": "task", "id": "t"}, "grants": [], "after_seq": 0,
+    });
+    let flood = futures::future::join_all((0..1260).map(|_| {
+        let (raw, subject, body) = (raw.clone(), subject.clone(), body.clone());
+        async move {
+            engram_rpc::call::<_, serde_json::Value>(&raw, &subject, &body, Duration::from_secs(30))
+                .await
+        }
+    }));
+    let as_victim = Client::with_config(w.nats.config_as(&w.victim), RetryPolicy::default(), false)
+        .await
+        .unwrap();
+    let victim_pages = async {
+        let request: proto::ReplayRequest = serde_json::from_value(serde_json::json!({
+            "tenant": "acme2", "scope": {"kind": "task", "id": "secret"}, "grants": [],
+        }))
+        .unwrap();
+        let mut found = Vec::new();
+        for _ in 0..20 {
+            found.push(as_victim.replay_page(&request).await);
+        }
+        found
+    };
+    let (flooded, victim) = tokio::join!(flood, victim_pages);
+    // The flood's pages were answered or refused as busy, nothing else.
+    let (mut served, mut busy) = (0, 0);
+    for page in &flooded {
+        match page {
+            Ok(_) => served += 1,
+            Err(e) if e.code() == proto::ErrorCode::Busy => busy += 1,
+            Err(e) => panic!("a flooded replay page failed otherwise: {e:?}"),
+        }
+    }
+    assert_eq!(served + busy, 1260);
+    assert!(served > 0);
+    // The other tenant was served every time, its memory included.
+    for page in victim {
+        let page = page.expect("the other tenant's replay is served during the flood");
+        assert!(
+            page.events
+                .iter()
+                .any(|e| e.event.content.text.contains("acme2 payroll key")),
+            "{page:?}"
+        );
+    }
+    assert_eq!(
+        consumers().await,
+        before,
+        "replay pages left consumers behind"
+    );
+
+    // And the tail answers its errors in JSON, like every route.
+    let base = engram_tests::serve_http(&w.nats, engram_gateway::GatewayConfig::default()).await;
+    let key = w.attacker.api_key().unwrap();
+    let response = reqwest::Client::new()
+        .get(format!(
+            "{base}/v1/tail?scope=task:t&after_seq=not-a-number"
+        ))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(response.status().as_u16(), 400);
+    let body: serde_json::Value = response.json().await.expect("a JSON error body");
+    assert_eq!(body["error"]["code"], "invalid", "{body}");
 }
