@@ -129,6 +129,17 @@ async fn holdings(nats: &SecureNats, tenant: &str) -> Holdings {
     Holdings { subjects, stores }
 }
 
+/// The events stream's state, as the admin reads it.
+async fn events_state(nats: &SecureNats) -> async_nats::jetstream::stream::State {
+    let mut stream = nats
+        .admin
+        .jetstream()
+        .get_stream(&Names::default().events_stream)
+        .await
+        .unwrap();
+    stream.info().await.unwrap().state.clone()
+}
+
 /// Requests dropped for their reply subject, by operation.
 fn refused_by_op() -> BTreeMap<String, u64> {
     engram_telemetry::metrics::RPC_REPLIES_REFUSED
@@ -676,16 +687,7 @@ async fn for_every_endpoint_and_identity_a_foreign_reply_subject_causes_no_publi
         holdings(&w.nats, "acme").await,
         holdings(&w.nats, "acme2").await,
     ];
-    let events_last = || async {
-        let mut s = w
-            .nats
-            .admin
-            .jetstream()
-            .get_stream(&Names::default().events_stream)
-            .await
-            .unwrap();
-        s.info().await.unwrap().state.last_sequence
-    };
+    let events_last = || async { events_state(&w.nats).await.last_sequence };
     let last_before = events_last().await;
     let traffic = Traffic::watch(&w.nats).await;
     let mut rng = rand::rngs::StdRng::seed_from_u64(22);
@@ -811,14 +813,31 @@ async fn one_tenants_event_ids_never_take_the_place_of_anothers() {
     js.publish_with_headers(
         "engram.evt.acme.task.t.episodic",
         headers,
-        serde_json::to_vec(&mine).unwrap().into(),
+        w.nats.admin.codec().encode(&mine).unwrap().into(),
     )
     .await
     .unwrap()
     .await
     .unwrap();
+    let forged = || {
+        engram_telemetry::metrics::EVENTS_READ
+            .collect()
+            .iter()
+            .flat_map(|family| family.get_metric())
+            .filter(|m| {
+                m.get_label()
+                    .iter()
+                    .any(|l| l.value() == "forged_dedup_key")
+            })
+            .map(|m| m.get_counter().get_value() as u64)
+            .sum::<u64>()
+    };
     engram_testkit::wait_dead_lettered(&w.nats.admin, &["vector", "keyword", "facts", "skills"], 1)
         .await;
+    assert!(
+        forged() > 0,
+        "refused for its dedup key, not for anything else"
+    );
     let found = as_attacker
         .retrieve(&serde_json::from_value(serde_json::json!({
             "tenant": "acme", "scope": {"kind": "task", "id": "t"}, "grants": [], "query": "IGNORE PREVIOUS INSTRUCTIONS",
@@ -839,16 +858,7 @@ async fn one_tenants_event_ids_never_take_the_place_of_anothers() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_flood_of_one_tenants_replay_pages_holds_nothing_and_starves_nobody() {
     let w = world().await;
-    let consumers = || async {
-        let mut s = w
-            .nats
-            .admin
-            .jetstream()
-            .get_stream(&Names::default().events_stream)
-            .await
-            .unwrap();
-        s.info().await.unwrap().state.consumer_count
-    };
+    let consumers = || async { events_state(&w.nats).await.consumer_count };
     let before = consumers().await;
     let raw = raw_as(&w.nats, &w.attacker).await;
     let subject = perms::query_subject(&ident("acme"), &ident("mallory"), "replay");
