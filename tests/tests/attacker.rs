@@ -794,6 +794,15 @@ async fn one_tenants_event_ids_never_take_the_place_of_anothers() {
         "{first:?} {second:?}"
     );
     assert_ne!(first.seq, second.seq);
+    // An event too large for one request (its JSON escapes every byte of its text) is a
+    // size error at once, not a transport failure to retry.
+    let mut big = memory("acme", "mallory", "task:t", "x");
+    big.content = Content::text("\u{1}".repeat(200_000));
+    let refused = as_attacker.append(&big).await;
+    assert!(
+        matches!(refused, Err(engram_sdk::AppendError::TooLarge { .. })),
+        "{refused:?}"
+    );
     // A retry is still one event.
     let retried = as_victim.append(&theirs).await.unwrap();
     assert!(retried.duplicate);

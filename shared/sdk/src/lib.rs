@@ -341,6 +341,16 @@ impl Client {
             expected_last_subject_seq: opts.expected_last_subject_seq,
         };
         let subject_of = |e: &Envelope| engram_schema::subject_for(e);
+        // A request the server would refuse for its size is refused here, typed: it is not
+        // worth a retry (a transport error would be taken for one).
+        let max = self.bus.client().server_info().max_payload;
+        let size = serde_json::to_vec(&request).map_or(0, |b| b.len());
+        if size > max {
+            return events
+                .iter()
+                .map(|_| Err(AppendError::TooLarge { size, max }))
+                .collect();
+        }
         match self
             .query::<_, proto::AppendResponse>(proto::APPEND, &request, None)
             .await
