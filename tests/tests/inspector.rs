@@ -2,8 +2,10 @@
 //! chromedriver, against a secured server, the services and the gateway. The page reads what
 //! an agent remembered with the API key pasted into it, and nothing else.
 //!
-//! Without `/usr/bin/chromedriver` the test says so loudly and passes, unless
-//! `ENGRAM_REQUIRE_BROWSER=1` (CI sets it). With `ENGRAM_SCREENSHOTS=1` it saves screenshots
+//! `chromedriver` and `chromium` (or `chromium-browser`) are looked up on `PATH`. Without
+//! them the test writes a SKIPPED line straight to the terminal (past the test harness's
+//! capture, so a plain `cargo test` shows it) and passes, unless `ENGRAM_REQUIRE_BROWSER=1`
+//! (CI sets it), which makes it fail. With `ENGRAM_SCREENSHOTS=1` it saves screenshots
 //! of the main sections to `docs/inspector/`.
 
 use std::panic::AssertUnwindSafe;
@@ -20,8 +22,9 @@ use fantoccini::{Client, ClientBuilder, Locator};
 use futures::FutureExt;
 use serde_json::{Value, json};
 
-const CHROMEDRIVER: &str = "/usr/bin/chromedriver";
-const CHROMIUM: &str = "/usr/bin/chromium";
+/// The names the browser and its driver go by on `PATH` (Debian's, then Ubuntu's).
+const CHROMEDRIVER: &[&str] = &["chromedriver"];
+const CHROMIUM: &[&str] = &["chromium", "chromium-browser"];
 /// How long a DOM condition may take: the page waits on the services, which wait on the
 /// projectors.
 const WAIT: Duration = Duration::from_secs(20);
@@ -222,10 +225,24 @@ async fn remember(nats: &SecureNats, base: &str, key: &str, engram: &Engram) {
         .await;
 }
 
+/// The first executable file named one of `names` in a directory of `PATH`, as `which` finds it.
+fn on_path(names: &[&str]) -> Option<PathBuf> {
+    use std::os::unix::fs::PermissionsExt;
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .flat_map(|dir| names.iter().map(move |name| dir.join(name)))
+        .find(|candidate| {
+            std::fs::metadata(candidate)
+                .is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+        })
+}
+
 /// chromedriver on a free loopback port, killed on drop.
 struct Driver {
     child: Child,
     port: u16,
+    /// The Chromium each session runs.
+    chromium: PathBuf,
 }
 
 impl Drop for Driver {
@@ -236,13 +253,13 @@ impl Drop for Driver {
 }
 
 impl Driver {
-    async fn start() -> Driver {
+    async fn start(chromedriver: &Path, chromium: PathBuf) -> Driver {
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .port();
-        let child = Command::new(CHROMEDRIVER)
+        let child = Command::new(chromedriver)
             .arg(format!("--port={port}"))
             .stdout(Stdio::null())
             .stderr(Stdio::null())
@@ -254,14 +271,18 @@ impl Driver {
                 .is_ok()
         })
         .await;
-        Driver { child, port }
+        Driver {
+            child,
+            port,
+            chromium,
+        }
     }
 
     /// A fresh headless Chromium with a profile of its own.
     async fn browser(&self, profile: &Path) -> Client {
         let capabilities = json!({
             "goog:chromeOptions": {
-                "binary": CHROMIUM,
+                "binary": self.chromium,
                 "args": [
                     "--headless=new",
                     "--no-sandbox",
@@ -346,17 +367,31 @@ async fn screenshot(browser: &Client, name: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn the_inspector_shows_what_a_key_may_read() {
-    if !Path::new(CHROMEDRIVER).exists() {
-        assert!(
-            std::env::var("ENGRAM_REQUIRE_BROWSER").as_deref() != Ok("1"),
-            "ENGRAM_REQUIRE_BROWSER=1 but {CHROMEDRIVER} is missing: apt-get install chromium chromium-driver"
-        );
-        eprintln!(
-            "\n!!! SKIPPED the inspector browser test: {CHROMEDRIVER} is missing \
+    let (chromedriver, chromium) = match (on_path(CHROMEDRIVER), on_path(CHROMIUM)) {
+        (Some(chromedriver), Some(chromium)) => (chromedriver, chromium),
+        (chromedriver, chromium) => {
+            let missing = [("chromedriver", chromedriver), ("chromium", chromium)]
+                .into_iter()
+                .filter(|(_, found)| found.is_none())
+                .map(|(name, _)| name)
+                .collect::<Vec<_>>()
+                .join(" and ");
+            let missing = format!("{missing} not found on PATH");
+            assert!(
+                std::env::var("ENGRAM_REQUIRE_BROWSER").as_deref() != Ok("1"),
+                "ENGRAM_REQUIRE_BROWSER=1 but {missing}: apt-get install chromium chromium-driver"
+            );
+            // Straight to the process's stderr: `eprintln!` would be captured by the test
+            // harness and shown only on failure, so a plain `cargo test` would hide the skip.
+            use std::io::Write;
+            let _ = writeln!(
+                std::io::stderr(),
+                "\n!!! SKIPPED the inspector browser test: {missing} \
              (apt-get install chromium chromium-driver; ENGRAM_REQUIRE_BROWSER=1 makes this fail)\n"
-        );
-        return;
-    }
+            );
+            return;
+        }
+    };
     let nats = TestNats::start_secured().await;
     let engram = Engram::start_secured(&nats).await;
     nats.add_tenant("acme").await;
@@ -385,7 +420,7 @@ async fn the_inspector_shows_what_a_key_may_read() {
     .await;
     remember(&nats, &base, &key, &engram).await;
 
-    let driver = Driver::start().await;
+    let driver = Driver::start(&chromedriver, chromium).await;
     let profile = tempfile::tempdir().unwrap();
     let browser = driver.browser(profile.path()).await;
     // The session is closed (and its Chromium with it) whether the checks pass or not.
