@@ -68,7 +68,7 @@ bench-docs *ARGS:
 
 # HNSW against exact search at 100k and 1M vectors (client-supplied, one scope).
 bench-ann *ARGS:
-    cargo run --release -p engram-vector --features bench --bin bench-ann -- {{ARGS}}
+    cargo run --release -p engram-bench --bin bench-ann -- {{ARGS}}
 
 # Projector rebuilds against a raw ordered-consumer replay of the same stream; MiniLM inside
 # the vector projector against a bare forward pass; warm-cache replay.

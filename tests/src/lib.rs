@@ -5,7 +5,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use engram_bus::Bus;
-use engram_embed::{EmbedderConfig, HashEmbedder};
+use engram_embed::EmbedderConfig;
+use engram_fixtures::HashEmbedder;
 use engram_projectors::{ProjectorsConfig, RunningProjectors};
 use engram_query::{Query, QueryConfig};
 use engram_sdk::{Client, RetryPolicy};

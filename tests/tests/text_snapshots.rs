@@ -6,7 +6,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
-use engram_embed::{EmbedderConfig, HashEmbedder};
+use engram_embed::EmbedderConfig;
+use engram_fixtures::HashEmbedder;
 use engram_memory::proto::{Consistency, SearchRequest, SearchResponse, projector_subject};
 use engram_memory::{MemoryFilter, ScopeKey};
 use engram_projectors::{ProjectorName, ProjectorStatus, ProjectorsConfig, SnapshotRequest};

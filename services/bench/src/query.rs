@@ -2,7 +2,7 @@
 //! beside its physical reference in the same run.
 //!
 //! N memories with client-supplied 384-dim vectors (the clustered synthetic mixture of
-//! `engram_vector::synthetic`) and short texts from a fixed vocabulary go into one scope
+//! `engram_fixtures::synthetic`) and short texts from a fixed vocabulary go into one scope
 //! through the bus. Once the projectors have applied them (read-your-writes on the last
 //! sequence), each query is asked in dense, BM25 and hybrid mode through the query service.
 //! The same vectors are also loaded into an in-process `VectorIndex`, and every query vector
@@ -19,7 +19,7 @@ use engram_embed::EmbedderConfig;
 use engram_memory::proto::{Consistency, RetrievalMode, RetrieveRequest, ScopeRequest};
 use engram_schema::{Content, Embedding, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_sdk::{Client, RetryPolicy};
-use engram_vector::synthetic::{Mixture, MixtureSpec};
+use engram_fixtures::synthetic::{Mixture, MixtureSpec};
 use engram_vector::{HnswParams, VectorIndex};
 use hdrhistogram::Histogram;
 use rand::rngs::SmallRng;

@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engram_bus::Bus;
-use engram_embed::HashEmbedder;
+use engram_fixtures::HashEmbedder;
 use engram_memory::proto::{Consistency, projector_subject};
 use engram_projection_runtime::ApplyLedger;
 use engram_projectors::{ProjectorName, ProjectorStatus, ProjectorsConfig};

@@ -1306,7 +1306,7 @@ impl crate::ReadModel for Vector {
 
 #[cfg(test)]
 mod tests {
-    use engram_embed::HashEmbedder;
+    use engram_fixtures::HashEmbedder;
     use engram_memory::MemoryFilter;
     use engram_memory::proto::Consistency;
     use engram_schema::{Envelope, Ident, ScopeKind};

@@ -4,7 +4,8 @@
 use std::time::Duration;
 
 use engram_bus::Bus;
-use engram_embed::{EmbedderConfig, HashEmbedder};
+use engram_embed::EmbedderConfig;
+use engram_fixtures::HashEmbedder;
 use engram_keyword::KeywordIndex;
 use engram_memory::Seq;
 use engram_memory::proto::{Consistency, ErrorCode, projector_subject};

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use engram_bus::StoredEvent;
-use engram_embed::HashEmbedder;
+use engram_fixtures::HashEmbedder;
 use engram_memory::proto::{Consistency, SearchRequest, SearchResponse};
 use engram_memory::{MemoryFilter, ScopeKey};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError};

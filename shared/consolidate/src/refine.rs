@@ -290,7 +290,7 @@ mod tests {
     use std::sync::Mutex;
 
     use engram_memory::model::EventModel;
-    use engram_memory::testing::{event, scope, t};
+    use engram_fixtures::models::{event, scope, t};
     use engram_schema::{FactAsserted, Payload};
 
     use super::*;

@@ -6,14 +6,14 @@ use engram_consolidate::promote::{normalise, skill_name};
 use engram_consolidate::{Memories, Policy, plan};
 use engram_memory::ScopeKey;
 use engram_memory::model::EventModel;
-use engram_memory::testing::{Stream, day, scope, t};
+use engram_fixtures::models::{Stream, day, scope, t};
 use engram_schema::{Envelope, EventKind, Layer, SkillRecorded};
 use serde_json::{Value, json};
 
 /// An action of episode `episode` (its correlation id).
 fn action(scope: &ScopeKey, episode: &str, text: &str, at: &str) -> Envelope {
     let mut e =
-        engram_memory::testing::event(scope, Layer::Episodic, EventKind::Action, None, t(at));
+        engram_fixtures::models::event(scope, Layer::Episodic, EventKind::Action, None, t(at));
     e.content.text = text.into();
     e.correlation_id = Some(episode.into());
     e
@@ -21,7 +21,7 @@ fn action(scope: &ScopeKey, episode: &str, text: &str, at: &str) -> Envelope {
 
 /// An outcome of episode `episode` with `data`.
 fn outcome_with(scope: &ScopeKey, episode: &str, data: Value, at: &str) -> Envelope {
-    let mut e = engram_memory::testing::event(
+    let mut e = engram_fixtures::models::event(
         scope,
         Layer::Episodic,
         EventKind::Outcome,
@@ -268,9 +268,9 @@ fn the_same_episodes_plan_byte_identical_promotions() {
     let a = Stream::<Memories>::given(&events).model;
     // A replica that restored a checkpoint half-way, mid-episode.
     let b: Memories =
-        engram_memory::testing::in_two_halves(&events, 7, engram_memory::testing::named);
+        engram_fixtures::models::in_two_halves(&events, 7, engram_fixtures::models::named);
     let c: Memories =
-        engram_memory::testing::in_two_halves(&events, 13, engram_memory::testing::as_json);
+        engram_fixtures::models::in_two_halves(&events, 13, engram_fixtures::models::as_json);
     assert_eq!(a.state_hash(), b.state_hash());
     assert_eq!(a.state_hash(), c.state_hash());
     let planned = |m: &Memories| {

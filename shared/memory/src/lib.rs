@@ -8,14 +8,12 @@
 //!
 //! [`model`] is the base of the scope-keyed models (fact table, skill registry): the applied
 //! seq and the rule that skips events at or below it, their snapshot shape, provenance and
-//! payload errors. With the `test-util` feature, `testing` has their given/when/then helpers.
+//! payload errors. Their given/when/then test helpers are in `engram_fixtures::models`.
 
 pub mod canon;
 pub mod confidence;
 pub mod model;
 pub mod proto;
-#[cfg(feature = "test-util")]
-pub mod testing;
 
 use std::fmt;
 

@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use chrono::{DateTime, Utc};
 use engram_memory::ScopeKey;
-use engram_memory::testing::{self, t};
+use engram_fixtures::models::{self, t};
 use engram_schema::{Envelope, EventKind, Layer};
 use engram_skills::SkillRegistry;
 use serde_json::json;
@@ -45,7 +45,7 @@ fn event(
     data: serde_json::Value,
     at: DateTime<Utc>,
 ) -> Envelope {
-    testing::event(scope, Layer::Procedural, kind, Some(data), at)
+    models::event(scope, Layer::Procedural, kind, Some(data), at)
 }
 
 fn phrase(seed: usize, len: usize) -> String {
@@ -56,7 +56,7 @@ fn phrase(seed: usize, len: usize) -> String {
 }
 
 fn main() {
-    let scopes = testing::teams("acme", 10);
+    let scopes = models::teams("acme", 10);
     let start = t("2024-01-01");
     let skills = 10_000usize;
     let outcomes = 100_000usize;

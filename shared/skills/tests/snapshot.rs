@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use engram_memory::testing::{self, day};
+use engram_fixtures::models::{self, day};
 use engram_schema::{Envelope, EventKind};
 use engram_skills::SkillRegistry;
 use proptest::prelude::*;
@@ -50,7 +50,7 @@ fn scenario(last_success: bool) -> Vec<Envelope> {
 
 /// A registry fed `events` at seqs 1, 2, 3, … in one pass.
 fn one_pass(events: &[Envelope]) -> SkillRegistry {
-    testing::one_pass(events)
+    models::one_pass(events)
 }
 
 #[test]
@@ -60,7 +60,7 @@ fn a_rebuild_in_one_pass_hashes_like_two_halves_with_a_snapshot_between() {
     assert_eq!(whole.len(), 2, "the scenario exercises the registry");
     assert!(whole.pending(&scope("acme", "team-ab"), "deploy").is_some());
 
-    testing::assert_rebuild_equals_incremental::<SkillRegistry>(&events);
+    models::assert_rebuild_equals_incremental::<SkillRegistry>(&events);
 }
 
 #[test]
@@ -117,7 +117,7 @@ proptest! {
         let events: Vec<Envelope> = ops.into_iter().map(envelope).collect();
         let split = split.min(events.len());
         let whole = one_pass(&events);
-        let halves: SkillRegistry = testing::in_two_halves(&events, split, testing::named);
+        let halves: SkillRegistry = models::in_two_halves(&events, split, models::named);
         prop_assert_eq!(halves.state_hash(), whole.state_hash());
         prop_assert_eq!(&halves, &whole);
     }

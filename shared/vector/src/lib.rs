@@ -38,20 +38,16 @@
 //! - `persist`: [`VectorIndex::save_graph`] and [`VectorIndex::restore`], so that a restart
 //!   loads the graph instead of building it again; [`RowLayout`].
 //! - `kernel`: dot products (AVX2 when the CPU has it) and normalisation.
-//! - [`synthetic`] (feature `bench`): clustered synthetic embeddings for the benchmarks and
-//!   tests.
 //!
-//! The `bench-ann` binary (feature `bench`) measures build speed, exact and graph latency,
-//! recall and memory on synthetic data:
-//! `cargo run --release -p engram-vector --features bench --bin bench-ann -- --help`.
+//! The `bench-ann` binary of `engram-bench` measures build speed, exact and graph latency,
+//! recall and memory on the synthetic data of `engram_fixtures::synthetic`:
+//! `cargo run --release -p engram-bench --bin bench-ann -- --help`.
 
 mod error;
 mod index;
 mod kernel;
 mod params;
 mod persist;
-#[cfg(feature = "bench")]
-pub mod synthetic;
 
 pub use error::VectorError;
 pub use index::VectorIndex;

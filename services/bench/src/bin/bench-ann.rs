@@ -1,12 +1,12 @@
 //! `bench-ann`: how one scope's `VectorIndex` performs at a given size, on synthetic
-//! clustered embeddings (see `engram_vector::synthetic` for what the data is and is not).
+//! clustered embeddings (see `engram_fixtures::synthetic` for what the data is and is not).
 //!
 //! For each size: build time (one parallel build, as a restore does), then for the same set of
 //! new queries drawn from the data's distribution, exact and graph latency, graph recall@k
 //! against exact for each `--ef`, filtered searches, single inserts into the built index, and
 //! memory per vector (resident set growth over the build, and the index's own estimate).
 //!
-//! `cargo run --release -p engram-vector --bin bench-ann -- --sizes 100000 --json`
+//! `cargo run --release -p engram-bench --bin bench-ann -- --sizes 100000 --json`
 
 use std::time::{Duration, Instant};
 
@@ -14,7 +14,7 @@ use anyhow::{Context, bail};
 use clap::Parser;
 use engram_memory::{Hit, Seq};
 use engram_vector::EF_SEARCH_BASE_SIZE;
-use engram_vector::synthetic::{Mixture, MixtureSpec};
+use engram_fixtures::synthetic::{Mixture, MixtureSpec};
 use engram_vector::{HnswParams, VectorIndex};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;
@@ -29,7 +29,7 @@ struct Args {
     sizes: Vec<usize>,
     #[arg(long, default_value_t = 384)]
     dim: usize,
-    /// Topics of the synthetic data (see `engram_vector::synthetic`).
+    /// Topics of the synthetic data (see `engram_fixtures::synthetic`).
     #[arg(long, default_value_t = MixtureSpec::default().topics)]
     topics: usize,
     /// Clusters (groups of near-paraphrases) of the synthetic data.

@@ -1,20 +1,20 @@
 //! Given/when/then helpers: skill events with chosen times, applied at increasing seqs. The
-//! parts every scoped model shares are `engram_memory::testing`'s.
+//! parts every scoped model shares are `engram_fixtures::models`'s.
 
 #![allow(dead_code)]
 
 use engram_memory::ScopeKey;
-pub use engram_memory::testing::{scope, t};
+pub use engram_fixtures::models::{scope, t};
 use engram_schema::{Envelope, EventKind, Layer};
 use engram_skills::SkillRegistry;
 use serde_json::{Value, json};
 
 /// A registry fed at seqs 1, 2, 3, … like a projector reading the stream.
-pub type Stream = engram_memory::testing::Stream<SkillRegistry>;
+pub type Stream = engram_fixtures::models::Stream<SkillRegistry>;
 
 /// A procedural event that occurred, and was recorded, at `at`.
 pub fn event(scope: &ScopeKey, kind: EventKind, data: Option<Value>, at: &str) -> Envelope {
-    engram_memory::testing::event(scope, Layer::Procedural, kind, data, t(at))
+    engram_fixtures::models::event(scope, Layer::Procedural, kind, data, t(at))
 }
 
 pub fn recorded(scope: &ScopeKey, data: Value, at: &str) -> Envelope {
