@@ -2,14 +2,23 @@
 //! instances of one agent append to a shared task (a retry is deduplicated, a stale writer is
 //! stopped), then retrieval with its score parts, the context a new step starts with, the
 //! fact table after two agents contradict each other (current value and history), a fresh
-//! instance replaying the task, and working memory expiring. Every query waits for the
-//! demo's own writes (`min_seq`), so what it prints does not depend on projector timing.
+//! instance replaying the task, working memory expiring, three instances editing the team's
+//! task board at once ([`docs`]), one consolidation run ([`consolidation`]), a new instance
+//! bootstrapping from a snapshot ([`bootstrap`]), and where to go next ([`next`]). Every
+//! query waits for the demo's own writes (`min_seq`), so what it prints does not depend on
+//! projector timing, and every claim it prints is checked first: a check that fails ends
+//! the demo with an error saying what differed.
+
+mod bootstrap;
+mod consolidation;
+mod docs;
+mod next;
 
 use std::time::Duration;
 
+use crate::up::Running;
 use anyhow::Context;
 use bytes::Bytes;
-use engram_bus::Bus;
 use engram_memory::MemoryFilter;
 use engram_memory::proto::{
     Consistency, ContextRequest, FactsRequest, RetrievalMode, RetrieveRequest, ScopeRequest,
@@ -82,33 +91,132 @@ fn steps() -> [(&'static str, EventKind, Layer, &'static str, Option<Value>); 6]
 }
 
 /// Section headings, in the order the demo prints them; the demo test checks each appears.
-pub const SECTIONS: [&str; 6] = [
+pub const SECTIONS: [&str; 11] = [
     "== append:",
     "== retrieve:",
     "== build_context:",
     "== facts:",
     "== replay:",
     "== working memory:",
+    "== shared documents:",
+    "== consolidation:",
+    "== snapshot and bootstrap:",
+    "== stream ",
+    "== next:",
 ];
 
 /// How long each query waits for the demo's own writes (the first embedding may load the
 /// model).
 const WAIT_MS: u64 = 30_000;
 
-pub async fn run(bus: &Bus) -> anyhow::Result<()> {
+/// What every section of the demo shares.
+struct Demo<'a> {
+    running: &'a Running,
+    client: Client,
+    tenant: Ident,
+    task: Scope,
+    /// Makes this run's instance ids (and its board and session) its own, so that a second
+    /// run on the same home shows the same walk-through.
+    run_id: String,
+}
+
+impl Demo<'_> {
+    /// Instance `instance` of `agent`, as this run names it.
+    fn agent(&self, agent: &str, instance: &str) -> anyhow::Result<engram_sdk::Agent> {
+        Ok(self
+            .client
+            .agent("acme", agent, &format!("{instance}-{}", self.run_id))?)
+    }
+
+    /// Waits until every projector has applied the whole stream; returns its last seq.
+    async fn settled(&self) -> anyhow::Result<u64> {
+        let head = self.running.bus.stream_summary().await?.last_seq;
+        for visibility in self.running.projectors.visibility.values() {
+            visibility
+                .wait_for(head, Duration::from_millis(WAIT_MS))
+                .await?;
+        }
+        Ok(head)
+    }
+
+    /// The newest dead letter's sequence in the dead-letter stream (0: none).
+    async fn newest_dead_letter(&self) -> anyhow::Result<u64> {
+        let letters = self.dead_letters().await?;
+        Ok(letters.iter().map(|d| d.dlq_seq).max().unwrap_or(0))
+    }
+
+    async fn dead_letters(&self) -> anyhow::Result<Vec<engram_memory::proto::DeadLetterInfo>> {
+        Ok(self
+            .client
+            .list_dead_letters(&engram_memory::proto::DeadLettersRequest {
+                tenant: self.tenant.clone(),
+                limit: engram_memory::proto::limits::MAX_DEAD_LETTERS,
+            })
+            .await?
+            .dead_letters)
+    }
+
+    /// Fails when a projector dead-lettered anything since `since` (once every projector has
+    /// applied the whole stream); returns the stream's last seq.
+    async fn no_dead_letter_since(&self, since: u64) -> anyhow::Result<u64> {
+        let head = self.settled().await?;
+        let new: Vec<String> = self
+            .dead_letters()
+            .await?
+            .into_iter()
+            .filter(|d| d.dlq_seq > since)
+            .map(|d| {
+                format!(
+                    "{} refused seq {:?} ({}): {}",
+                    d.projector,
+                    d.event_seq,
+                    d.kind.unwrap_or_default(),
+                    d.reason
+                )
+            })
+            .collect();
+        anyhow::ensure!(
+            new.is_empty(),
+            "a projector dead-lettered a demo event: {}",
+            new.join("; ")
+        );
+        Ok(head)
+    }
+}
+
+/// Read-your-writes at `seq`, waiting up to [`WAIT_MS`].
+fn after(seq: u64) -> Consistency {
+    Consistency {
+        min_seq: Some(seq),
+        wait_ms: Some(WAIT_MS),
+    }
+}
+
+/// The first 8 bytes of a digest, hex.
+fn short_hex(hash: &[u8]) -> String {
+    hash.iter().take(8).map(|b| format!("{b:02x}")).collect()
+}
+
+pub async fn run(running: &Running) -> anyhow::Result<()> {
+    let bus = &running.bus;
     let client = Client::from_bus(bus.clone(), RetryPolicy::default());
     let tenant = Ident::parse("tenant", "acme")?;
     let task = Scope::new(ScopeKind::Task, "fix-login-bug")?;
     let run_id = chrono::Utc::now().format("%H%M%S").to_string();
+    let demo = Demo {
+        running,
+        client: client.clone(),
+        tenant: tenant.clone(),
+        task: task.clone(),
+        run_id: run_id.clone(),
+    };
+    // Dead letters from before this run are not this run's.
+    let dead_letters_before = demo.newest_dead_letter().await?;
     // Every query reads the task scope, after the demo's latest write: read-your-writes.
     let scopes = ScopeRequest {
         tenant: tenant.clone(),
         scope: task.clone(),
         grants: Vec::new(),
-    };
-    let after = |seq: u64| Consistency {
-        min_seq: Some(seq),
-        wait_ms: Some(WAIT_MS),
     };
 
     println!(
@@ -143,6 +251,11 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
     }
     let (first_event, first_receipt) = first.context("no demo event")?;
     let retry = client.append(&first_event).await?;
+    anyhow::ensure!(
+        retry.duplicate && retry.seq == first_receipt.seq,
+        "a retry of seq {} was stored again: {retry:?}",
+        first_receipt.seq
+    );
     println!(
         "  a retry of seq={} after a lost ack reuses its event id: duplicate={} seq={} (stored once)",
         first_receipt.seq, retry.duplicate, retry.seq
@@ -169,7 +282,7 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
         Err(AppendError::Conflict { subject, expected }) => println!(
             "  a writer that read an old position (seq {expected}) is refused: conflict on {subject}, nothing written"
         ),
-        other => println!("  unexpected: {other:?}"),
+        other => anyhow::bail!("a stale writer was not refused: {other:?}"),
     }
 
     let query = "why does login fail when the password has a quote";
@@ -312,17 +425,26 @@ pub async fn run(bus: &Bus) -> anyhow::Result<()> {
     );
     tokio::time::sleep(Duration::from_millis(3000)).await;
     let later = wm.get(&tenant, &task, "current-step").await?;
+    anyhow::ensure!(
+        now.as_deref() == Some(b"verify fix in staging".as_slice()) && later.is_none(),
+        "working memory did not expire: {now:?} then {later:?}"
+    );
     println!(
         "  3s later -> get: {:?} (expired)",
         later.as_deref().map(String::from_utf8_lossy)
     );
 
+    docs::run(&demo).await?;
+    consolidation::run(&demo).await?;
+    bootstrap::run(&demo).await?;
+
+    let head = demo.no_dead_letter_since(dead_letters_before).await?;
     let summary = bus.stream_summary().await?;
     println!(
-        "\n== stream {}: {} events, last seq {} ==",
-        summary.name, summary.messages, summary.last_seq
+        "\n{}{}: {} events, last seq {}; every projector applied all of it, no dead letter ==",
+        SECTIONS[9], summary.name, summary.messages, head
     );
-    Ok(())
+    next::run(&demo).await
 }
 
 #[cfg(test)]

@@ -407,14 +407,18 @@ pub async fn run(config: Config, demo: bool, shutdown: CancellationToken) -> Res
     );
     if demo {
         tokio::select! {
-            result = crate::demo::run(&running.bus) => {
-                if let Err(e) = result {
-                    eprintln!("demo failed: {e:#}");
-                }
+            result = crate::demo::run(&running) => {
+                let outcome = match result {
+                    Ok(()) => "the demo is done",
+                    Err(e) => {
+                        eprintln!("demo failed: {e:#}");
+                        "the demo stopped at the error above"
+                    }
+                };
                 let exe = std::env::current_exe()
                     .map_or_else(|_| "engram".to_owned(), |p| p.display().to_string());
                 println!(
-                    "\nthe demo is done; engram keeps running. try, in another terminal:\n  {exe} replay --tenant acme --scope task:fix-login-bug\n  {exe} tail --tenant acme\n  curl -s http://{}/metrics | grep ^engram_\nctrl-c here stops engram",
+                    "\n{outcome}; engram keeps running. try, in another terminal:\n  {exe} replay --tenant acme --scope task:fix-login-bug\n  {exe} tail --tenant acme\n  curl -s http://{}/metrics | grep ^engram_\nctrl-c here stops engram",
                     running.http_addr
                 );
             }

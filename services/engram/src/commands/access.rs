@@ -168,7 +168,7 @@ pub async fn agent(config: &Config, command: AgentCommand, json: bool) -> anyhow
 
 /// A fresh key pair for `agent` of `tenant`, registered with `scopes` (the defaults when
 /// none are given); the registry's sequence with it.
-async fn issue(
+pub(crate) async fn issue(
     log: &AccessLog,
     tenant: &Ident,
     agent: &Ident,

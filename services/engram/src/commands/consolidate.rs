@@ -8,6 +8,28 @@ use crate::cli::ScopeArgs;
 use crate::config::Config;
 use crate::output::one_line;
 
+/// The request `engram consolidate` sends (`--step`, `--restore`), checked: what the demo's
+/// consolidation and restore send too.
+pub fn request(
+    scopes: proto::ScopeRequest,
+    steps: Vec<String>,
+    restore: &[String],
+    consistency: proto::Consistency,
+) -> anyhow::Result<ConsolidateRequest> {
+    let request = ConsolidateRequest {
+        scopes,
+        steps,
+        restore: restore
+            .iter()
+            .map(|id| engram_schema::EventId::parse(id))
+            .collect::<Result<_, _>>()?,
+        apply: false,
+        consistency,
+    };
+    request.validate()?;
+    Ok(request)
+}
+
 pub async fn run(
     config: &Config,
     scope: ScopeArgs,
@@ -16,18 +38,8 @@ pub async fn run(
     dry_run: bool,
     json: bool,
 ) -> anyhow::Result<ExitCode> {
-    let request = ConsolidateRequest {
-        scopes: scope.to_request()?,
-        steps,
-        restore: restore
-            .iter()
-            .map(|id| engram_schema::EventId::parse(id))
-            .collect::<Result<_, _>>()?,
-        apply: false,
-        consistency: scope.consistency(),
-    };
+    let request = request(scope.to_request()?, steps, &restore, scope.consistency())?;
     let client = super::connect(config).await?;
-    request.validate()?;
     let (events, receipts) = if dry_run {
         let plan: proto::ConsolidateResponse = engram_rpc::call(
             client.bus().client(),

@@ -1,0 +1,195 @@
+//! A snapshot is cut; two more events come in; a new instance bootstraps its scopes from the
+//! snapshot and the tail after it, and its state equals a replay of their whole history.
+
+use std::collections::BTreeMap;
+
+use anyhow::Context as _;
+use engram_docs::DocId;
+use engram_memory::ScopeKey;
+use engram_memory::proto::ScopeRequest;
+use engram_schema::{EventKind, Ident, Layer, SubjectFilter};
+use engram_sdk::StartAt;
+use engram_snapshots::SnapshotMeta;
+use futures::StreamExt;
+use serde_json::json;
+
+use super::{Demo, SECTIONS, short_hex};
+
+/// The models a bootstrap loads from snapshots.
+const MODELS: [&str; 3] = ["facts", "skills", "docs"];
+
+pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
+    let (team, board) = super::docs::board(demo)?;
+    let scopes = ScopeRequest {
+        tenant: demo.tenant.clone(),
+        scope: demo.task.clone(),
+        grants: vec![team.clone()],
+    };
+    println!(
+        "\n{} a new instance of {} (reading {team}) starts from a snapshot, not from seq 1 ==",
+        SECTIONS[8], demo.task
+    );
+    // Everything so far is applied, so the snapshots hold all of it.
+    let before = demo.settled().await?;
+    let cut = demo.client.snapshot(&scopes, None).await?;
+    let mut versions = BTreeMap::new();
+    for meta in &cut.snapshots {
+        let meta: SnapshotMeta =
+            serde_json::from_value(meta.clone()).context("a snapshot's index entry")?;
+        versions.insert(meta.projector.clone(), meta);
+    }
+    let mut cut_line = Vec::new();
+    for model in MODELS {
+        let meta = versions
+            .get(model)
+            .with_context(|| format!("no {model} snapshot was cut: {:?}", cut.skipped))?;
+        anyhow::ensure!(
+            meta.version >= before,
+            "the {model} snapshot holds seq {} only, the stream was at {before}",
+            meta.version
+        );
+        cut_line.push(format!("{model} v{}", meta.version));
+    }
+    println!(
+        "  snapshot cut of every read model: {} (+{} more; state hashes in `engram snapshot list`)",
+        cut_line.join(", "),
+        versions.len() - MODELS.len()
+    );
+
+    // Two more events, after the snapshot.
+    let done = engram_sdk::Agent::edit_doc(
+        &demo.agent("coder", "i-2")?,
+        team.clone(),
+        "task_board",
+        &board,
+        None,
+        &[("/items/t-1/status".into(), json!("done"))],
+        &[],
+    )
+    .await?;
+    let fixed = demo
+        .agent("reviewer", "r-1")?
+        .event(
+            demo.task.clone(),
+            Layer::Semantic,
+            EventKind::FactAsserted,
+            "the login bug is fixed",
+        )
+        .tag("demo")
+        .data(json!({"subject": "login-bug", "predicate": "status", "object": "fixed"}))
+        .append()
+        .await?;
+    println!(
+        "  then: i-2 marks t-1 done (seq={}), reviewer asserts login-bug status \"fixed\" (seq={})",
+        done.receipt.seq, fixed.seq
+    );
+
+    // The new instance, and a replay of the same scopes' whole history at the same seq (an
+    // event appended between the two, a usage report say, makes them read to different
+    // seqs: then both are read again).
+    let (booted, full) = {
+        let mut attempt = 0;
+        loop {
+            let booted = demo.client.bootstrap_with(&scopes, None, 0).await?;
+            let full = demo.client.bootstrap_with(&scopes, None, u64::MAX).await?;
+            attempt += 1;
+            if booted.memory.through == full.memory.through || attempt == 3 {
+                break (booted, full);
+            }
+        }
+    };
+    anyhow::ensure!(
+        booted.memory.through == full.memory.through,
+        "the stream kept growing: the bootstrap read to seq {}, the replay to {}",
+        booted.memory.through,
+        full.memory.through
+    );
+    anyhow::ensure!(
+        full.snapshots.iter().all(|(_, s)| s.is_none()),
+        "the full replay loaded a snapshot: {:?}",
+        full.snapshots
+    );
+    let mut used = Vec::new();
+    for (model, snapshot) in &booted.snapshots {
+        let snapshot = snapshot
+            .as_ref()
+            .with_context(|| format!("the bootstrap loaded no {model} snapshot"))?;
+        let ours = versions.get(model.as_str()).map(|m| m.version);
+        anyhow::ensure!(
+            ours == Some(snapshot.version),
+            "the bootstrap loaded {model} v{}, not the snapshot just cut ({ours:?})",
+            snapshot.version
+        );
+        used.push(format!("{model} v{}", snapshot.version));
+    }
+    // The tail is exactly the scopes' events after the oldest snapshot used.
+    let from = booted
+        .snapshots
+        .iter()
+        .filter_map(|(_, s)| s.as_ref().map(|s| s.version))
+        .min()
+        .unwrap_or(0);
+    let tail = events_between(demo, &scopes, from, booted.memory.through).await?;
+    anyhow::ensure!(
+        booted.replayed == tail && tail >= 2,
+        "the bootstrap replayed {} tail events; the scopes hold {tail} after seq {from}",
+        booted.replayed
+    );
+    // It holds what came after the snapshot: t-1 done, the new fact.
+    let key = ScopeKey::new(demo.tenant.clone(), team.clone());
+    let id = DocId {
+        doc_type: Ident::parse("doc_type", "task_board")?,
+        name: Ident::parse("name", board.as_str())?,
+    };
+    let status = booted
+        .memory
+        .docs
+        .get(&key, &id)
+        .map(|d| d.view().value["items"]["t-1"]["status"].clone());
+    anyhow::ensure!(
+        status == Some(json!("done")),
+        "the bootstrapped board shows t-1 {status:?}, not done"
+    );
+    let (b, f) = (booted.memory.state_hash(), full.memory.state_hash());
+    anyhow::ensure!(
+        b == f,
+        "the bootstrapped state {} differs from a full replay's {}",
+        short_hex(&b),
+        short_hex(&f)
+    );
+    println!(
+        "  bootstrap: {} from the snapshot, then replayed {} tail events (of {} in these scopes)",
+        used.join(", "),
+        booted.replayed,
+        full.replayed
+    );
+    println!(
+        "  state hash at seq {}: bootstrap {} = full replay {} (equal); its board shows t-1 done",
+        booted.memory.through,
+        short_hex(&b),
+        short_hex(&f)
+    );
+    Ok(())
+}
+
+/// Events of the scopes with a seq in `(from, through]`, counted by replaying each.
+async fn events_between(
+    demo: &Demo<'_>,
+    scopes: &ScopeRequest,
+    from: u64,
+    through: u64,
+) -> anyhow::Result<u64> {
+    let mut n = 0;
+    for key in scopes.resolve().map_err(anyhow::Error::msg)? {
+        let filter = SubjectFilter::all()
+            .tenant(key.tenant.clone())
+            .scope(key.kind, key.id.clone());
+        let mut replay = demo.client.replay(&filter, StartAt::Seq(from + 1)).await?;
+        while let Some(item) = replay.next().await {
+            if item?.seq <= through {
+                n += 1;
+            }
+        }
+    }
+    Ok(n)
+}
