@@ -173,8 +173,10 @@ impl IntoResponse for ApiError {
             .inc();
         let body = serde_json::json!({"error": {"code": self.code, "message": self.message}});
         let mut response = (self.status, axum::Json(body)).into_response();
+        // Whole seconds, rounded up: rounded down, a client that waits exactly as told comes
+        // back before its token is there and is refused again.
         if let Some(after) = self.retry_after
-            && let Ok(v) = HeaderValue::from_str(&after.as_secs().max(1).to_string())
+            && let Ok(v) = HeaderValue::from_str(&after.as_secs_f64().ceil().max(1.0).to_string())
         {
             response.headers_mut().insert(header::RETRY_AFTER, v);
         }
