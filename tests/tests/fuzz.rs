@@ -960,8 +960,15 @@ proptest! {
             let event = payload_event(kind, data, scope);
             let seq = seq as u64 + 1;
             let _ = engram_schema::payload::Payload::of(&event);
-            let _ = facts.apply(seq, &event);
-            let _ = skills.apply(seq, &event);
+            // A refused event changes nothing: not the state, not the applied sequence.
+            let before = facts.state_hash();
+            if let Err(e) = facts.apply(seq, &event) {
+                prop_assert_eq!(facts.state_hash(), before, "the facts changed on a refusal: {}", e);
+            }
+            let before = skills.state_hash();
+            if let Err(e) = skills.apply(seq, &event) {
+                prop_assert_eq!(skills.state_hash(), before, "the skills changed on a refusal: {}", e);
+            }
             let _ = event.forgotten_ids();
         }
         // And the tables still answer, over whatever went in.

@@ -86,6 +86,7 @@ async fn an_api_key_appends_and_retrieves_as_its_agent_and_nothing_more() {
         "{body}"
     );
     // A batch is checked whole: one bad event and none is stored.
+    let stream_before = nats.admin.stream_bounds().await.unwrap();
     let (status, body, _) = post(
         &base,
         "/v1/events",
@@ -97,6 +98,11 @@ async fn an_api_key_appends_and_retrieves_as_its_agent_and_nothing_more() {
         (status, body["error"]["code"].as_str()),
         (400, Some("invalid")),
         "{body}"
+    );
+    assert_eq!(
+        nats.admin.stream_bounds().await.unwrap(),
+        stream_before,
+        "a refused batch stored some of its events"
     );
 
     // Without a key, or with a made-up one: 401, JSON, with the fix.
@@ -354,27 +360,68 @@ async fn the_write_listing_and_tail_routes_act_as_the_key_and_show_only_what_it_
         "{body}"
     );
 
-    // Consolidation of the key's own scope answers with a plan (possibly empty).
+    // Near-duplicates of one lesson: a dry run plans their merge and stores nothing...
+    let lesson = "the deploy to staging fails when the migration lock is held by another job";
     let (status, body, _) = post(
         &base,
-        "/v1/consolidate",
+        "/v1/events",
         Some(&key),
-        &json!({"scope": {"kind": "task", "id": "t1"}}),
+        &json!([
+            memory(lesson),
+            memory(&format!("{lesson}!")),
+            memory(&format!("{lesson} again"))
+        ]),
     )
     .await;
     assert_eq!(status, 200, "{body}");
-    assert!(body["planned"].is_u64(), "{body}");
-    let (status, body, _) = post(
-        &base,
-        "/v1/consolidate",
-        Some(&key),
-        &json!({"scope": {"kind": "task", "id": "t1"}, "dry_run": true}),
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
+    let duplicates_seq = body["results"][2]["seq"].as_u64().unwrap();
+    let consolidate = |dry_run: bool| {
+        json!({"scope": {"kind": "task", "id": "t1"}, "min_seq": duplicates_seq,
+               "wait_ms": 10000, "dry_run": dry_run})
+    };
+    let stream_before = nats.admin.stream_bounds().await.unwrap();
+    let (status, dry, _) = post(&base, "/v1/consolidate", Some(&key), &consolidate(true)).await;
+    assert_eq!(status, 200, "{dry}");
+    let planned = dry["planned"].as_u64().unwrap();
+    assert!(planned > 0, "no merge planned over three duplicates: {dry}");
+    assert_eq!(
+        dry["events"].as_array().unwrap().len() as u64,
+        planned,
+        "{dry}"
+    );
     assert!(
-        body["results"].as_array().unwrap().is_empty(),
-        "a dry run appended: {body}"
+        dry["results"].as_array().unwrap().is_empty(),
+        "a dry run appended: {dry}"
+    );
+    assert_eq!(
+        nats.admin.stream_bounds().await.unwrap(),
+        stream_before,
+        "a dry run changed the stream"
+    );
+    // ...and consolidating for real appends exactly that plan, as the key's agent may.
+    let (status, body, _) = post(&base, "/v1/consolidate", Some(&key), &consolidate(false)).await;
+    assert_eq!(status, 200, "{body}");
+    assert_eq!(body["planned"].as_u64(), Some(planned), "{body}");
+    let planned_ids: Vec<&str> = dry["events"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["event_id"].as_str().unwrap())
+        .collect();
+    let appended_ids: Vec<&str> = body["results"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["event_id"].as_str().unwrap())
+        .collect();
+    assert_eq!(appended_ids, planned_ids, "{body}");
+    assert!(
+        body["results"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["seq"].is_u64() && r["error"].is_null()),
+        "a planned event was not appended: {body}"
     );
 
     // An event over the event size limit, in a body under the request limit: 413 too.

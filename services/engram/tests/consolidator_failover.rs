@@ -69,8 +69,16 @@ fn duplicates(scope: &str) -> Vec<Envelope> {
         .collect()
 }
 
-/// The consolidation outputs stored so far: (event id, scope id) of each.
-async fn outputs(bus: &Bus) -> Vec<(String, String)> {
+/// A consolidation output in the stream.
+struct Output {
+    event_id: String,
+    scope: String,
+    /// When the server stored it (its timestamp, on this machine's clock).
+    stored_at: chrono::DateTime<chrono::Utc>,
+}
+
+/// The consolidation outputs stored so far, in stream order.
+async fn outputs(bus: &Bus) -> Vec<Output> {
     let mut out = Vec::new();
     let mut events = bus
         .replay(&SubjectFilter::all(), StartAt::Beginning)
@@ -79,26 +87,28 @@ async fn outputs(bus: &Bus) -> Vec<(String, String)> {
     while let Some(item) = events.next().await {
         let stored = item.unwrap();
         if stored.event.agent_id.as_str() == "consolidator" {
-            out.push((
-                stored.event.event_id.to_string(),
-                stored.event.scope.id.to_string(),
-            ));
+            out.push(Output {
+                event_id: stored.event.event_id.to_string(),
+                scope: stored.event.scope.id.to_string(),
+                stored_at: stored.stored_at,
+            });
         }
     }
     out
 }
 
-/// Waits until a consolidation output of `scope` is stored; returns when it was seen.
+/// Waits until a consolidation output of `scope` is stored; returns when the first one was
+/// stored.
 async fn wait_for_output(
     bus: &Bus,
     scope: &str,
     within: Duration,
     logs: &[&std::path::Path],
-) -> Instant {
+) -> chrono::DateTime<chrono::Utc> {
     let deadline = Instant::now() + within;
     loop {
-        if outputs(bus).await.iter().any(|(_, s)| s == scope) {
-            return Instant::now();
+        if let Some(first) = outputs(bus).await.iter().find(|o| o.scope == scope) {
+            return first.stored_at;
         }
         if Instant::now() > deadline {
             let logs: Vec<String> = logs
@@ -145,17 +155,24 @@ async fn killing_the_active_consolidator_hands_its_partition_to_the_other_within
     };
 
     // When the active one is killed...
+    let killed = chrono::Utc::now();
     active.0.kill().unwrap();
     active.0.wait().unwrap();
-    let killed = Instant::now();
     for e in duplicates("second") {
         bus.append(&e, Default::default()).await.unwrap();
     }
-    // ...then the other consolidates the new duplicates within the lease's TTL plus a
-    // renewal and a run (asserted with room for a slow machine: twenty times that).
-    let seen = wait_for_output(&bus, "second", LEASE_TTL * 20, &logs).await;
-    let takeover = seen - killed;
+    // ...then the other consolidates the new duplicates within about the lease's TTL (the
+    // README's promise): the TTL, a renewal period and a run, measured from the kill to the
+    // new leader's first output. Waited for longer, so that a miss says by how much.
+    let first_output = wait_for_output(&bus, "second", LEASE_TTL * 20, &logs).await;
+    let takeover = (first_output - killed).to_std().unwrap_or_default();
     eprintln!("takeover after kill -9: {takeover:?}");
+    assert!(
+        takeover < LEASE_TTL * 3,
+        "the standby's first consolidation came {takeover:?} after the kill, not within about \
+         the lease's TTL ({LEASE_TTL:?}; bound {:?})",
+        LEASE_TTL * 3
+    );
     let now = leases
         .holder_of("consolidator.p0")
         .await
@@ -167,13 +184,24 @@ async fn killing_the_active_consolidator_hands_its_partition_to_the_other_within
     );
     // And no output is stored twice: each id once, one merge and one supersession per scope.
     let all = outputs(&bus).await;
-    let ids: HashSet<&str> = all.iter().map(|(id, _)| id.as_str()).collect();
-    assert_eq!(ids.len(), all.len(), "{all:?}");
+    let ids: HashSet<&str> = all.iter().map(|o| o.event_id.as_str()).collect();
+    assert_eq!(ids.len(), all.len(), "an output stored twice");
     for scope in ["first", "second"] {
-        assert_eq!(all.iter().filter(|(_, s)| s == scope).count(), 2, "{all:?}");
+        assert_eq!(
+            all.iter().filter(|o| o.scope == scope).count(),
+            2,
+            "{scope}: one merge and one supersession"
+        );
     }
     drop(active);
 }
+
+/// Scopes the writer of the test below writes before the kill, around the kill (it writes
+/// on while the holder is killed, then waits until the standby holds the lease) and once the
+/// standby holds it: the counts are the schedule's, not the machine's.
+const BEFORE_KILL: usize = 10;
+const UNTIL_TAKEN: usize = 40;
+const AFTER_TAKEN: usize = 10;
 
 /// The same failover while agents keep writing: a writer appends a new scope's duplicates
 /// every 25 ms before, during and after the `kill -9`. Every scope written is consolidated
@@ -194,23 +222,29 @@ async fn failover_under_load_consolidates_every_scope_once() {
     }
     wait_for_output(&bus, "warmup", Duration::from_secs(60), &logs).await;
 
-    // Given a writer that keeps adding scopes with duplicates...
+    // Given a writer that keeps adding scopes with duplicates: it tells how many it has
+    // written, and holds its last AFTER_TAKEN scopes until the standby holds the lease.
     let writer_bus = bus.clone();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let stopped = stop.clone();
+    let (count_tx, mut count_rx) = tokio::sync::watch::channel(0usize);
+    let (taken_tx, taken_rx) = tokio::sync::oneshot::channel::<()>();
     let writer = tokio::spawn(async move {
+        let mut taken = Some(taken_rx);
         let mut written = Vec::new();
-        while !stopped.is_cancelled() {
-            let scope = format!("load-{}", written.len());
+        for i in 0..BEFORE_KILL + UNTIL_TAKEN + AFTER_TAKEN {
+            if i == BEFORE_KILL + UNTIL_TAKEN {
+                taken.take().unwrap().await.unwrap();
+            }
+            let scope = format!("load-{i}");
             for e in duplicates(&scope) {
                 writer_bus.append(&e, Default::default()).await.unwrap();
             }
             written.push(scope);
+            count_tx.send_replace(written.len());
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         written
     });
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    count_rx.wait_for(|n| *n >= BEFORE_KILL).await.unwrap();
     // ...when the lease holder is killed mid-load...
     let leases = engram_bus::Leases::open(&bus, "ENGRAM_LEASES", LEASE_TTL, "test".into())
         .await
@@ -220,28 +254,42 @@ async fn failover_under_load_consolidates_every_scope_once() {
         .await
         .unwrap()
         .expect("a holder");
-    let (mut active, _standby) = if holder.starts_with("a-") {
-        (a, b)
+    let (mut active, standby_name) = if holder.starts_with("a-") {
+        (a, "b")
     } else {
-        (b, a)
+        (b, "a")
     };
     active.0.kill().unwrap();
     active.0.wait().unwrap();
     let killed = Instant::now();
-    tokio::time::sleep(LEASE_TTL * 2).await;
-    stop.cancel();
+    let deadline = killed + LEASE_TTL * 20;
+    loop {
+        let now = leases.holder_of("consolidator.p0").await.unwrap();
+        if now.is_some_and(|h| h.starts_with(&format!("{standby_name}-"))) {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the standby never took the lease; logs:\n{}",
+            logs.iter()
+                .map(|l| std::fs::read_to_string(l).unwrap_or_default())
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    taken_tx.send(()).unwrap();
     let written = writer.await.unwrap();
-    assert!(
-        written.len() > 10,
-        "the writer wrote {} scopes",
-        written.len()
-    );
+    let expected: Vec<String> = (0..BEFORE_KILL + UNTIL_TAKEN + AFTER_TAKEN)
+        .map(|i| format!("load-{i}"))
+        .collect();
+    assert_eq!(written, expected);
 
     // ...then every scope written is consolidated, each once.
     let deadline = Instant::now() + LEASE_TTL * 30;
     let all = loop {
         let all = outputs(&bus).await;
-        let done: HashSet<&str> = all.iter().map(|(_, s)| s.as_str()).collect();
+        let done: HashSet<&str> = all.iter().map(|o| o.scope.as_str()).collect();
         if written.iter().all(|s| done.contains(s.as_str())) {
             break all;
         }
@@ -259,11 +307,11 @@ async fn failover_under_load_consolidates_every_scope_once() {
         written.len(),
         killed.elapsed()
     );
-    let ids: HashSet<&str> = all.iter().map(|(id, _)| id.as_str()).collect();
+    let ids: HashSet<&str> = all.iter().map(|o| o.event_id.as_str()).collect();
     assert_eq!(ids.len(), all.len(), "an output stored twice");
     for scope in &written {
         assert_eq!(
-            all.iter().filter(|(_, s)| s == scope).count(),
+            all.iter().filter(|o| &o.scope == scope).count(),
             2,
             "{scope}: one merge and one supersession"
         );

@@ -588,7 +588,11 @@ fn erase_from_the_cli_leaves_no_trace_and_verify_says_so() {
     ])))
     .unwrap();
     let creds = added["creds"].as_str().unwrap();
-    let mut refused = false;
+    // Until the server's authorization reload takes the new key, it refuses the connection;
+    // after that, the server itself refuses the erasure's first request, which no agent's
+    // key may publish (the events stream's info), and the CLI exits 1 saying so, with
+    // nothing erased.
+    let mut outcome = None;
     for _ in 0..100 {
         let out = cli(&h.join("agent-machine"))
             .args([
@@ -597,13 +601,31 @@ fn erase_from_the_cli_leaves_no_trace_and_verify_says_so() {
             .output()
             .unwrap();
         let err = String::from_utf8_lossy(&out.stderr).into_owned();
-        if !out.status.success() && !err.contains("refused these credentials") {
-            refused = true;
+        if out.status.success() || !err.contains("refused these credentials") {
+            outcome = Some((
+                out.status.code(),
+                String::from_utf8_lossy(&out.stdout).into_owned(),
+                err,
+            ));
             break;
         }
         std::thread::sleep(Duration::from_millis(50));
     }
-    assert!(refused, "an agent's erase was not refused");
+    let (code, stdout, stderr) = outcome.expect("the agent's key never connected");
+    assert_eq!(
+        code,
+        Some(1),
+        "an agent's erase was not refused: {stdout}{stderr}"
+    );
+    assert!(
+        stderr.contains("the server refused a publish: these credentials do not allow it")
+            && stderr.contains(
+                r#"Permissions Violation for Publish to "$JS.API.STREAM.INFO.ENGRAM_EVENTS""#
+            ),
+        "refused for something other than the agent's permissions: {stderr}"
+    );
+    assert!(stderr.contains("error: erase:"), "{stderr}");
+    assert!(!stdout.contains("erased"), "{stdout}");
     let still = ok(cli(h).args([
         "--nats", &nats, "--json", "retrieve", "pays", "--tenant", "acme", "--scope", "user:u2",
         "--mode", "keyword",

@@ -3,7 +3,7 @@
 //! concurrently with the searches.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use engram_bus::Bus;
@@ -81,11 +81,12 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
 
     // When events arrive a few at a time (a commit each) while searches run back to back
     let done = Arc::new(AtomicBool::new(false));
-    let answered = Arc::new(AtomicUsize::new(0));
+    // The highest visible sequence an answer has reported so far.
+    let answered_visible = Arc::new(AtomicU64::new(0));
     let mut searchers = Vec::new();
     for _ in 0..3 {
         let (client, done, request) = (bus.client().clone(), done.clone(), request.clone());
-        let answered = answered.clone();
+        let answered_visible = answered_visible.clone();
         searchers.push(tokio::spawn(async move {
             let mut answers: Vec<(Seq, Vec<Seq>)> = Vec::new();
             while !done.load(Ordering::SeqCst) {
@@ -94,26 +95,32 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
                     answer.visible_seq,
                     answer.hits.iter().map(|h| h.hit.seq).collect(),
                 ));
-                answered.fetch_add(1, Ordering::SeqCst);
+                answered_visible.fetch_max(answer.visible_seq, Ordering::SeqCst);
             }
             answers
         }));
     }
     let mut appended: Vec<Seq> = Vec::with_capacity(EVENTS);
-    for chunk in 0..EVENTS / 3 {
+    let batches = EVENTS / 3;
+    for chunk in 0..batches {
         let events: Vec<_> = (0..3)
             .map(|i| event("acme", "t1", &format!("needle number {}", chunk * 3 + i)))
             .collect();
         for receipt in bus.append_batch(&events, 8).await {
             appended.push(receipt.unwrap().seq);
         }
-        // At least one search between two batches, however slow the machine, so searches
-        // overlap the commits that follow each batch.
-        let before = answered.load(Ordering::SeqCst);
-        engram_testkit::wait_until("a search answer", Duration::from_secs(30), || {
-            let answered = answered.clone();
-            async move { answered.load(Ordering::SeqCst) > before }
-        })
+        // The next batch waits for an answer that reports this one visible, however slow
+        // the machine: so every batch but the last is searched at its own commit, while
+        // the searchers keep overlapping the commits as they land.
+        let batch_last = *appended.last().unwrap();
+        engram_testkit::wait_until(
+            &format!("a search to report seq {batch_last} visible"),
+            Duration::from_secs(30),
+            || {
+                let answered_visible = answered_visible.clone();
+                async move { answered_visible.load(Ordering::SeqCst) >= batch_last }
+            },
+        )
         .await;
     }
     let last = *appended.iter().max().unwrap();
@@ -137,9 +144,12 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
         "{} searches, {moving} of them while commits were landing",
         answers.len()
     );
+    // Each batch but the last was answered at its own visible sequence, before the next
+    // batch was appended: a count the schedule fixes.
     assert!(
-        moving >= 10,
-        "too few searches overlapped the commits to test anything ({moving})"
+        moving >= batches - 1,
+        "{moving} searches answered between commits, fewer than the {} batches before the last",
+        batches - 1
     );
     for (visible, hits) in &answers {
         let missing: Vec<&Seq> = appended

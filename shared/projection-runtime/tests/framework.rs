@@ -112,7 +112,13 @@ struct Running {
 }
 
 async fn start(bus: &Bus, dir: &std::path::Path) -> Running {
-    let projection = Arc::new(SnapshotProjection::<Ledger>::new("ledger", dir));
+    start_named(bus, dir, "ledger").await
+}
+
+/// [`start`] under the projector name `name`: metrics are process-wide and labelled by
+/// projector name, so a test that reads one runs under a name no other test uses.
+async fn start_named(bus: &Bus, dir: &std::path::Path, name: &'static str) -> Running {
+    let projection = Arc::new(SnapshotProjection::<Ledger>::new(name, dir));
     let projector = Projector::new(projection.clone(), bus.clone(), settings());
     let visibility = projector.visibility();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -182,7 +188,9 @@ async fn poison_messages_are_dead_lettered_and_skipped() {
     let nats = TestNats::start().await;
     let bus = nats.bus().await;
     let dir = tempfile::tempdir().unwrap();
-    let running = start(&bus, dir.path()).await;
+    // Its own name: the dead-letter metric counts this test's letters and no other's.
+    const NAME: &str = "poisoned";
+    let running = start_named(&bus, dir.path(), NAME).await;
 
     // Bytes that are no event at all, straight onto an event subject.
     bus.jetstream()
@@ -204,13 +212,22 @@ async fn poison_messages_are_dead_lettered_and_skipped() {
         .expect("the projector went past both poison messages");
     assert_eq!(running.projection.read().applied.len(), 10);
     wait_until("two dead letters", Duration::from_secs(5), || async {
-        bus.dead_letter_count("ledger").await.unwrap_or(0) == 2
+        bus.dead_letter_count(NAME).await.unwrap_or(0) == 2
     })
     .await;
-    let dead = engram_telemetry::metrics::PROJECTOR_DEAD_LETTERED
-        .with_label_values(&["ledger"])
-        .get();
-    assert!(dead >= 2, "dead-letter metric is {dead}");
+    // Counted once each, after the dead-letter stream took it.
+    let dead = || {
+        engram_telemetry::metrics::PROJECTOR_DEAD_LETTERED
+            .with_label_values(&[NAME])
+            .get()
+    };
+    wait_until(
+        "the metric to count two",
+        Duration::from_secs(5),
+        || async { dead() >= 2 },
+    )
+    .await;
+    assert_eq!(dead(), 2, "the dead-letter metric counted other letters");
 }
 
 #[tokio::test]
