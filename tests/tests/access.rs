@@ -115,8 +115,8 @@ async fn raw_as(nats: &SecureNats, creds: &Credentials) -> Raw {
 }
 
 impl World {
-    fn no_service_violations(&self) {
-        let v = service_violations(&self.nats);
+    async fn no_service_violations(&self) {
+        let v = service_violations(&self.nats, &self.attacker).await;
         assert!(v.is_empty(), "services were refused: {v:#?}");
     }
 }
@@ -155,13 +155,47 @@ impl Raw {
 
 /// Permission violations the server logged for the services' own keys: a service whose
 /// permissions miss something it does fails there, which every test here checks.
-fn service_violations(nats: &SecureNats) -> Vec<String> {
+///
+/// A log that is missing, moved or not yet written would read as clean, so first `witness`
+/// (a key that is no service's) subscribes where it may not, and the log must hold that
+/// violation under its key: then the log is the server's, and it is written up to now.
+async fn service_violations(nats: &SecureNats, witness: &Credentials) -> Vec<String> {
     use engram_access::RoleName;
     let keys: Vec<String> = RoleName::SERVICES
         .iter()
         .map(|r| nats.service(*r).public_key())
         .collect();
-    let log = std::fs::read_to_string(nats.dir().join("run/nats-server.log")).unwrap_or_default();
+    let witness_key = witness.public_key();
+    assert!(
+        !keys.contains(&witness_key),
+        "the witness must not be a service"
+    );
+    static CANARIES: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let n = CANARIES.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let canary = format!("engram.canary.witness{n}");
+    let mut raw = raw_as(nats, witness).await;
+    let _sub = raw.client.subscribe(canary.clone()).await.unwrap();
+    raw.violation(&canary).await;
+    let path = nats.nats.server.log_path();
+    let witnessed = |log: &str| {
+        log.lines().any(|l| {
+            l.contains("Violation") && l.contains(witness_key.as_str()) && l.contains(&canary)
+        })
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("the nats-server log {}: {e}", path.display()));
+        if witnessed(&log) {
+            break log;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the nats-server log {} holds no line for the violation {witness_key} was just refused on {canary}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
     log.lines()
         .filter(|l| l.contains("Violation") && keys.iter().any(|k| l.contains(k.as_str())))
         .map(str::to_owned)
@@ -291,7 +325,7 @@ async fn another_tenants_events_cannot_be_read_by_direct_get_subscription_or_con
         let _sub = raw.client.subscribe(subject.to_owned()).await.unwrap();
         raw.violation(subject).await;
     }
-    w.no_service_violations();
+    w.no_service_violations().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -368,7 +402,7 @@ async fn another_tenants_memory_cannot_be_queried_by_body_subject_or_projector()
             .await
             .map(|_| ()),
     );
-    w.no_service_violations();
+    w.no_service_violations().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -461,7 +495,7 @@ async fn another_tenants_scope_and_working_memory_cannot_be_written_or_forged() 
         .await
         .unwrap();
     assert!(own.results.is_empty(), "{own:?}");
-    w.no_service_violations();
+    w.no_service_violations().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -601,7 +635,7 @@ async fn a_scope_is_read_only_through_the_agents_own_scopes_or_a_registry_grant(
         },
     )
     .await;
-    w.no_service_violations();
+    w.no_service_violations().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1020,7 +1054,7 @@ async fn no_read_path_returns_another_tenants_or_an_ungranted_scope() {
             .unwrap_err();
         assert!(format!("{refused:?}").contains("Forbidden"), "{refused:?}");
     }
-    let v = service_violations(&nats);
+    let v = service_violations(&nats, &creds[0].2).await;
     assert!(v.is_empty(), "services were refused: {v:#?}");
 }
 
@@ -1096,7 +1130,7 @@ async fn every_service_does_its_work_under_its_own_least_privilege_identity() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), ErrorCode::Forbidden, "{err:?}");
-    w.no_service_violations();
+    w.no_service_violations().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -1179,5 +1213,5 @@ async fn working_memory_is_kept_through_the_service_within_the_agents_scopes() {
         .await
         .unwrap();
     assert_eq!(still.entries[0].value, "no deploys on friday");
-    w.no_service_violations();
+    w.no_service_violations().await;
 }

@@ -53,11 +53,12 @@ impl TestNats {
         self.dir.path()
     }
 
-    /// A bus config pointing at this server, with short timeouts suited to tests.
+    /// A bus config pointing at this server, with the production timeouts: tests append
+    /// through the bus without retries, and a shorter ack timeout would turn a slow fsync
+    /// on a busy machine into a failed test. A test about lost acks sets its own.
     pub fn bus_config(&self) -> BusConfig {
         BusConfig {
             url: self.url(),
-            ack_timeout: Duration::from_secs(2),
             ..BusConfig::default()
         }
     }
@@ -152,9 +153,15 @@ pub fn stored(events: &[Envelope], first_seq: u64) -> Vec<engram_bus::StoredEven
         .collect()
 }
 
-/// Every event in the stream, and the sequences of those whose bytes hold `needle`: in the
-/// event as JSON, or in the automerge changes a `doc_changed` event carries (decoded from
-/// base64). What a test of secret redaction asserts is empty.
+/// Every event in the stream, and the sequences of those that hold `needle`: in the event as
+/// JSON, or in what the automerge changes of a `doc_changed` event write (decoded and
+/// inflated as the docs model reads them, text typed one character at a time joined back).
+/// What a test of secret redaction asserts is empty.
+///
+/// A search that cannot read an event is no evidence that the secret is absent, so an event
+/// the reader refuses, or a document change that does not decode, panics naming its subject
+/// and seq. A `doc_changed` event whose changes were removed (the scrubber empties
+/// `changes` when they write a secret) has nothing left to read.
 pub async fn events_holding(bus: &engram_bus::Bus, needle: &str) -> (usize, Vec<u64>) {
     use base64::Engine as _;
     use futures::StreamExt as _;
@@ -168,29 +175,74 @@ pub async fn events_holding(bus: &engram_bus::Bus, needle: &str) -> (usize, Vec<
     let holds = |bytes: &[u8]| bytes.windows(needle.len()).any(|w| w == needle.as_bytes());
     let (mut seen, mut holding) = (0, Vec::new());
     while let Some(event) = events.next().await {
-        let stored = event.unwrap_or_else(|e| panic!("replay: {e}"));
+        let stored = event.unwrap_or_else(|e| panic!("the secret search cannot read: {e}"));
+        let at = format!("seq {} on {}", stored.seq, stored.subject);
         seen += 1;
-        let mut bytes = serde_json::to_vec(&stored.event).unwrap_or_default();
-        if let Some(changes) = stored
+        let mut bytes = serde_json::to_vec(&stored.event)
+            .unwrap_or_else(|e| panic!("the event at {at} does not encode as JSON: {e}"));
+        let changes_field = stored
             .event
             .content
             .data
             .as_ref()
-            .and_then(|d| d["changes"].as_array())
-        {
-            for change in changes.iter().filter_map(|c| c.as_str()) {
+            .and_then(|d| d.get("changes"))
+            .and_then(|c| c.as_array());
+        if stored.event.kind != EventKind::DocChanged {
+            // Not a document change, so nothing says these are base64: the ones that are
+            // are searched decoded too, the rest are in the JSON already.
+            for change in changes_field
+                .into_iter()
+                .flatten()
+                .filter_map(|c| c.as_str())
+            {
+                if let Ok(decoded) = base64::engine::general_purpose::STANDARD.decode(change) {
+                    bytes.extend(decoded);
+                }
+            }
+        } else if !changes_field.is_some_and(Vec::is_empty) {
+            let (doc, changes) = engram_schema::DocChanged::from_event(&stored.event)
+                .unwrap_or_else(|e| {
+                    panic!("the document changes at {at} do not decode, so a secret in them cannot be searched: {e}")
+                });
+            // The bytes as sent, for a needle in an uncompressed change's raw columns...
+            for encoded in &doc.changes {
                 bytes.extend(
                     base64::engine::general_purpose::STANDARD
-                        .decode(change)
-                        .unwrap_or_default(),
+                        .decode(encoded)
+                        .unwrap_or_else(|e| panic!("a change at {at} is not base64: {e}")),
                 );
             }
+            // ...and the strings the changes write, however they were compressed or typed.
+            bytes.extend(doc_strings(&changes).into_bytes());
         }
         if holds(&bytes) {
             holding.push(stored.seq);
         }
     }
     (seen, holding)
+}
+
+/// The strings `changes` write: each value put on a line of its own, and text typed one
+/// character per operation joined back, as the scrubber reads them.
+fn doc_strings(changes: &[engram_schema::automerge::Change]) -> String {
+    use engram_schema::automerge::ScalarValue;
+    use engram_schema::automerge::legacy::OpType;
+    let mut text = String::new();
+    for change in changes {
+        for op in change.decode().operations {
+            if let OpType::Put(ScalarValue::Str(s)) = &op.action {
+                if op.insert && s.chars().count() == 1 {
+                    text.push_str(s);
+                } else {
+                    text.push('\n');
+                    text.push_str(s);
+                    text.push('\n');
+                }
+            }
+        }
+        text.push('\n');
+    }
+    text
 }
 
 /// A private nats-server that authenticates every connection, as `engram up` runs it: the
