@@ -27,7 +27,7 @@ fn unacknowledged() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn appends_whose_acks_are_lost_are_retried_by_id_without_error_and_stored_once() {
     let nats = TestNats::start().await;
-    // Acks time out after 2 s (the test bus config); retries go on for a minute.
+    // Acks time out after the bus default (5 s); retries go on for a minute.
     let retrying = Client::with_config(
         nats.bus_config(),
         RetryPolicy {
