@@ -27,8 +27,10 @@ schema:
 
 # The fleet load test: 300 simulated agent instances against `engram up` for two minutes,
 # every acknowledged write verified; report.md, report.json and SVG charts in target/loadtest.
-# Exit code 1 if anything was lost, duplicated or invisible. Try `--chaos`, `--embedder client
-# --rate 100`, `--instances 1000`, or `--nats <url>` for a remote deployment.
+# Exit code 1 if anything was lost, duplicated or invisible; 3 if the run was correct but did
+# not sustain its target rate (`--allow-overload` accepts that, to find where a machine tops
+# out). Try `--chaos`, `--embedder client --rate 100`, `--instances 1000`, or `--nats <url>`
+# for a remote deployment.
 loadtest *ARGS:
     cargo build --release -p engram -p engram-loadtest
     ./target/release/loadtest {{ARGS}}

@@ -137,6 +137,8 @@ async fn loadtest_drives_a_deployment_and_verifies_it() {
         .args(["--duration", "4", "--reference", "1", "--drain-limit", "60"])
         .args(["--churn", "1", "--snapshot-every", "1", "--doc-edit", "0.5"])
         .args(["--duplicates", "0.3", "--finish-every", "4"])
+        // Keeping up is the machine's speed, which this test does not check.
+        .arg("--allow-overload")
         .args(["--seed", "11", "--out"])
         .arg(&out_dir)
         .kill_on_drop(true)
@@ -151,7 +153,12 @@ async fn loadtest_drives_a_deployment_and_verifies_it() {
         "{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("# Engram load test: PASSED"), "{stdout}");
+    let headline = stdout.lines().next().unwrap_or_default();
+    assert!(
+        headline.starts_with("# Engram load test: ")
+            && headline.contains(" — correctness PASSED; load "),
+        "{stdout}"
+    );
     let report = json_file(&out_dir.join("report.json"));
     assert_eq!(report["verification"]["lost"], 0);
     assert!(

@@ -1,5 +1,6 @@
 //! `loadtest`: hundreds of simulated agent instances against Engram, every acknowledged write
-//! verified at the end. Exit code 1 if anything was lost, duplicated or invisible.
+//! verified at the end. Exit code 1 if anything was lost, duplicated or invisible; 3 if the
+//! run was correct but did not sustain its target rate, unless `--allow-overload` is given.
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -121,6 +122,12 @@ struct Cli {
     #[arg(long, env = "ENGRAM_LOADTEST_CHAOS")]
     chaos: bool,
 
+    /// Exit 0 when the run was correct but did not sustain its target rate (more than 1% of
+    /// the scheduled steps never ran); without it such a run exits 3. The headline says
+    /// NOT SUSTAINED either way.
+    #[arg(long, env = "ENGRAM_LOADTEST_ALLOW_OVERLOAD")]
+    allow_overload: bool,
+
     /// minilm: the built-in embedder, as `engram up` runs by default. client: the load test
     /// supplies small vectors, which takes the embedding cost out. [default: minilm]
     #[arg(
@@ -172,12 +179,16 @@ async fn main() -> anyhow::Result<ExitCode> {
         "report: {}/report.md, report.json and charts (*.svg)",
         out.display()
     );
-    if report.passed() {
-        Ok(ExitCode::SUCCESS)
-    } else {
-        eprintln!("FAILED: {}", report.failures().join("; "));
-        Ok(ExitCode::from(1))
+    let code = report.exit_code();
+    match code {
+        0 => {}
+        1 => eprintln!("FAILED: {}", report.failures().join("; ")),
+        _ => eprintln!(
+            "load {}; correctness passed (--allow-overload accepts a run that falls short of its target)",
+            report.load.summary()
+        ),
     }
+    Ok(ExitCode::from(code))
 }
 
 /// Defaults, then the TOML file, then environment variables and flags (clap reads both; a
@@ -221,6 +232,7 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
         out
     );
     config.chaos |= cli.chaos;
+    config.allow_overload |= cli.allow_overload;
     if cli.nats.is_some() {
         config.nats = cli.nats;
     }

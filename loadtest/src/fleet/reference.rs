@@ -137,7 +137,9 @@ async fn publisher(
     let mut finished = start;
     for step in 0u32.. {
         let due = start + offset + period * step;
-        if due >= end {
+        // Fallen so far behind that the phase is over: stop, as the instances do, rather than
+        // run the steps still owed late.
+        if due >= end || Instant::now() >= end {
             break;
         }
         tokio::time::sleep_until(due).await;

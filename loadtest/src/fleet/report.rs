@@ -48,6 +48,8 @@ pub struct FleetReport {
     pub docs_merge: DocsMerge,
     /// Per projector: snapshot cuts during the load and the one after it.
     pub snapshots: Vec<ProjectorSnapshots>,
+    /// Whether the run carried the load it was asked for: the verdict beside correctness.
+    pub load: LoadVerdict,
     pub problems: Problems,
     pub drain_secs: Option<f64>,
     pub drain_error: Option<String>,
@@ -58,6 +60,73 @@ pub struct FleetReport {
     /// Peak and mean CPU and memory per process over the run.
     pub resources: BTreeMap<String, Resources>,
     pub timeline: Timeline,
+}
+
+/// The percentage of the scheduled steps a run may miss and still count as having sustained
+/// its target: a few instances still finishing their last step as the load ends.
+pub const MISSED_STEPS_ALLOWED_PERCENT: u64 = 1;
+
+/// Whether the target rate was sustained, with the figures that say how far short a run fell.
+/// Judged on the steps the run reached (all that were due, unless it was interrupted): an
+/// instance runs its steps in order, and those still owed when the load ends are missed.
+#[derive(Clone, Debug, Serialize)]
+pub struct LoadVerdict {
+    /// At most [`MISSED_STEPS_ALLOWED_PERCENT`] of the steps reached were missed.
+    pub sustained: bool,
+    /// Steps that ran and steps missed: the steps the run reached.
+    pub steps_reached: u64,
+    pub steps_missed: u64,
+    pub missed_percent: f64,
+    pub appends_per_sec: f64,
+    pub target_appends_per_sec: f64,
+    /// Open-loop append latency (step lateness included) and retrieve latency, p99.
+    pub ack_p99_ms: Option<f64>,
+    pub retrieve_p99_ms: Option<f64>,
+}
+
+impl LoadVerdict {
+    pub(crate) fn of(
+        problems: &Problems,
+        appends_per_sec: f64,
+        target_appends_per_sec: f64,
+        ack: Option<&Latency>,
+        retrieve: Option<&Latency>,
+    ) -> Self {
+        let steps_reached = problems.steps_run + problems.missed_steps;
+        let missed_percent = 100.0 * problems.missed_steps as f64 / steps_reached.max(1) as f64;
+        let p99 = |l: Option<&Latency>| l.filter(|l| l.count > 0).map(|l| l.p99);
+        Self {
+            sustained: problems.missed_steps * 100 <= MISSED_STEPS_ALLOWED_PERCENT * steps_reached,
+            steps_reached,
+            steps_missed: problems.missed_steps,
+            missed_percent,
+            appends_per_sec,
+            target_appends_per_sec,
+            ack_p99_ms: p99(ack),
+            retrieve_p99_ms: p99(retrieve),
+        }
+    }
+
+    /// `SUSTAINED` or `NOT SUSTAINED`, with the figures.
+    pub fn summary(&self) -> String {
+        let ms = |label: &str, v: Option<f64>| v.map(|v| format!(", {label} p99 {v:.0} ms"));
+        format!(
+            "{}: {} of {} scheduled steps never ran ({:.1}%; at most {}% may), {:.1} of {:.1} appends/s{}{}",
+            if self.sustained {
+                "SUSTAINED"
+            } else {
+                "NOT SUSTAINED"
+            },
+            self.steps_missed,
+            self.steps_reached,
+            self.missed_percent,
+            MISSED_STEPS_ALLOWED_PERCENT,
+            self.appends_per_sec,
+            self.target_appends_per_sec,
+            ms("ack", self.ack_p99_ms).unwrap_or_default(),
+            ms("retrieve", self.retrieve_p99_ms).unwrap_or_default(),
+        )
+    }
 }
 
 /// One kill and its recovery, in seconds from the kill.
@@ -147,9 +216,52 @@ impl FleetReport {
         self.problems.invisible + self.problems.takeover_missing
     }
 
-    /// True if (almost) every scheduled step ran: at most 1% were missed.
-    pub fn kept_up(&self) -> bool {
-        self.problems.missed_steps * 100 <= self.appends + self.problems.missed_steps
+    /// True if (almost) every scheduled step ran: see [`LoadVerdict`].
+    pub fn sustained(&self) -> bool {
+        self.load.sustained
+    }
+
+    /// The headline's verdict: `FAILED` when correctness failed; else `NOT SUSTAINED` when the
+    /// target rate was not (whether or not `allow_overload` accepts that); else `PASSED`.
+    pub fn verdict(&self) -> &'static str {
+        if !self.passed() {
+            "FAILED"
+        } else if !self.sustained() {
+            "NOT SUSTAINED"
+        } else {
+            "PASSED"
+        }
+    }
+
+    /// The binary's exit code: 1 when correctness failed, 3 when only the load was not
+    /// sustained and `allow_overload` is off, else 0.
+    pub fn exit_code(&self) -> u8 {
+        if !self.passed() {
+            1
+        } else if !self.sustained() && !self.config.allow_overload {
+            3
+        } else {
+            0
+        }
+    }
+
+    /// The run's two verdicts in one line, correctness first; the headline is this after the
+    /// overall verdict.
+    pub fn verdicts(&self) -> String {
+        format!(
+            "correctness {}; load {}{}",
+            if self.passed() {
+                "PASSED".to_owned()
+            } else {
+                format!("FAILED: {}", self.failures().join("; "))
+            },
+            self.load.summary(),
+            if !self.sustained() && self.config.allow_overload {
+                " (accepted: --allow-overload)"
+            } else {
+                ""
+            }
+        )
     }
 
     /// Why the run fails, if it does.
@@ -248,6 +360,8 @@ impl FleetReport {
         out
     }
 
+    /// Correctness: nothing lost, duplicated or invisible, every check answered, errors
+    /// within budget. Whether the load was sustained is [`Self::sustained`].
     pub fn passed(&self) -> bool {
         self.failures().is_empty()
     }
@@ -296,12 +410,12 @@ impl FleetReport {
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         let c = &self.config;
-        let verdict = if self.passed() {
-            "PASSED".to_owned()
-        } else {
-            format!("FAILED: {}", self.failures().join("; "))
-        };
-        let _ = writeln!(out, "# Engram load test: {verdict}\n");
+        let _ = writeln!(
+            out,
+            "# Engram load test: {} — {}\n",
+            self.verdict(),
+            self.verdicts()
+        );
         let _ = writeln!(
             out,
             "{} instances in teams of {}, target {:.1} appends/s for {:.0} s; embedder {:?}; {}{}; seed {}; nats-server {}; started {}.\n",
@@ -435,12 +549,19 @@ impl FleetReport {
             self.target_appends_per_sec,
             self.queries_per_sec,
             self.measured_secs,
-            if self.kept_up() {
+            if self.problems.missed_steps == 0 {
                 "Every scheduled step ran.".to_owned()
+            } else if self.sustained() {
+                format!(
+                    "The target rate was sustained: {} of {} steps never started (their instance was still busy with earlier ones when the load ended), within the {}% allowed.",
+                    self.problems.missed_steps,
+                    self.load.steps_reached,
+                    MISSED_STEPS_ALLOWED_PERCENT
+                )
             } else {
                 format!(
-                    "**The target rate was not sustained**: {} steps never started because their instance was still busy with earlier ones.",
-                    self.problems.missed_steps
+                    "**The target rate was not sustained**: {} of {} steps never started because their instance was still busy with earlier ones.",
+                    self.problems.missed_steps, self.load.steps_reached
                 )
             }
         );

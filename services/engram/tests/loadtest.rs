@@ -12,6 +12,10 @@ const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
 /// Small and quick: client-supplied vectors (a debug build of MiniLM would dominate), half
 /// the identities succeeded midway, every text write recalled and every fact checked.
+///
+/// The rate is a load a debug build on a shared 2-core machine may not sustain, and keeping
+/// up is not what these tests check: `allow_overload` accepts a run that falls short, so its
+/// exit code speaks of correctness alone (the headline still says whether it kept up).
 fn config(out: &std::path::Path, duration_secs: u64) -> FleetConfig {
     FleetConfig {
         engram_bin: Some(ENGRAM.into()),
@@ -29,6 +33,7 @@ fn config(out: &std::path::Path, duration_secs: u64) -> FleetConfig {
         reference: Duration::from_secs(2),
         out: out.to_path_buf(),
         seed: 7,
+        allow_overload: true,
         ..FleetConfig::default()
     }
 }
@@ -64,11 +69,25 @@ fn with_client_vector(mut event: engram_schema::Envelope) -> engram_schema::Enve
     event
 }
 
-/// Every step that was due either ran or was counted missed, and every step that ran made
-/// an append that was acknowledged or counted as failed: nothing the run scheduled vanished
-/// without an outcome. Counted from the seeded schedule, so the same on any machine.
+/// The steps the schedule holds. Every identity steps once a period from an offset within
+/// its first period, so a load that lasts a whole number of periods holds exactly that many
+/// steps per identity: fixed by the configuration, whatever the seed and the machine.
+fn scheduled_steps(config: &FleetConfig) -> u64 {
+    let period = Duration::from_secs_f64(config.instances as f64 / config.rate).as_nanos();
+    let duration = config.duration.as_nanos();
+    assert_eq!(duration % period, 0, "the tests' loads last whole periods");
+    config.instances as u64 * u64::try_from(duration / period).unwrap()
+}
+
+/// Every step the schedule holds was due, and either ran or was counted missed; every step
+/// that ran made an append that was acknowledged or counted as failed: nothing the run
+/// scheduled vanished without an outcome. How many were missed is the machine's speed, not
+/// a property: it goes into the load verdict, which says so consistently, and the run's exit
+/// code (`allow_overload` is on) depends on correctness alone.
 fn assert_every_step_accounted_for(report: &fleet::report::FleetReport) {
     let p = &report.problems;
+    assert!(!report.interrupted);
+    assert_eq!(p.steps_due, scheduled_steps(&report.config));
     assert_eq!(
         p.steps_run + p.missed_steps,
         p.steps_due,
@@ -81,20 +100,47 @@ fn assert_every_step_accounted_for(report: &fleet::report::FleetReport) {
         "{}",
         report.markdown()
     );
-    // Keeping up is a throughput figure, and CI machines are noisy: a busy core can leave
-    // the last step of a few instances unfinished. Only a gross shortfall fails here.
-    assert!(p.missed_steps * 4 < p.steps_due, "{}", report.markdown());
+    let load = &report.load;
+    assert_eq!(
+        (load.steps_reached, load.steps_missed),
+        (p.steps_due, p.missed_steps)
+    );
+    assert_eq!(
+        load.sustained,
+        p.missed_steps * 100 <= p.steps_due * fleet::report::MISSED_STEPS_ALLOWED_PERCENT,
+        "{load:?}"
+    );
+    // The headline gives both verdicts; a correct run's exit code is 0, sustained or not.
+    let markdown = report.markdown();
+    let headline = markdown.lines().next().unwrap();
+    let (overall, load_word) = if load.sustained {
+        ("PASSED", "SUSTAINED")
+    } else {
+        ("NOT SUSTAINED", "NOT SUSTAINED")
+    };
+    if report.passed() {
+        let expected =
+            format!("# Engram load test: {overall} — correctness PASSED; load {load_word}: ");
+        assert!(headline.starts_with(&expected), "{headline}");
+        assert_eq!(report.exit_code(), 0, "{headline}");
+    }
 }
 
 /// Every read-your-writes check of `kind` that was due passed (skills may instead have been
-/// superseded by a teammate's later record), and at least `least` were due.
+/// superseded by a teammate's later record), and at least `least` were due, less one for
+/// each step that never ran or whose append failed. What each identity writes and checks is
+/// fixed by the seed, and an instance runs its steps in order (those it misses are the last
+/// ones), so a slow machine can take away at most the checks of the steps it missed, one
+/// each: a step appends one event, and only its kind is checked. (An append that fails skips
+/// the rest of its step, which shifts the later draws; the runs here fail none.)
 fn assert_checks_passed(report: &fleet::report::FleetReport, kind: &str, least: u64) {
     let o = report
         .problems
         .checks
         .get(kind)
         .unwrap_or_else(|| panic!("no {kind} checks: {:?}", report.problems.checks));
-    assert!(o.due >= least, "{kind}: {o:?}");
+    let lost_steps = report.problems.missed_steps + report.failed("append");
+    assert!(o.due + lost_steps >= least, "{kind}: {o:?}");
     assert_eq!(o.passed + o.superseded, o.due, "{kind}: {o:?}");
 }
 
@@ -105,12 +151,8 @@ async fn a_fleet_run_verifies_every_acknowledged_write_and_writes_its_report() {
         .await
         .expect("the run completes");
     assert!(report.passed(), "{}", report.markdown());
-    // 12 instances at 2 steps/s each for 8 s: about 190 steps, fixed by the seed.
-    assert!(
-        report.problems.steps_due > 150,
-        "{} steps due",
-        report.problems.steps_due
-    );
+    // 12 instances at 2 steps/s each for 8 s: 192 steps.
+    assert_eq!(report.problems.steps_due, 192);
     assert_every_step_accounted_for(&report);
     let verification = report.verification.as_ref().expect("verified");
     assert_eq!(
@@ -137,16 +179,28 @@ async fn a_fleet_run_verifies_every_acknowledged_write_and_writes_its_report() {
         report.latency_ms["visibility"].count,
         report.problems.checks["recall"].passed
     );
-    // Every context build asked for was answered.
+    // Every step that ran built its context if its turn came (one step in `context_every` of
+    // each identity, from a phase of its own), and every context build was answered. Each
+    // identity ran a prefix of its steps, so of its `n` it built n / 3 rounded down or up:
+    // over the 12, within 2 builds each of a third of the steps that ran.
     let contexts = report
         .problems
         .attempts
         .get("context")
         .copied()
         .unwrap_or(0);
-    assert!(contexts > 10, "{contexts} context builds");
+    let (run, every, slack) = (report.problems.steps_run, 3, 12 * 2);
+    assert!(
+        contexts * every + slack >= run && contexts * every <= run + slack,
+        "{contexts} context builds in {run} steps"
+    );
     assert_eq!(report.latency_ms["context"].count, contexts);
-    assert!(report.takeovers >= 3, "{} takeovers", report.takeovers);
+    // Who dies and at which step is fixed by the seed; a missed step can take one away.
+    assert!(
+        report.takeovers + report.problems.missed_steps >= 3,
+        "{} takeovers",
+        report.takeovers
+    );
     assert_eq!(report.invisible(), 0);
     let reference = report.reference.as_ref().expect("raw reference measured");
     assert!(reference.publishes > 0 && reference.replay_events >= verification.stream_events);
@@ -407,11 +461,8 @@ async fn a_run_against_a_remote_deployment_verifies_it_too() {
     let b = &report.bootstraps;
     assert_eq!(b.failed, 0, "{}", report.markdown());
     assert_eq!(b.completed + b.refused_tail_gone, report.takeovers, "{b:?}");
-    assert!(
-        report.problems.steps_due > 100,
-        "{} steps due",
-        report.problems.steps_due
-    );
+    // 12 instances at 2 steps/s each for 6 s.
+    assert_eq!(report.problems.steps_due, 144);
     assert_every_step_accounted_for(&report);
     let v = report.verification.as_ref().unwrap();
     // The baseline is past the projected history (and whatever the neighbours wrote before

@@ -1,0 +1,128 @@
+//! A run that does not sustain its target rate says so in its headline, beside its verdict on
+//! correctness, and the `loadtest` binary exits non-zero for it unless `--allow-overload` is
+//! given.
+//!
+//! The shortfall is made certain by the schedule, not by the machine's speed: each instance
+//! runs its steps in order, one acknowledged append at least each, so 2 instances at a target
+//! of 1,000,000 appends/s would have to finish every step, a JetStream write acknowledged over
+//! TCP, within 2 µs. No machine does; nearly all of the 2,000,000 scheduled steps are missed.
+
+use std::time::Duration;
+
+use engram_embed::EmbedderConfig;
+use engram_loadtest::fleet::target::{CLIENT_DIM, CLIENT_MODEL};
+use engram_projectors::ProjectorsConfig;
+use serde_json::Value;
+
+/// Runs the binary against `nats` with an unreachable target, `extra` appended to its flags
+/// (a seed of its own each time: see below).
+async fn overloaded_run(nats: &str, out_dir: &std::path::Path, extra: &[&str]) -> (i32, String) {
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["--nats", nats, "--embedder", "client"])
+        .args(["--instances", "2", "--team-size", "2", "--rate", "1000000"])
+        .args(["--duration", "2", "--reference", "0.001"])
+        .args(["--drain-limit", "60"])
+        .args(["--churn", "0", "--snapshot-every", "0"])
+        .args(extra)
+        .arg("--out")
+        .arg(out_dir)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the load test finishes")
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let code = out.status.code().expect("exited, not killed");
+    (code, format!("{stdout}\n--- stderr ---\n{stderr}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_does_not_sustain_its_target_says_so_and_fails_unless_allowed() {
+    let nats = engram_testkit::TestNats::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let config = engram::config::Config {
+        home: home.path().to_owned(),
+        nats: engram::config::NatsConfig {
+            url: Some(nats.url()),
+            ..Default::default()
+        },
+        http: engram::config::HttpConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..Default::default()
+        },
+        projectors: ProjectorsConfig {
+            embedder: EmbedderConfig::ClientSupplied {
+                model: CLIENT_MODEL.into(),
+                dim: CLIENT_DIM,
+            },
+            embed_cache_memory_mb: 4,
+            embed_cache_disk_mb: 8,
+            ..ProjectorsConfig::default()
+        },
+        ..Default::default()
+    };
+    let running = engram::up::start(&config).await.unwrap();
+
+    // Without the flag: correct, not sustained, exit code 3.
+    let strict = home.path().join("strict");
+    let (code, output) = overloaded_run(&nats.url(), &strict, &["--seed", "5"]).await;
+    assert_eq!(code, 3, "{output}");
+    let headline = output.lines().next().unwrap();
+    assert!(
+        headline.starts_with(
+            "# Engram load test: NOT SUSTAINED — correctness PASSED; load NOT SUSTAINED: "
+        ),
+        "{output}"
+    );
+    assert!(
+        output.contains("**The target rate was not sustained**"),
+        "{output}"
+    );
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(strict.join("report.json")).unwrap())
+            .unwrap();
+    let load = &report["load"];
+    assert_eq!(load["sustained"], false, "{load:#}");
+    // Every scheduled step is accounted for. 2 instances, one step every 2 µs each for 2 s:
+    // each identity's steps start at an offset within its first period, so it holds the
+    // load's length in periods, rounded down or up (the period is 2 µs as f64 makes it).
+    let period = Duration::from_secs_f64(2.0 / 1_000_000.0).as_nanos();
+    let periods = Duration::from_secs(2).as_nanos() / period;
+    let (least, most) = (2 * periods, 2 * (periods + 1));
+    let problems = &report["problems"];
+    let due = problems["steps_due"].as_u64().unwrap();
+    assert!(
+        (least..=most).contains(&u128::from(due)),
+        "{due} steps due, not {least} to {most}"
+    );
+    let (run, missed) = (
+        problems["steps_run"].as_u64().unwrap(),
+        problems["missed_steps"].as_u64().unwrap(),
+    );
+    assert_eq!(run + missed, due, "{problems:#}");
+    assert!(run > 0, "{problems:#}");
+    assert_eq!(load["steps_reached"].as_u64(), Some(due), "{load:#}");
+    assert_eq!(load["steps_missed"].as_u64(), Some(missed), "{load:#}");
+    assert!(
+        headline.contains(&format!("{missed} of {due} scheduled steps never ran")),
+        "{headline}"
+    );
+    assert_eq!(report["verification"]["lost"], 0, "{output}");
+
+    // With it: the same verdicts in the headline, and exit code 0. (Another seed: the same
+    // one would write the same markers again, and a recall would find the first run's write.)
+    let allowed = home.path().join("allowed");
+    let (code, output) =
+        overloaded_run(&nats.url(), &allowed, &["--seed", "6", "--allow-overload"]).await;
+    assert_eq!(code, 0, "{output}");
+    let headline = output.lines().next().unwrap();
+    assert!(
+        headline.starts_with(
+            "# Engram load test: NOT SUSTAINED — correctness PASSED; load NOT SUSTAINED: "
+        ) && headline.ends_with("(accepted: --allow-overload)"),
+        "{output}"
+    );
+    running.shutdown().await;
+}
