@@ -289,8 +289,8 @@ fn candidate(summary: &Envelope, index: usize, fact: &CandidateFact, confidence:
 mod tests {
     use std::sync::Mutex;
 
-    use engram_memory::model::EventModel;
     use engram_fixtures::models::{event, scope, t};
+    use engram_memory::model::EventModel;
     use engram_schema::{FactAsserted, Payload};
 
     use super::*;

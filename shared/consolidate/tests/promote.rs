@@ -4,9 +4,9 @@
 use engram_consolidate::model::{MAX_ACTION_BYTES, MAX_EPISODE_ACTIONS, MAX_OPEN_EPISODES};
 use engram_consolidate::promote::{normalise, skill_name};
 use engram_consolidate::{Memories, Policy, plan};
+use engram_fixtures::models::{Stream, day, scope, t};
 use engram_memory::ScopeKey;
 use engram_memory::model::EventModel;
-use engram_fixtures::models::{Stream, day, scope, t};
 use engram_schema::{Envelope, EventKind, Layer, SkillRecorded};
 use serde_json::{Value, json};
 

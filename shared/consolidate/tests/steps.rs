@@ -4,10 +4,10 @@
 use engram_consolidate::model::Origin;
 use engram_consolidate::steps::decayed;
 use engram_consolidate::{Memories, Policy, plan, plan_with};
+use engram_fixtures::models::{Stream, scope, t};
 use engram_memory::ScopeKey;
 use engram_memory::model::EventModel;
 use engram_memory::proto::Neighbour;
-use engram_fixtures::models::{Stream, scope, t};
 use engram_schema::{Envelope, EventKind, Layer};
 use serde_json::json;
 

@@ -3,8 +3,8 @@
 //! use does.
 
 use engram_consolidate::{Memories, Policy, plan};
-use engram_memory::model::EventModel;
 use engram_fixtures::models::{Stream, scope, t};
+use engram_memory::model::EventModel;
 use engram_memory::{ScopeKey, is_text_memory};
 use engram_schema::{Envelope, EventKind, Layer};
 use serde_json::{Value, json};

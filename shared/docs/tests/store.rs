@@ -3,9 +3,9 @@
 use engram_docs::local::Outgoing;
 use engram_docs::store::{Applied, DocError};
 use engram_docs::{DocId, DocStore, LocalDoc, TaskBoard, TaskItem, TaskStatus};
+use engram_fixtures::models::{Stream, compact, named, scope, t};
 use engram_memory::ScopeKey;
 use engram_memory::model::EventModel;
-use engram_fixtures::models::{Stream, compact, named, scope, t};
 use engram_schema::{EventKind, Ident, Layer};
 
 const MAX: usize = 256 * 1024;

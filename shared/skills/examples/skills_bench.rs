@@ -4,8 +4,8 @@
 use std::time::Instant;
 
 use chrono::{DateTime, Utc};
-use engram_memory::ScopeKey;
 use engram_fixtures::models::{self, t};
+use engram_memory::ScopeKey;
 use engram_schema::{Envelope, EventKind, Layer};
 use engram_skills::SkillRegistry;
 use serde_json::json;

@@ -3,8 +3,8 @@
 use std::collections::HashSet;
 use std::sync::OnceLock;
 
-use engram_memory::{Hit, Seq};
 use engram_fixtures::synthetic::{Mixture, MixtureSpec};
+use engram_memory::{Hit, Seq};
 use engram_vector::{HnswParams, VectorError, VectorIndex};
 use proptest::prelude::*;
 use rand::SeedableRng;

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context, bail};
 use clap::Parser;
+use engram_fixtures::synthetic::{Mixture, MixtureSpec};
 use engram_memory::{Hit, Seq};
 use engram_vector::EF_SEARCH_BASE_SIZE;
-use engram_fixtures::synthetic::{Mixture, MixtureSpec};
 use engram_vector::{HnswParams, VectorIndex};
 use hdrhistogram::Histogram;
 use rand::SeedableRng;

@@ -4,8 +4,8 @@
 #![allow(dead_code)]
 
 use engram_facts::{Fact, FactTable};
-use engram_memory::ScopeKey;
 pub use engram_fixtures::models::{scope, t};
+use engram_memory::ScopeKey;
 use engram_schema::{Envelope, EventKind, Layer};
 use serde_json::Value;
 

@@ -3,8 +3,8 @@
 
 #![allow(dead_code)]
 
-use engram_memory::ScopeKey;
 pub use engram_fixtures::models::{scope, t};
+use engram_memory::ScopeKey;
 use engram_schema::{Envelope, EventKind, Layer};
 use engram_skills::SkillRegistry;
 use serde_json::{Value, json};
