@@ -120,7 +120,13 @@ pub(crate) async fn tail(
             }
             request.after_seq = current.next_after.max(request.after_seq);
             if empty || current.done {
-                tokio::time::sleep(IDLE_POLL).await;
+                // An idle tail sends nothing, so no failed send tells it the client went:
+                // watching the channel frees the slot (`max_tails_per_key`, `max_tails`)
+                // as soon as the response is dropped.
+                tokio::select! {
+                    _ = tx.closed() => return,
+                    _ = tokio::time::sleep(IDLE_POLL) => {}
+                }
             }
         }
     });

@@ -20,6 +20,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use engram_bus::{Bus, StoredEvent};
 use engram_consolidate::model::Origin;
+use engram_consolidate::summariser::SummariserError;
 use engram_consolidate::{
     Memories, Policy, RefineOptions, Summariser, SummariserConfig, Unrefined, plan_with, refine,
 };
@@ -327,6 +328,39 @@ impl Projection for Consolidator {
     }
 }
 
+/// The consolidator's summariser, at most `RefineOptions::concurrency` calls at once in
+/// all: each plan is refined on its own (a scheduled run, and every on-demand plan beside
+/// it), so a bound per plan alone would let their calls add up.
+struct Bounded {
+    inner: Arc<dyn Summariser>,
+    /// One permit per call in flight; never closed.
+    calls: tokio::sync::Semaphore,
+}
+
+#[async_trait]
+impl Summariser for Bounded {
+    fn kind(&self) -> &'static str {
+        self.inner.kind()
+    }
+
+    fn refines_plan(&self) -> bool {
+        self.inner.refines_plan()
+    }
+
+    async fn summarise(
+        &self,
+        texts: &[String],
+    ) -> Result<engram_consolidate::summariser::SessionSummary, SummariserError> {
+        // A caller's deadline covers the wait for a permit too (`RefineOptions::deadline`).
+        let _permit = self
+            .calls
+            .acquire()
+            .await
+            .map_err(|_| SummariserError::Config("the summariser was shut down".into()))?;
+        self.inner.summarise(texts).await
+    }
+}
+
 /// The consolidator, as the registry runs it.
 pub struct ConsolidatorModel;
 
@@ -347,11 +381,16 @@ impl crate::ReadModel for ConsolidatorModel {
         dir: &Path,
     ) -> Result<Arc<Consolidator>, crate::StartError> {
         let consolidator = &config.consolidator;
+        let refine = RefineOptions::of(&consolidator.summariser);
+        let summariser = Arc::new(Bounded {
+            calls: tokio::sync::Semaphore::new(refine.concurrency.max(1)),
+            inner: consolidator.summariser.build()?,
+        });
         Ok(Arc::new(Consolidator::new(
             dir,
             consolidator.policy.clone(),
-            consolidator.summariser.build()?,
-            RefineOptions::of(&consolidator.summariser),
+            summariser,
+            refine,
         )))
     }
 

@@ -51,6 +51,12 @@ pub enum AccessError {
     BadCredentials { path: String, reason: String },
     #[error("access registry ({stream}): {reason}")]
     Log { stream: String, reason: String },
+    /// The record was checked against a view of the registry that another admin's record
+    /// has since made stale; nothing was appended. Read the registry again and re-check.
+    #[error(
+        "the access registry changed after it was read (read through seq {read}); nothing was appended: read it again and re-check the change"
+    )]
+    Stale { read: u64 },
 }
 
 /// Writes `text` to `path` atomically (a reader sees the old file or the new, never half),

@@ -181,8 +181,32 @@ impl AccessLog {
     }
 
     /// Checks `record` against the current state and appends it, returning its sequence.
-    /// `by` says who, for the audit trail.
+    /// `by` says who, for the audit trail. Another admin's record landing between the read
+    /// and the append makes it read and check again ([`AccessLog::append_on`]).
     pub async fn append(&self, record: Record, by: &str) -> Result<u64, AccessError> {
+        for _ in 0..8 {
+            let view = self.load().await?;
+            match self.append_on(&view, record.clone(), by).await {
+                Err(AccessError::Stale { .. }) => {}
+                done => return done,
+            }
+        }
+        Err(log_err(
+            "another admin kept appending at the same time; try again",
+        ))
+    }
+
+    /// Checks `record` against `view`, a registry this admin read, and appends it only if
+    /// the log still ends where `view` does (the stream's expected last sequence): when
+    /// another record was appended since, nothing is written and the answer is
+    /// [`AccessError::Stale`], so no admin acts on a view another admin has changed.
+    pub async fn append_on(
+        &self,
+        view: &Registry,
+        record: Record,
+        by: &str,
+    ) -> Result<u64, AccessError> {
+        view.check(&record)?;
         let subject = format!("{ACCESS_SUBJECT_PREFIX}.{}", record.tenant());
         let entry = Entry {
             v: ENTRY_VERSION,
@@ -191,29 +215,25 @@ impl AccessLog {
             record,
         };
         let body = serde_json::to_vec(&entry).map_err(log_err)?;
-        for _ in 0..8 {
-            let state = self.load().await?;
-            state.check(&entry.record)?;
-            let publish = jetstream::message::PublishMessage::build()
-                .payload(body.clone().into())
-                .expected_last_sequence(state.applied);
-            let ack = self
-                .js
-                .send_publish(subject.clone(), publish)
-                .await
-                .map_err(log_err)?
-                .await;
-            match ack {
-                Ok(ack) => return Ok(ack.sequence),
-                Err(e)
-                    if e.kind()
-                        == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence => {}
-                Err(e) => return Err(log_err(e)),
+        let publish = jetstream::message::PublishMessage::build()
+            .payload(body.into())
+            .expected_last_sequence(view.applied);
+        let ack = self
+            .js
+            .send_publish(subject, publish)
+            .await
+            .map_err(log_err)?
+            .await;
+        match ack {
+            Ok(ack) => Ok(ack.sequence),
+            Err(e)
+                if e.kind()
+                    == async_nats::jetstream::context::PublishErrorKind::WrongLastSequence =>
+            {
+                Err(AccessError::Stale { read: view.applied })
             }
+            Err(e) => Err(log_err(e)),
         }
-        Err(log_err(
-            "another admin kept appending at the same time; try again",
-        ))
     }
 
     /// Folds the log into `shared` from where it is, then keeps folding new records until

@@ -29,10 +29,13 @@ use crate::Client;
 pub enum EraseError {
     #[error("erase: {0}")]
     Invalid(String),
+    /// The events stream was created with `deny_purge` or `deny_delete` (by an older
+    /// engram): erasure deletes messages and purges subjects, which such a stream refuses,
+    /// so nothing is attempted (no audit record, no read model emptied).
     #[error(
-        "the events stream denies purges (an older engram created it), so its events cannot be erased; nothing was changed. The server never lifts that flag: the events must move to a new stream first"
+        "the events stream {stream} denies purges or deletes (an older engram created it), so its events cannot be erased; nothing was changed. The server never lifts those flags: the events must move to a new stream first"
     )]
-    StreamDeniesPurge,
+    StreamDeniesErasure { stream: String },
     #[error("erase: {0}")]
     Unavailable(String),
 }
@@ -112,8 +115,12 @@ impl Client {
             .get_stream(&bus.config().stream.name)
             .await
             .map_err(|e| unavailable(&e))?;
-        if stream.cached_info().config.deny_purge {
-            return Err(EraseError::StreamDeniesPurge);
+        // Both: the scopes' events are deleted one by one (overwritten), then purged.
+        let config = &stream.cached_info().config;
+        if config.deny_purge || config.deny_delete {
+            return Err(EraseError::StreamDeniesErasure {
+                stream: config.name.clone(),
+            });
         }
         let log = engram_access::AccessLog::new(bus.client().clone());
         let audit_seq = log

@@ -1,0 +1,69 @@
+//! `engram erase` against an events stream an older engram created with `deny_delete` and
+//! `deny_purge`: refused with the README's reason, exit 1, and nothing changed (no audit
+//! record, no event gone).
+
+mod common;
+
+use common::cli;
+use engram_testkit::TestNats;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn erase_refuses_a_stream_that_denies_deletes_and_purges_and_changes_nothing() {
+    let nats = TestNats::start_secured().await;
+    nats.add_tenant("acme").await;
+    let bus = &nats.admin;
+    for text in ["u1 pays by card", "u1 lives in Lisbon"] {
+        let mut event = engram_testkit::event("acme", "ignored", text);
+        event.scope = "user:u1".parse().unwrap();
+        bus.append(&event, Default::default()).await.unwrap();
+    }
+    let js = bus.jetstream();
+    let name = bus.config().stream.name.clone();
+    let mut config = js
+        .get_stream(&name)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    config.deny_delete = true;
+    config.deny_purge = true;
+    js.update_stream(&config).await.unwrap();
+    let registry = || async {
+        js.get_stream(engram_access::log::ACCESS_STREAM)
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .last_sequence
+    };
+    let (records, messages) = (
+        registry().await,
+        bus.stream_summary().await.unwrap().messages,
+    );
+
+    // As an operator runs it on the machine of `engram up`: the admin's credentials in home.
+    let home = nats.home.clone();
+    let url = nats.url();
+    let out = tokio::task::spawn_blocking(move || {
+        cli(&home)
+            .args(["--nats", &url, "erase", "--tenant", "acme", "--user", "u1"])
+            .output()
+            .unwrap()
+    })
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("denies purges or deletes") && stderr.contains("nothing was changed"),
+        "{stderr}"
+    );
+    assert!(stderr.contains(&name), "{stderr}");
+    assert_eq!(registry().await, records, "an audit record was appended");
+    assert_eq!(bus.stream_summary().await.unwrap().messages, messages);
+}
