@@ -207,3 +207,47 @@ fn docs_merges_a_team_editing_one_board() {
         "concurrent owners: {report:#}"
     );
 }
+
+#[test]
+fn gateway_measures_the_http_api_beside_the_native_path() {
+    let dir = tempfile::tempdir().unwrap();
+    let report = run(
+        &[
+            "--json",
+            "gateway",
+            "--memories",
+            "40",
+            "--requests",
+            "5",
+            "--top-k",
+            "5",
+        ],
+        &dir.path().join("home"),
+    );
+    assert_eq!(report["memories"], 40, "{report:#}");
+    assert_eq!(report["requests"], 5, "{report:#}");
+    let pairs = report["pairs"].as_array().expect("pairs");
+    let operations: Vec<&str> = pairs
+        .iter()
+        .map(|p| p["operation"].as_str().unwrap())
+        .collect();
+    assert_eq!(operations, ["append", "retrieve"], "{report:#}");
+    for pair in pairs {
+        for path in ["native", "gateway"] {
+            assert!(
+                pair[path]["p50_ms"].as_f64().is_some_and(|ms| ms > 0.0),
+                "{path}: {report:#}"
+            );
+        }
+        assert!(
+            pair["p99_ratio"].as_f64().is_some_and(|r| r > 0.0),
+            "{report:#}"
+        );
+    }
+    assert!(
+        report["http_floor"]["p50_ms"]
+            .as_f64()
+            .is_some_and(|ms| ms > 0.0),
+        "{report:#}"
+    );
+}
