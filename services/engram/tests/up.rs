@@ -590,8 +590,8 @@ fn erase_from_the_cli_leaves_no_trace_and_verify_says_so() {
     let creds = added["creds"].as_str().unwrap();
     // Until the server's authorization reload takes the new key, it refuses the connection;
     // after that, the server itself refuses the erasure's first request, which no agent's
-    // key may publish (the events stream's info), and the CLI exits 1 saying so, with
-    // nothing erased.
+    // key may publish (the events stream's info), and the CLI exits 1 saying so and what to
+    // do instead, with nothing erased.
     let mut outcome = None;
     for _ in 0..100 {
         let out = cli(&h.join("agent-machine"))
@@ -624,7 +624,13 @@ fn erase_from_the_cli_leaves_no_trace_and_verify_says_so() {
             ),
         "refused for something other than the agent's permissions: {stderr}"
     );
-    assert!(stderr.contains("error: erase:"), "{stderr}");
+    assert!(
+        stderr.contains(
+            r#"these credentials may not erase (the server refused a publish to $JS.API.STREAM.INFO.ENGRAM_EVENTS)"#
+        ) && stderr.contains("run `engram erase` on the machine running `engram up`")
+            && stderr.contains("nothing was changed"),
+        "the refusal does not say why, or what to do: {stderr}"
+    );
     assert!(!stdout.contains("erased"), "{stdout}");
     let still = ok(cli(h).args([
         "--nats", &nats, "--json", "retrieve", "pays", "--tenant", "acme", "--scope", "user:u2",

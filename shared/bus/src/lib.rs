@@ -171,6 +171,13 @@ impl Bus {
         &self.client
     }
 
+    /// The subjects the server refuses this connection's publishes to from now on. The server
+    /// reports a permissions violation on the connection, not on the request, which otherwise
+    /// just times out: a caller watching this learns at once that no answer will come, and why.
+    pub fn refused_publishes(&self) -> tokio::sync::broadcast::Receiver<String> {
+        self.refused.subscribe()
+    }
+
     pub fn jetstream(&self) -> &jetstream::Context {
         &self.js
     }

@@ -36,6 +36,12 @@ pub enum EraseError {
         "the events stream {stream} denies purges or deletes (an older engram created it), so its events cannot be erased; nothing was changed. The server never lifts those flags: the events must move to a new stream first"
     )]
     StreamDeniesErasure { stream: String },
+    /// The server refused the erasure's first request to these credentials (an agent's key):
+    /// erasure deletes a tenant's memory everywhere, which only the operator may do.
+    #[error(
+        "these credentials may not erase (the server refused a publish to {subject}); erasure is the operator's: run `engram erase` on the machine running `engram up`, where the CLI uses its admin credentials, or pass the admin's --creds; nothing was changed"
+    )]
+    Forbidden { subject: String },
     #[error("erase: {0}")]
     Unavailable(String),
 }
@@ -110,11 +116,13 @@ impl Client {
         let unavailable = |e: &dyn std::fmt::Display| EraseError::Unavailable(e.to_string());
         // Before anything changes: an erasure that cannot delete the events must not
         // pretend to by emptying the read models (a rebuild would bring them back).
-        let stream = bus
-            .jetstream()
-            .get_stream(&bus.config().stream.name)
-            .await
-            .map_err(|e| unavailable(&e))?;
+        let mut refused = bus.refused_publishes();
+        let stream = tokio::select! {
+            stream = bus.jetstream().get_stream(&bus.config().stream.name) => {
+                stream.map_err(|e| unavailable(&e))?
+            }
+            Ok(subject) = refused.recv() => return Err(EraseError::Forbidden { subject }),
+        };
         // Both: the scopes' events are deleted one by one (overwritten), then purged.
         let config = &stream.cached_info().config;
         if config.deny_purge || config.deny_delete {
