@@ -780,6 +780,30 @@ impl DocChanged {
         Ok((doc, changes))
     }
 
+    /// The strings `changes` write, as one text: each value put into a map or list on a line
+    /// of its own, and text typed into a text object (one character per operation) joined
+    /// back. What a reader searches for secrets in, the scrubber's and the tests' alike.
+    pub fn written_text(changes: &[automerge::Change]) -> String {
+        use automerge::ScalarValue;
+        use automerge::legacy::OpType;
+        let mut text = String::new();
+        for change in changes {
+            for op in change.decode().operations {
+                if let OpType::Put(ScalarValue::Str(s)) = &op.action {
+                    if op.insert && s.chars().count() == 1 {
+                        text.push_str(s);
+                    } else {
+                        text.push('\n');
+                        text.push_str(s);
+                        text.push('\n');
+                    }
+                }
+            }
+            text.push('\n');
+        }
+        text
+    }
+
     /// `event` with each compressed change of its data replaced by the uncompressed chunk
     /// it stands for (what `Change::raw_bytes` gives: the same change, of the same hash), or
     /// `None` when none was compressed. `changes` are the event's, as [`DocChanged::from_event`]

@@ -190,23 +190,7 @@ fn doc_change_secrets(
     scrubber: &Scrubber,
     changes: &[engram_schema::automerge::Change],
 ) -> Vec<Kind> {
-    use engram_schema::automerge::ScalarValue;
-    use engram_schema::automerge::legacy::OpType;
-    let mut text = String::new();
-    for change in changes {
-        for op in change.decode().operations {
-            if let OpType::Put(ScalarValue::Str(s)) = &op.action {
-                if op.insert && s.chars().count() == 1 {
-                    text.push_str(s);
-                } else {
-                    text.push('\n');
-                    text.push_str(s);
-                    text.push('\n');
-                }
-            }
-        }
-        text.push('\n');
-    }
+    let text = engram_schema::DocChanged::written_text(changes);
     scrubber
         .scrub(&text)
         .redactions

@@ -213,36 +213,13 @@ pub async fn events_holding(bus: &engram_bus::Bus, needle: &str) -> (usize, Vec<
                 );
             }
             // ...and the strings the changes write, however they were compressed or typed.
-            bytes.extend(doc_strings(&changes).into_bytes());
+            bytes.extend(engram_schema::DocChanged::written_text(&changes).into_bytes());
         }
         if holds(&bytes) {
             holding.push(stored.seq);
         }
     }
     (seen, holding)
-}
-
-/// The strings `changes` write: each value put on a line of its own, and text typed one
-/// character per operation joined back, as the scrubber reads them.
-fn doc_strings(changes: &[engram_schema::automerge::Change]) -> String {
-    use engram_schema::automerge::ScalarValue;
-    use engram_schema::automerge::legacy::OpType;
-    let mut text = String::new();
-    for change in changes {
-        for op in change.decode().operations {
-            if let OpType::Put(ScalarValue::Str(s)) = &op.action {
-                if op.insert && s.chars().count() == 1 {
-                    text.push_str(s);
-                } else {
-                    text.push('\n');
-                    text.push_str(s);
-                    text.push('\n');
-                }
-            }
-        }
-        text.push('\n');
-    }
-    text
 }
 
 /// A private nats-server that authenticates every connection, as `engram up` runs it: the
