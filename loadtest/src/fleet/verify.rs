@@ -171,24 +171,29 @@ impl Baseline {
     }
 }
 
-/// How the drain went: how long until every projector had applied the whole stream at
-/// once, and when each first had.
+/// How the drain went: how long until every projector had applied the stream as it stood
+/// when the drain began, and when each first had.
 #[derive(Clone, Debug, Default)]
 pub struct Drained {
     pub took: Duration,
     /// Per projector, from the drain's start until its visible sequence first reached the
-    /// stream's last (which consolidation outputs may move on after).
+    /// drain's target.
     pub caught_up: std::collections::BTreeMap<String, Duration>,
 }
 
-/// Waits until every projector has made the stream's last sequence visible, printing
+/// Waits until every projector has made visible the stream's last sequence as of now, printing
 /// progress; returns how long that took, or an error naming the projectors still behind.
+///
+/// The target is fixed when the drain begins: everything the caller wrote is in the stream by
+/// then. Chasing the stream's tip instead never ended on a deployment others keep writing to
+/// (or whose consolidator appends its outputs meanwhile): a projector that commits in batches
+/// is always a few events behind a moving tip, so all of them were rarely at it at once.
 pub async fn drain(bus: &Bus, limit: Duration) -> Result<Drained, FleetError> {
     let started = Instant::now();
     let mut last_print = Instant::now();
     let mut caught_up = std::collections::BTreeMap::new();
+    let last = bus.stream_summary().await?.last_seq;
     loop {
-        let last = bus.stream_summary().await?.last_seq;
         let mut behind = Vec::new();
         for name in projectors() {
             match projector_ledger(bus.client(), name).await {
