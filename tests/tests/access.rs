@@ -788,6 +788,52 @@ async fn a_revoked_agent_is_disconnected_and_refused_within_a_bounded_time() {
     assert!(closed_after < Duration::from_secs(15), "{closed_after:?}");
 }
 
+/// Once the server's authorization is reported to enforce a record, it does, at the first
+/// try: a key added is accepted, a key revoked is refused. (Whoever hands out a key, as the
+/// demo does, waits for this instead of knocking until the server lets it in.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_key_is_in_force_on_the_server_once_its_record_is_reported_enforced() {
+    let nats = TestNats::start_secured().await;
+    nats.append_record(Record::TenantAdded {
+        tenant: ident("acme"),
+    })
+    .await;
+    let mut enforced = nats.enforced.clone();
+    for round in 0..3 {
+        let agent = format!("bot{round}");
+        let creds = Credentials::generate_agent(ident("acme"), ident(&agent));
+        let added = nats
+            .append_record(Record::AgentKeyAdded {
+                tenant: ident("acme"),
+                agent: ident(&agent),
+                key: creds.public_key(),
+                scopes: ScopePattern::defaults(&ident(&agent)),
+            })
+            .await;
+        assert!(
+            enforced.reached(added, Duration::from_secs(15)).await,
+            "seq {added} was never reported enforced (at {})",
+            enforced.seq()
+        );
+        assert!(
+            engram_testkit::connects_once(&nats, &creds).await,
+            "round {round}: a key reported in force (seq {added}) was refused"
+        );
+        let revoked = nats
+            .append_record(Record::AgentRevoked {
+                tenant: ident("acme"),
+                agent: ident(&agent),
+                key: None,
+            })
+            .await;
+        assert!(enforced.reached(revoked, Duration::from_secs(15)).await);
+        assert!(
+            !engram_testkit::connects_once(&nats, &creds).await,
+            "round {round}: a key reported revoked (seq {revoked}) still connects"
+        );
+    }
+}
+
 /// The marker text of `tenant`'s memory in `scope`: unique per pair, and no marker is a
 /// substring of another (`acme` and `acme2` included).
 fn marker(tenant: &str, scope: &str) -> String {

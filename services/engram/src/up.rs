@@ -64,6 +64,9 @@ pub struct Running {
     lag_sampler: tokio::task::JoinHandle<()>,
     /// Follows the access registry and keeps the server's authorization in step.
     access_stop: CancellationToken,
+    /// How far the managed server's authorization has caught up with the registry; `None`
+    /// without a managed server that authenticates.
+    pub access_enforced: Option<engram_access::conf::Enforced>,
     /// The query service's own connection (its identity's).
     query_bus: Bus,
     /// The connection the query service answers on (its responder identity's).
@@ -193,6 +196,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
     query.set_snapshots(config.projectors.snapshots.clone());
+    let mut access_enforced = None;
     if let Some(identities) = &identities {
         let registry = engram_access::SharedRegistry::default();
         let query_log = engram_access::AccessLog::new(query_bus.client().clone());
@@ -215,14 +219,14 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
                         .map_err(|e| e.to_string())
                 })
             });
-            engram_access::conf::enforce(
+            access_enforced = Some(engram_access::conf::enforce(
                 registry,
                 identities.fixed(),
                 access_names(config),
                 identities.auth_conf.clone(),
                 reload,
                 access_stop.clone(),
-            );
+            ));
         }
     }
     let query_stop = CancellationToken::new();
@@ -285,6 +289,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         http_task,
         lag_sampler,
         access_stop,
+        access_enforced,
         query_bus,
         query_responder,
     })

@@ -50,10 +50,35 @@ pub type Reload = Box<
         + Sync,
 >;
 
+/// How far the server's authorization has caught up with the registry: every record up to
+/// [`Enforced::seq`] (a key added, revoked or expired) is in force on the server. A key is
+/// refused until its record is, so whoever hands one out can wait for it here rather than
+/// retry against the server (each refused connection is an authorization violation in the
+/// client's and the server's logs).
+#[derive(Clone, Debug)]
+pub struct Enforced(tokio::sync::watch::Receiver<u64>);
+
+impl Enforced {
+    /// The registry sequence in force on the server (0 before the first render).
+    pub fn seq(&self) -> u64 {
+        *self.0.borrow()
+    }
+
+    /// Waits until the record at `seq` is in force, at most `within`; false if it is not by
+    /// then (or the enforcer stopped).
+    pub async fn reached(&mut self, seq: u64, within: std::time::Duration) -> bool {
+        matches!(
+            tokio::time::timeout(within, self.0.wait_for(|s| *s >= seq)).await,
+            Ok(Ok(_))
+        )
+    }
+}
+
 /// Keeps the server's `authorization` block (`path`) in step with the registry: after each
 /// change it renders `fixed` (the admin and service keys) plus the registry's live agent
 /// keys, writes the file if it changed, and reloads the server. A failed reload is retried
 /// on the next change and every 5 s, so a revocation is never left unenforced silently.
+/// Returns how far the server has caught up.
 pub fn enforce(
     shared: crate::SharedRegistry,
     fixed: Vec<(String, Role)>,
@@ -61,17 +86,18 @@ pub fn enforce(
     path: std::path::PathBuf,
     reload: Reload,
     stop: tokio_util::sync::CancellationToken,
-) -> tokio::task::JoinHandle<()> {
+) -> Enforced {
     use engram_telemetry::metrics;
+    let (enforced, watched) = tokio::sync::watch::channel(0);
     tokio::spawn(async move {
         let mut changes = shared.changes();
         let mut pending = false;
         loop {
-            let keys = {
+            let (keys, applied) = {
                 let state = shared.read().await;
                 let mut keys = fixed.clone();
                 keys.extend(state.live_keys());
-                keys
+                (keys, state.applied)
             };
             let seen = std::time::Instant::now();
             let text = render(&keys, &names);
@@ -87,6 +113,7 @@ pub fn enforce(
                         metrics::ACCESS_ENFORCE_SECONDS.observe(seen.elapsed().as_secs_f64());
                         tracing::info!(
                             keys = keys.len(),
+                            registry_seq = applied,
                             reload_ms = took.as_millis() as u64,
                             "server authorization reloaded"
                         );
@@ -97,13 +124,18 @@ pub fn enforce(
                     }
                 }
             }
+            if !pending {
+                // Written and reloaded, or nothing to change: the server enforces `applied`.
+                enforced.send_replace(applied);
+            }
             tokio::select! {
                 _ = stop.cancelled() => return,
                 changed = changes.changed() => if changed.is_err() { return },
                 _ = tokio::time::sleep(std::time::Duration::from_secs(5)), if pending => {}
             }
         }
-    })
+    });
+    Enforced(watched)
 }
 
 #[cfg(test)]

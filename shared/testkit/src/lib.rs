@@ -234,6 +234,8 @@ pub struct SecureNats {
     pub log: engram_access::AccessLog,
     /// The admin's connection, with the stream, bucket and registry provisioned.
     pub admin: Bus,
+    /// How far the server's authorization has caught up with the registry.
+    pub enforced: engram_access::conf::Enforced,
     stop: tokio_util::sync::CancellationToken,
 }
 
@@ -291,7 +293,7 @@ impl TestNats {
                     .map_err(|e| e.to_string())
             })
         });
-        conf::enforce(
+        let enforced = conf::enforce(
             registry.clone(),
             fixed,
             Names::default(),
@@ -306,6 +308,7 @@ impl TestNats {
             registry,
             log,
             admin,
+            enforced,
             stop,
         }
     }
@@ -431,6 +434,13 @@ impl SecureNats {
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }
+}
+
+/// Whether one connection as `creds` is accepted.
+pub async fn connects_once(nats: &SecureNats, creds: &engram_access::Credentials) -> bool {
+    let mut config = nats.config_as(creds);
+    config.connect_timeout = Duration::from_secs(2);
+    async_connect_once(config).await
 }
 
 async fn async_connect_once(config: BusConfig) -> bool {

@@ -29,8 +29,17 @@ pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
         )
         .await?;
     }
-    let (creds, scopes, _) =
+    let (creds, scopes, issued) =
         crate::commands::access::issue(&log, &demo.tenant, &agent, &[]).await?;
+    // The server refuses the key until its authorization holds it: wait for that rather
+    // than knock (each refused connection logs an authorization violation).
+    if let Some(enforced) = &demo.running.access_enforced {
+        anyhow::ensure!(
+            enforced.clone().reached(issued, KEY_LIVE_WITHIN).await,
+            "the server's authorization did not take the new key within {KEY_LIVE_WITHIN:?} (it enforces registry seq {}, the key is seq {issued}); see the log for a failed reload",
+            enforced.seq()
+        );
+    }
     let scopes: Vec<String> = scopes.iter().map(ToString::to_string).collect();
     let key = creds
         .api_key()
