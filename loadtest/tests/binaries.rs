@@ -3,12 +3,11 @@
 //! not checked (a debug build on a shared machine says nothing about it); that each run
 //! completes, verifies what it must and reports what it measured is.
 
+mod common;
+
 use std::process::Command;
 use std::time::Duration;
 
-use engram_embed::EmbedderConfig;
-use engram_loadtest::fleet::target::{CLIENT_DIM, CLIENT_MODEL};
-use engram_projectors::ProjectorsConfig;
 use engram_projectors::consolidator::ConsolidatorConfig;
 use serde_json::Value;
 
@@ -102,31 +101,12 @@ fn bench_project_rebuilds_every_projector_beside_a_raw_replay() {
 async fn loadtest_drives_a_deployment_and_verifies_it() {
     let nats = engram_testkit::TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
-    let config = engram::config::Config {
-        home: home.path().to_owned(),
-        nats: engram::config::NatsConfig {
-            url: Some(nats.url()),
-            ..Default::default()
-        },
-        http: engram::config::HttpConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..Default::default()
-        },
-        projectors: ProjectorsConfig {
-            embedder: EmbedderConfig::ClientSupplied {
-                model: CLIENT_MODEL.into(),
-                dim: CLIENT_DIM,
-            },
-            embed_cache_memory_mb: 4,
-            embed_cache_disk_mb: 8,
-            consolidator: ConsolidatorConfig {
-                interval: Duration::from_secs(1),
-                ..ConsolidatorConfig::default()
-            },
-            ..ProjectorsConfig::default()
-        },
-        ..Default::default()
-    };
+    let config = common::deployment(home.path(), nats.url(), |projectors| {
+        projectors.consolidator = ConsolidatorConfig {
+            interval: Duration::from_secs(1),
+            ..ConsolidatorConfig::default()
+        };
+    });
     let running = engram::up::start(&config).await.unwrap();
     let out_dir = home.path().join("report");
     let metrics = format!("http://{}/metrics", running.http_addr);

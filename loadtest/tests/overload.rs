@@ -7,11 +7,10 @@
 //! of 1,000,000 appends/s would have to finish every step, a JetStream write acknowledged over
 //! TCP, within 2 µs. No machine does; nearly all of the 2,000,000 scheduled steps are missed.
 
+mod common;
+
 use std::time::Duration;
 
-use engram_embed::EmbedderConfig;
-use engram_loadtest::fleet::target::{CLIENT_DIM, CLIENT_MODEL};
-use engram_projectors::ProjectorsConfig;
 use serde_json::Value;
 
 /// Runs the binary against `nats` with an unreachable target, `extra` appended to its flags
@@ -42,27 +41,7 @@ async fn overloaded_run(nats: &str, out_dir: &std::path::Path, extra: &[&str]) -
 async fn a_run_that_does_not_sustain_its_target_says_so_and_fails_unless_allowed() {
     let nats = engram_testkit::TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
-    let config = engram::config::Config {
-        home: home.path().to_owned(),
-        nats: engram::config::NatsConfig {
-            url: Some(nats.url()),
-            ..Default::default()
-        },
-        http: engram::config::HttpConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..Default::default()
-        },
-        projectors: ProjectorsConfig {
-            embedder: EmbedderConfig::ClientSupplied {
-                model: CLIENT_MODEL.into(),
-                dim: CLIENT_DIM,
-            },
-            embed_cache_memory_mb: 4,
-            embed_cache_disk_mb: 8,
-            ..ProjectorsConfig::default()
-        },
-        ..Default::default()
-    };
+    let config = common::deployment(home.path(), nats.url(), |_| {});
     let running = engram::up::start(&config).await.unwrap();
 
     // Without the flag: correct, not sustained, exit code 3.
