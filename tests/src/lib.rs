@@ -288,3 +288,40 @@ pub async fn secured_with_key(
     let key = nats.add_agent(tenant, agent, &[]).await.api_key().unwrap();
     (nats, engram, key)
 }
+
+/// How long one JSON request to the HTTP API may take in a test.
+const HTTP_TIMEOUT: Duration = Duration::from_secs(30);
+
+async fn json_reply(request: reqwest::RequestBuilder, key: &str) -> (u16, serde_json::Value) {
+    let response = request
+        .bearer_auth(key)
+        .timeout(HTTP_TIMEOUT)
+        .send()
+        .await
+        .unwrap();
+    let status = response.status().as_u16();
+    let body = response.json().await.unwrap_or(serde_json::Value::Null);
+    (status, body)
+}
+
+/// `GET <base><path>` as `key`: the status and the JSON body (`Null` if it is not JSON).
+pub async fn get_json(base: &str, path: &str, key: &str) -> (u16, serde_json::Value) {
+    json_reply(reqwest::Client::new().get(format!("{base}{path}")), key).await
+}
+
+/// `POST <base><path>` of `body` as `key`: the status and the JSON body (`Null` if it is not
+/// JSON).
+pub async fn post_json(
+    base: &str,
+    path: &str,
+    key: &str,
+    body: &serde_json::Value,
+) -> (u16, serde_json::Value) {
+    json_reply(
+        reqwest::Client::new()
+            .post(format!("{base}{path}"))
+            .json(body),
+        key,
+    )
+    .await
+}

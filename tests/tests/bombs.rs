@@ -3,8 +3,6 @@
 //! docs projector dead-letters it, its document unchanged) or sent to `POST /v1/events` (a 4xx
 //! naming the bound, nothing stored). A real compressed change still goes through.
 
-use std::time::Duration;
-
 use base64::Engine as _;
 use engram_gateway::GatewayConfig;
 use engram_memory::proto::{Consistency, DocRead, DocRequest, DocResponse, ScopeRequest};
@@ -192,16 +190,7 @@ async fn post_event(base: &str, key: &str, data: Value) -> (u16, Value) {
         "kind": "doc_changed",
         "content": {"text": "1 change(s) to task_board/sprint", "data": data},
     });
-    let response = reqwest::Client::new()
-        .post(format!("{base}/v1/events"))
-        .bearer_auth(key)
-        .json(&body)
-        .timeout(Duration::from_secs(30))
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
+    engram_tests::post_json(base, "/v1/events", key, &body).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]

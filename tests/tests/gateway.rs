@@ -234,20 +234,6 @@ async fn an_api_key_appends_and_retrieves_as_its_agent_and_nothing_more() {
     .await;
 }
 
-async fn get(base: &str, path: &str, key: &str) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .get(format!("{base}{path}"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (
-        status,
-        response.json::<Value>().await.unwrap_or(Value::Null),
-    )
-}
-
 /// The routes beyond append and the queries: documents, forgetting, consolidation,
 /// snapshots, listings, erasure and the live tail, each as the key's agent and each showing
 /// only what that agent may read.
@@ -270,7 +256,7 @@ async fn the_write_listing_and_tail_routes_act_as_the_key_and_show_only_what_it_
     let base = engram_tests::serve_http(&nats, GatewayConfig::default()).await;
 
     // whoami: the registry's view of the key.
-    let (status, me) = get(&base, "/v1/whoami", &key).await;
+    let (status, me) = engram_tests::get_json(&base, "/v1/whoami", &key).await;
     assert_eq!(status, 200, "{me}");
     assert_eq!(
         (me["tenant"].as_str(), me["agent"].as_str()),
@@ -548,7 +534,7 @@ async fn the_write_listing_and_tail_routes_act_as_the_key_and_show_only_what_it_
 
     // The live tail: history from after_seq, then an event appended after it opened, with
     // its seq as the SSE id; a scope the key may not read is refused before the stream.
-    let (status, _) = get(&base, "/v1/tail?scope=agent:other", &key).await;
+    let (status, _) = engram_tests::get_json(&base, "/v1/tail?scope=agent:other", &key).await;
     assert_eq!(status, 403);
     let mut response = reqwest::Client::new()
         .get(format!("{base}/v1/tail?scope=task:t1&after_seq=0"))

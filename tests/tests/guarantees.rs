@@ -323,17 +323,6 @@ fn connections_to(port: u16) -> usize {
         .count()
 }
 
-async fn whoami(base: &str, key: &str) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .get(format!("{base}/v1/whoami"))
-        .bearer_auth(key)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn at_most_max_identities_keys_hold_a_connection_and_an_evicted_key_still_works() {
     let (nats, _engram, a) = engram_tests::secured_with_key("acme", "a").await;
@@ -381,7 +370,7 @@ async fn at_most_max_identities_keys_hold_a_connection_and_an_evicted_key_still_
     };
     // Within the bound each key connects and is served.
     for (key, agent, open) in [(&a, "a", 1), (&b, "b", 2)] {
-        let (status, body) = whoami(&base, key).await;
+        let (status, body) = engram_tests::get_json(&base, "/v1/whoami", key).await;
         assert_eq!(
             (status, body["agent"].as_str()),
             (200, Some(agent)),
@@ -390,11 +379,11 @@ async fn at_most_max_identities_keys_hold_a_connection_and_an_evicted_key_still_
         settles_at(open).await;
     }
     // A third key is served too, and the least recently used key's connection is closed.
-    let (status, body) = whoami(&base, &c).await;
+    let (status, body) = engram_tests::get_json(&base, "/v1/whoami", &c).await;
     assert_eq!((status, body["agent"].as_str()), (200, Some("c")), "{body}");
     settles_at(2).await;
     // The evicted key reconnects on its next request; still two held.
-    let (status, body) = whoami(&base, &a).await;
+    let (status, body) = engram_tests::get_json(&base, "/v1/whoami", &a).await;
     assert_eq!((status, body["agent"].as_str()), (200, Some("a")), "{body}");
     settles_at(2).await;
 }
@@ -412,18 +401,6 @@ fn observation(i: usize) -> Value {
     })
 }
 
-async fn post_events(base: &str, key: &str, body: &Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}/v1/events"))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn more_than_1000_events_in_one_request_are_refused_and_none_is_stored() {
     let (nats, _engram, key) = engram_tests::secured_with_key("acme", "planner").await;
@@ -432,7 +409,8 @@ async fn more_than_1000_events_in_one_request_are_refused_and_none_is_stored() {
     let before = stored().await;
 
     let too_many: Vec<Value> = (0..1001).map(observation).collect();
-    let (status, body) = post_events(&base, &key, &Value::Array(too_many)).await;
+    let (status, body) =
+        engram_tests::post_json(&base, "/v1/events", &key, &Value::Array(too_many)).await;
     assert_eq!(
         (status, body["error"]["code"].as_str()),
         (400, Some("invalid")),
@@ -446,7 +424,8 @@ async fn more_than_1000_events_in_one_request_are_refused_and_none_is_stored() {
 
     // Exactly 1000 are taken, each with its own seq, in order.
     let most: Vec<Value> = (0..1000).map(observation).collect();
-    let (status, body) = post_events(&base, &key, &Value::Array(most)).await;
+    let (status, body) =
+        engram_tests::post_json(&base, "/v1/events", &key, &Value::Array(most)).await;
     assert_eq!(status, 200, "{body}");
     let seqs: Vec<u64> = body["results"]
         .as_array()
@@ -531,7 +510,8 @@ async fn a_tail_resumed_with_last_event_id_misses_nothing_and_repeats_nothing() 
     let append = |i: usize| {
         let (base, key) = (base.clone(), key.clone());
         async move {
-            let (status, body) = post_events(&base, &key, &observation(i)).await;
+            let (status, body) =
+                engram_tests::post_json(&base, "/v1/events", &key, &observation(i)).await;
             assert_eq!(status, 200, "{body}");
             body["results"][0]["seq"].as_u64().unwrap()
         }

@@ -30,16 +30,8 @@ const CHROMIUM: &[&str] = &["chromium", "chromium-browser"];
 const WAIT: Duration = Duration::from_secs(20);
 
 async fn post(base: &str, path: &str, key: &str, body: &Value) -> Value {
-    let response = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status();
-    let body = response.json::<Value>().await.unwrap_or(Value::Null);
-    assert!(status.is_success(), "{path}: {status} {body}");
+    let (status, body) = engram_tests::post_json(base, path, key, body).await;
+    assert!((200..300).contains(&status), "{path}: {status} {body}");
     body
 }
 

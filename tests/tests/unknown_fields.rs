@@ -249,18 +249,6 @@ async fn a_working_memory_ttl_beyond_its_bound_is_refused_and_at_it_accepted() {
 // ---------------------------------------------------------------------------------------------
 // HTTP
 
-async fn post(base: &str, path: &str, key: &str, body: &Value) -> (u16, Value) {
-    let response = reqwest::Client::new()
-        .post(format!("{base}{path}"))
-        .bearer_auth(key)
-        .json(body)
-        .send()
-        .await
-        .unwrap();
-    let status = response.status().as_u16();
-    (status, response.json().await.unwrap_or(Value::Null))
-}
-
 /// A valid body for each POST route but `/v1/events`, whose events follow the envelope
 /// contract (schemas/README.md: unknown fields are ignored, so a newer writer may add some).
 fn http_body(path: &str) -> Value {
@@ -344,7 +332,7 @@ async fn every_post_route_refuses_an_unknown_field_naming_it_and_appends_nothing
         "ttl",
     ));
     for (path, body, field) in &refused {
-        let (status, answer) = post(&base, path, &key, body).await;
+        let (status, answer) = engram_tests::post_json(&base, path, &key, body).await;
         assert_eq!(
             (status, answer["error"]["code"].as_str()),
             (400, Some("invalid")),
@@ -365,7 +353,7 @@ async fn every_post_route_refuses_an_unknown_field_naming_it_and_appends_nothing
     // The same bodies without the unknown field are no decode errors: the field alone was
     // refused (erase answers 403 whatever the body, naming who may erase).
     for path in &routes {
-        let (status, answer) = post(&base, path, &key, &http_body(path)).await;
+        let (status, answer) = engram_tests::post_json(&base, path, &key, &http_body(path)).await;
         let message = answer["error"]["message"].as_str().unwrap_or_default();
         assert!(
             !message.contains("does not decode"),
@@ -386,7 +374,7 @@ async fn every_post_route_refuses_an_unknown_field_naming_it_and_appends_nothing
             })
             .unwrap()
     };
-    let (status, answer) = post(
+    let (status, answer) = engram_tests::post_json(
         &base,
         "/v1/working",
         &key,
@@ -401,6 +389,7 @@ async fn every_post_route_refuses_an_unknown_field_naming_it_and_appends_nothing
             .starts_with("ttl_ms"),
         "{answer}"
     );
-    let (status, answer) = post(&base, "/v1/working", &key, &put(limits::MAX_WORKING_TTL_MS)).await;
+    let (status, answer) =
+        engram_tests::post_json(&base, "/v1/working", &key, &put(limits::MAX_WORKING_TTL_MS)).await;
     assert_eq!(status, 200, "{answer}");
 }
