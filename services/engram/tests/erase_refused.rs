@@ -1,10 +1,12 @@
 //! `engram erase` against an events stream an older engram created with `deny_delete` and
 //! `deny_purge`: refused with the README's reason, exit 1, and nothing changed (no audit
-//! record, no event gone).
+//! record, no event gone); and `engram up` on that stream says so at start-up.
 
 mod common;
 
-use common::cli;
+use std::time::Duration;
+
+use common::{KillOnDrop, Lines, cli};
 use engram_testkit::TestNats;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -66,4 +68,29 @@ async fn erase_refuses_a_stream_that_denies_deletes_and_purges_and_changes_nothi
     assert!(stderr.contains(&name), "{stderr}");
     assert_eq!(registry().await, records, "an audit record was appended");
     assert_eq!(bus.stream_summary().await.unwrap().messages, messages);
+
+    // `engram up` on such a stream keeps working, and warns at start-up that erasure cannot.
+    let home = nats.home.clone();
+    let url = nats.url();
+    let warned = tokio::task::spawn_blocking(move || {
+        let mut up = KillOnDrop(
+            cli(&home)
+                .args(["--nats", &url, "up", "--log-format", "json"])
+                .args(["--http", "127.0.0.1:0"])
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::piped())
+                .spawn()
+                .unwrap(),
+        );
+        let mut lines = Lines::of(up.0.stderr.take().unwrap());
+        lines
+            .until("cannot delete events from it", Duration::from_secs(120))
+            .unwrap_or_else(|e| panic!("{e}:\n{}", lines.seen().join("\n")))
+    })
+    .await
+    .unwrap();
+    assert!(
+        warned.contains("\"level\":\"WARN\"") && warned.contains(&name),
+        "{warned}"
+    );
 }
