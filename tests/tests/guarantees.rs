@@ -57,19 +57,6 @@ async fn u1_memories(engram: &Engram, min_seq: u64) -> usize {
 }
 
 /// The access registry's last sequence, read from its stream.
-async fn registry_last_seq(nats: &engram_testkit::SecureNats) -> u64 {
-    nats.admin
-        .jetstream()
-        .get_stream(engram_access::log::ACCESS_STREAM)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .state
-        .last_sequence
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn erase_refuses_a_stream_that_denies_deletes_or_purges_and_changes_nothing() {
     let nats = TestNats::start_secured().await;
@@ -88,24 +75,12 @@ async fn erase_refuses_a_stream_that_denies_deletes_or_purges_and_changes_nothin
 
     // An older engram made the stream with these flags; nats-server sets them on an update
     // (and never lifts them). deny_delete alone first: erasure deletes messages one by one.
-    let js = nats.admin.jetstream().clone();
     let name = nats.admin.config().stream.name.clone();
     let snapshots = engram_snapshots::SnapshotsConfig::default();
     for (deny_delete, deny_purge) in [(true, false), (true, true)] {
-        let mut config = js
-            .get_stream(&name)
-            .await
-            .unwrap()
-            .info()
-            .await
-            .unwrap()
-            .config
-            .clone();
-        config.deny_delete = deny_delete;
-        config.deny_purge = deny_purge;
-        js.update_stream(&config).await.unwrap();
+        engram_testkit::deny_erasure(&nats.admin, deny_delete, deny_purge).await;
         let messages = nats.admin.stream_summary().await.unwrap().messages;
-        let registry = registry_last_seq(&nats).await;
+        let registry = nats.registry_last_seq().await;
 
         let refused = engram
             .client
@@ -121,7 +96,7 @@ async fn erase_refuses_a_stream_that_denies_deletes_or_purges_and_changes_nothin
         }
         // Nothing was changed: no audit record, every event, every memory in the models.
         assert_eq!(
-            registry_last_seq(&nats).await,
+            nats.registry_last_seq().await,
             registry,
             "an audit record was appended"
         );
@@ -180,7 +155,7 @@ async fn a_second_admin_on_a_stale_view_of_the_registry_is_refused_and_nothing_i
         Err(AccessError::Stale { read }) => assert_eq!(read, view_two.applied),
         other => panic!("a write on a stale view was not refused: {other:?}"),
     }
-    assert_eq!(registry_last_seq(&nats).await, revoked);
+    assert_eq!(nats.registry_last_seq().await, revoked);
     // Read again, the same change no longer fits: it is refused for what it is.
     match second.append(revoke.clone(), "admin-2").await {
         Err(AccessError::NoAgent { tenant, agent }) => {
@@ -188,10 +163,10 @@ async fn a_second_admin_on_a_stale_view_of_the_registry_is_refused_and_nothing_i
         }
         other => panic!("revoking a revoked key was not refused: {other:?}"),
     }
-    assert_eq!(registry_last_seq(&nats).await, revoked);
+    assert_eq!(nats.registry_last_seq().await, revoked);
 
     // Many admins adding one tenant at once: exactly one is stored, the others are told.
-    let before = registry_last_seq(&nats).await;
+    let before = nats.registry_last_seq().await;
     let barrier = Arc::new(tokio::sync::Barrier::new(admins.len()));
     let tasks: Vec<_> = admins
         .iter()
@@ -220,7 +195,7 @@ async fn a_second_admin_on_a_stale_view_of_the_registry_is_refused_and_nothing_i
         }
     }
     assert_eq!(added, 1);
-    assert_eq!(registry_last_seq(&nats).await, before + 1);
+    assert_eq!(nats.registry_last_seq().await, before + 1);
 }
 
 // ---------------------------------------------------------------------------------------

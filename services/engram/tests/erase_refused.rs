@@ -19,32 +19,10 @@ async fn erase_refuses_a_stream_that_denies_deletes_and_purges_and_changes_nothi
         event.scope = "user:u1".parse().unwrap();
         bus.append(&event, Default::default()).await.unwrap();
     }
-    let js = bus.jetstream();
     let name = bus.config().stream.name.clone();
-    let mut config = js
-        .get_stream(&name)
-        .await
-        .unwrap()
-        .info()
-        .await
-        .unwrap()
-        .config
-        .clone();
-    config.deny_delete = true;
-    config.deny_purge = true;
-    js.update_stream(&config).await.unwrap();
-    let registry = || async {
-        js.get_stream(engram_access::log::ACCESS_STREAM)
-            .await
-            .unwrap()
-            .info()
-            .await
-            .unwrap()
-            .state
-            .last_sequence
-    };
+    engram_testkit::deny_erasure(bus, true, true).await;
     let (records, messages) = (
-        registry().await,
+        nats.registry_last_seq().await,
         bus.stream_summary().await.unwrap().messages,
     );
 
@@ -66,7 +44,11 @@ async fn erase_refuses_a_stream_that_denies_deletes_and_purges_and_changes_nothi
         "{stderr}"
     );
     assert!(stderr.contains(&name), "{stderr}");
-    assert_eq!(registry().await, records, "an audit record was appended");
+    assert_eq!(
+        nats.registry_last_seq().await,
+        records,
+        "an audit record was appended"
+    );
     assert_eq!(bus.stream_summary().await.unwrap().messages, messages);
 
     // `engram up` on such a stream keeps working, and warns at start-up that erasure cannot.

@@ -428,12 +428,37 @@ impl SecureNats {
         started.elapsed()
     }
 
+    /// The access registry's last sequence: whether anything (an audit record) was appended.
+    pub async fn registry_last_seq(&self) -> u64 {
+        self.admin
+            .jetstream()
+            .get_stream(engram_access::log::ACCESS_STREAM)
+            .await
+            .unwrap()
+            .info()
+            .await
+            .unwrap()
+            .state
+            .last_sequence
+    }
+
     pub async fn append_record(&self, record: engram_access::Record) -> u64 {
         self.log
             .append(record, "test")
             .await
             .unwrap_or_else(|e| panic!("{e}"))
     }
+}
+
+/// Sets `deny_delete` and `deny_purge` on the events stream, as an older engram created it
+/// (nats-server sets them on an update and never lifts them).
+pub async fn deny_erasure(bus: &Bus, deny_delete: bool, deny_purge: bool) {
+    let js = bus.jetstream();
+    let mut stream = js.get_stream(&bus.config().stream.name).await.unwrap();
+    let mut config = stream.info().await.unwrap().config.clone();
+    config.deny_delete = deny_delete;
+    config.deny_purge = deny_purge;
+    js.update_stream(&config).await.unwrap();
 }
 
 /// Whether one connection as `creds` is accepted.
