@@ -1,114 +1,54 @@
 //! The keyword projector: BM25 over episodic and semantic text memories, in tantivy.
 //!
+//! Which memories there are, and what forgettings, distrust signals and consolidation outputs
+//! do to them, is [`engram_text::TextMemories`]' to decide, the same model the vector index
+//! follows; this module keeps tantivy in step with the operations it returns. A memory whose
+//! confidence changed is added again, replacing its document: the index filters on it.
+//!
 //! tantivy is the checkpoint: each publish is a durable commit whose payload holds the apply
 //! ledger (the applied sequence with the count and digest of the events applied), so index
-//! and ledger can never disagree after a crash. A commit is also what makes new memories
+//! and ledger can never disagree after a crash. A commit is also what makes new documents
 //! searchable. It costs an fsync, so while the projector works through a backlog it commits
 //! every `keyword_commit_interval`, and at the tail at most every `keyword_tail_commit_gap`.
-//!
-//! A `forgotten` event deletes its memories' documents. An outcome or feedback naming
-//! contradicted memories, or a feedback flagging a faulty instance, lowers the confidence
-//! of memories of its own scope recorded before it ([`engram_memory::confidence`]): each
-//! such memory's document is added again with its new confidence, which the index filters
-//! on.
+//! Hits are read from the model, so a memory forgotten or distrusted since the last commit is
+//! shown as it is now.
 //!
 //! The ids of forgotten memories and of the signals applied are kept across restarts, so
 //! that a late retry of either (outside the stream's duplicate window) is indexed or applied
 //! no second time: they go to an append-only log beside the index (`keyword-ids.log`),
 //! fsynced before each commit, and the commit's note records the log's length. A restart
-//! reads the log up to that length and cuts off what a crash left after it.
+//! reads the log up to that length and cuts off what a crash left after it, then rebuilds
+//! the model from the committed documents and the log.
 //!
-//! A snapshot of the model (`export`) is every memory of the last commit with its metadata,
-//! and the forgotten and signal ids this process knows, in the checkpoint format; a replica
-//! `import`s it by replacing its index with those memories in one commit. It holds every
-//! memory's text once: a million memories make a blob of some hundreds of MB, built in one
-//! piece, like the other models' snapshots.
+//! A snapshot of the model (`export`) is every memory with its metadata, and the forgotten
+//! and signal ids, in the checkpoint format; a replica `import`s it by replacing its index
+//! with those memories in one commit. It holds every memory's text once: a million memories
+//! make a blob of some hundreds of MB, built in one piece, like the other models' snapshots.
 //!
 //! An erasure ([`Projection::erase`]) deletes every document of its scopes by their scope
-//! terms, and drops what the table and the ids log keep of them: the ids of their forgotten
-//! memories and of their signals applied (the log names each id's scope), and their
-//! withdrawn confidences. The commit that follows writes the log anew without them, and then
-//! merges the segments holding the deleted documents, so that their text leaves the disk
-//! too: tantivy only marks a deleted document until a merge drops it.
-//!
-//! A consolidation output starts at the least confidence of its sources as the batch being
-//! planned has left them ([`Inheritance`]), so batch boundaries do not change it.
+//! terms, and drops what the model keeps of them. The commit that follows writes the ids log
+//! anew without them, and then merges the segments holding the deleted documents, so that
+//! their text leaves the disk too: tantivy only marks a deleted document until a merge drops
+//! it.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet, HashSet};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_keyword::{KeywordIndex, KeywordReader};
-use engram_memory::confidence::{Distrust, Inheritance, Withdrawn};
+use engram_memory::confidence::Withdrawn;
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
-use engram_memory::{MemoryMeta, ScopeKey, Seq, is_text_memory};
+use engram_memory::{ScopeKey, Seq};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
-use engram_schema::{EventId, EventKind};
+use engram_schema::EventId;
+use engram_text::{IndexOp, Memory, Parts, TextMemories};
 use serde::{Deserialize, Serialize};
 
-use crate::vector::Memory;
-
 pub const NAME: &str = engram_memory::proto::read_models::KEYWORD;
-
-#[derive(Default)]
-struct Table {
-    applied: Seq,
-    memories: BTreeMap<Seq, Memory>,
-    event_ids: HashMap<EventId, Seq>,
-    /// Ids withdrawn by `forgotten` events (kept in the ids log, see the module docs).
-    forgotten: HashSet<EventId>,
-    /// Ids of the distrust signals applied, likewise.
-    distrusted: HashSet<EventId>,
-    /// Distrusted memories among the forgotten, with scope and confidence (likewise): a copy
-    /// restored from one inherits it.
-    withdrawn: Withdrawn,
-    /// The scope of each id in `forgotten` and `distrusted`, which the ids alone do not say:
-    /// an erasure drops the ids of its scopes by it. Kept in the ids log; ids logged before
-    /// it named their scopes have none, and stay through an erasure.
-    id_scopes: HashMap<EventId, ScopeKey>,
-    /// Signals applied by a publish that committed nothing (they lowered no confidence):
-    /// logged with the next commit. Until then a restart replays them, as the commit's
-    /// ledger lags them.
-    unlogged: Vec<(EventId, ScopeKey)>,
-    /// The sequences of `memories` by scope, so that a faulty-instance flag looks at its own
-    /// scope's memories, not every tenant's.
-    by_scope: HashMap<ScopeKey, BTreeSet<Seq>>,
-}
-
-impl Table {
-    fn insert(&mut self, memory: Memory) {
-        let seq = memory.meta.seq;
-        self.event_ids.insert(memory.meta.event_id.clone(), seq);
-        self.by_scope
-            .entry(memory.meta.scope.clone())
-            .or_default()
-            .insert(seq);
-        self.memories.insert(seq, memory);
-    }
-
-    fn remove(&mut self, seq: Seq) -> Option<Memory> {
-        let memory = self.memories.remove(&seq)?;
-        if let Some(seqs) = self.by_scope.get_mut(&memory.meta.scope) {
-            seqs.remove(&seq);
-            if seqs.is_empty() {
-                self.by_scope.remove(&memory.meta.scope);
-            }
-        }
-        Some(memory)
-    }
-
-    /// The memories of `scope`.
-    fn of_scope<'a>(&'a self, scope: &ScopeKey) -> impl Iterator<Item = &'a Memory> + 'a {
-        self.by_scope
-            .get(scope)
-            .into_iter()
-            .flatten()
-            .filter_map(|seq| self.memories.get(seq))
-    }
-}
 
 pub struct KeywordProjection {
     dir: PathBuf,
@@ -116,71 +56,30 @@ pub struct KeywordProjection {
     ids: Arc<IdsLog>,
     writer: Mutex<Option<KeywordIndex>>,
     reader: RwLock<Option<KeywordReader>>,
-    /// Visible memories (what the last commit holds), for hits' text and provenance.
-    table: Arc<RwLock<Table>>,
-    /// Applied but not yet committed.
+    /// Every memory applied, committed or not: hits' text, provenance and confidence.
+    text: Arc<RwLock<TextMemories>>,
+    /// The sequence of the last commit, which the reader has loaded: what searches report
+    /// visible.
+    visible: Arc<AtomicU64>,
+    /// What the next commit makes durable besides the documents.
     staged: Mutex<Staged>,
 }
 
+/// Applied since the last commit.
 #[derive(Default)]
 struct Staged {
-    /// Memories added, or given a new confidence, since the last commit: the latest version
-    /// of each.
-    memories: BTreeMap<Seq, Memory>,
-    /// The event ids and sequences of those added: a backlog stages many thousands between
-    /// commits.
-    event_ids: HashMap<EventId, Seq>,
-    /// Memories withdrawn since the last commit, with their scopes.
-    forgotten: BTreeMap<Seq, (EventId, ScopeKey)>,
-    /// Distrust signals applied since the last commit, with their scopes.
-    distrusted: Vec<(EventId, ScopeKey)>,
-    /// Distrusted memories withdrawn since the last commit.
-    withdrawn: Withdrawn,
-    /// The last sequence applied, so that a retried batch skips what it already staged
-    /// (a batch may end in events that stage nothing).
-    applied: Seq,
+    /// Documents were added, replaced or deleted.
+    changed: bool,
+    /// Memories forgotten, in the order applied: their ids (with scope and any withdrawn
+    /// confidence, from the model) go to the log with the next commit.
+    forgotten: Vec<EventId>,
+    /// Distrust signals applied, likewise. One applied by a publish that committed nothing
+    /// (it lowered no confidence) waits here for the next commit; until then a restart
+    /// replays it, as the commit's ledger lags it.
+    signals: Vec<EventId>,
     /// Scopes were erased since the last commit: the next one writes the ids log anew
     /// without them, and purges their deleted documents from disk.
     erased: bool,
-}
-
-impl Staged {
-    /// Whether the index has nothing uncommitted.
-    fn index_unchanged(&self) -> bool {
-        self.memories.is_empty() && self.forgotten.is_empty() && !self.erased
-    }
-}
-
-/// One step of a batch, in stream order.
-enum KwOp {
-    /// A memory to index: a new one (`fresh`), or one whose confidence changed, replacing
-    /// its document.
-    Put { memory: Memory, fresh: bool },
-    /// Memories of one scope withdrawn.
-    Forget(ScopeKey, Vec<(EventId, Seq)>),
-}
-
-/// Memory `seq` as a batch being planned has left it: as `ops` made it (`batch` says which
-/// op touched it last, `None` for a forgetting), else as staged, else as committed.
-fn current<'a>(
-    seq: Seq,
-    batch: &HashMap<Seq, Option<usize>>,
-    ops: &'a [KwOp],
-    staged: &'a Staged,
-    table: &'a Table,
-) -> Option<&'a Memory> {
-    match batch.get(&seq) {
-        Some(Some(i)) => match &ops[*i] {
-            KwOp::Put { memory, .. } => Some(memory),
-            KwOp::Forget(..) => None,
-        },
-        Some(None) => None,
-        None if staged.forgotten.contains_key(&seq) => None,
-        None => staged
-            .memories
-            .get(&seq)
-            .or_else(|| table.memories.get(&seq)),
-    }
 }
 
 /// The model as a snapshot carries it (written as [`SnapshotOut`]).
@@ -192,35 +91,28 @@ struct Snapshot {
     distrusted: Vec<EventId>,
     #[serde(default)]
     withdrawn: Withdrawn,
-    /// The scopes of ids in `forgotten` and `distrusted`, where known ([`Table::id_scopes`]).
+    /// The scopes of ids in `forgotten` and `distrusted`, where known.
     #[serde(default)]
     id_scopes: Vec<(EventId, ScopeKey)>,
 }
 
-/// [`Snapshot`] as written, borrowed from the table: the memories are encoded where they
+/// [`Snapshot`] as written, borrowed from the model: the memories are encoded where they
 /// are, not copied first. Fields in [`Snapshot`]'s order (structs are encoded as arrays).
 #[derive(Serialize)]
 struct SnapshotOut<'a> {
     memories: MemoriesOut<'a>,
-    forgotten: Vec<&'a EventId>,
-    distrusted: Vec<&'a EventId>,
+    forgotten: &'a BTreeSet<EventId>,
+    distrusted: &'a BTreeSet<EventId>,
     withdrawn: &'a Withdrawn,
     id_scopes: Vec<(&'a EventId, &'a ScopeKey)>,
 }
 
-struct MemoriesOut<'a>(&'a BTreeMap<Seq, Memory>);
+struct MemoriesOut<'a>(&'a TextMemories);
 
 impl Serialize for MemoriesOut<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
-        serializer.collect_seq(self.0.values())
+        serializer.collect_seq(self.0.memories())
     }
-}
-
-/// Ids in a fixed order, so that equal models export equal bytes.
-fn sorted(ids: &HashSet<EventId>) -> Vec<&EventId> {
-    let mut ids: Vec<&EventId> = ids.iter().collect();
-    ids.sort_unstable();
-    ids
 }
 
 fn fatal(e: impl std::fmt::Display) -> ProjectionError {
@@ -511,15 +403,6 @@ impl IdsLog {
     }
 }
 
-/// What the ids log holds.
-#[derive(Default)]
-struct Logged {
-    forgotten: HashSet<EventId>,
-    distrusted: HashSet<EventId>,
-    withdrawn: Withdrawn,
-    id_scopes: HashMap<EventId, ScopeKey>,
-}
-
 /// A scope as [`ScopeKey`]'s `Display` writes it: `tenant/kind:id`.
 fn parse_scope(text: &str) -> Option<ScopeKey> {
     let (tenant, scope) = text.split_once('/')?;
@@ -577,66 +460,19 @@ fn open_index(dir: &std::path::Path) -> Result<KeywordIndex, ProjectionError> {
     }
 }
 
-/// What the model keeps of the scopes `keys`: the sequences of their memories in the table
-/// and among the staged, and every event of theirs anything is kept of (those memories,
-/// forgotten memories and the signals applied whose scopes are known, withdrawn confidences).
+/// What the ids log holds.
 #[derive(Default)]
-struct Held {
-    table: Vec<Seq>,
-    staged: Vec<Seq>,
-    events: HashSet<EventId>,
+struct Logged {
+    forgotten: BTreeSet<EventId>,
+    distrusted: BTreeSet<EventId>,
+    withdrawn: Withdrawn,
+    id_scopes: BTreeMap<EventId, ScopeKey>,
 }
 
-impl Held {
-    /// Memories (a staged one may be a new confidence of one in the table).
-    fn memories(&self) -> usize {
-        let mut seqs: Vec<Seq> = self.table.iter().chain(&self.staged).copied().collect();
-        seqs.sort_unstable();
-        seqs.dedup();
-        seqs.len()
-    }
-}
-
-fn held_of(table: &Table, staged: &Staged, keys: &HashSet<ScopeKey>) -> Held {
-    let mut held = Held::default();
-    for key in keys {
-        for m in table.of_scope(key) {
-            held.table.push(m.meta.seq);
-            held.events.insert(m.meta.event_id.clone());
-        }
-    }
-    for (seq, m) in &staged.memories {
-        if keys.contains(&m.meta.scope) {
-            held.staged.push(*seq);
-            held.events.insert(m.meta.event_id.clone());
-        }
-    }
-    let of_keys = |id: &&EventId| table.id_scopes.get(*id).is_some_and(|s| keys.contains(s));
-    held.events.extend(
-        table
-            .forgotten
-            .iter()
-            .chain(&table.distrusted)
-            .filter(of_keys)
-            .cloned(),
-    );
-    held.events.extend(
-        table
-            .withdrawn
-            .iter()
-            .chain(&staged.withdrawn)
-            .filter(|(_, (scope, _))| keys.contains(scope))
-            .map(|(id, _)| id.clone()),
-    );
-    held.events.extend(
-        staged
-            .forgotten
-            .values()
-            .chain(&staged.distrusted)
-            .filter(|(_, scope)| keys.contains(scope))
-            .map(|(id, _)| id.clone()),
-    );
-    held
+/// The ids `ids` with their scopes, as the model knows them, for the log.
+fn with_scopes<'a>(text: &TextMemories, ids: impl Iterator<Item = &'a EventId>) -> Ids {
+    ids.map(|id| (id.clone(), text.id_scopes().get(id).cloned()))
+        .collect()
 }
 
 impl KeywordProjection {
@@ -647,17 +483,15 @@ impl KeywordProjection {
             dir: dir.join("keyword"),
             writer: Mutex::new(None),
             reader: RwLock::new(None),
-            table: Arc::default(),
+            text: Arc::default(),
+            visible: Arc::default(),
             staged: Mutex::default(),
         }
     }
 
+    /// Memories held (applied, committed or not).
     pub fn len(&self) -> usize {
-        self.table
-            .read()
-            .unwrap_or_else(|p| p.into_inner())
-            .memories
-            .len()
+        self.text.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -677,13 +511,13 @@ impl KeywordProjection {
                 )
             })?;
         let request = request.clone();
-        let table = self.table.clone();
+        let (text, visible) = (self.text.clone(), self.visible.clone());
         tokio::task::spawn_blocking(move || {
             // The sequence this answer reports visible is read before the search takes its
-            // searcher: the table moves to a sequence only after the reader was reloaded with
-            // that commit, so the searcher sees at least this much. Read after the search, it
-            // could name a commit that landed while an older searcher ran.
-            let visible_seq = table.read().unwrap_or_else(|p| p.into_inner()).applied;
+            // searcher: it moves to a commit's sequence only after the reader was reloaded
+            // with that commit, so the searcher sees at least this much. Read after the
+            // search, it could name a commit that landed while an older searcher ran.
+            let visible_seq = visible.load(Ordering::Acquire);
             // One search, as deep as the hits, the ranks after them (`rest`) and the scoring
             // of specific memories need. BM25 of a memory beyond the depth is absent, which is
             // what it is to BM25.
@@ -696,7 +530,7 @@ impl KeywordProjection {
             let mut hits = reader
                 .search(&request.query, &request.scopes, &request.filter, depth)
                 .map_err(|e| Failure::invalid(e.to_string()))?;
-            let table = table.read().unwrap_or_else(|p| p.into_inner());
+            let text = text.read().unwrap_or_else(|p| p.into_inner());
             let wanted: HashSet<Seq> = request.score_also.iter().copied().collect();
             let ranked_after = hits.split_off(request.k.min(hits.len()));
             let also = ranked_after
@@ -706,19 +540,21 @@ impl KeywordProjection {
                 .map(|(_, h)| h)
                 .chain(hits.iter().filter(|h| wanted.contains(&h.seq)).copied())
                 .collect();
-            hits.retain(|h| table.memories.contains_key(&h.seq));
-            Ok(SearchResponse {
-                hits: hits
-                    .into_iter()
-                    .map(|hit| {
-                        let m = &table.memories[&hit.seq];
-                        MemoryHit {
-                            hit,
-                            meta: m.meta.clone(),
-                            text: m.text.clone(),
-                        }
+            // A hit is shown as the model has it now: one forgotten since the commit is gone,
+            // one distrusted since is filtered at its new confidence.
+            let hits = hits
+                .into_iter()
+                .filter_map(|hit| {
+                    let m = text.get(hit.seq)?;
+                    request.filter.matches(&m.meta).then(|| MemoryHit {
+                        hit,
+                        meta: m.meta.clone(),
+                        text: m.text.clone(),
                     })
-                    .collect(),
+                })
+                .collect();
+            Ok(SearchResponse {
+                hits,
                 also,
                 visible_seq,
             })
@@ -748,7 +584,9 @@ impl KeywordProjection {
                 Ok(())
             }
             Err(e) => {
-                self.staged.lock().unwrap_or_else(|p| p.into_inner()).erased = true;
+                let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+                staged.erased = true;
+                staged.changed = true;
                 Err(ProjectionError::Transient(format!(
                     "keyword index: erased documents are deleted but still on disk: {e}"
                 )))
@@ -765,6 +603,16 @@ impl KeywordProjection {
             .as_mut()
             .ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
         f(index).map_err(|e| ProjectionError::Transient(format!("keyword index: {e}")))
+    }
+
+    /// Puts a restored or imported model in place, with the reader and writer of its index,
+    /// at the commit `ledger` names.
+    fn install(&self, index: KeywordIndex, text: TextMemories, ledger: &ApplyLedger) {
+        *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
+        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
+        *self.text.write().unwrap_or_else(|p| p.into_inner()) = text;
+        *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
+        self.visible.store(ledger.seq, Ordering::Release);
     }
 }
 
@@ -799,311 +647,117 @@ impl Projection for KeywordProjection {
                 Default::default()
             }
         };
-        let mut table = Table {
+        let text = TextMemories::from_parts(Parts {
             applied: ledger.seq,
+            memories: memories
+                .into_iter()
+                .map(|(meta, text)| Memory { meta, text })
+                .collect(),
             forgotten: logged.forgotten,
             distrusted: logged.distrusted,
             withdrawn: logged.withdrawn,
             id_scopes: logged.id_scopes,
-            ..Table::default()
-        };
-        for (meta, text) in memories {
-            table.insert(Memory { meta, text });
-        }
-        *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
-        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
-        *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
-        *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
+        });
+        self.install(index, text, &ledger);
         Ok(ledger)
     }
 
+    /// Applies each event to the model and follows its operations in the index writer, in
+    /// stream order: tantivy orders a delete after earlier adds, committed or not, and adding
+    /// a sequence the index holds replaces its document.
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
         let mut rejected = Vec::new();
-        // Stream order matters: a batch may hold a memory, then its forgetting or a signal
-        // lowering its confidence.
-        let mut ops: Vec<KwOp> = Vec::new();
-        let mut signals: Vec<(EventId, ScopeKey)> = Vec::new();
-        let mut fresh_ids: HashMap<EventId, Seq> = HashMap::new();
-        // Distrusted memories this batch withdrew.
-        let mut withdrawn = Withdrawn::new();
-        {
-            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
-            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            let staged_max = staged.memories.last_key_value().map_or(0, |(seq, _)| *seq);
-            let applied = table.applied.max(staged_max).max(staged.applied);
-            let known = |id: &EventId| {
-                table.event_ids.contains_key(id)
-                    || staged.event_ids.contains_key(id)
-                    || table.forgotten.contains(id)
-            };
-            let seq_of = |fresh_ids: &HashMap<EventId, Seq>, id: &EventId| {
-                fresh_ids
-                    .get(id)
-                    .or_else(|| staged.event_ids.get(id))
-                    .or_else(|| table.event_ids.get(id))
-                    .copied()
-            };
-            // What the ops so far did to each memory they touched: `Some(i)` added it or
-            // gave it a new confidence (`ops[i]`), `None` forgot it.
-            let mut batch: HashMap<Seq, Option<usize>> = HashMap::new();
-            for (index, stored) in events.iter().enumerate() {
-                let event = &stored.event;
-                if stored.seq <= applied {
-                    continue;
-                }
-                if event.kind == EventKind::Forgotten {
-                    let ids = match event.forgotten_ids() {
-                        Ok(ids) => ids,
-                        Err(e) => {
-                            rejected.push(Rejected {
-                                index,
-                                reason: e.to_string(),
-                            });
-                            continue;
-                        }
-                    };
-                    let scope = ScopeKey::of(event);
-                    let mut seqs = Vec::new();
-                    for id in ids {
-                        let Some(seq) = seq_of(&fresh_ids, &id) else {
-                            continue;
-                        };
-                        // A scope forgets only its own memories.
-                        let held = current(seq, &batch, &ops, &staged, &table);
-                        if let Some(m) = held.filter(|m| m.meta.scope == scope) {
-                            engram_memory::confidence::withdraw(&mut withdrawn, &m.meta);
-                            batch.insert(seq, None);
-                            seqs.push((id, seq));
-                        }
-                    }
-                    if !seqs.is_empty() {
-                        ops.push(KwOp::Forget(scope, seqs));
-                    }
-                    continue;
-                }
-                // A consolidation output whose sources do not check is refused whole, like a
-                // signal that does not check.
-                let inherits = match Inheritance::of(event) {
-                    Ok(inherits) => inherits,
-                    Err(e) => {
-                        rejected.push(Rejected {
-                            index,
-                            reason: e.to_string(),
-                        });
-                        continue;
-                    }
-                };
-                // A signal that does not check is refused whole, its text included: a
-                // rejected event leaves the model as it was.
-                let signal = match Distrust::of(stored.seq, event) {
-                    Ok(signal) => signal,
-                    Err(e) => {
-                        rejected.push(Rejected {
-                            index,
-                            reason: e.to_string(),
-                        });
-                        continue;
-                    }
-                };
-                let known_signal = |id: &EventId| {
-                    table.distrusted.contains(id)
-                        || staged.distrusted.iter().any(|(d, _)| d == id)
-                        || signals.iter().any(|(d, _)| d == id)
-                };
-                if let Some(signal) = signal
-                    && !known_signal(&signal.event_id)
-                {
-                    let mut about: BTreeSet<Seq> = signal
-                        .contradicts
-                        .iter()
-                        .filter_map(|id| seq_of(&fresh_ids, id))
-                        .collect();
-                    if let Some(instance) = &signal.faulty_instance {
-                        // Every memory the instance wrote in the scope: a scan of the
-                        // scope's committed memories, and of what is staged or planned since;
-                        // `factor` below decides.
-                        let by = |m: &Memory| {
-                            m.meta.scope == signal.scope
-                                && m.meta.instance_id.as_ref() == Some(instance)
-                        };
-                        // Committed, staged, and planned earlier in this batch.
-                        let planned = batch.values().flatten().filter_map(|&i| match &ops[i] {
-                            KwOp::Put { memory, .. } => Some(memory),
-                            KwOp::Forget(..) => None,
-                        });
-                        about.extend(
-                            table
-                                .of_scope(&signal.scope)
-                                .chain(staged.memories.values())
-                                .chain(planned)
-                                .filter(|m| by(m))
-                                .map(|m| m.meta.seq),
-                        );
-                    }
-                    for seq in about {
-                        let Some(held) = current(seq, &batch, &ops, &staged, &table) else {
-                            continue;
-                        };
-                        let Some(meta) = signal.apply(&held.meta) else {
-                            continue;
-                        };
-                        let memory = Memory {
-                            meta,
-                            text: held.text.clone(),
-                        };
-                        batch.insert(seq, Some(ops.len()));
-                        ops.push(KwOp::Put {
-                            memory,
-                            fresh: false,
-                        });
-                    }
-                    signals.push((signal.event_id, signal.scope));
-                }
-                if !is_text_memory(event)
-                    || known(&event.event_id)
-                    || fresh_ids.contains_key(&event.event_id)
-                {
-                    continue;
-                }
-                let mut meta = MemoryMeta::of(stored.seq, event);
-                if let Some(inherits) = inherits {
-                    // Its sources as every op before it left them, this batch's included.
-                    meta.confidence = inherits.confidence(|id| {
-                        let held = seq_of(&fresh_ids, id)
-                            .and_then(|seq| current(seq, &batch, &ops, &staged, &table));
-                        match held {
-                            Some(m) => Some((&m.meta.scope, m.meta.confidence)),
-                            None => withdrawn
-                                .get(id)
-                                .or_else(|| staged.withdrawn.get(id))
-                                .or_else(|| table.withdrawn.get(id))
-                                .map(|(scope, c)| (scope, *c)),
-                        }
-                    });
-                }
-                fresh_ids.insert(event.event_id.clone(), stored.seq);
-                batch.insert(stored.seq, Some(ops.len()));
-                ops.push(KwOp::Put {
-                    memory: Memory {
-                        meta,
-                        text: event.content.text.clone(),
-                    },
-                    fresh: true,
-                });
-            }
-        }
-        let last = events.last().map_or(0, |e| e.seq);
-        if ops.is_empty() && signals.is_empty() {
-            if !rejected.is_empty() {
-                self.staged
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .applied = last;
-            }
-            return Ok(rejected);
-        }
-        let to_apply = &ops;
-        self.with_writer(move |index| {
-            for op in to_apply {
-                match op {
-                    // Adding a sequence the index holds replaces its document.
-                    KwOp::Put { memory, .. } => index.add(&memory.meta, &memory.text)?,
-                    // tantivy orders deletes after earlier adds, committed or not.
-                    KwOp::Forget(_, seqs) => {
-                        for (_, seq) in seqs {
-                            index.delete(*seq)?;
-                        }
-                    }
-                }
-            }
-            Ok(())
-        })?;
+        let mut writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+        let index = writer
+            .as_mut()
+            .ok_or_else(|| ProjectionError::Fatal("keyword index used before restore".into()))?;
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        for op in ops {
-            match op {
-                KwOp::Put { memory, fresh } => {
-                    if fresh {
-                        staged
-                            .event_ids
-                            .insert(memory.meta.event_id.clone(), memory.meta.seq);
-                    }
-                    staged.memories.insert(memory.meta.seq, memory);
+        for (i, stored) in events.iter().enumerate() {
+            // Taken per event: searches read hits' text between them.
+            let mut text = self.text.write().unwrap_or_else(|p| p.into_inner());
+            let applied = match text.apply(stored.seq, &stored.event) {
+                Ok(applied) => applied,
+                Err(e) => {
+                    rejected.push(Rejected {
+                        index: i,
+                        reason: e.to_string(),
+                    });
+                    continue;
                 }
-                KwOp::Forget(scope, seqs) => {
-                    for (id, seq) in seqs {
-                        staged.memories.remove(&seq);
-                        staged.forgotten.insert(seq, (id, scope.clone()));
+            };
+            staged.signals.extend(applied.signal);
+            for op in &applied.ops {
+                staged.changed = true;
+                let written = match op {
+                    IndexOp::Index { seq, .. } | IndexOp::Reweight { seq } => {
+                        let memory = text
+                            .get(*seq)
+                            .expect("the model holds every memory it indexes or reweights");
+                        index.add(&memory.meta, &memory.text)
                     }
-                }
+                    IndexOp::Unindex { seq, event_id, .. } => {
+                        staged.forgotten.push(event_id.clone());
+                        engram_telemetry::metrics::PROJECTOR_FORGOTTEN
+                            .with_label_values(&[NAME])
+                            .inc();
+                        index.delete(*seq)
+                    }
+                };
+                // The writer fails only when its indexing threads are gone, and the model has
+                // already taken the event: a retry would skip it. The restart restores the
+                // model from the last commit instead, and replays from there.
+                written.map_err(|e| {
+                    ProjectionError::Fatal(format!(
+                        "keyword index writer failed at seq {}: {e}; restart the projector to restore its last commit",
+                        stored.seq
+                    ))
+                })?;
             }
         }
-        staged.distrusted.extend(signals);
-        staged.withdrawn.extend(withdrawn);
-        staged.applied = last;
+        if let Some(last) = events.last() {
+            self.text
+                .write()
+                .unwrap_or_else(|p| p.into_inner())
+                .advance_to(last.seq);
+        }
         Ok(rejected)
     }
 
     async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
         let ledger = *applied;
         let applied = applied.seq;
-        let unchanged = {
-            let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            staged
-                .index_unchanged()
-                .then(|| std::mem::take(&mut staged.distrusted))
-        };
-        if let Some(signals) = unchanged {
-            // Nothing new to search: skip the fsync. The commit's ledger lags, so a restart
-            // re-reads a few events that changed nothing in the index and applies them again
-            // from that older ledger, which changes nothing either.
-            let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-            for (id, scope) in signals {
-                table.distrusted.insert(id.clone());
-                table.id_scopes.insert(id.clone(), scope.clone());
-                table.unlogged.push((id, scope));
-            }
-            table.applied = applied;
-            return Ok(());
-        }
         // The ids this commit makes durable go to the log first: a crash after the log and
         // before the commit leaves a tail the restart cuts off. After an erasure the log is
-        // written anew instead, with every id still kept and none of the erased scopes'.
+        // written anew instead, with every id the model still keeps.
         let (erased, forgotten, distrusted, withdrawn): (bool, Ids, Ids, Withdrawn) = {
-            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
             let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            let with_scope = |(id, scope): &(EventId, ScopeKey)| (id.clone(), Some(scope.clone()));
-            let staged_forgotten = staged.forgotten.values().map(with_scope);
-            let staged_distrusted = staged.distrusted.iter().map(with_scope);
+            if !staged.changed {
+                // Nothing new to search: skip the fsync. The commit's ledger lags, so a restart
+                // re-reads a few events that changed nothing in the index and applies them
+                // again from that older ledger, which changes nothing either. Signals applied
+                // meanwhile are logged with the next commit.
+                self.visible.store(applied, Ordering::Release);
+                return Ok(());
+            }
+            let text = self.text.read().unwrap_or_else(|p| p.into_inner());
             if staged.erased {
-                let kept = |id: &EventId| (id.clone(), table.id_scopes.get(id).cloned());
-                let mut withdrawn = table.withdrawn.clone();
-                withdrawn.extend(staged.withdrawn.clone());
                 (
                     true,
-                    sorted(&table.forgotten)
-                        .into_iter()
-                        .map(kept)
-                        .chain(staged_forgotten)
-                        .collect(),
-                    // `distrusted` holds the unlogged signals too.
-                    sorted(&table.distrusted)
-                        .into_iter()
-                        .map(kept)
-                        .chain(staged_distrusted)
-                        .collect(),
-                    withdrawn,
+                    with_scopes(&text, text.forgotten().iter()),
+                    with_scopes(&text, text.distrusted().iter()),
+                    text.withdrawn().clone(),
                 )
             } else {
+                let withdrawn = staged
+                    .forgotten
+                    .iter()
+                    .filter_map(|id| Some((id.clone(), text.withdrawn().get(id)?.clone())))
+                    .collect();
                 (
                     false,
-                    staged_forgotten.collect(),
-                    table
-                        .unlogged
-                        .iter()
-                        .map(with_scope)
-                        .chain(staged_distrusted)
-                        .collect(),
-                    staged.withdrawn.clone(),
+                    with_scopes(&text, staged.forgotten.iter()),
+                    with_scopes(&text, staged.signals.iter()),
+                    withdrawn,
                 )
             }
         };
@@ -1141,30 +795,10 @@ impl Projection for KeywordProjection {
         .map_err(fatal)?;
         *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
         result?;
-        let staged = std::mem::take(&mut *self.staged.lock().unwrap_or_else(|p| p.into_inner()));
-        {
-            let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
-            for m in staged.memories.into_values() {
-                table.insert(m);
-            }
-            for (id, scope) in staged.distrusted {
-                table.distrusted.insert(id.clone());
-                table.id_scopes.insert(id, scope);
-            }
-            table.withdrawn.extend(staged.withdrawn);
-            table.unlogged.clear();
-            for (seq, (id, scope)) in staged.forgotten {
-                table.remove(seq);
-                table.forgotten.insert(id.clone());
-                table.id_scopes.insert(id, scope);
-                engram_telemetry::metrics::PROJECTOR_FORGOTTEN
-                    .with_label_values(&[NAME])
-                    .inc();
-            }
-            table.applied = applied;
-        }
+        *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
+        self.visible.store(applied, Ordering::Release);
         if erased {
-            // After the table moved on: searches see this commit's memories meanwhile.
+            // After the commit is visible: searches see its memories meanwhile.
             self.purge().await?;
         }
         Ok(())
@@ -1186,25 +820,24 @@ impl Projection for KeywordProjection {
         }
         self.with_writer(|index| index.clear())?;
         self.ids.clear().map_err(fatal)?;
-        *self.table.write().unwrap_or_else(|p| p.into_inner()) = Table::default();
+        *self.text.write().unwrap_or_else(|p| p.into_inner()) = TextMemories::default();
         *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
+        self.visible.store(0, Ordering::Release);
         Ok(())
     }
 
-    /// The table is what the last commit holds (a cut publishes first), so it is what is
-    /// exported, in sequence order.
+    /// The model at `applied` (a cut publishes first, so the last commit holds it too), in
+    /// sequence order.
     async fn export(&self, applied: &ApplyLedger) -> Result<Option<Vec<u8>>, ProjectionError> {
-        let (table, applied) = (self.table.clone(), *applied);
+        let (text, applied) = (self.text.clone(), *applied);
         tokio::task::spawn_blocking(move || {
-            let table = table.read().unwrap_or_else(|p| p.into_inner());
-            let mut id_scopes: Vec<(&EventId, &ScopeKey)> = table.id_scopes.iter().collect();
-            id_scopes.sort_unstable();
+            let text = text.read().unwrap_or_else(|p| p.into_inner());
             let out = SnapshotOut {
-                memories: MemoriesOut(&table.memories),
-                forgotten: sorted(&table.forgotten),
-                distrusted: sorted(&table.distrusted),
-                withdrawn: &table.withdrawn,
-                id_scopes,
+                memories: MemoriesOut(&text),
+                forgotten: text.forgotten(),
+                distrusted: text.distrusted(),
+                withdrawn: text.withdrawn(),
+                id_scopes: text.id_scopes().iter().collect(),
             };
             snapshot::encode(&applied, &out).map(Some)
         })
@@ -1213,7 +846,7 @@ impl Projection for KeywordProjection {
     }
 
     /// Checks the blob, then replaces the index with its memories in one commit carrying its
-    /// ledger (tantivy's commit is the checkpoint), and the table with them. A blob that does
+    /// ledger (tantivy's commit is the checkpoint), and the model with them. A blob that does
     /// not check, or an index that fails before the commit, leaves the model as it was.
     async fn import(&self, bytes: &[u8]) -> Result<ApplyLedger, ProjectionError> {
         let bytes = bytes.to_vec();
@@ -1222,12 +855,12 @@ impl Projection for KeywordProjection {
         })
         .await
         .map_err(fatal)??;
-        // Replacing the index discards what is staged; a loader runs before any apply.
-        if !self
+        // Replacing the index discards what is uncommitted; a loader runs before any apply.
+        if self
             .staged
             .lock()
             .unwrap_or_else(|p| p.into_inner())
-            .index_unchanged()
+            .changed
         {
             return Err(ProjectionError::Fatal(
                 "keyword snapshot import with unpublished changes; import before applying".into(),
@@ -1246,7 +879,7 @@ impl Projection for KeywordProjection {
         let replacement = self.ids.replacement();
         let previous = self.ids.regenerate();
         let _ = std::fs::remove_file(&replacement);
-        let id_scopes: HashMap<EventId, ScopeKey> = snap.id_scopes.into_iter().collect();
+        let id_scopes: BTreeMap<EventId, ScopeKey> = snap.id_scopes.into_iter().collect();
         let logged = self.ids.append_to(
             &replacement,
             snap.forgotten.iter().map(|id| (id, id_scopes.get(id))),
@@ -1276,10 +909,10 @@ impl Projection for KeywordProjection {
         })
         .await
         .map_err(fatal)?;
-        *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
-        *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
         if let Err(e) = result {
-            // The old commit stands, with its log.
+            // The old commit stands, with its log and model.
+            *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
+            *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
             self.ids.set_generation(previous);
             return Err(ProjectionError::Transient(format!(
                 "keyword snapshot import: {e}"
@@ -1289,19 +922,15 @@ impl Projection for KeywordProjection {
             self.ids
                 .broken(format_args!("cannot put the imported log in place: {e}"))
         })?;
-        let mut table = Table {
+        let text = TextMemories::from_parts(Parts {
             applied: ledger.seq,
+            memories,
             forgotten: snap.forgotten.into_iter().collect(),
             distrusted: snap.distrusted.into_iter().collect(),
             withdrawn: snap.withdrawn,
             id_scopes,
-            ..Table::default()
-        };
-        for memory in memories {
-            table.insert(memory);
-        }
-        *self.table.write().unwrap_or_else(|p| p.into_inner()) = table;
-        *self.staged.lock().unwrap_or_else(|p| p.into_inner()) = Staged::default();
+        });
+        self.install(index, text, &ledger);
         tracing::info!(
             memories = self.len(),
             seq = ledger.seq,
@@ -1319,85 +948,52 @@ impl Projection for KeywordProjection {
     }
 
     /// Deletes every document of the scopes `keys` by its scope term, and drops what the
-    /// table, the staged changes and the ids log keep of them; returns how many events that
-    /// was ([`traces`](Projection::traces) before). The publish the loop makes right after
-    /// commits the deletes with the log written anew, then merges the deleted documents out
-    /// of the index's files ([`KeywordIndex::purge_deleted`]). Ids logged before the log
-    /// named their scopes cannot be attributed, and stay (bare ids, no text).
+    /// model keeps of them; returns how many events that was ([`traces`](Projection::traces)
+    /// before). The publish the loop makes right after commits the deletes with the log
+    /// written anew, then merges the deleted documents out of the index's files
+    /// ([`KeywordIndex::purge_deleted`]). Ids logged before the log named their scopes cannot
+    /// be attributed, and stay (bare ids, no text).
     async fn erase(&self, keys: &[ScopeKey]) -> Result<u64, ProjectionError> {
         let keys: HashSet<ScopeKey> = keys.iter().cloned().collect();
-        // The deletes first: should they fail, the table still says what the index holds.
-        // Every memory of the scopes goes, staged ones included; none added after.
+        // The deletes first: should they fail, the model still says what the index holds.
+        // Every document of the scopes goes, uncommitted ones included; none added after,
+        // as the loop erases between batches.
         self.with_writer(|index| keys.iter().try_for_each(|key| index.delete_scope(key)))?;
-        // What goes is found under the read lock, so searches go on meanwhile; nothing
-        // writes in between, as the loop erases between batches.
-        let held = {
-            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
-            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-            held_of(&table, &staged, &keys)
-        };
-        let mut table = self.table.write().unwrap_or_else(|p| p.into_inner());
         let mut staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
-        let (table, staged) = (&mut *table, &mut *staged);
-        for seq in &held.table {
-            table.remove(*seq);
-        }
-        for seq in &held.staged {
-            if let Some(m) = staged.memories.remove(seq) {
-                staged.event_ids.remove(&m.meta.event_id);
-            }
-        }
-        // A forgotten memory's id still maps to its sequence; signals' ids are apart.
-        for id in &held.events {
-            table.event_ids.remove(id);
-            table.forgotten.remove(id);
-            table.distrusted.remove(id);
-            table.withdrawn.remove(id);
-            table.id_scopes.remove(id);
-            staged.withdrawn.remove(id);
-        }
-        table.unlogged.retain(|(_, scope)| !keys.contains(scope));
-        staged
-            .forgotten
-            .retain(|_, (_, scope)| !keys.contains(scope));
-        staged.distrusted.retain(|(_, scope)| !keys.contains(scope));
+        let erased = self
+            .text
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .erase(&keys);
+        // The next commit writes the whole log from the model, which no longer has them.
         staged.erased = true;
-        let unattributed = table
-            .forgotten
-            .iter()
-            .chain(&table.distrusted)
-            .filter(|id| !table.id_scopes.contains_key(*id))
-            .count();
-        if unattributed > 0 {
+        staged.changed = true;
+        if erased.unattributed > 0 {
             tracing::warn!(
-                ids = unattributed,
+                ids = erased.unattributed,
                 "forgotten memories' and applied signals' ids logged before the log named their scopes cannot be attributed to a scope; those of the erased scopes stay, without text"
             );
         }
         tracing::debug!(
             scopes = keys.len(),
-            memories = held.memories(),
-            events = held.events.len(),
+            memories = erased.seqs.len(),
+            events = erased.events,
             "keyword scopes erased"
         );
-        Ok(held.events.len() as u64)
+        Ok(erased.events)
     }
 
     /// The events of the scopes `keys` the model keeps anything of, as [`erase`] counts
-    /// them, where the memories are the more of those in the table and those the last
-    /// commit holds, so that a document the table no longer shows counts too.
+    /// them, where the memories are the more of those in the model and those the last
+    /// commit holds, so that a document the model no longer shows counts too.
     ///
     /// [`erase`]: Projection::erase
     async fn traces(&self, keys: &[ScopeKey]) -> u64 {
         let keys: HashSet<ScopeKey> = keys.iter().cloned().collect();
-        let held: Vec<(&ScopeKey, Held)> = {
-            let table = self.table.read().unwrap_or_else(|p| p.into_inner());
-            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+        let held: Vec<(&ScopeKey, engram_text::Held)> = {
+            let text = self.text.read().unwrap_or_else(|p| p.into_inner());
             keys.iter()
-                .map(|key| {
-                    let one = HashSet::from([key.clone()]);
-                    (key, held_of(&table, &staged, &one))
-                })
+                .map(|key| (key, text.held(&HashSet::from([key.clone()]))))
                 .collect()
         };
         let reader = self
@@ -1417,9 +1013,8 @@ impl Projection for KeywordProjection {
                 tracing::warn!(scope = %key, error = %e, "cannot count a scope's keyword documents");
                 1
             });
-            let memories = held.memories() as u64;
-            let others = (held.events.len() as u64).saturating_sub(memories);
-            traces += memories.max(documents) + others;
+            let others = held.events.saturating_sub(held.memories);
+            traces += held.memories.max(documents) + others;
         }
         traces
     }
@@ -1465,7 +1060,7 @@ impl crate::ReadModel for Keyword {
 mod tests {
     use engram_memory::MemoryFilter;
     use engram_memory::proto::Consistency;
-    use engram_schema::{Envelope, Layer};
+    use engram_schema::{Envelope, EventKind, Layer};
     use engram_testkit::{event, stored};
 
     use super::*;

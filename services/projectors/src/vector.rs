@@ -1,35 +1,36 @@
 //! The vector projector: episodic and semantic text memories, embedded and indexed per scope.
 //!
-//! Vectors come from the event when the client supplied one from the configured model;
-//! otherwise the configured embedder makes them (through the embedding cache, so a rebuild
-//! does not embed again). One `VectorIndex` per scope keeps scopes apart by construction: a
-//! search only ever touches the indexes of the scopes it was given.
-//!
-//! An outcome or feedback naming contradicted memories, or a feedback flagging a faulty
-//! instance, lowers the confidence of memories of its own scope recorded before it
-//! ([`engram_memory::confidence`]), in stream order; the ids of the signals applied are kept
-//! in the checkpoint, so a late retry of one lowers nothing twice. A consolidation output
-//! starts at the least confidence of its sources as they are when it is applied
-//! ([`Inheritance`]).
+//! Which memories there are, and what forgettings, distrust signals and consolidation outputs
+//! do to them, is [`engram_text::TextMemories`]' to decide, the same model the keyword index
+//! follows; this module embeds and indexes the operations it returns. Vectors come from the
+//! event when the client supplied one from the configured model; otherwise the configured
+//! embedder makes them (through the embedding cache, so a rebuild does not embed again). A
+//! memory the embedder will not take stays in the model without a vector (dead-lettered
+//! here, found by keyword), so that what it says and its confidence do not depend on the
+//! embedder. One `VectorIndex` per scope keeps scopes apart by construction: a search only
+//! ever touches the indexes of the scopes it was given.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
 use std::sync::{Arc, RwLock};
 
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
 use engram_embed::Embedder;
-use engram_memory::confidence::{Distrust, Inheritance, Withdrawn};
+use engram_memory::confidence::{Inheritance, Withdrawn};
 use engram_memory::proto::{
     MemoryHit, Neighbour, NeighboursRequest, NeighboursResponse, SearchRequest, SearchResponse,
 };
-use engram_memory::{Hit, MemoryMeta, ScopeKey, Seq, is_text_memory};
+use engram_memory::{Hit, ScopeKey, Seq};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, Rejected, snapshot};
 use engram_rpc::Failure;
-use engram_schema::{EventId, EventKind};
+use engram_schema::EventId;
 use engram_telemetry::metrics;
+use engram_text::{IndexOp, Parts, TextMemories};
 use engram_vector::{HnswParams, RowLayout, VectorIndex};
 use serde::{Deserialize, Serialize};
+
+pub use engram_text::Memory;
 
 pub const NAME: &str = engram_memory::proto::read_models::VECTOR;
 
@@ -37,34 +38,20 @@ pub const NAME: &str = engram_memory::proto::read_models::VECTOR;
 /// cores, the longest a search waits behind a batch.
 const INSERT_CHUNK: usize = 64;
 
-/// A text memory as the text projectors keep it.
-#[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
-pub struct Memory {
-    pub meta: MemoryMeta,
-    pub text: String,
-}
-
 #[derive(Default)]
 struct State {
-    applied: Seq,
-    memories: BTreeMap<Seq, Memory>,
-    /// Event ids already indexed (and their sequence): a retry stored again after the
-    /// stream's duplicate window must still count once.
-    event_ids: HashMap<EventId, Seq>,
-    /// Ids of memories withdrawn by `forgotten` events, kept in the checkpoint so that a late
-    /// retry of one is never indexed again.
-    forgotten: BTreeSet<EventId>,
-    /// Ids of the distrust signals applied, kept in the checkpoint so that a late retry of
-    /// one does not lower confidences again.
-    distrusted: BTreeSet<EventId>,
-    /// Distrusted memories withdrawn by `forgotten` events, with their scope and confidence:
-    /// a copy restored from one inherits it. Kept in the checkpoint.
-    withdrawn: Withdrawn,
-    /// The scope of each id in `forgotten` and `distrusted`, which the ids alone do not say:
-    /// an erasure looks its scopes up here to drop those ids too. Kept in the checkpoint; one
-    /// written before it has none, and an erasure cannot attribute its ids ([`erase_scopes`]).
-    id_scopes: BTreeMap<EventId, ScopeKey>,
+    /// The memories and what the stream did to them; the indexes follow it.
+    text: TextMemories,
+    /// The last sequence whose batch is wholly indexed: what searches report visible. The
+    /// model moves ahead of it while a batch's vectors are still being inserted.
+    visible: Seq,
     scopes: HashMap<ScopeKey, VectorIndex>,
+}
+
+impl State {
+    fn vector(&self, memory: &Memory) -> Option<&[f32]> {
+        self.scopes.get(&memory.meta.scope)?.vector(memory.meta.seq)
+    }
 }
 
 /// A checkpoint's model, and an exported snapshot's (without graphs). Written as
@@ -73,6 +60,7 @@ struct State {
 struct Snapshot {
     model: String,
     dim: usize,
+    /// Every memory, with its vector; an empty one for a memory the embedder did not take.
     memories: Vec<(Memory, Vec<f32>)>,
     #[serde(default)]
     forgotten: Vec<EventId>,
@@ -99,34 +87,26 @@ struct SnapshotOut<'a> {
     model: &'a str,
     dim: usize,
     memories: MemoriesOut<'a>,
-    forgotten: &'a BTreeSet<EventId>,
+    forgotten: &'a std::collections::BTreeSet<EventId>,
     scopes: Vec<SavedScope>,
     graphs: Option<&'a str>,
-    distrusted: &'a BTreeSet<EventId>,
+    distrusted: &'a std::collections::BTreeSet<EventId>,
     withdrawn: &'a Withdrawn,
     id_scopes: &'a BTreeMap<EventId, ScopeKey>,
 }
 
-/// Every memory that has a vector, with it, in sequence order: `Snapshot::memories`.
+/// Every memory with its vector (empty when it has none), in sequence order:
+/// `Snapshot::memories`.
 struct MemoriesOut<'a>(&'a State);
-
-impl MemoriesOut<'_> {
-    fn each(&self) -> impl Iterator<Item = (&Memory, &[f32])> {
-        let state = self.0;
-        state.memories.values().filter_map(|m| {
-            let vector = state.scopes.get(&m.meta.scope)?.vector(m.meta.seq)?;
-            Some((m, vector))
-        })
-    }
-}
 
 impl Serialize for MemoriesOut<'_> {
     fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
         use serde::ser::SerializeSeq;
+        let state = self.0;
         // MessagePack writes the length first.
-        let mut seq = serializer.serialize_seq(Some(self.each().count()))?;
-        for memory in self.each() {
-            seq.serialize_element(&memory)?;
+        let mut seq = serializer.serialize_seq(Some(state.text.len()))?;
+        for memory in state.text.memories() {
+            seq.serialize_element(&(memory, state.vector(memory).unwrap_or(&[])))?;
         }
         seq.end()
     }
@@ -155,26 +135,31 @@ impl State {
         let corrupt =
             |e: engram_vector::VectorError| ProjectionError::Fatal(format!("{what}: {e}"));
         let mut grouped: HashMap<ScopeKey, Vec<(Seq, Vec<f32>)>> = HashMap::new();
-        let mut state = State {
-            applied: ledger.seq,
-            ..State::default()
-        };
+        let mut memories = Vec::with_capacity(snap.memories.len());
         for (memory, vector) in snap.memories {
-            let s = memory.meta.seq;
-            grouped
-                .entry(memory.meta.scope.clone())
-                .or_default()
-                .push((s, vector));
-            state.event_ids.insert(memory.meta.event_id.clone(), s);
-            state.memories.insert(s, memory);
+            if !vector.is_empty() {
+                grouped
+                    .entry(memory.meta.scope.clone())
+                    .or_default()
+                    .push((memory.meta.seq, vector));
+            }
+            memories.push(memory);
         }
-        state.forgotten = snap.forgotten.into_iter().collect();
-        state.distrusted = snap.distrusted.into_iter().collect();
-        state.withdrawn = snap.withdrawn;
-        state.id_scopes = snap.id_scopes;
+        let mut state = State {
+            text: TextMemories::from_parts(Parts {
+                applied: ledger.seq,
+                memories,
+                forgotten: snap.forgotten.into_iter().collect(),
+                distrusted: snap.distrusted.into_iter().collect(),
+                withdrawn: snap.withdrawn,
+                id_scopes: snap.id_scopes,
+            }),
+            scopes: HashMap::new(),
+            visible: ledger.seq,
+        };
         let writer_unknown = state
-            .memories
-            .values()
+            .text
+            .memories()
             .filter(|m| m.meta.instance_id.is_none())
             .count();
         if writer_unknown > 0 {
@@ -219,7 +204,7 @@ impl State {
         }
         tracing::info!(
             scopes = state.scopes.len(),
-            memories = state.memories.len(),
+            memories = state.text.len(),
             graphs_loaded = loaded,
             graphs_built = built,
             elapsed_ms = started.elapsed().as_millis() as u64,
@@ -244,12 +229,12 @@ impl State {
                 model,
                 dim,
                 memories: MemoriesOut(self),
-                forgotten: &self.forgotten,
+                forgotten: self.text.forgotten(),
                 scopes,
                 graphs,
-                distrusted: &self.distrusted,
-                withdrawn: &self.withdrawn,
-                id_scopes: &self.id_scopes,
+                distrusted: self.text.distrusted(),
+                withdrawn: self.text.withdrawn(),
+                id_scopes: self.text.id_scopes(),
             },
         )
     }
@@ -299,7 +284,7 @@ impl VectorProjection {
 
     /// Memories held, for status and benchmarks.
     pub fn len(&self) -> usize {
-        self.read().memories.len()
+        self.read().text.len()
     }
 
     pub fn is_empty(&self) -> bool {
@@ -311,8 +296,8 @@ impl VectorProjection {
         let state = self.read();
         let indexes: usize = state.scopes.values().map(VectorIndex::memory_bytes).sum();
         let table: usize = state
-            .memories
-            .values()
+            .text
+            .memories()
             .map(|m| m.text.len() + std::mem::size_of::<Memory>() + 64)
             .sum();
         indexes + table
@@ -397,14 +382,14 @@ fn neighbours_state(
         // The lock is taken per memory: a request of a thousand searches must not hold
         // the projector's writes back for all of them.
         let state = state.read().unwrap_or_else(|p| p.into_inner());
-        visible_seq = state.applied;
+        visible_seq = state.visible;
         let candidate = |seq: Seq| {
-            state.memories.get(&seq).is_some_and(|m| {
+            state.text.get(seq).is_some_and(|m| {
                 m.meta.scope == request.scope
                     && !m.meta.tags.iter().any(|t| t == engram_memory::SUMMARY_TAG)
             })
         };
-        let (Some(&seq), Some(index)) = (state.event_ids.get(id), state.scopes.get(&request.scope))
+        let (Some(seq), Some(index)) = (state.text.seq_of(id), state.scopes.get(&request.scope))
         else {
             continue;
         };
@@ -418,7 +403,7 @@ fn neighbours_state(
             if hit.score < request.min_similarity {
                 break;
             }
-            if let Some(b) = state.memories.get(&hit.seq) {
+            if let Some(b) = state.text.get(hit.seq) {
                 pairs.push(Neighbour {
                     a: id.clone(),
                     b: b.meta.event_id.clone(),
@@ -439,8 +424,8 @@ fn search_state(
     let state = state.read().unwrap_or_else(|p| p.into_inner());
     let allowed = |seq: Seq| {
         state
-            .memories
-            .get(&seq)
+            .text
+            .get(seq)
             .is_some_and(|m| request.filter.matches(&m.meta))
     };
     let mut hits: Vec<Hit> = Vec::new();
@@ -456,7 +441,7 @@ fn search_state(
     hits.truncate(request.k);
     let mut also = Vec::new();
     for seq in &request.score_also {
-        let Some(memory) = state.memories.get(seq) else {
+        let Some(memory) = state.text.get(*seq) else {
             continue;
         };
         if !request.scopes.contains(&memory.meta.scope) || !request.filter.matches(&memory.meta) {
@@ -477,7 +462,7 @@ fn search_state(
         hits: hits
             .into_iter()
             .filter_map(|hit| {
-                state.memories.get(&hit.seq).map(|m| MemoryHit {
+                state.text.get(hit.seq).map(|m| MemoryHit {
                     hit,
                     meta: m.meta.clone(),
                     text: m.text.clone(),
@@ -485,7 +470,7 @@ fn search_state(
             })
             .collect(),
         also,
-        visible_seq: state.applied,
+        visible_seq: state.visible,
     })
 }
 
@@ -516,36 +501,77 @@ impl Projection for VectorProjection {
 
     async fn apply(&self, events: &[StoredEvent]) -> Result<Vec<Rejected>, ProjectionError> {
         let (model, dim) = (self.embedder.model_id().to_owned(), self.embedder.dim());
-        let mut rejected = Vec::new();
-        // What to do, in stream order: index a memory (with the vector if the client supplied
-        // a usable one, and the sources it inherits its confidence from), forget some, or
-        // distrust some.
-        let mut wanted: Vec<(usize, Option<Vec<f32>>, Option<Inheritance>)> = Vec::new();
-        let mut forgets: Vec<(usize, Vec<EventId>)> = Vec::new();
-        let mut distrusts: Vec<(usize, Distrust)> = Vec::new();
+        // The vector of each memory the batch adds, by its index in the batch: the client's
+        // when usable, else the embedder's (or why it refused the text). Worked out before
+        // the model changes, so that an embedder outage leaves the batch to be retried whole.
+        let mut vectors: HashMap<usize, Result<Vec<f32>, String>> = HashMap::new();
+        let mut to_embed: Vec<usize> = Vec::new();
         {
             let state = self.read();
             let mut seen = HashSet::new();
-            let mut signals_seen = HashSet::new();
             for (index, stored) in events.iter().enumerate() {
                 let event = &stored.event;
-                if stored.seq <= state.applied {
+                if stored.seq <= state.text.applied()
+                    || !state.text.wants(event)
+                    || !seen.insert(&event.event_id)
+                {
                     continue;
                 }
-                if event.kind == EventKind::Forgotten {
-                    match event.forgotten_ids() {
-                        Ok(ids) => forgets.push((index, ids)),
-                        Err(e) => rejected.push(Rejected {
-                            index,
-                            reason: e.to_string(),
-                        }),
+                let supplied = event
+                    .embedding
+                    .as_ref()
+                    .filter(|e| e.model == model && e.vector.len() == dim);
+                match supplied {
+                    Some(e) => {
+                        vectors.insert(index, Ok(e.vector.clone()));
                     }
-                    continue;
+                    None => to_embed.push(index),
                 }
-                // A consolidation output whose sources do not check is refused whole, like a
-                // signal that does not check.
-                let inherits = match Inheritance::of(event) {
-                    Ok(inherits) => inherits,
+            }
+        }
+        metrics::EMBEDDINGS
+            .with_label_values(&["client"])
+            .inc_by(vectors.len() as u64);
+        if !to_embed.is_empty() {
+            let texts: Vec<String> = to_embed
+                .iter()
+                .map(|&i| events[i].event.content.text.clone())
+                .collect();
+            let embedded = match self.embedder.embed(&texts).await {
+                Ok(vectors) => vectors.into_iter().map(Ok).collect(),
+                Err(e) if !e.is_input_fault() => {
+                    // An embedder outage (a key, model or url to fix, a server down) is no
+                    // event's fault: the batch waits and retries rather than dead-letters.
+                    return Err(ProjectionError::Transient(format!("embedding failed: {e}")));
+                }
+                // Some text cannot be embedded as it is (too long, vectors required from
+                // clients): embed one at a time, and only the texts refused alone go without.
+                Err(e) if texts.len() == 1 => vec![Err(e.to_string())],
+                Err(_) => embed_each(self.embedder.as_ref(), &texts).await?,
+            };
+            if embedded.len() != to_embed.len() {
+                return Err(ProjectionError::Transient(
+                    "embedder returned too few vectors".into(),
+                ));
+            }
+            vectors.extend(to_embed.into_iter().zip(embedded));
+        }
+        let events = events.to_vec();
+        let (state, params) = (self.state.clone(), self.params.clone());
+        // Graph inserts are milliseconds each: off the async threads, linked in parallel, and
+        // in chunks so that searches get the lock between them.
+        let mut rejected = tokio::task::spawn_blocking(move || {
+            let mut rejected = Vec::new();
+            let mut pending: Vec<Pending> = Vec::new();
+            let mut worn: HashSet<ScopeKey> = HashSet::new();
+            for (index, stored) in events.iter().enumerate() {
+                let applied = state
+                    .write()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .text
+                    .apply(stored.seq, &stored.event);
+                let applied = match applied {
+                    Ok(applied) => applied,
                     Err(e) => {
                         rejected.push(Rejected {
                             index,
@@ -554,197 +580,66 @@ impl Projection for VectorProjection {
                         continue;
                     }
                 };
-                // A signal that does not check is refused whole, its text included: a
-                // rejected event leaves the model as it was. A signal that checks is applied
-                // even if its event's own text is refused below (no usable vector, text the
-                // embedder will not take): confidences must not depend on the embedder, or
-                // the two text models would disagree. Only the text is dead-lettered then.
-                match Distrust::of(stored.seq, event) {
-                    Ok(Some(signal))
-                        if !state.distrusted.contains(&signal.event_id)
-                            && signals_seen.insert(signal.event_id.clone()) =>
-                    {
-                        distrusts.push((index, signal));
-                    }
-                    Ok(_) => {}
-                    Err(e) => {
-                        rejected.push(Rejected {
-                            index,
-                            reason: e.to_string(),
-                        });
-                        continue;
-                    }
-                }
-                if !is_text_memory(event)
-                    || state.event_ids.contains_key(&event.event_id)
-                    || state.forgotten.contains(&event.event_id)
-                    || !seen.insert(&event.event_id)
-                {
-                    continue;
-                }
-                let supplied = event
-                    .embedding
-                    .as_ref()
-                    .filter(|e| e.model == model && e.vector.len() == dim)
-                    .map(|e| e.vector.clone());
-                wanted.push((index, supplied, inherits));
-            }
-        }
-        let to_embed: Vec<String> = wanted
-            .iter()
-            .filter(|(_, v, _)| v.is_none())
-            .map(|(i, ..)| events[*i].event.content.text.clone())
-            .collect();
-        let mut embedded = if to_embed.is_empty() {
-            Vec::new()
-        } else {
-            match self.embedder.embed(&to_embed).await {
-                Ok(vectors) => vectors,
-                Err(e) if !e.is_input_fault() => {
-                    // An embedder outage (a key, model or url to fix, a server down) is no
-                    // event's fault: the batch waits and retries rather than dead-letters.
-                    return Err(ProjectionError::Transient(format!("embedding failed: {e}")));
-                }
-                Err(e) => {
-                    // Some text cannot be embedded as it is (too long, vectors required from
-                    // clients): embed one at a time, dead-letter only the texts refused alone.
-                    let mut each = if to_embed.len() == 1 {
-                        vec![Err(e.to_string())]
-                    } else {
-                        embed_each(self.embedder.as_ref(), &to_embed).await?
-                    }
-                    .into_iter();
-                    let mut vectors = Vec::with_capacity(to_embed.len());
-                    wanted.retain_mut(|(i, v, inherits)| {
-                        if v.is_some() {
-                            return true;
-                        }
-                        match each.next() {
-                            Some(Ok(vector)) => {
-                                vectors.push(vector);
-                                true
-                            }
-                            // A consolidation output the embedder will not take (vectors
-                            // come from clients, and the consolidator is none) gets one
-                            // from its sources at insert time.
-                            Some(Err(_)) if inherits.is_some() => {
-                                *v = Some(Vec::new());
-                                true
-                            }
-                            Some(Err(reason)) => {
-                                rejected.push(Rejected { index: *i, reason });
-                                false
-                            }
-                            // Too few answers: caught below as too few vectors.
-                            None => true,
-                        }
-                    });
-                    vectors
-                }
-            }
-        }
-        .into_iter();
-        metrics::EMBEDDINGS.with_label_values(&["client"]).inc_by(
-            wanted
-                .iter()
-                .filter(|(_, v, _)| v.as_ref().is_some_and(|v| !v.is_empty()))
-                .count() as u64,
-        );
-
-        let mut ops = Vec::with_capacity(wanted.len() + forgets.len() + distrusts.len());
-        for (index, supplied, inherits) in wanted {
-            let stored = &events[index];
-            let vector = match supplied {
-                Some(v) => v,
-                None => embedded.next().ok_or_else(|| {
-                    ProjectionError::Transient("embedder returned too few vectors".into())
-                })?,
-            };
-            let memory = Memory {
-                meta: MemoryMeta::of(stored.seq, &stored.event),
-                text: stored.event.content.text.clone(),
-            };
-            ops.push(Op::Insert(index, memory, vector, inherits));
-        }
-        for (index, ids) in forgets {
-            let scope = ScopeKey::of(&events[index].event);
-            ops.push(Op::Forget(index, scope, ids));
-        }
-        for (index, signal) in distrusts {
-            ops.push(Op::Distrust(index, signal));
-        }
-        ops.sort_by_key(Op::index);
-        let last = events.last().map(|e| e.seq);
-        let (state, dim, params) = (self.state.clone(), dim, self.params.clone());
-        // Graph inserts are milliseconds each: off the async threads, linked in parallel, and
-        // in chunks so that searches get the lock between them.
-        let refused = tokio::task::spawn_blocking(move || {
-            let mut refused = Vec::new();
-            let mut pending: Vec<(usize, Memory, Vec<f32>)> = Vec::new();
-            let mut worn: HashSet<ScopeKey> = HashSet::new();
-            for op in ops {
-                match op {
-                    Op::Insert(index, mut memory, vector, inherits) => {
-                        if let Some(inherits) = &inherits {
-                            // A source still in the chunk is inserted first, so that the
-                            // state holds every source as the events before this one left
-                            // it, wherever the chunk and batch boundaries fall.
-                            if pending
-                                .iter()
-                                .any(|(_, m, _)| inherits.sources.contains(&m.meta.event_id))
-                            {
-                                insert_chunk(&state, dim, &params, &pending, &mut refused);
-                                pending.clear();
-                            }
-                            memory.meta.confidence = inherited(&state, inherits);
-                        }
-                        let vector = if vector.is_empty() {
-                            match inherits.as_ref().and_then(|i| from_sources(&state, i)) {
-                                Some(v) => v,
-                                None => {
-                                    refused.push(Rejected {
-                                        index,
-                                        reason: "no vector: the embedder takes vectors from clients only, and none of this consolidation output's sources has one here".into(),
+                for op in applied.ops {
+                    match op {
+                        IndexOp::Index { seq, inherits } => {
+                            let vector = match vectors.remove(&index) {
+                                Some(Ok(vector)) => vector,
+                                refused => {
+                                    // A consolidation output the embedder will not take
+                                    // (vectors come from clients, and the consolidator is
+                                    // none) gets one from its sources, as the events before
+                                    // it left them: pending ones are inserted first.
+                                    let derived = inherits.as_ref().and_then(|inherits| {
+                                        insert_chunk(&state, dim, &params, &mut pending, &mut rejected);
+                                        from_sources(&state, inherits)
                                     });
-                                    continue;
+                                    match (derived, refused) {
+                                        (Some(vector), _) => vector,
+                                        (None, Some(Err(reason))) if inherits.is_none() => {
+                                            rejected.push(Rejected { index, reason });
+                                            continue;
+                                        }
+                                        (None, _) => {
+                                            rejected.push(Rejected {
+                                                index,
+                                                reason: "no vector: the embedder takes vectors from clients only, and none of this consolidation output's sources has one here".into(),
+                                            });
+                                            continue;
+                                        }
+                                    }
                                 }
+                            };
+                            pending.push((index, seq, ScopeKey::of(&stored.event), vector));
+                            if pending.len() == INSERT_CHUNK {
+                                insert_chunk(&state, dim, &params, &mut pending, &mut rejected);
                             }
-                        } else {
-                            vector
-                        };
-                        pending.push((index, memory, vector));
-                        if pending.len() == INSERT_CHUNK {
-                            insert_chunk(&state, dim, &params, &pending, &mut refused);
-                            pending.clear();
                         }
-                    }
-                    Op::Forget(_, scope, ids) => {
-                        insert_chunk(&state, dim, &params, &pending, &mut refused);
-                        pending.clear();
-                        if forget(&state, &scope, &ids) {
-                            worn.insert(scope);
+                        IndexOp::Unindex { seq, scope, .. } => {
+                            insert_chunk(&state, dim, &params, &mut pending, &mut rejected);
+                            if unindex(&state, &scope, seq) {
+                                worn.insert(scope);
+                            }
                         }
-                    }
-                    Op::Distrust(_, signal) => {
-                        insert_chunk(&state, dim, &params, &pending, &mut refused);
-                        pending.clear();
-                        distrust(&state, &signal);
+                        // Confidences live in the model, which searches filter on.
+                        IndexOp::Reweight { .. } => {}
                     }
                 }
             }
-            insert_chunk(&state, dim, &params, &pending, &mut refused);
+            insert_chunk(&state, dim, &params, &mut pending, &mut rejected);
             for scope in worn {
                 compact(&state, dim, &params, &scope);
             }
-            if let Some(last) = last {
+            if let Some(last) = events.last() {
                 let mut state = state.write().unwrap_or_else(|p| p.into_inner());
-                state.applied = state.applied.max(last);
+                state.text.advance_to(last.seq);
+                // Searches report this batch visible only now, with every vector inserted.
+                state.visible = state.text.applied();
             }
-            refused
+            rejected
         })
         .await
         .map_err(|e| ProjectionError::Fatal(format!("vector insert task: {e}")))?;
-        rejected.extend(refused);
         rejected.sort_by_key(|r| r.index);
         Ok(rejected)
     }
@@ -875,44 +770,11 @@ impl Projection for VectorProjection {
     async fn state_hash(&self) -> [u8; 32] {
         let state = self.read();
         let mut hasher = blake3::Hasher::new();
-        for memory in state.memories.values() {
-            hasher.update(&rmp_serde::to_vec(memory).unwrap_or_default());
-            if let Some(v) = state
-                .scopes
-                .get(&memory.meta.scope)
-                .and_then(|i| i.vector(memory.meta.seq))
-            {
-                for x in v {
-                    hasher.update(&x.to_le_bytes());
-                }
+        state.text.hash_into(&mut hasher, |memory, hasher| {
+            for x in state.vector(memory).unwrap_or(&[]) {
+                hasher.update(&x.to_le_bytes());
             }
-        }
-        for id in &state.forgotten {
-            hasher.update(id.as_str().as_bytes());
-        }
-        // Marked off, and only when there are some, so a state without signals hashes as
-        // it did before they existed.
-        if !state.distrusted.is_empty() {
-            hasher.update(b"\0distrusted");
-            for id in &state.distrusted {
-                hasher.update(id.as_str().as_bytes());
-            }
-        }
-        if !state.withdrawn.is_empty() {
-            hasher.update(b"\0withdrawn");
-            for (id, (scope, confidence)) in &state.withdrawn {
-                hasher.update(id.as_str().as_bytes());
-                hasher.update(scope.to_string().as_bytes());
-                hasher.update(&confidence.to_le_bytes());
-            }
-        }
-        if !state.id_scopes.is_empty() {
-            hasher.update(b"\0id scopes");
-            for (id, scope) in &state.id_scopes {
-                hasher.update(id.as_str().as_bytes());
-                hasher.update(scope.to_string().as_bytes());
-            }
-        }
+        });
         *hasher.finalize().as_bytes()
     }
 
@@ -932,29 +794,12 @@ impl Projection for VectorProjection {
     }
 
     /// The events of the scopes `keys` the model keeps anything of: memories held or
-    /// forgotten, and distrust signals applied ([`held_of`]).
+    /// forgotten, and distrust signals applied ([`TextMemories::held`]).
     async fn traces(&self, keys: &[ScopeKey]) -> u64 {
         let keys: HashSet<ScopeKey> = keys.iter().cloned().collect();
         // A scan of the memory table under the read lock: searches go on meanwhile, and
         // verification asks this once per erasure.
-        held_of(&self.read(), &keys).1.len() as u64
-    }
-}
-
-/// One step of a batch, in stream order (the index into the batch).
-enum Op {
-    /// A memory, its vector, and for a consolidation output the sources it inherits its
-    /// confidence from.
-    Insert(usize, Memory, Vec<f32>, Option<Inheritance>),
-    Forget(usize, ScopeKey, Vec<EventId>),
-    Distrust(usize, Distrust),
-}
-
-impl Op {
-    fn index(&self) -> usize {
-        match self {
-            Op::Insert(index, ..) | Op::Forget(index, ..) | Op::Distrust(index, ..) => *index,
-        }
+        self.read().text.held(&keys).events
     }
 }
 
@@ -983,21 +828,26 @@ async fn embed_each(
     Ok(each)
 }
 
-/// Inserts one chunk under one hold of the write lock; refused vectors go to `refused`.
+/// A vector waiting for its chunk: the batch index of its event, its memory's sequence and
+/// scope.
+type Pending = (usize, Seq, ScopeKey, Vec<f32>);
+
+/// Inserts the pending vectors under one hold of the write lock and empties `pending`; a
+/// vector the index refuses goes to `rejected` (its memory stays, without a vector).
 fn insert_chunk(
     state: &RwLock<State>,
     dim: usize,
     params: &HnswParams,
-    chunk: &[(usize, Memory, Vec<f32>)],
-    refused: &mut Vec<Rejected>,
+    pending: &mut Vec<Pending>,
+    rejected: &mut Vec<Rejected>,
 ) {
-    if chunk.is_empty() {
+    if pending.is_empty() {
         return;
     }
     let mut state = state.write().unwrap_or_else(|p| p.into_inner());
     let mut by_scope: HashMap<&ScopeKey, Vec<usize>> = HashMap::new();
-    for (i, (_, memory, _)) in chunk.iter().enumerate() {
-        by_scope.entry(&memory.meta.scope).or_default().push(i);
+    for (i, (_, _, scope, _)) in pending.iter().enumerate() {
+        by_scope.entry(scope).or_default().push(i);
     }
     for (scope, members) in by_scope {
         let index = state.scopes.entry(scope.clone()).or_insert_with(|| {
@@ -1005,65 +855,33 @@ fn insert_chunk(
         });
         let items: Vec<(Seq, &[f32])> = members
             .iter()
-            .map(|&i| (chunk[i].1.meta.seq, chunk[i].2.as_slice()))
+            .map(|&i| (pending[i].1, pending[i].3.as_slice()))
             .collect();
-        let results = index.insert_many(&items);
-        for (&i, result) in members.iter().zip(results) {
-            let (event_index, memory, _) = &chunk[i];
-            match result {
-                Ok(()) => {
-                    state
-                        .event_ids
-                        .insert(memory.meta.event_id.clone(), memory.meta.seq);
-                    state.memories.insert(memory.meta.seq, memory.clone());
-                }
-                Err(e) => refused.push(Rejected {
-                    index: *event_index,
+        for (&i, result) in members.iter().zip(index.insert_many(&items)) {
+            if let Err(e) = result {
+                rejected.push(Rejected {
+                    index: pending[i].0,
                     reason: format!("unusable vector: {e}"),
-                }),
+                });
             }
         }
     }
+    pending.clear();
 }
 
-/// Withdraws the memories of `ids` that belong to `scope` (an id of another scope is left
-/// alone: a scope can only forget its own). Their event ids stay known, so a late retry of a
-/// forgotten event is not indexed again. Returns whether the scope's index now wants a
-/// rebuild.
-fn forget(state: &RwLock<State>, scope: &ScopeKey, ids: &[EventId]) -> bool {
+/// Removes forgotten memory `seq` from its scope's index; returns whether the index now
+/// wants a rebuild.
+fn unindex(state: &RwLock<State>, scope: &ScopeKey, seq: Seq) -> bool {
     let mut state = state.write().unwrap_or_else(|p| p.into_inner());
-    let state = &mut *state;
-    for id in ids {
-        let Some(&seq) = state.event_ids.get(id) else {
-            continue;
-        };
-        if state
-            .memories
-            .get(&seq)
-            .is_none_or(|m| &m.meta.scope != scope)
-        {
-            continue;
-        }
-        if let Some(memory) = state.memories.remove(&seq) {
-            engram_memory::confidence::withdraw(&mut state.withdrawn, &memory.meta);
-        }
-        state.forgotten.insert(id.clone());
-        state.id_scopes.insert(id.clone(), scope.clone());
-        if let Some(index) = state.scopes.get_mut(scope) {
-            index.remove(seq);
-        }
-        metrics::PROJECTOR_FORGOTTEN
-            .with_label_values(&[NAME])
-            .inc();
-    }
-    state
-        .scopes
-        .get(scope)
-        .is_some_and(VectorIndex::wants_rebuild)
+    metrics::PROJECTOR_FORGOTTEN
+        .with_label_values(&[NAME])
+        .inc();
+    state.scopes.get_mut(scope).is_some_and(|index| {
+        index.remove(seq);
+        index.wants_rebuild()
+    })
 }
 
-/// The confidence a consolidation output starts at, from its sources as the state holds
-/// them ([`Inheritance::confidence`]).
 /// A vector for a consolidation output the embedder cannot embed: the normalised mean of
 /// its sources' vectors in its own scope (a merged memory's are near-duplicates of its
 /// text; a summary's are what it distils). `None` when no source is held (a restored copy's
@@ -1074,7 +892,7 @@ fn from_sources(state: &RwLock<State>, inherits: &Inheritance) -> Option<Vec<f32
     let index = state.scopes.get(&inherits.scope)?;
     let mut sum: Option<Vec<f32>> = None;
     for id in &inherits.sources {
-        let Some(vector) = state.event_ids.get(id).and_then(|seq| index.vector(*seq)) else {
+        let Some(vector) = state.text.seq_of(id).and_then(|seq| index.vector(seq)) else {
             continue;
         };
         match &mut sum {
@@ -1085,58 +903,6 @@ fn from_sources(state: &RwLock<State>, inherits: &Inheritance) -> Option<Vec<f32
     let mut mean = sum?;
     engram_embed::l2_normalize(&mut mean);
     Some(mean)
-}
-
-fn inherited(state: &RwLock<State>, inherits: &Inheritance) -> f64 {
-    let state = state.read().unwrap_or_else(|p| p.into_inner());
-    inherits.confidence(|id| {
-        let held = state
-            .event_ids
-            .get(id)
-            .and_then(|seq| state.memories.get(seq));
-        match held {
-            Some(m) => Some((&m.meta.scope, m.meta.confidence)),
-            None => state.withdrawn.get(id).map(|(scope, c)| (scope, *c)),
-        }
-    })
-}
-
-/// Lowers the confidence of the memories `signal` is about: those it contradicts and, for a
-/// faulty-instance flag, every memory of its scope (each scope's index holds exactly its live
-/// memories). [`Distrust::factor`] decides, so memories of other scopes and later ones are
-/// left alone. Records the signal, so a late retry of it is not applied again.
-fn distrust(state: &RwLock<State>, signal: &Distrust) {
-    let mut state = state.write().unwrap_or_else(|p| p.into_inner());
-    let state = &mut *state;
-    state.distrusted.insert(signal.event_id.clone());
-    state
-        .id_scopes
-        .insert(signal.event_id.clone(), signal.scope.clone());
-    let mut about: BTreeSet<Seq> = signal
-        .contradicts
-        .iter()
-        .filter_map(|id| state.event_ids.get(id).copied())
-        .collect();
-    if signal.faulty_instance.is_some()
-        && let Some(index) = state.scopes.get(&signal.scope)
-    {
-        about.extend(index.iter().map(|(seq, _)| seq));
-    }
-    let mut lowered = 0usize;
-    for seq in about {
-        if let Some(memory) = state.memories.get_mut(&seq)
-            && let Some(meta) = signal.apply(&memory.meta)
-        {
-            memory.meta = meta;
-            lowered += 1;
-        }
-    }
-    tracing::debug!(
-        scope = %signal.scope,
-        seq = signal.seq,
-        lowered,
-        "memories distrusted"
-    );
 }
 
 /// Replaces a scope's index by one without tombstones. The replacement is built from a copy
@@ -1160,82 +926,33 @@ fn compact(state: &RwLock<State>, dim: usize, params: &HnswParams, scope: &Scope
     }
 }
 
-/// What `state` holds of the scopes `keys`: the sequences of their memories, and the ids of
-/// every event of theirs it keeps anything of (memories held, memories forgotten, distrust
-/// signals applied), each once. Every memory is looked at, not only those in the scopes'
-/// indexes: an erasure must not trust an invariant to find what it removes.
-fn held_of(state: &State, keys: &HashSet<ScopeKey>) -> (Vec<Seq>, BTreeSet<EventId>) {
-    let mut seqs = Vec::new();
-    let mut ids = BTreeSet::new();
-    for (seq, memory) in &state.memories {
-        if keys.contains(&memory.meta.scope) {
-            seqs.push(*seq);
-            ids.insert(memory.meta.event_id.clone());
-        }
-    }
-    // A withdrawn entry says its scope too, even when restored from a checkpoint that did not
-    // keep `id_scopes`.
-    let withdrawn = state.withdrawn.iter().map(|(id, (scope, _))| (id, scope));
-    ids.extend(
-        state
-            .id_scopes
-            .iter()
-            .chain(withdrawn)
-            .filter(|(_, scope)| keys.contains(*scope))
-            .map(|(id, _)| id.clone()),
-    );
-    (seqs, ids)
-}
-
 /// Removes everything of the scopes `keys` ([`Projection::erase`]); returns the events
-/// removed, as [`held_of`] counts them. What goes is found under the read lock, so searches
-/// go on meanwhile; nothing writes in between, because the loop erases between batches. The
-/// indexes taken out are freed after the write lock is released: a large graph takes a
-/// while.
+/// removed, as [`TextMemories::held`] counts them. Nothing writes meanwhile, because the loop
+/// erases between batches. The indexes taken out are freed after the write lock is
+/// released: a large graph takes a while.
 fn erase_scopes(state: &RwLock<State>, keys: &HashSet<ScopeKey>) -> u64 {
-    let (seqs, ids, unattributed) = {
-        let state = state.read().unwrap_or_else(|p| p.into_inner());
-        let (seqs, ids) = held_of(&state, keys);
-        let unattributed = state
-            .forgotten
-            .iter()
-            .chain(&state.distrusted)
-            .filter(|id| !state.id_scopes.contains_key(*id) && !state.withdrawn.contains_key(*id))
-            .count();
-        (seqs, ids, unattributed)
-    };
-    let indexes: Vec<VectorIndex> = {
+    let (erased, indexes) = {
         let mut state = state.write().unwrap_or_else(|p| p.into_inner());
-        let state = &mut *state;
-        for seq in &seqs {
-            state.memories.remove(seq);
-        }
-        // The ids of forgotten memories still map to their old sequences here, and signals'
-        // ids are kept apart from memories: each is dropped by id.
-        for id in &ids {
-            state.event_ids.remove(id);
-            state.forgotten.remove(id);
-            state.distrusted.remove(id);
-            state.withdrawn.remove(id);
-            state.id_scopes.remove(id);
-        }
-        keys.iter().filter_map(|k| state.scopes.remove(k)).collect()
+        let erased = state.text.erase(keys);
+        let indexes: Vec<VectorIndex> =
+            keys.iter().filter_map(|k| state.scopes.remove(k)).collect();
+        (erased, indexes)
     };
-    if unattributed > 0 {
+    if erased.unattributed > 0 {
         tracing::warn!(
-            ids = unattributed,
+            ids = erased.unattributed,
             "forgotten memories' and applied signals' ids restored from a checkpoint older than their scopes cannot be attributed to a scope; those of the erased scopes stay, without text or vector"
         );
     }
     tracing::debug!(
         scopes = keys.len(),
-        memories = seqs.len(),
-        events = ids.len(),
+        memories = erased.seqs.len(),
+        events = erased.events,
         indexes = indexes.len(),
         "vector scopes erased"
     );
     drop(indexes);
-    ids.len() as u64
+    erased.events
 }
 
 /// Removes `vector-graphs-*` directories other than `keep`. Failures are only logged: a
@@ -1309,7 +1026,9 @@ mod tests {
     use engram_fixtures::HashEmbedder;
     use engram_memory::MemoryFilter;
     use engram_memory::proto::Consistency;
-    use engram_schema::{Envelope, Ident, ScopeKind};
+    use std::collections::BTreeSet;
+
+    use engram_schema::{Envelope, EventKind, Ident, ScopeKind};
     use engram_testkit::stored;
     use serde_json::json;
 
@@ -1456,9 +1175,9 @@ mod tests {
         assert_eq!(graph_dirs(dir.path()).len(), 3, "each scope has a graph");
         {
             let state = vector.read();
-            assert!(state.withdrawn.contains_key(&a2.event_id));
-            assert!(state.distrusted.contains(&outcome.event_id));
-            assert_eq!(state.forgotten.len(), 2);
+            assert!(state.text.withdrawn().contains_key(&a2.event_id));
+            assert!(state.text.distrusted().contains(&outcome.event_id));
+            assert_eq!(state.text.forgotten().len(), 2);
         }
         let before = std::fs::read(dir.path().join("vector.snap")).unwrap();
         assert!(contains(&before, "acme t1:") && contains(&before, a2.event_id.as_str()));
@@ -1476,17 +1195,20 @@ mod tests {
         {
             let state = vector.read();
             assert!(!state.scopes.contains_key(&erased));
-            assert!(state.memories.values().all(|m| m.meta.scope != erased));
-            assert!(state.withdrawn.is_empty(), "only a2 was withdrawn");
-            assert!(state.distrusted.is_empty(), "only the outcome was a signal");
+            assert!(state.text.memories().all(|m| m.meta.scope != erased));
+            assert!(state.text.withdrawn().is_empty(), "only a2 was withdrawn");
+            assert!(
+                state.text.distrusted().is_empty(),
+                "only the outcome was a signal"
+            );
             assert_eq!(
-                state.forgotten.iter().collect::<Vec<_>>(),
+                state.text.forgotten().iter().collect::<Vec<_>>(),
                 [&c3.event_id],
                 "acme2's forgotten id stays"
             );
             for id in &ours {
-                assert!(!state.event_ids.contains_key(id));
-                assert!(!state.id_scopes.contains_key(id));
+                assert!(state.text.seq_of(id).is_none());
+                assert!(!state.text.id_scopes().contains_key(id));
             }
         }
         // ...the other scopes keep all they had, and searches find nothing only in the erased
