@@ -117,6 +117,7 @@ impl Engram {
     /// against the access registry. `client` is the admin's.
     pub async fn start_secured(nats: &engram_testkit::SecureNats) -> Self {
         use engram_access::RoleName;
+        use engram_memory::proto::read_models::ModelRole;
         let dir = tempfile::tempdir().unwrap();
         let stop = CancellationToken::new();
         let as_role = |role| nats.config_as(&nats.service(role));
@@ -131,10 +132,9 @@ impl Engram {
             &projectors_config(),
             dir.path(),
             move |name, link| {
-                let worker = if name == engram_memory::proto::read_models::CONSOLIDATOR {
-                    RoleName::Consolidator
-                } else {
-                    RoleName::Projectors
+                let worker = match ModelRole::of(name) {
+                    ModelRole::Consolidator => RoleName::Consolidator,
+                    ModelRole::Projector => RoleName::Projectors,
                 };
                 let role = match link {
                     engram_rpc::Link::Worker => worker,

@@ -12,6 +12,7 @@ use anyhow::Context as _;
 use engram::config::Config;
 use engram_bus::{Bus, StartAt};
 use engram_docs::LocalDoc;
+use engram_memory::proto::read_models;
 use engram_projectors::ProjectorName;
 use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind, SubjectFilter};
 use futures::StreamExt;
@@ -64,11 +65,12 @@ struct Report {
     raw_replay_s: f64,
 }
 
-const MODELS: [ProjectorName; 3] = [
-    ProjectorName::FACTS,
-    ProjectorName::SKILLS,
-    ProjectorName::DOCS,
-];
+/// The models a bootstrap loads from snapshots.
+fn snapshot_models() -> anyhow::Result<Vec<ProjectorName>> {
+    read_models::with_scope_snapshots()
+        .map(|name| name.parse().map_err(anyhow::Error::msg))
+        .collect()
+}
 
 struct Workload {
     rng: SmallRng,
@@ -266,7 +268,7 @@ async fn bench(
         engram_snapshots::SnapshotStore::open(bus, config.projectors.snapshots.clone()).await?;
     // The snapshots: each model replayed once to the cut, its checkpoint stored as a
     // snapshot, as a running projector's cut would be.
-    for name in MODELS {
+    for name in snapshot_models()? {
         let dir = home.join(format!("cut-{name}"));
         let (_, hash) =
             engram_projectors::rebuild(name, &config.projectors, &dir, bus.clone(), |_, _| {})
@@ -306,7 +308,7 @@ async fn bench(
     );
 
     let mut models = Vec::new();
-    for name in MODELS {
+    for name in snapshot_models()? {
         let full_dir = home.join(format!("full-{name}"));
         let started = Instant::now();
         let (full_seq, full_hash) =

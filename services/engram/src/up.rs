@@ -111,6 +111,7 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         .collect();
     engram_telemetry::metrics::touch_all(&layers);
     use engram_access::RoleName;
+    use engram_memory::proto::read_models::ModelRole;
     let managed_auth = config.nats.url.is_none() && !config.nats.insecure_no_auth;
     let identities = if managed_auth {
         let creds = engram_access::creds::ensure_service_credentials(&config.home)?;
@@ -178,10 +179,9 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         &config.projectors,
         &state_dir,
         |name, link| {
-            let worker = if name == engram_memory::proto::read_models::CONSOLIDATOR {
-                RoleName::Consolidator
-            } else {
-                RoleName::Projectors
+            let worker = match ModelRole::of(name) {
+                ModelRole::Consolidator => RoleName::Consolidator,
+                ModelRole::Projector => RoleName::Projectors,
             };
             let (role, client) = service_link(worker, link, &format!("engram-projector-{name}"));
             Bus::connect(bus_as(role, client))

@@ -201,7 +201,7 @@ impl Consolidator {
                 };
                 let subject = engram_memory::proto::projector_subject(
                     engram_memory::proto::read_models::VECTOR,
-                    engram_memory::proto::NEIGHBOURS_OP,
+                    engram_memory::proto::read_models::NEIGHBOURS_OP,
                 );
                 match engram_rpc::call::<_, NeighboursResponse>(
                     bus.client(),
@@ -361,20 +361,19 @@ impl Summariser for Bounded {
     }
 }
 
-/// The consolidator, as the registry runs it.
+/// The consolidator, as the registry runs it. It cuts no scope slices (no `slice`): an
+/// instance starting from a snapshot keeps facts, skills and docs, never a consolidator
+/// (`read_models::TABLE`).
 pub struct ConsolidatorModel;
 
 #[async_trait]
 impl crate::ReadModel for ConsolidatorModel {
     const NAME: &'static str = NAME;
-    const ENDPOINT: (&'static str, &'static str) = ("plan", "consolidate");
+    const ENDPOINT: (&'static str, &'static str) =
+        (engram_memory::proto::read_models::PLAN_OP, "consolidate");
     type Projection = Consolidator;
     type Request = ConsolidateRequest;
     type Response = ConsolidateResponse;
-
-    fn slice(snapshot: &[u8], keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String> {
-        crate::registry::slice_of::<Memories>(snapshot, keep, NAME)
-    }
 
     async fn open(
         config: &crate::ProjectorsConfig,

@@ -119,7 +119,8 @@ pub struct DocsModel;
 #[async_trait::async_trait]
 impl crate::ReadModel for DocsModel {
     const NAME: &'static str = NAME;
-    const ENDPOINT: (&'static str, &'static str) = ("get", "docs");
+    const ENDPOINT: (&'static str, &'static str) =
+        (engram_memory::proto::read_models::GET_OP, "docs");
     type Projection = DocsProjection;
     type Request = DocRequest;
     type Response = DocResponse;

@@ -60,7 +60,8 @@ pub struct FactsModel;
 #[async_trait::async_trait]
 impl crate::ReadModel for FactsModel {
     const NAME: &'static str = NAME;
-    const ENDPOINT: (&'static str, &'static str) = ("query", "facts");
+    const ENDPOINT: (&'static str, &'static str) =
+        (engram_memory::proto::read_models::QUERY_OP, "facts");
     type Projection = FactsProjection;
     type Request = FactsRequest;
     type Response = FactsResponse;

@@ -1,9 +1,11 @@
 //! Every read model Engram can run, in one list.
 //!
-//! A read model is one module that implements [`ReadModel`] plus one line in [`REGISTRY`].
-//! Start-up, `engram projector <name>`, `engram rebuild <name>`, the query, status and ledger
-//! endpoints, their in-flight bounds and the read-your-writes checks all come from here; no
-//! other place names the models.
+//! A read model is one module that implements [`ReadModel`], one line in [`REGISTRY`], and
+//! its row in [`proto::read_models::TABLE`] (its ops, bus role and scope snapshots, for the
+//! services that do not link the projectors). Start-up, `engram projector <name>`,
+//! `engram rebuild <name>`, the query, status and ledger endpoints, their in-flight bounds
+//! and the read-your-writes checks all come from here; the tests below hold the registry
+//! and the table to each other.
 
 use std::fmt;
 use std::marker::PhantomData;
@@ -28,7 +30,8 @@ use crate::{Launched, ProjectorsConfig, Serving, StartError, wait_visible};
 pub trait ReadModel: Send + Sync + 'static {
     /// Names its durable consumer, state files, metrics and `engram.p.<name>.*` subjects.
     const NAME: &'static str;
-    /// The query endpoint: `engram.p.<name>.<op>`, and its metrics label.
+    /// The query endpoint: `engram.p.<name>.<op>`, and its metrics label. The op is the
+    /// first of the model's [`proto::read_models::ReadModelSpec::ops`].
     const ENDPOINT: (&'static str, &'static str);
     type Projection: Projection;
     type Request: ProjectorRequest + DeserializeOwned + Send + 'static;
@@ -41,8 +44,9 @@ pub trait ReadModel: Send + Sync + 'static {
     }
 
     /// A snapshot of this model cut down to the scopes in `keep`, in the same format, for a
-    /// reader of those scopes only; `None` (the default) for a model that keeps no
-    /// snapshots a scope can start from.
+    /// reader of those scopes only; `None` (the default), whatever the bytes, for a model
+    /// that keeps no snapshots a scope can start from. Which models do is also
+    /// [`proto::read_models::ReadModelSpec::scope_snapshots`].
     fn slice(_snapshot: &[u8], _keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String> {
         Ok(None)
     }
@@ -147,6 +151,9 @@ pub static REGISTRY: &[&dyn Registered] = &[
 pub trait Registered: Send + Sync {
     fn name(&self) -> &'static str;
 
+    /// See [`ReadModel::ENDPOINT`].
+    fn endpoint(&self) -> (&'static str, &'static str);
+
     /// Opens the model, serves its query endpoint on `serving` and spawns its loop.
     async fn launch(
         &self,
@@ -199,6 +206,10 @@ struct Entry<M>(PhantomData<fn() -> M>);
 impl<M: ReadModel> Registered for Entry<M> {
     fn name(&self) -> &'static str {
         M::NAME
+    }
+
+    fn endpoint(&self) -> (&'static str, &'static str) {
+        M::ENDPOINT
     }
 
     async fn launch(
@@ -393,6 +404,8 @@ impl<'de> serde::Deserialize<'de> for ProjectorName {
 
 #[cfg(test)]
 mod tests {
+    use engram_memory::proto::read_models;
+
     use super::*;
 
     #[test]
@@ -407,5 +420,35 @@ mod tests {
             err.contains("vector, keyword, facts, skills, docs"),
             "{err}"
         );
+    }
+
+    #[test]
+    fn the_registry_runs_every_model_of_the_table_as_the_table_says() {
+        // The registry is in start order, the table in snapshot-cut order: the same models,
+        // each once.
+        let mut registered: Vec<&str> = REGISTRY.iter().map(|m| m.name()).collect();
+        let mut tabled: Vec<&str> = read_models::TABLE.iter().map(|m| m.name).collect();
+        registered.sort_unstable();
+        tabled.sort_unstable();
+        assert_eq!(registered, tabled);
+        assert!(
+            registered.windows(2).all(|w| w[0] != w[1]),
+            "{registered:?}"
+        );
+
+        for model in REGISTRY {
+            let name = model.name();
+            let spec = read_models::spec(name).expect("every registered model has a row");
+            // The main query is the table's first op; the others (the vector model's
+            // neighbours) are held to what is served by tests/endpoints.rs, on a real bus.
+            assert_eq!(spec.ops.first(), Some(&model.endpoint().0), "{name}");
+            // A model that keeps no scope snapshots answers `None` without reading the
+            // bytes; one that does cannot decode an empty snapshot.
+            let slices = !matches!(model.slice(&[], &[]), Ok(None));
+            assert_eq!(
+                slices, spec.scope_snapshots,
+                "{name}: slice against the table"
+            );
+        }
     }
 }

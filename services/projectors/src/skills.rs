@@ -53,7 +53,8 @@ pub struct SkillsModel;
 #[async_trait::async_trait]
 impl crate::ReadModel for SkillsModel {
     const NAME: &'static str = NAME;
-    const ENDPOINT: (&'static str, &'static str) = ("search", "skills");
+    const ENDPOINT: (&'static str, &'static str) =
+        (engram_memory::proto::read_models::SEARCH_OP, "skills");
     type Projection = SkillsProjection;
     type Request = SkillsRequest;
     type Response = SkillsResponse;

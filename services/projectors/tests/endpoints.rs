@@ -1,5 +1,6 @@
 //! The projector services' own endpoints against a real nats-server: `ledger` and `status`
-//! answer for every projector, and each counts every event it applied, ignored ones included.
+//! answer for every projector, and each counts every event it applied, ignored ones included;
+//! each serves the ops the read-model table names for it.
 
 use std::time::Duration;
 
@@ -8,7 +9,7 @@ use engram_embed::EmbedderConfig;
 use engram_fixtures::HashEmbedder;
 use engram_keyword::KeywordIndex;
 use engram_memory::Seq;
-use engram_memory::proto::{Consistency, ErrorCode, projector_subject};
+use engram_memory::proto::{Consistency, ErrorCode, projector_subject, read_models};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, ledger_entry};
 use engram_projectors::{ProjectorLedger, ProjectorName, ProjectorStatus, ProjectorsConfig};
 use engram_schema::{Embedding, Envelope, EventKind, Layer};
@@ -108,6 +109,44 @@ async fn ledger_and_status_report_what_each_projector_applied() {
         .unwrap_or_else(|e| panic!("{name} status: {e}"));
         assert_eq!(status.ledger, expected, "{name}");
         assert_eq!(status.state_hash.len(), 64, "{name}");
+    }
+
+    // And each serves the ops its row of the read-model table names, beside the ones every
+    // projector serves: no op missing (the vector model's neighbours), none unlisted
+    let mut served = std::collections::BTreeMap::new();
+    for name in ProjectorName::all() {
+        let info = bus
+            .client()
+            .request(format!("$SRV.INFO.engram-{name}"), Default::default())
+            .await
+            .unwrap_or_else(|e| panic!("{name} service info: {e}"));
+        let info: serde_json::Value = serde_json::from_slice(&info.payload).unwrap();
+        let prefix = format!("engram.p.{name}.");
+        let ops: std::collections::BTreeSet<String> = info["endpoints"]
+            .as_array()
+            .unwrap_or_else(|| panic!("{name} lists no endpoints: {info}"))
+            .iter()
+            .map(|e| {
+                let subject = e["subject"].as_str().unwrap_or_default();
+                let op = subject.strip_prefix(&prefix);
+                op.unwrap_or_else(|| panic!("{name} serves {subject}"))
+                    .to_owned()
+            })
+            .collect();
+        served.insert(name.as_str(), ops);
+    }
+    let every: std::collections::BTreeSet<String> = served
+        .values()
+        .skip(1)
+        .fold(served.values().next().unwrap().clone(), |all, ops| {
+            all.intersection(ops).cloned().collect()
+        });
+    for (name, ops) in &served {
+        let own: std::collections::BTreeSet<&str> =
+            ops.difference(&every).map(String::as_str).collect();
+        let spec = read_models::spec(name).unwrap_or_else(|| panic!("{name} has no row"));
+        let listed: std::collections::BTreeSet<&str> = spec.ops.iter().copied().collect();
+        assert_eq!(own, listed, "{name}: served ops against the table");
     }
 
     // And a token beyond the stream is refused at once, not answered with the current ledger

@@ -502,7 +502,7 @@ impl Query {
         let started = std::time::Instant::now();
         let answer = engram_rpc::call(
             &self.client,
-            &proto::projector_subject(projector, "search"),
+            &proto::projector_subject(projector, read_models::SEARCH_OP),
             request,
             self.timeout(request.consistency.wait_ms),
         )
@@ -663,7 +663,7 @@ impl Query {
             &scopes,
             &request,
             read_models::FACTS,
-            "query",
+            read_models::QUERY_OP,
             Duration::ZERO,
         )
         .await
@@ -676,7 +676,7 @@ impl Query {
             &scopes,
             &request,
             read_models::SKILLS,
-            "search",
+            read_models::SEARCH_OP,
             Duration::ZERO,
         )
         .await
@@ -881,7 +881,7 @@ impl Query {
             &scopes,
             &request,
             read_models::CONSOLIDATOR,
-            "plan",
+            read_models::PLAN_OP,
             Duration::ZERO,
         )
         .await
@@ -957,8 +957,14 @@ impl Query {
     /// projector.
     pub async fn doc(&self, request: DocRequest) -> Result<DocResponse, Failure> {
         let scopes = request.scopes.clone();
-        self.forward(&scopes, &request, read_models::DOCS, "get", Duration::ZERO)
-            .await
+        self.forward(
+            &scopes,
+            &request,
+            read_models::DOCS,
+            read_models::GET_OP,
+            Duration::ZERO,
+        )
+        .await
     }
 
     /// Working memory of one scope: put, get, delete or list.

@@ -56,8 +56,11 @@ pub const SCOPES: &str = "engram.q.scopes";
 pub const SNAPSHOTS: &str = "engram.q.snapshots";
 pub const DEAD_LETTERS: &str = "engram.q.dead_letters";
 
-/// The projectors the query service reads, by name: each serves `engram.p.<name>.*`, and its
-/// module in the projector services uses the same constant.
+/// Every read model, in one table: its name, the ops it answers beside the ones every
+/// projector serves (ledger, status, snapshot, bootstrap, erase, traces), the bus role it
+/// runs as, and whether a scope can start from its snapshots. The projector registry
+/// (`engram_projectors::REGISTRY`) runs the models; its tests hold it to this table, so a
+/// model added there and not here (or an op renamed on one side) fails them.
 pub mod read_models {
     pub const VECTOR: &str = "vector";
     pub const KEYWORD: &str = "keyword";
@@ -65,12 +68,114 @@ pub mod read_models {
     pub const SKILLS: &str = "skills";
     pub const DOCS: &str = "docs";
     pub const CONSOLIDATOR: &str = "consolidator";
+
+    /// Retrieval (vector, keyword) and skill search: `engram.p.<name>.search`.
+    pub const SEARCH_OP: &str = "search";
+    /// The fact query: `engram.p.facts.query`.
+    pub const QUERY_OP: &str = "query";
+    /// A shared document or the list of them: `engram.p.docs.get`.
+    pub const GET_OP: &str = "get";
+    /// A scope's consolidation plan: `engram.p.consolidator.plan`.
+    pub const PLAN_OP: &str = "plan";
+    /// A memory's nearest neighbours, which the consolidator asks: `engram.p.vector.neighbours`.
+    pub const NEIGHBOURS_OP: &str = "neighbours";
+
+    /// Which bus role, and so which credentials, a model's service runs as.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    pub enum ModelRole {
+        /// Reads the stream and answers queries.
+        Projector,
+        /// A projector that also appends (its scheduled runs' plans): its own role, so the
+        /// plain projectors never get the right to write.
+        Consolidator,
+    }
+
+    impl ModelRole {
+        /// The role of the model `name`. A name outside the table (the registry's tests
+        /// keep every registered one in it) gets the projector role, the one that may not
+        /// append.
+        pub fn of(name: &str) -> Self {
+            spec(name).map_or(Self::Projector, |m| m.role)
+        }
+    }
+
+    /// One read model, as the rest of Engram names it.
+    #[derive(Debug)]
+    pub struct ReadModelSpec {
+        /// Its durable consumer, state files, metrics and `engram.p.<name>.*` subjects.
+        pub name: &'static str,
+        /// The ops it answers as `engram.p.<name>.<op>`, its main query first.
+        pub ops: &'static [&'static str],
+        pub role: ModelRole,
+        /// A scope can start from a slice of its snapshot (`engram.q.bootstrap`): what an
+        /// instance holds locally of its scopes.
+        pub scope_snapshots: bool,
+    }
+
     /// Every read model, in the order a snapshot of all of them is cut.
-    pub const ALL: [&str; 6] = [FACTS, SKILLS, DOCS, CONSOLIDATOR, VECTOR, KEYWORD];
+    pub const TABLE: &[ReadModelSpec] = &[
+        ReadModelSpec {
+            name: FACTS,
+            ops: &[QUERY_OP],
+            role: ModelRole::Projector,
+            scope_snapshots: true,
+        },
+        ReadModelSpec {
+            name: SKILLS,
+            ops: &[SEARCH_OP],
+            role: ModelRole::Projector,
+            scope_snapshots: true,
+        },
+        ReadModelSpec {
+            name: DOCS,
+            ops: &[GET_OP],
+            role: ModelRole::Projector,
+            scope_snapshots: true,
+        },
+        ReadModelSpec {
+            name: CONSOLIDATOR,
+            ops: &[PLAN_OP],
+            role: ModelRole::Consolidator,
+            scope_snapshots: false,
+        },
+        ReadModelSpec {
+            name: VECTOR,
+            ops: &[SEARCH_OP, NEIGHBOURS_OP],
+            role: ModelRole::Projector,
+            scope_snapshots: false,
+        },
+        ReadModelSpec {
+            name: KEYWORD,
+            ops: &[SEARCH_OP],
+            role: ModelRole::Projector,
+            scope_snapshots: false,
+        },
+    ];
+
+    /// Every read model's name, in [`TABLE`] order.
+    pub const ALL: [&str; TABLE.len()] = {
+        let mut all = [""; TABLE.len()];
+        let mut i = 0;
+        while i < TABLE.len() {
+            all[i] = TABLE[i].name;
+            i += 1;
+        }
+        all
+    };
+
+    /// The row of the model `name`.
+    pub fn spec(name: &str) -> Option<&'static ReadModelSpec> {
+        TABLE.iter().find(|m| m.name == name)
+    }
+
+    /// The models a scope can start from a snapshot of, in [`TABLE`] order.
+    pub fn with_scope_snapshots() -> impl Iterator<Item = &'static str> {
+        TABLE.iter().filter(|m| m.scope_snapshots).map(|m| m.name)
+    }
 }
 
-/// The vector model's neighbours endpoint: `engram.p.vector.neighbours`.
-pub const NEIGHBOURS_OP: &str = "neighbours";
+/// See [`read_models::NEIGHBOURS_OP`].
+pub use read_models::NEIGHBOURS_OP;
 
 /// The subject of a projector service's endpoint.
 pub fn projector_subject(projector: &str, op: &str) -> String {
@@ -1365,14 +1470,16 @@ impl ConsolidateRequest {
 impl BootstrapRequest {
     /// Everything but the scopes ([`ScopeRequest::resolve`]).
     pub fn validate(&self) -> Result<(), InvalidField> {
-        if ![read_models::FACTS, read_models::SKILLS, read_models::DOCS]
-            .contains(&self.model.as_str())
-        {
+        let keeps = read_models::spec(self.model.as_str()).is_some_and(|m| m.scope_snapshots);
+        if !keeps {
+            let mut models: Vec<&str> = read_models::with_scope_snapshots().collect();
+            let last = models.pop().unwrap_or_default();
             return Err(InvalidField::new(
                 "model",
                 format!(
-                    "{} keeps no scope snapshots; use facts, skills or docs",
-                    self.model
+                    "{} keeps no scope snapshots; use {} or {last}",
+                    self.model,
+                    models.join(", ")
                 ),
             ));
         }
@@ -1676,37 +1783,37 @@ pub fn json_schema() -> serde_json::Value {
     ];
     let internal = vec![
         endpoint(
-            &projector(read_models::VECTOR, "search"),
+            &projector(read_models::VECTOR, read_models::SEARCH_OP),
             "engram-vector",
             generator.subschema_for::<SearchRequest>(),
             generator.subschema_for::<SearchResponse>(),
         ),
         endpoint(
-            &projector(read_models::VECTOR, NEIGHBOURS_OP),
+            &projector(read_models::VECTOR, read_models::NEIGHBOURS_OP),
             "engram-vector",
             generator.subschema_for::<NeighboursRequest>(),
             generator.subschema_for::<NeighboursResponse>(),
         ),
         endpoint(
-            &projector(read_models::KEYWORD, "search"),
+            &projector(read_models::KEYWORD, read_models::SEARCH_OP),
             "engram-keyword",
             generator.subschema_for::<SearchRequest>(),
             generator.subschema_for::<SearchResponse>(),
         ),
         endpoint(
-            &projector(read_models::FACTS, "query"),
+            &projector(read_models::FACTS, read_models::QUERY_OP),
             "engram-facts",
             generator.subschema_for::<FactsRequest>(),
             generator.subschema_for::<FactsResponse>(),
         ),
         endpoint(
-            &projector(read_models::SKILLS, "search"),
+            &projector(read_models::SKILLS, read_models::SEARCH_OP),
             "engram-skills",
             generator.subschema_for::<SkillsRequest>(),
             generator.subschema_for::<SkillsResponse>(),
         ),
         endpoint(
-            &projector(read_models::DOCS, "get"),
+            &projector(read_models::DOCS, read_models::GET_OP),
             "engram-docs",
             generator.subschema_for::<DocRequest>(),
             generator.subschema_for::<DocResponse>(),
@@ -1759,6 +1866,48 @@ mod tests {
             scope: scope.parse().unwrap(),
             grants: grants.iter().map(|g| g.parse().unwrap()).collect(),
         }
+    }
+
+    #[test]
+    fn the_read_model_table_names_each_model_once_and_bootstrap_follows_it() {
+        let names: Vec<&str> = read_models::TABLE.iter().map(|m| m.name).collect();
+        assert_eq!(read_models::ALL.to_vec(), names);
+        for spec in read_models::TABLE {
+            assert_eq!(
+                names.iter().filter(|n| **n == spec.name).count(),
+                1,
+                "{spec:?}"
+            );
+            assert!(!spec.ops.is_empty(), "{spec:?}: no main op");
+            assert_eq!(
+                read_models::spec(spec.name).map(|m| m.name),
+                Some(spec.name)
+            );
+            assert_eq!(read_models::ModelRole::of(spec.name), spec.role);
+            let asked = BootstrapRequest {
+                scopes: request("task:t1", &[]),
+                model: Ident::parse("model", spec.name).unwrap(),
+                version: None,
+                consistency: Consistency::default(),
+            };
+            assert_eq!(asked.validate().is_ok(), spec.scope_snapshots, "{spec:?}");
+        }
+        let refused = BootstrapRequest {
+            scopes: request("task:t1", &[]),
+            model: Ident::parse("model", read_models::VECTOR).unwrap(),
+            version: None,
+            consistency: Consistency::default(),
+        }
+        .validate()
+        .unwrap_err();
+        assert!(
+            refused.to_string().contains("use facts, skills or docs"),
+            "{refused}"
+        );
+        assert_eq!(
+            read_models::ModelRole::of("not-a-model"),
+            read_models::ModelRole::Projector
+        );
     }
 
     /// Clients in other languages read the published copy; a stale one would mislead them.

@@ -138,7 +138,7 @@ impl Client {
         version: Option<Seq>,
         replay_below: u64,
     ) -> Result<Bootstrapped, BootstrapError> {
-        let models = [read_models::FACTS, read_models::SKILLS, read_models::DOCS];
+        let models: Vec<&'static str> = read_models::with_scope_snapshots().collect();
         if version.is_none() && replay_below > 0 {
             let mut memory = ScopeMemory::default();
             match self
@@ -163,7 +163,7 @@ impl Client {
         let mut skipped = Vec::new();
         let mut from = Seq::MAX;
         let mut requests = Vec::with_capacity(models.len());
-        for model in models {
+        for &model in &models {
             requests.push(BootstrapRequest {
                 scopes: scopes.clone(),
                 model: Ident::parse("model", model)
@@ -192,10 +192,18 @@ impl Client {
                         memory.skills = m;
                         seq
                     }
-                    _ => {
+                    read_models::DOCS => {
                         let (seq, m) = decode::<DocStore>(model, bytes)?;
                         memory.docs = m;
                         seq
+                    }
+                    // A model the table says keeps scope snapshots, which this instance
+                    // does not hold.
+                    other => {
+                        return Err(BootstrapError::Slice {
+                            model: other.to_owned(),
+                            reason: "an instance keeps no such model".to_owned(),
+                        });
                     }
                 },
             };

@@ -26,6 +26,7 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
             .ok()
     };
     use engram_access::RoleName;
+    use engram_memory::proto::read_models::ModelRole;
     let identities: Vec<(RoleName, Option<engram_access::Credentials>)> = [
         RoleName::Projectors,
         RoleName::Consolidator,
@@ -39,10 +40,9 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
         &projectors,
         &engram_projectors::state_dir(&config.home),
         |name, link| {
-            let worker = if name == engram_memory::proto::read_models::CONSOLIDATOR {
-                RoleName::Consolidator
-            } else {
-                RoleName::Projectors
+            let worker = match ModelRole::of(name) {
+                ModelRole::Consolidator => RoleName::Consolidator,
+                ModelRole::Projector => RoleName::Projectors,
             };
             let (role, client_name) =
                 crate::up::service_link(worker, link, &format!("engram-projector-{name}"));

@@ -6,7 +6,7 @@ use std::collections::BTreeMap;
 use anyhow::Context as _;
 use engram_docs::DocId;
 use engram_memory::ScopeKey;
-use engram_memory::proto::ScopeRequest;
+use engram_memory::proto::{ScopeRequest, read_models};
 use engram_schema::{EventKind, Ident, Layer, SubjectFilter};
 use engram_sdk::StartAt;
 use engram_snapshots::SnapshotMeta;
@@ -14,9 +14,6 @@ use futures::StreamExt;
 use serde_json::json;
 
 use super::{Demo, SECTIONS, short_hex};
-
-/// The models a bootstrap loads from snapshots.
-const MODELS: [&str; 3] = ["facts", "skills", "docs"];
 
 pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
     let (team, board) = super::docs::board(demo)?;
@@ -38,8 +35,10 @@ pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
             serde_json::from_value(meta.clone()).context("a snapshot's index entry")?;
         versions.insert(meta.projector.clone(), meta);
     }
+    // The models a bootstrap loads from snapshots.
+    let models: Vec<&str> = read_models::with_scope_snapshots().collect();
     let mut cut_line = Vec::new();
-    for model in MODELS {
+    for &model in &models {
         let meta = versions
             .get(model)
             .with_context(|| format!("no {model} snapshot was cut: {:?}", cut.skipped))?;
@@ -53,7 +52,7 @@ pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
     println!(
         "  snapshot cut of every read model: {} (+{} more; state hashes in `engram snapshot list`)",
         cut_line.join(", "),
-        versions.len() - MODELS.len()
+        versions.len() - models.len()
     );
 
     // Two more events, after the snapshot.
