@@ -31,7 +31,11 @@ pub use payload::{
     FactRetracted, FaultyInstance, Forgotten, ObservedOutcomes, Payload, PayloadError, Retrieved,
     SkillOutcome, SkillRecorded, Used,
 };
-pub use subject::{STREAM_SUBJECTS, SUBJECT_PREFIX, SubjectFilter, parse_subject, subject_for};
+pub use subject::{
+    DEFAULT_PARTITIONS, MAX_PARTITIONS, STORED_SUBJECTS, STREAM_SUBJECTS, SUBJECT_PREFIX,
+    SubjectFilter, parse_subject, partition_filter, partition_of, partition_of_event,
+    stored_subject_for, stream_transform, subject_for, subject_partition, transform_partitions,
+};
 
 /// The envelope version this build writes and the newest it reads.
 pub const SCHEMA_VERSION: u16 = 1;

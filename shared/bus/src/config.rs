@@ -102,6 +102,10 @@ pub struct StreamSettings {
     pub max_age: Duration,
     /// Total size cap in bytes; -1 for none.
     pub max_bytes: i64,
+    /// How many partitions the stream splits tenants' scopes into: each is read in order by
+    /// one owner, and memory nodes own partitions. Fixed when the stream is created; a stream
+    /// of another count is refused, as changing it re-hashes every scope (a migration).
+    pub partitions: u32,
 }
 
 impl Default for StreamSettings {
@@ -113,6 +117,7 @@ impl Default for StreamSettings {
             max_msg_size: 1024 * 1024,
             max_age: Duration::ZERO,
             max_bytes: -1,
+            partitions: engram_schema::DEFAULT_PARTITIONS,
         }
     }
 }
@@ -174,6 +179,14 @@ impl BusConfig {
             return Err(format!(
                 "stream.replicas is {}, expected 1 to 5",
                 self.stream.replicas
+            ));
+        }
+        if self.stream.partitions == 0 || self.stream.partitions > engram_schema::MAX_PARTITIONS {
+            return Err(format!(
+                "stream.partitions is {}, expected 1 to {} (the default is {})",
+                self.stream.partitions,
+                engram_schema::MAX_PARTITIONS,
+                engram_schema::DEFAULT_PARTITIONS
             ));
         }
         if self.stream.duplicate_window.is_zero() {

@@ -80,10 +80,24 @@ impl Bus {
     /// Opens the durable consumer `name` so that its first delivery is the first event after
     /// `checkpoint` (0 means from the beginning). See the module docs for why an existing
     /// consumer that is ahead of the checkpoint is recreated.
-    #[tracing::instrument(skip(self))]
     pub async fn durable_reader(
         &self,
         name: &str,
+        checkpoint: u64,
+        batch: usize,
+    ) -> Result<DurableReader, BusError> {
+        self.durable_reader_of(name, engram_schema::STORED_SUBJECTS, checkpoint, batch)
+            .await
+    }
+
+    /// [`Bus::durable_reader`] over the events of `filter` only (a stored-subject filter,
+    /// such as one partition's: [`engram_schema::partition_filter`]). Stream order holds
+    /// within it.
+    #[tracing::instrument(skip(self))]
+    pub async fn durable_reader_of(
+        &self,
+        name: &str,
+        filter: &str,
         checkpoint: u64,
         batch: usize,
     ) -> Result<DurableReader, BusError> {
@@ -91,7 +105,7 @@ impl Bus {
         let wanted = pull::Config {
             durable_name: Some(name.to_owned()),
             description: Some(format!("engram projector {name}")),
-            filter_subject: engram_schema::STREAM_SUBJECTS.to_owned(),
+            filter_subject: filter.to_owned(),
             deliver_policy: if checkpoint == 0 {
                 DeliverPolicy::All
             } else {
@@ -111,9 +125,9 @@ impl Bus {
                 let acked = info.ack_floor.stream_sequence;
                 // Ahead of the checkpoint: unacked deliveries would come back out of order.
                 // Behind it is fine: the projector skips what it has already applied.
-                // A consumer made by an older engram may filter on more subjects than the
-                // stream now captures; it is recreated at the same point.
-                let stale_filter = info.config.filter_subject != engram_schema::STREAM_SUBJECTS;
+                // A consumer made by an older engram, or for another partition, filters on
+                // other subjects; it is recreated at the same point.
+                let stale_filter = info.config.filter_subject != filter;
                 if delivered > checkpoint || acked > checkpoint || stale_filter {
                     tracing::info!(
                         consumer = name,

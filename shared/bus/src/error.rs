@@ -28,6 +28,21 @@ pub enum BusError {
         "stream {0} does not exist; run `engram up` (or any engram command with provisioning) first"
     )]
     StreamMissing(String),
+    /// The events stream is split into another number of partitions than configured, or
+    /// was made by an engram before partitions.
+    #[error(
+        "the events stream {stream} is {}, but bus.stream.partitions is {wanted}; {}",
+        .existing.map_or_else(|| "not partitioned (an older engram created it)".to_owned(), |n| format!("split into {n} partitions")),
+        match .existing {
+            Some(n) => format!("set bus.stream.partitions = {n} (ENGRAM_BUS__STREAM__PARTITIONS={n}); changing the count re-hashes every scope, which is a migration of the stream (see the README's Partitions section)"),
+            None => "its events must be copied into a partitioned stream before this engram can read them (see the README's Partitions section)".to_owned(),
+        }
+    )]
+    Partitions {
+        stream: String,
+        existing: Option<u32>,
+        wanted: u32,
+    },
     #[error("nats is unavailable: {0}")]
     Unavailable(String),
     #[error("invalid bus configuration: {0}")]

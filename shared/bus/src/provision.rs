@@ -37,6 +37,14 @@ impl Bus {
             name: s.name.clone(),
             description: Some("engram experience events".into()),
             subjects: vec![engram_schema::STREAM_SUBJECTS.into()],
+            // The server appends each event's partition to the subject it stores.
+            subject_transform: Some({
+                let (source, destination) = engram_schema::stream_transform(s.partitions);
+                stream::SubjectTransform {
+                    source,
+                    destination,
+                }
+            }),
             storage: stream::StorageType::File,
             num_replicas: s.replicas,
             duplicate_window: s.duplicate_window,
@@ -135,6 +143,7 @@ impl Bus {
         let stream_created = match self.js.get_stream(&wanted.name).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(js_err)?;
+                check_partitions(&wanted.name, &info.config, self.config.stream.partitions)?;
                 let diffs = stream_diffs(&info.config, &wanted);
                 if info.config.deny_purge || info.config.deny_delete {
                     tracing::warn!(
@@ -227,6 +236,30 @@ impl Bus {
             stream_created,
             bucket_created,
         })
+    }
+}
+
+/// Refuses an events stream partitioned otherwise than configured, or not at all: its
+/// stored subjects say where each scope's events are, so reading it with another count
+/// would look for them in the wrong partitions.
+fn check_partitions(name: &str, existing: &stream::Config, wanted: u32) -> Result<(), BusError> {
+    let existing = existing
+        .subject_transform
+        .as_ref()
+        .filter(|t| t.source == engram_schema::STREAM_SUBJECTS)
+        .and_then(|t| engram_schema::transform_partitions(&t.destination));
+    match existing {
+        Some(count) if count == wanted => Ok(()),
+        Some(count) => Err(BusError::Partitions {
+            stream: name.to_owned(),
+            existing: Some(count),
+            wanted,
+        }),
+        None => Err(BusError::Partitions {
+            stream: name.to_owned(),
+            existing: None,
+            wanted,
+        }),
     }
 }
 

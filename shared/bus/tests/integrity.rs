@@ -57,7 +57,17 @@ async fn an_event_on_another_tenants_subject_is_an_error_item_in_replay_and_tail
             source,
         }) => {
             assert_eq!(*seq, forged_seq);
-            assert_eq!(subject, "engram.evt.attacker.task.mine.episodic");
+            // Stored where it was published, with the partition of the subject's own tokens.
+            let p = engram_schema::partition_of(
+                &engram_testkit::ident("attacker"),
+                engram_schema::ScopeKind::Task,
+                &engram_testkit::ident("mine"),
+                bus.config().stream.partitions,
+            );
+            assert_eq!(
+                subject,
+                &format!("engram.evt.attacker.task.mine.episodic.{p}")
+            );
             assert!(
                 source.to_string().contains(&subject_for(&forged)),
                 "{source}"
@@ -187,7 +197,8 @@ async fn a_wider_stream_from_an_older_version_is_reported_with_the_command_that_
         .iter()
         .find(|c| c.name == "old-projector")
         .unwrap();
-    assert_eq!(consumer.filter, engram_schema::STREAM_SUBJECTS);
+    // Over what the stream stores: the publish subjects with their partition.
+    assert_eq!(consumer.filter, engram_schema::STORED_SUBJECTS);
 }
 
 #[tokio::test]

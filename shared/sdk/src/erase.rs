@@ -79,13 +79,12 @@ pub struct Trace {
 /// How long one projector may take to erase (its wait for the stream included).
 const PROJECTOR_TIMEOUT: Duration = Duration::from_secs(120);
 
+/// The stored subjects of `scope`'s events, every layer and its partition.
 fn subject_of(tenant: &Ident, scope: &Scope) -> String {
-    format!(
-        "{}.{tenant}.{}.{}.*",
-        engram_schema::SUBJECT_PREFIX,
-        scope.kind,
-        scope.id
-    )
+    engram_schema::SubjectFilter::all()
+        .tenant(tenant.clone())
+        .scope(scope.kind, scope.id.clone())
+        .to_subject()
 }
 
 fn keys(tenant: &Ident, scopes: &[Scope]) -> Vec<ScopeKey> {
@@ -373,17 +372,10 @@ impl Client {
     }
 }
 
-/// Whether an event subject is one of `scope`'s (exact tokens: `acme` is not `acme2`).
+/// Whether an event subject, as published or stored, is one of `scope`'s (exact tokens:
+/// `acme` is not `acme2`).
 fn on_scope(subject: &str, tenant: &Ident, scope: &Scope) -> bool {
-    let prefix = format!(
-        "{}.{tenant}.{}.{}.",
-        engram_schema::SUBJECT_PREFIX,
-        scope.kind,
-        scope.id
-    );
-    subject
-        .strip_prefix(&prefix)
-        .is_some_and(|rest| !rest.is_empty() && !rest.contains('.'))
+    engram_schema::parse_subject(subject).is_some_and(|(t, s, _)| t == *tenant && s == *scope)
 }
 
 #[cfg(test)]
@@ -393,6 +385,17 @@ mod tests {
         let t = engram_schema::Ident::parse("t", "acme").unwrap();
         let s: engram_schema::Scope = "task:t1".parse().unwrap();
         assert!(super::on_scope("engram.evt.acme.task.t1.episodic", &t, &s));
+        // As stored, with the partition.
+        assert!(super::on_scope(
+            "engram.evt.acme.task.t1.episodic.7",
+            &t,
+            &s
+        ));
+        assert!(!super::on_scope(
+            "engram.evt.acme.task.t1.notalayer",
+            &t,
+            &s
+        ));
         assert!(!super::on_scope(
             "engram.evt.acme2.task.t1.episodic",
             &t,
