@@ -494,7 +494,9 @@ async fn the_write_listing_and_tail_routes_act_as_the_key_and_show_only_what_it_
     assert!(
         letters
             .iter()
-            .all(|l| l["subject"] == "engram.evt.acme.task.t1.episodic"),
+            .all(|l| l["scope"] == json!({"kind": "task", "id": "t1"})
+                && engram_schema::parse_subject(l["subject"].as_str().unwrap())
+                    .is_some_and(|(t, s, _)| t.as_str() == "acme" && s.to_string() == "task:t1")),
         "a dead letter of an unreadable scope was listed: {body}"
     );
 

@@ -528,6 +528,17 @@ fn wait_for_letters(setup: &Setup, projector: &str, n: usize) -> Vec<Value> {
     }
 }
 
+/// The subject an event published on acme's task `task` is stored on: with its partition.
+fn stored_on(task: &str) -> String {
+    let partition = engram_schema::partition_of(
+        &engram_testkit::ident("acme"),
+        engram_schema::ScopeKind::Task,
+        &engram_testkit::ident(task),
+        engram_schema::DEFAULT_PARTITIONS,
+    );
+    format!("engram.evt.acme.task.{task}.episodic.{partition}")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dlq_list_and_show_raw_published_poison_events() {
     let setup = Setup::start().await;
@@ -557,7 +568,8 @@ async fn dlq_list_and_show_raw_published_poison_events() {
     // Then the list names each one's projector, event seq, subject and reason
     assert_eq!(letters[0]["projector"], "keyword");
     assert_eq!(letters[0]["event_seq"], junk_seq);
-    assert_eq!(letters[0]["subject"], "engram.evt.acme.task.t1.episodic");
+    // The subject it is stored on: where it was published, with its partition.
+    assert_eq!(letters[0]["subject"], stored_on("t1"));
     assert!(!letters[0]["reason"].as_str().unwrap().is_empty());
     assert_eq!(letters[1]["event_seq"], misplaced_seq);
     assert!(
@@ -592,7 +604,7 @@ async fn dlq_list_and_show_raw_published_poison_events() {
         shown[0]["event"]["content"]["text"],
         "published on the wrong scope"
     );
-    assert_eq!(shown[0]["subject"], "engram.evt.acme.task.t2.episodic");
+    assert_eq!(shown[0]["subject"], stored_on("t2"));
     let missing = setup.run(&["dlq", "show", "999"]);
     assert!(!missing.status.success());
     assert!(String::from_utf8_lossy(&missing.stderr).contains("no dead letter at seq 999"));
