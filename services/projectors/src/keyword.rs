@@ -7,11 +7,13 @@
 //!
 //! tantivy is the checkpoint: each publish is a durable commit whose payload holds the apply
 //! ledger (the applied sequence with the count and digest of the events applied), so index
-//! and ledger can never disagree after a crash. A commit is also what makes new documents
-//! searchable. It costs an fsync, so while the projector works through a backlog it commits
-//! every `keyword_commit_interval`, and at the tail at most every `keyword_tail_commit_gap`.
-//! Hits are read from the model, so a memory forgotten or distrusted since the last commit is
-//! shown as it is now.
+//! and ledger can never disagree after a crash. A commit costs an fsync, so while the
+//! projector works through a backlog it commits every `keyword_commit_interval`, and at the
+//! tail at most every `keyword_tail_commit_gap`. What is added between commits is searched
+//! from the index's in-memory tail segment at the same BM25 scores, so a memory is
+//! searchable as soon as it is applied ([`Projection::searchable_when_applied`]); the commit
+//! only makes it durable. Hits are read from the model, so a memory forgotten or distrusted
+//! since the last commit is shown as it is now.
 //!
 //! The ids of forgotten memories and of the signals applied are kept across restarts, so
 //! that a late retry of either (outside the stream's duplicate window) is indexed or applied
@@ -58,8 +60,7 @@ pub struct KeywordProjection {
     reader: RwLock<Option<KeywordReader>>,
     /// Every memory applied, committed or not: hits' text, provenance and confidence.
     text: Arc<RwLock<TextMemories>>,
-    /// The sequence of the last commit, which the reader has loaded: what searches report
-    /// visible.
+    /// The last sequence applied to the index and its tail: what searches report visible.
     visible: Arc<AtomicU64>,
     /// What the next commit makes durable besides the documents.
     staged: Mutex<Staged>,
@@ -514,9 +515,9 @@ impl KeywordProjection {
         let (text, visible) = (self.text.clone(), self.visible.clone());
         tokio::task::spawn_blocking(move || {
             // The sequence this answer reports visible is read before the search takes its
-            // searcher: it moves to a commit's sequence only after the reader was reloaded
-            // with that commit, so the searcher sees at least this much. Read after the
-            // search, it could name a commit that landed while an older searcher ran.
+            // searcher and tail: it moves only once a batch is in the index's tail, so the
+            // search sees at least this much. Read after the search, it could name a batch
+            // applied while the search ran.
             let visible_seq = visible.load(Ordering::Acquire);
             // One search, as deep as the hits, the ranks after them (`rest`) and the scoring
             // of specific memories need. BM25 of a memory beyond the depth is absent, which is
@@ -715,12 +716,17 @@ impl Projection for KeywordProjection {
             }
         }
         if let Some(last) = events.last() {
-            self.text
-                .write()
-                .unwrap_or_else(|p| p.into_inner())
-                .advance_to(last.seq);
+            let mut text = self.text.write().unwrap_or_else(|p| p.into_inner());
+            text.advance_to(last.seq);
+            // Every document of the batch is in the index's tail: searchable now.
+            self.visible.store(text.applied(), Ordering::Release);
         }
+        engram_telemetry::metrics::KEYWORD_TAIL_DOCS.set(index.reader().tail_len() as i64);
         Ok(rejected)
+    }
+
+    fn searchable_when_applied(&self) -> bool {
+        true
     }
 
     async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {

@@ -166,3 +166,99 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
     stop.cancel();
     running.join().await.unwrap();
 }
+
+/// The keyword projector alone, with commits an hour apart, in `dir`.
+fn rarely_committing() -> ProjectorsConfig {
+    ProjectorsConfig {
+        run: vec![ProjectorName::KEYWORD],
+        embedder: EmbedderConfig::ClientSupplied {
+            model: "none".into(),
+            dim: 4,
+        },
+        keyword_tail_commit_gap: Duration::from_secs(3600),
+        keyword_commit_interval: Duration::from_secs(3600),
+        checkpoint_interval: Duration::from_secs(3600),
+        checkpoint_every: u64::MAX,
+        embed_cache_memory_mb: 4,
+        embed_cache_disk_mb: 8,
+        ..ProjectorsConfig::default()
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_is_found_as_soon_as_it_is_applied_long_before_its_commit() {
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let config = rarely_committing();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let bus_config = nats.bus_config();
+    let running = engram_projectors::start(
+        &config,
+        dir.path(),
+        move |_, _| Bus::connect(bus_config.clone()),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    let scope = ScopeKey::of(&event("acme", "t1", "x"));
+
+    // Given a first write, searched with its token (so the index is open and has caught up)
+    let mut appended = Vec::new();
+    for text in ["the first needle", "a second needle", "the third needle"] {
+        let seq = bus
+            .append(&event("acme", "t1", text), Default::default())
+            .await
+            .unwrap()
+            .seq;
+        appended.push(seq);
+        // When each is searched with its own token
+        let request = SearchRequest {
+            scopes: vec![scope.clone()],
+            query: "needle".into(),
+            vector: None,
+            k: 10,
+            filter: MemoryFilter::default(),
+            consistency: Consistency {
+                min_seq: Some(seq),
+                wait_ms: Some(20_000),
+            },
+            score_also: Vec::new(),
+            rest: 0,
+        };
+        let answer: SearchResponse = engram_rpc::call(
+            bus.client(),
+            &projector_subject("keyword", "search"),
+            &request,
+            Duration::from_secs(30),
+        )
+        .await
+        .unwrap();
+        // Then it is found, with all before it, while no commit has been made: from the tail
+        let found: Vec<Seq> = answer.hits.iter().map(|h| h.hit.seq).collect();
+        for s in &appended {
+            assert!(found.contains(s), "seq {s} missing from {found:?}");
+        }
+        assert!(answer.visible_seq >= seq);
+    }
+    // The index's last commit (its payload names the sequence it holds) is older than every
+    // write found: each came from the tail.
+    let meta = std::fs::read_to_string(dir.path().join("keyword").join("meta.json")).unwrap();
+    let committed: Seq = meta
+        .split("applied_seq=")
+        .nth(1)
+        .map(|rest| {
+            rest.chars()
+                .take_while(char::is_ascii_digit)
+                .collect::<String>()
+                .parse()
+                .unwrap()
+        })
+        .unwrap_or(0);
+    assert!(
+        committed < appended[0],
+        "the index committed seq {committed}, so the writes may have come from a commit"
+    );
+    stop.cancel();
+    running.join().await.unwrap();
+}

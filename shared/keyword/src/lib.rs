@@ -11,7 +11,13 @@
 //!
 //! The query service holds [`KeywordReader`]s (cheap clones). A commit reloads the readers
 //! before it publishes its sequence, so a reader that sees `committed_seq() >= n` also finds
-//! every memory up to `n`: this is what read-your-writes tokens wait on.
+//! every memory up to `n`.
+//!
+//! What was added since the last commit is searched too, from the tail segment (`tail`): an
+//! in-memory index of those documents, scored with the same BM25 over statistics that count
+//! them, so an added memory is found at once, at the score its commit will give it. The
+//! commit makes it durable; until then a crash loses it with the tail, and the projector
+//! replays it.
 //!
 //! Scopes are matched as whole opaque terms ([`ScopeKey::token`]), never by prefix or case
 //! folding, and a search with no scopes finds nothing. User query text is analysed into terms
@@ -28,11 +34,12 @@
 mod error;
 mod query;
 pub mod schema;
+mod tail;
 
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 
 use engram_memory::{Hit, MemoryFilter, MemoryMeta, ScopeKey, Seq};
 use tantivy::collector::{Count, TopDocs};
@@ -48,6 +55,7 @@ use tantivy::{Index, IndexBuilder, IndexReader, IndexWriter, ReloadPolicy, Tanti
 pub use crate::error::KeywordError;
 pub use crate::query::MAX_QUERY_TERMS;
 use crate::schema::{DIGEST_HI, DIGEST_LO, Fields, SEQ, seq_term};
+use crate::tail::{TailSegment, WithTail};
 
 /// Indexing memory budget. tantivy flushes a segment when a thread fills its share, so this
 /// bounds writer memory whatever the batch size between commits.
@@ -93,6 +101,10 @@ pub struct KeywordReader {
     /// The sequence of the commit readers can see; raised only after the reload that makes
     /// that commit visible.
     committed: Arc<AtomicU64>,
+    /// Documents added since that commit. A commit reloads the reader and empties it under
+    /// its write lock; a search takes its searcher under the read lock: together, every
+    /// document is in exactly one of the two.
+    tail: Arc<RwLock<TailSegment>>,
 }
 
 impl KeywordIndex {
@@ -159,6 +171,7 @@ impl KeywordIndex {
             fields,
             analyzer: index.tokenizer_for_field(fields.text)?,
             committed: Arc::new(AtomicU64::new(committed)),
+            tail: Arc::default(),
         };
         let high_water = reader.max_seq()?;
         Ok(Self {
@@ -171,8 +184,16 @@ impl KeywordIndex {
     }
 
     /// Stages `text` as the memory `meta.seq`, replacing any memory with that sequence.
-    /// Invisible to searches, and lost on a crash, until the next [`commit`](Self::commit).
+    /// Searchable at once (from the tail), and lost on a crash until the next
+    /// [`commit`](Self::commit).
     pub fn add(&mut self, meta: &MemoryMeta, text: &str) -> Result<(), KeywordError> {
+        self.stage(meta, text)?;
+        self.tail().insert(&self.reader.analyzer, meta, text);
+        Ok(())
+    }
+
+    /// [`add`](Self::add) without the tail: for a replacement committed in the same call.
+    fn stage(&mut self, meta: &MemoryMeta, text: &str) -> Result<(), KeywordError> {
         if meta.seq <= self.high_water {
             self.writer
                 .delete_term(seq_term(&self.reader.fields, meta.seq));
@@ -183,10 +204,17 @@ impl KeywordIndex {
         Ok(())
     }
 
-    /// Stages the removal of memory `seq`; removing an absent memory is not an error.
+    /// Stages the removal of memory `seq`; removing an absent memory is not an error. A
+    /// committed memory stays searchable until the commit; callers that must hide it sooner
+    /// filter hits by what they hold.
     pub fn delete(&mut self, seq: Seq) -> Result<(), KeywordError> {
         self.writer.delete_term(seq_term(&self.reader.fields, seq));
+        self.tail().remove(seq);
         Ok(())
+    }
+
+    fn tail(&self) -> std::sync::RwLockWriteGuard<'_, TailSegment> {
+        self.reader.tail.write().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Stages the removal of every memory of `scope` (an erasure), by its whole scope term:
@@ -195,6 +223,7 @@ impl KeywordIndex {
     pub fn delete_scope(&mut self, scope: &ScopeKey) -> Result<(), KeywordError> {
         self.writer
             .delete_term(schema::scope_term(&self.reader.fields, scope));
+        self.tail().remove_scope(scope);
         Ok(())
     }
 
@@ -326,7 +355,11 @@ impl KeywordIndex {
         prepared.set_payload(&payload);
         prepared.commit()?;
         self.committed_note = note.map(str::to_owned);
+        // Under the tail's lock: a search sees the tail's documents either in the tail or in
+        // the reloaded searcher, never in both or neither.
+        let mut tail = self.reader.tail.write().unwrap_or_else(|p| p.into_inner());
         self.reader.reader.reload()?;
+        tail.clear();
         self.reader.committed.store(applied_seq, Ordering::Release);
         Ok(())
     }
@@ -337,6 +370,7 @@ impl KeywordIndex {
         // Without the rollback, documents still buffered in the indexing thread could outlive
         // `delete_all_documents` and reappear at the commit.
         self.writer.rollback()?;
+        self.tail().clear();
         self.writer.delete_all_documents()?;
         self.durable_commit(0, None)?;
         self.high_water = 0;
@@ -358,6 +392,7 @@ impl KeywordIndex {
         // As in `clear`: without the rollback, documents still buffered in the indexing
         // thread could outlive `delete_all_documents`.
         self.writer.rollback()?;
+        self.tail().clear();
         let result = self.add_all_and_commit(memories, applied_seq, note);
         if result.is_err() {
             // Discard the half-staged replacement; the high-water mark of the last commit
@@ -377,7 +412,7 @@ impl KeywordIndex {
         self.writer.delete_all_documents()?;
         self.high_water = 0;
         for (meta, text) in memories {
-            self.add(meta, text)?;
+            self.stage(meta, text)?;
         }
         self.durable_commit(applied_seq, Some(note))
     }
@@ -433,7 +468,8 @@ impl KeywordReader {
     }
 
     /// The `k` memories of `scopes` that best match `query` by BM25 (k1 = 1.2, b = 0.75) and
-    /// pass `filter`, best first; ties go to the lower sequence.
+    /// pass `filter`, best first; ties go to the lower sequence. Committed memories and those
+    /// added since (the tail) are scored alike, over statistics that count both.
     ///
     /// `query` is analysed like memory text and its terms are OR-ed, so any text is valid;
     /// text with no words (empty, only punctuation or emoji) matches nothing. So do an empty
@@ -449,16 +485,37 @@ impl KeywordReader {
             return Ok(Vec::new());
         }
         let terms = query::text_terms(&self.analyzer, self.fields.text, query);
+        let (searcher, tail_stats, tail_hits, in_tail) = {
+            let tail = self.tail.read().unwrap_or_else(|p| p.into_inner());
+            let searcher = self.reader.searcher();
+            let stats = tail.stats(&terms);
+            let with_tail = WithTail {
+                searcher: &searcher,
+                tail: &stats,
+                text: self.fields.text,
+            };
+            let hits = tail.search(&with_tail, &terms, scopes, filter)?;
+            (searcher, stats, hits, tail.seqs())
+        };
         let Some(query) = query::build(&self.fields, terms, scopes, filter) else {
             return Ok(Vec::new());
         };
-        let searcher = self.reader.searcher();
         // TopDocs preallocates for its limit, so a huge `k` must not reach it.
         let limit = k.min(usize::try_from(searcher.num_docs()).unwrap_or(usize::MAX));
-        if limit == 0 {
-            return Ok(Vec::new());
-        }
-        let top = searcher.search(&*query, &TopDocs::with_limit(limit).order_by_score())?;
+        let top = if limit == 0 {
+            Vec::new()
+        } else {
+            let stats = WithTail {
+                searcher: &searcher,
+                tail: &tail_stats,
+                text: self.fields.text,
+            };
+            searcher.search_with_statistics_provider(
+                &*query,
+                &TopDocs::with_limit(limit).order_by_score(),
+                &stats,
+            )?
+        };
 
         let mut seq_columns: HashMap<u32, Column<u64>> = HashMap::new();
         let mut hits = Vec::with_capacity(top.len());
@@ -477,8 +534,18 @@ impl KeywordReader {
                 hits.push(Hit { seq, score });
             }
         }
+        // A memory given a new confidence since the commit is in both, with the same text:
+        // one hit, the tail's (what the commit will hold).
+        hits.retain(|h| !in_tail.contains(&h.seq));
+        hits.extend(tail_hits);
         hits.sort_by(|a, b| b.score.total_cmp(&a.score).then(a.seq.cmp(&b.seq)));
+        hits.truncate(k);
         Ok(hits)
+    }
+
+    /// Memories added since the last commit, searched from the tail.
+    pub fn tail_len(&self) -> usize {
+        self.tail.read().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// Memories in the last commit.

@@ -652,18 +652,114 @@ fn readers_see_a_commit_as_soon_as_it_returns() {
     let mut index = KeywordIndex::in_ram().unwrap();
     let reader: KeywordReader = index.reader();
     index.add(&meta(1, &a), "fresh write").unwrap();
-    assert!(
-        reader
-            .search("fresh", from_ref(&a), &any(), 10)
-            .unwrap()
-            .is_empty()
-    );
     assert_eq!(reader.committed_seq(), 0);
+    assert_eq!(reader.tail_len(), 1);
     index.commit(1).unwrap();
     assert_eq!(reader.committed_seq(), 1);
+    assert_eq!(reader.tail_len(), 0, "the commit holds what the tail held");
     assert_eq!(
         seqs(&reader.search("fresh", &[a], &any(), 10).unwrap()),
         vec![1]
+    );
+}
+
+/// Scores by sequence, rounded so that two float sums of the same terms compare equal.
+fn scores(hits: &[Hit]) -> Vec<(Seq, i64)> {
+    hits.iter()
+        .map(|h| (h.seq, (f64::from(h.score) * 1e4).round() as i64))
+        .collect()
+}
+
+#[test]
+fn an_added_memory_is_found_before_its_commit_at_the_score_the_commit_gives_it() {
+    // Given committed memories of two scopes
+    let (a, b) = (team("a"), team("b"));
+    let mut index = KeywordIndex::in_ram().unwrap();
+    let reader = index.reader();
+    let committed = [
+        "the deploy failed on friday",
+        "deploys run on tuesdays",
+        "the cache warms at start",
+    ];
+    for (i, text) in committed.iter().enumerate() {
+        index.add(&meta(i as u64 + 1, &a), text).unwrap();
+    }
+    index
+        .add(&meta(4, &b), "deploy keys rotate monthly")
+        .unwrap();
+    index.commit(4).unwrap();
+
+    // When more are added, not yet committed (one rare word, one common)
+    index
+        .add(
+            &meta(5, &a),
+            "the friday deploy failed again, deploy rolled back",
+        )
+        .unwrap();
+    index.add(&meta(6, &b), "zeppelin maintenance").unwrap();
+    let before = reader
+        .search("deploy failed friday", from_ref(&a), &any(), 10)
+        .unwrap();
+    let rare_before = reader.search("zeppelin", from_ref(&b), &any(), 10).unwrap();
+
+    // Then they are found at once, ranked among the committed ones, only in their scope
+    assert!(seqs(&before).contains(&5), "{before:?}");
+    assert!(!seqs(&before).contains(&6));
+    assert_eq!(seqs(&rare_before), vec![6]);
+    // And the commit changes no score and no rank: the tail was scored as the commit scores
+    index.commit(6).unwrap();
+    let after = reader
+        .search("deploy failed friday", from_ref(&a), &any(), 10)
+        .unwrap();
+    assert_eq!(scores(&before), scores(&after));
+    assert_eq!(
+        scores(&rare_before),
+        scores(&reader.search("zeppelin", &[b], &any(), 10).unwrap())
+    );
+}
+
+#[test]
+fn a_memory_changed_or_removed_before_its_commit_is_searched_as_it_is_now() {
+    let (a, b) = (team("a"), team("b"));
+    let mut index = index_with(&a, &["the api key is in vault", "vault opens at nine"]);
+    // A committed memory added again with a lower confidence: one hit, filtered by the new one
+    let mut lowered = meta(1, &a);
+    lowered.confidence = 0.25;
+    index.add(&lowered, "the api key is in vault").unwrap();
+    let trusted = MemoryFilter {
+        min_confidence: Some(0.5),
+        ..MemoryFilter::default()
+    };
+    assert_eq!(
+        seqs(&index.search("vault", from_ref(&a), &any(), 10).unwrap())
+            .iter()
+            .filter(|s| **s == 1)
+            .count(),
+        1
+    );
+    assert_eq!(
+        seqs(&index.search("vault", from_ref(&a), &trusted, 10).unwrap()),
+        vec![2]
+    );
+    // A memory added and deleted before the commit is gone at once
+    index
+        .add(&meta(3, &a), "vault moved to the basement")
+        .unwrap();
+    index.delete(3).unwrap();
+    assert!(!seqs(&index.search("basement", from_ref(&a), &any(), 10).unwrap()).contains(&3));
+    // And an erased scope's uncommitted memories go with it
+    index.add(&meta(4, &b), "vault of scope b").unwrap();
+    index.delete_scope(&b).unwrap();
+    assert!(
+        index
+            .search("vault", from_ref(&b), &any(), 10)
+            .unwrap()
+            .is_empty()
+    );
+    assert_eq!(
+        index.reader().tail_len(),
+        1,
+        "only the lowered memory is left uncommitted"
     );
 }
 

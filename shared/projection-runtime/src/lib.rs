@@ -188,6 +188,14 @@ pub trait Projection: Send + Sync + 'static {
     fn applies_doc_changes(&self) -> bool {
         false
     }
+
+    /// Whether what [`apply`](Self::apply) took is searchable as soon as it returns, even
+    /// when [`publish`](Self::publish) (a durable commit) is spaced out: the keyword index
+    /// searches its uncommitted tail. Queries' read-your-writes waits then end at the apply,
+    /// not at the next commit. Models that apply in place publish every batch anyway.
+    fn searchable_when_applied(&self) -> bool {
+        false
+    }
 }
 
 /// Failures that stop a projector.
@@ -787,6 +795,9 @@ impl<P: Projection> Projector<P> {
         batch: &[Delivery],
     ) -> Result<(), ProjectionError> {
         self.apply_fresh(state, batch).await?;
+        if self.projection.searchable_when_applied() {
+            self.publish_visible(state.applied());
+        }
         state.caught_up = batch.last().is_some_and(|d| d.pending == 0);
         if state.unpublished() && state.last_publish.elapsed() >= state.publish_gap(&self.settings)
         {

@@ -367,6 +367,17 @@ pub static PROJECTOR_DEAD_LETTERS_DROPPED: LazyLock<IntCounterVec> = LazyLock::n
         &["projector"],
     )
 });
+/// Keyword memories applied since the last commit, searched from the index's tail segment:
+/// how much a crash would replay, and how much the tail costs each search.
+pub static KEYWORD_TAIL_DOCS: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "engram_keyword_tail_docs",
+            "keyword memories searchable but not yet committed",
+        )
+        .unwrap(),
+    )
+});
 /// The last sequence whose effects queries can see.
 pub static PROJECTOR_VISIBLE_SEQ: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge(
