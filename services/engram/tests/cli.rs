@@ -252,6 +252,54 @@ async fn a_batch_with_one_bad_event_appends_nothing_and_names_it() {
 }
 
 #[tokio::test]
+async fn a_replay_piped_into_an_append_copies_a_stream_once_with_its_event_ids() {
+    // Given events of two scopes in one server's stream
+    let from = Setup::bare().await;
+    let mut other = observation("elsewhere");
+    other["scope"] = json!({"kind": "task", "id": "t2"});
+    from.append(&[observation("first"), observation("second"), other]);
+    let replayed = from.ok(&["--json", "replay"]);
+    // When its replay is appended into another server's stream, twice (a retried copy)
+    let to = Setup::bare().await;
+    for _ in 0..2 {
+        let out = to.run_with_stdin(&["append"], &replayed);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    // Then it holds each event once, with the same ids, scopes and texts, partitioned anew
+    let source: Vec<Value> = lines(&replayed)
+        .into_iter()
+        .map(|l| l["event"].clone())
+        .collect();
+    let copied: Vec<Value> = to
+        .json(&["replay"])
+        .into_iter()
+        .map(|l| {
+            assert!(
+                engram_schema::subject_partition(l["subject"].as_str().unwrap()).is_some(),
+                "{l}"
+            );
+            l["event"].clone()
+        })
+        .collect();
+    assert_eq!(copied.len(), 3);
+    let key = |e: &Value| {
+        (
+            e["event_id"].clone(),
+            e["scope"].clone(),
+            e["content"]["text"].clone(),
+        )
+    };
+    assert_eq!(
+        copied.iter().map(key).collect::<Vec<_>>(),
+        source.iter().map(key).collect::<Vec<_>>()
+    );
+}
+
+#[tokio::test]
 async fn a_fact_with_a_malformed_payload_is_refused_naming_the_field() {
     let setup = Setup::bare().await;
     let mut no_subject = fact("a1", "postgres 16", "2026-06-01T00:00:00Z");

@@ -122,7 +122,8 @@ fn parse_events(codec: &Codec, args: &AppendArgs) -> anyhow::Result<Vec<Envelope
                 continue;
             }
         };
-        for mut value in objects {
+        for value in objects {
+            let mut value = replayed_event(value);
             apply_defaults(&mut value, args);
             match codec.decode_json(&value.to_string()) {
                 Ok(event) => events.push(event),
@@ -138,6 +139,26 @@ fn parse_events(codec: &Codec, args: &AppendArgs) -> anyhow::Result<Vec<Envelope
         );
     }
     Ok(events)
+}
+
+/// The event of a line `engram replay --json` printed (`{"seq", "subject", ..., "event"}`),
+/// or the object itself: so the events of one stream can be copied into another by piping
+/// a replay into an append (a stream made before partitions is moved that way; see the
+/// README's Partitions section). The copy keeps every event id, so appending it twice
+/// stores it once within the stream's duplicate window.
+fn replayed_event(value: serde_json::Value) -> serde_json::Value {
+    match value {
+        serde_json::Value::Object(mut object)
+            if object.contains_key("seq")
+                && object.contains_key("subject")
+                && object
+                    .get("event")
+                    .is_some_and(serde_json::Value::is_object) =>
+        {
+            object.remove("event").unwrap_or_default()
+        }
+        other => other,
+    }
 }
 
 /// Flags fill fields a JSON event leaves out; they never override what the event says.
