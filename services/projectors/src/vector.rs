@@ -9,6 +9,11 @@
 //! here, found by keyword), so that what it says and its confidence do not depend on the
 //! embedder. One `VectorIndex` per scope keeps scopes apart by construction: a search only
 //! ever touches the indexes of the scopes it was given.
+//!
+//! A batch's vectors are appended to their indexes' flat stores, where searches scan them, and
+//! the batch is visible as soon as that is done; linking them into a large scope's HNSW graph
+//! (about a millisecond each) happens after, on a thread of its own ([`Linker`]). Applying
+//! waits while more than [`MAX_UNLINKED`] vectors are still to link, so the scan stays short.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::PathBuf;
@@ -34,9 +39,14 @@ pub use engram_text::Memory;
 
 pub const NAME: &str = engram_memory::proto::read_models::VECTOR;
 
-/// Vectors inserted per hold of the state's write lock: about 30 ms of graph work on two
-/// cores, the longest a search waits behind a batch.
+/// Vectors linked into a graph per hold of the state's write lock: about 30 ms of graph work
+/// on two cores, the longest a search waits behind the linker.
 const INSERT_CHUNK: usize = 64;
+
+/// The most vectors left for the linker before applying waits for it: what a search of a
+/// large scope scans besides its graph walk (4,096 dot products of 384 dimensions: well under
+/// a millisecond).
+const MAX_UNLINKED: usize = 4_096;
 
 #[derive(Default)]
 struct State {
@@ -46,6 +56,8 @@ struct State {
     /// model moves ahead of it while a batch's vectors are still being inserted.
     visible: Seq,
     scopes: HashMap<ScopeKey, VectorIndex>,
+    /// Scopes whose index has vectors waiting for its graph ([`Linker`]).
+    unlinked: HashSet<ScopeKey>,
 }
 
 impl State {
@@ -156,6 +168,7 @@ impl State {
             }),
             scopes: HashMap::new(),
             visible: ledger.seq,
+            unlinked: HashSet::new(),
         };
         let writer_unknown = state
             .text
@@ -249,18 +262,26 @@ pub struct VectorProjection {
     embedder: Arc<dyn Embedder>,
     params: HnswParams,
     state: Arc<RwLock<State>>,
+    linker: Arc<Linker>,
 }
 
 impl VectorProjection {
     pub fn new(dir: impl Into<PathBuf>, embedder: Arc<dyn Embedder>, params: HnswParams) -> Self {
         let dir = dir.into();
+        let state: Arc<RwLock<State>> = Arc::default();
         Self {
             path: dir.join("vector.snap"),
             dir,
             embedder,
             params,
-            state: Arc::default(),
+            linker: Arc::new(Linker::start(state.clone())),
+            state,
         }
+    }
+
+    /// Vectors appended and not yet linked into their scopes' graphs, for status and tests.
+    pub fn unlinked(&self) -> usize {
+        unlinked_count(&self.read())
     }
 
     pub fn embedder(&self) -> &Arc<dyn Embedder> {
@@ -557,10 +578,12 @@ impl Projection for VectorProjection {
             vectors.extend(to_embed.into_iter().zip(embedded));
         }
         let events = events.to_vec();
-        let (state, params) = (self.state.clone(), self.params.clone());
-        // Graph inserts are milliseconds each: off the async threads, linked in parallel, and
-        // in chunks so that searches get the lock between them.
+        let (state, params, linker) =
+            (self.state.clone(), self.params.clone(), self.linker.clone());
+        // Off the async threads: a batch may wait for the linker, and a compaction rebuilds a
+        // graph.
         let mut rejected = tokio::task::spawn_blocking(move || {
+            linker.wait_below(&state, MAX_UNLINKED);
             let mut rejected = Vec::new();
             let mut pending: Vec<Pending> = Vec::new();
             let mut worn: HashSet<ScopeKey> = HashSet::new();
@@ -633,9 +656,10 @@ impl Projection for VectorProjection {
             if let Some(last) = events.last() {
                 let mut state = state.write().unwrap_or_else(|p| p.into_inner());
                 state.text.advance_to(last.seq);
-                // Searches report this batch visible only now, with every vector inserted.
+                // Searches report this batch visible only now, with every vector stored.
                 state.visible = state.text.applied();
             }
+            linker.wake();
             rejected
         })
         .await
@@ -832,7 +856,8 @@ async fn embed_each(
 /// scope.
 type Pending = (usize, Seq, ScopeKey, Vec<f32>);
 
-/// Inserts the pending vectors under one hold of the write lock and empties `pending`; a
+/// Appends the pending vectors to their indexes' flat stores under one hold of the write lock
+/// (searchable at once; the [`Linker`] links them into graphs), and empties `pending`; a
 /// vector the index refuses goes to `rejected` (its memory stays, without a vector).
 fn insert_chunk(
     state: &RwLock<State>,
@@ -857,7 +882,7 @@ fn insert_chunk(
             .iter()
             .map(|&i| (pending[i].1, pending[i].3.as_slice()))
             .collect();
-        for (&i, result) in members.iter().zip(index.insert_many(&items)) {
+        for (&i, result) in members.iter().zip(index.append_many(&items)) {
             if let Err(e) = result {
                 rejected.push(Rejected {
                     index: pending[i].0,
@@ -865,8 +890,96 @@ fn insert_chunk(
                 });
             }
         }
+        if index.pending_links() > 0 {
+            state.unlinked.insert(scope.clone());
+        }
     }
     pending.clear();
+}
+
+/// Vectors waiting for their graphs, over every scope that has some.
+fn unlinked_count(state: &State) -> usize {
+    state
+        .unlinked
+        .iter()
+        .filter_map(|scope| state.scopes.get(scope))
+        .map(VectorIndex::pending_links)
+        .sum()
+}
+
+/// Links appended vectors into their scopes' graphs on a thread of its own (see the module
+/// docs), a chunk per hold of the write lock. It ends when its projection is dropped.
+struct Linker {
+    wake: std::sync::mpsc::SyncSender<()>,
+    /// Notified after every chunk, for an apply waiting on [`MAX_UNLINKED`].
+    progress: Arc<(std::sync::Mutex<()>, std::sync::Condvar)>,
+}
+
+impl Linker {
+    fn start(state: Arc<RwLock<State>>) -> Self {
+        let (wake, woken) = std::sync::mpsc::sync_channel::<()>(1);
+        let progress = Arc::new((std::sync::Mutex::new(()), std::sync::Condvar::new()));
+        let notify = progress.clone();
+        std::thread::Builder::new()
+            .name("vector-linker".into())
+            .spawn(move || {
+                while woken.recv().is_ok() {
+                    link_all(&state, &notify);
+                }
+            })
+            .expect("the vector linker thread starts");
+        Self { wake, progress }
+    }
+
+    fn wake(&self) {
+        // A full channel means a wake-up is already pending; it links everything.
+        let _ = self.wake.try_send(());
+    }
+
+    /// Blocks while more than `max` vectors wait for the linker.
+    fn wait_below(&self, state: &RwLock<State>, max: usize) {
+        loop {
+            let waiting = unlinked_count(&state.read().unwrap_or_else(|p| p.into_inner()));
+            if waiting <= max {
+                return;
+            }
+            self.wake();
+            let (lock, signal) = &*self.progress;
+            let guard = lock.lock().unwrap_or_else(|p| p.into_inner());
+            // A timeout, not a bare wait: a chunk may finish between the count and the wait.
+            let _ = signal.wait_timeout(guard, std::time::Duration::from_millis(20));
+        }
+    }
+}
+
+/// Links every scope's waiting vectors, a chunk per hold of the write lock.
+fn link_all(state: &RwLock<State>, progress: &(std::sync::Mutex<()>, std::sync::Condvar)) {
+    loop {
+        let next = state
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .unlinked
+            .iter()
+            .next()
+            .cloned();
+        let Some(scope) = next else {
+            return;
+        };
+        {
+            let mut state = state.write().unwrap_or_else(|p| p.into_inner());
+            let done = match state.scopes.get_mut(&scope) {
+                Some(index) => {
+                    index.link_pending(INSERT_CHUNK);
+                    index.pending_links() == 0
+                }
+                None => true,
+            };
+            if done {
+                state.unlinked.remove(&scope);
+            }
+        }
+        progress.1.notify_all();
+    }
 }
 
 /// Removes forgotten memory `seq` from its scope's index; returns whether the index now
@@ -934,6 +1047,7 @@ fn erase_scopes(state: &RwLock<State>, keys: &HashSet<ScopeKey>) -> u64 {
     let (erased, indexes) = {
         let mut state = state.write().unwrap_or_else(|p| p.into_inner());
         let erased = state.text.erase(keys);
+        state.unlinked.retain(|k| !keys.contains(k));
         let indexes: Vec<VectorIndex> =
             keys.iter().filter_map(|k| state.scopes.remove(k)).collect();
         (erased, indexes)
@@ -1265,5 +1379,91 @@ mod tests {
         );
         assert_eq!(restarted.erase(&[erased]).await.unwrap(), 0);
         assert_eq!(restarted.traces(&[kept, other_tenant]).await, 5);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_batch_is_searchable_when_applied_and_its_graph_links_follow_without_loss() {
+        use engram_fixtures::synthetic::{Mixture, MixtureSpec};
+        use rand::SeedableRng;
+
+        // Given a scope with a graph (exact below 2), clustered client vectors (what a graph
+        // can be walked on), and a batch of memories applied at once
+        let dir = tempfile::tempdir().unwrap();
+        let dim = 32;
+        let open = |dir: &std::path::Path| {
+            let params = HnswParams {
+                exact_below: 2,
+                ..HnswParams::default()
+            };
+            VectorProjection::new(dir, Arc::new(HashEmbedder::new(dim)), params)
+        };
+        let vector = open(dir.path());
+        vector.restore().await.unwrap();
+        let scope = key("acme", "t1");
+        let mixture = Mixture::new(
+            MixtureSpec {
+                dim,
+                clusters: 6,
+                ..MixtureSpec::default()
+            },
+            7,
+        );
+        let mut rng = rand::rngs::StdRng::seed_from_u64(7);
+        let with_vector = |i: usize, rng: &mut rand::rngs::StdRng| {
+            let mut e = memory("acme", "t1", &format!("memory {i}"));
+            e.embedding = Some(engram_schema::Embedding {
+                model: format!("hash-{dim}"),
+                vector: mixture.sample(rng),
+            });
+            e
+        };
+        let events: Vec<Envelope> = (0..300).map(|i| with_vector(i, &mut rng)).collect();
+        let batch = stored(&events, 1);
+        assert!(vector.apply(&batch).await.unwrap().is_empty());
+        let find = |e: &Envelope| SearchRequest {
+            scopes: vec![scope.clone()],
+            query: e.content.text.clone(),
+            vector: e.embedding.as_ref().map(|v| v.vector.clone()),
+            k: 1,
+            filter: MemoryFilter::default(),
+            consistency: Consistency::default(),
+            score_also: Vec::new(),
+            rest: 0,
+        };
+        // Then each memory is its own best match as soon as apply returns, linked or not
+        for e in events.iter().step_by(37) {
+            let hits = vector.search(&find(e)).await.unwrap().hits;
+            assert_eq!(hits[0].meta.event_id, e.event_id, "{}", e.content.text);
+        }
+        // And the linker links them all, after which the answers are the same
+        engram_testkit::wait_until(
+            "the linker to finish",
+            std::time::Duration::from_secs(60),
+            || {
+                let n = vector.unlinked();
+                async move { n == 0 }
+            },
+        )
+        .await;
+        for e in events.iter().step_by(37) {
+            let hits = vector.search(&find(e)).await.unwrap().hits;
+            assert_eq!(hits[0].meta.event_id, e.event_id);
+        }
+        // And a checkpoint taken with vectors still unlinked restores every one of them
+        let more: Vec<Envelope> = (300..350).map(|i| with_vector(i, &mut rng)).collect();
+        assert!(vector.apply(&stored(&more, 301)).await.unwrap().is_empty());
+        let ledger = ApplyLedger {
+            seq: 350,
+            ..ApplyLedger::default()
+        };
+        vector.checkpoint(&ledger).await.unwrap();
+        let restored = open(dir.path());
+        assert_eq!(restored.restore().await.unwrap().seq, 350);
+        assert_eq!(restored.unlinked(), 0);
+        assert_eq!(restored.len(), 350);
+        for e in more.iter().step_by(7) {
+            let hits = restored.search(&find(e)).await.unwrap().hits;
+            assert_eq!(hits[0].meta.event_id, e.event_id);
+        }
     }
 }

@@ -38,6 +38,12 @@ const FILTER_SAMPLE: usize = 1_024;
 /// an HNSW graph over the same rows answers searches approximately; below that, and for
 /// filters that allow few vectors, search stays exact.
 ///
+/// Linking a vector into the graph costs about a thousand distance computations, so a caller
+/// that wants a vector searchable at once [`append_many`](Self::append_many)s it: the row is in
+/// the flat store, and searches scan the rows not yet linked beside the graph walk, until
+/// [`link_pending`](Self::link_pending) links them (the vector projector does that off its apply
+/// path).
+///
 /// hnsw_rs cannot delete, so [`remove`](Self::remove) leaves a tombstone: the row stays in
 /// the store and the graph but is never returned. [`maybe_rebuild`](Self::maybe_rebuild)
 /// compacts both once tombstones pass [`HnswParams::rebuild_tombstone_ratio`].
@@ -63,6 +69,9 @@ pub struct VectorIndex {
     /// HNSW over rows (data id = row). `None` until the live count first reaches
     /// `exact_below`, and again after a rebuild that leaves fewer than that.
     pub(crate) graph: Option<Hnsw<'static, f32, UnitCosine>>,
+    /// With a graph: rows below this are linked into it (or tombstones), rows from it on are
+    /// searched by scan until linked. Without one it has no meaning.
+    pub(crate) linked: usize,
 }
 
 // The query service shares indexes across tasks; fail the build, not the deployment, if a
@@ -102,6 +111,7 @@ impl VectorIndex {
             rows: HashMap::new(),
             rows_in_seq_order: true,
             graph: None,
+            linked: 0,
         })
     }
 
@@ -125,9 +135,7 @@ impl VectorIndex {
         for (seq, vector) in vectors {
             index.push_row(seq, vector.as_ref())?;
         }
-        if index.wants_graph() {
-            index.graph = Some(index.build_graph());
-        }
+        index.link_pending(usize::MAX);
         Ok(index)
     }
 
@@ -142,12 +150,8 @@ impl VectorIndex {
             // Still refuse a bad vector: a caller sending one has a bug worth hearing about.
             return push_unit(vector, self.dim, &mut Vec::with_capacity(self.dim));
         }
-        let row = self.push_row(seq, vector)?;
-        match &self.graph {
-            Some(graph) => graph.insert_slice((self.row(row), row)),
-            None if self.wants_graph() => self.graph = Some(self.build_graph()),
-            None => {}
-        }
+        self.push_row(seq, vector)?;
+        self.link_pending(usize::MAX);
         Ok(())
     }
 
@@ -156,10 +160,19 @@ impl VectorIndex {
     /// (rayon), which is what a projector applying a batch wants: an HNSW insert is about a
     /// thousand distance computations, so it is the cost of a vector projector.
     pub fn insert_many(&mut self, items: &[(Seq, &[f32])]) -> Vec<Result<(), VectorError>> {
+        let results = self.append_many(items);
+        self.link_pending(usize::MAX);
+        results
+    }
+
+    /// Stores the vectors as [`insert_many`](Self::insert_many) does, searchable at once, but
+    /// links none into the graph: searches scan them until [`link_pending`](Self::link_pending)
+    /// does. Microseconds per vector, where a graph insert is about a millisecond.
+    pub fn append_many(&mut self, items: &[(Seq, &[f32])]) -> Vec<Result<(), VectorError>> {
         let mut results = Vec::with_capacity(items.len());
-        let mut new_rows = Vec::with_capacity(items.len());
         for &(seq, vector) in items {
             if self.rows.contains_key(&seq) {
+                // Still refuse a bad vector: a caller sending one has a bug worth hearing about.
                 results.push(push_unit(
                     vector,
                     self.dim,
@@ -167,24 +180,48 @@ impl VectorIndex {
                 ));
                 continue;
             }
-            results.push(self.push_row(seq, vector).map(|row| new_rows.push(row)));
-        }
-        match &self.graph {
-            Some(graph) => {
-                let linked: Vec<(&[f32], usize)> =
-                    new_rows.iter().map(|&row| (self.row(row), row)).collect();
-                if linked.len() >= PARALLEL_INSERT_MIN {
-                    graph.parallel_insert_slice(&linked);
-                } else {
-                    for &item in &linked {
-                        graph.insert_slice(item);
-                    }
-                }
-            }
-            None if self.wants_graph() => self.graph = Some(self.build_graph()),
-            None => {}
+            results.push(self.push_row(seq, vector).map(|_| ()));
         }
         results
+    }
+
+    /// Rows appended and not yet linked into the graph, or every row when the scope has
+    /// reached [`HnswParams::exact_below`] and its graph is still to be built; 0 for a scope
+    /// searched exactly.
+    pub fn pending_links(&self) -> usize {
+        match &self.graph {
+            Some(_) => self.len() - self.linked,
+            None if self.wants_graph() => self.len(),
+            None => 0,
+        }
+    }
+
+    /// Links up to `max` pending rows into the graph, oldest first (building the graph, all at
+    /// once, when the scope has just reached `exact_below`); returns how many rows it took.
+    pub fn link_pending(&mut self, max: usize) -> usize {
+        let Some(graph) = &self.graph else {
+            if !self.wants_graph() {
+                return 0;
+            }
+            self.graph = Some(self.build_graph());
+            self.linked = self.len();
+            return self.len();
+        };
+        let end = self.linked.saturating_add(max).min(self.len());
+        let rows: Vec<(&[f32], usize)> = (self.linked..end)
+            .filter(|&row| self.live[row])
+            .map(|row| (self.row(row), row))
+            .collect();
+        if rows.len() >= PARALLEL_INSERT_MIN {
+            graph.parallel_insert_slice(&rows);
+        } else {
+            for &item in &rows {
+                graph.insert_slice(item);
+            }
+        }
+        let taken = end - self.linked;
+        self.linked = end;
+        taken
     }
 
     /// Tombstones `seq`: it is never returned again. Returns whether it was live.
@@ -224,7 +261,7 @@ impl VectorIndex {
         // Unfiltered, then drop what is not allowed: as good as a plain search whenever at
         // least k of the ef candidates survive, which is the usual case (no filter, few
         // tombstones).
-        let hits = self.rank(&query, k, graph.search(&query, ef, ef), allowed);
+        let hits = self.rank(&query, k, graph.search(&query, ef, ef), &allowed);
         if hits.len() >= k {
             return Ok(hits);
         }
@@ -240,7 +277,7 @@ impl VectorIndex {
         }
         let graph_filter = |row: &usize| allowed(*row);
         let candidates = graph.search_filter(&query, ef, ef, Some(&graph_filter as &dyn FilterT));
-        let hits = self.rank(&query, k, candidates, allowed);
+        let hits = self.rank(&query, k, candidates, &allowed);
         if hits.len() >= k {
             return Ok(hits);
         }
@@ -343,9 +380,7 @@ impl VectorIndex {
         self.live = vec![true; order.len()];
         self.rows = rows;
         self.rows_in_seq_order = true;
-        if self.wants_graph() {
-            self.graph = Some(self.build_graph());
-        }
+        self.link_pending(usize::MAX);
         debug!(
             live = self.live_len(),
             tombstones,
@@ -476,18 +511,24 @@ impl VectorIndex {
         top.into_hits()
     }
 
-    /// Top k of graph candidates that are allowed, rescored from the flat store so that
-    /// graph and exact searches give identical scores to the same vector.
+    /// Top k of graph candidates and of the rows not yet linked that are allowed, rescored
+    /// from the flat store so that graph and exact searches give identical scores to the same
+    /// vector.
     fn rank(
         &self,
         query: &[f32],
         k: usize,
         candidates: Vec<Neighbour>,
-        allowed: impl Fn(usize) -> bool,
+        allowed: &impl Fn(usize) -> bool,
     ) -> Vec<Hit> {
         let mut top = TopK::new(k);
-        for candidate in candidates {
-            let row = candidate.d_id;
+        let unlinked = self.linked..self.len();
+        for row in candidates
+            .into_iter()
+            .map(|c| c.d_id)
+            .filter(|row| !unlinked.contains(row))
+            .chain(unlinked.clone())
+        {
             if allowed(row) {
                 top.offer(dot(query, self.row(row)), self.seqs[row]);
             }

@@ -26,6 +26,10 @@ const BASENAME: &str = "graph";
 pub struct RowLayout {
     pub seqs: Vec<Seq>,
     pub live: Vec<bool>,
+    /// Rows below this are in the saved graph; the rest were appended after it and are linked
+    /// at restore. `None` (a layout saved before rows could wait): all of them.
+    #[serde(default)]
+    pub linked: Option<usize>,
 }
 
 impl VectorIndex {
@@ -34,6 +38,7 @@ impl VectorIndex {
         RowLayout {
             seqs: self.seqs.clone(),
             live: self.live.clone(),
+            linked: self.graph.is_some().then_some(self.linked),
         }
     }
 
@@ -112,11 +117,13 @@ impl VectorIndex {
         match loaded {
             Some(graph) if index.live_len() >= index.params.exact_below => {
                 index.graph = Some(graph);
+                index.linked = layout.linked.unwrap_or(index.len()).min(index.len());
                 graph_loaded = true;
             }
-            _ if index.wants_graph() => index.graph = Some(index.build_graph()),
             _ => {}
         }
+        // Rows appended after the graph was saved, or the whole graph when none was loaded.
+        index.link_pending(usize::MAX);
         Ok((index, graph_loaded))
     }
 }

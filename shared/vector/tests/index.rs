@@ -713,3 +713,68 @@ fn a_huge_k_on_a_graph_backed_scope_returns_the_scope_and_allocates_nothing_more
         assert_eq!(hits.len(), vectors.len() / 10, "k = {k}");
     }
 }
+
+#[test]
+fn given_appended_vectors_not_yet_linked_then_searches_find_them_and_linking_changes_no_answer() {
+    // Given a graph index, then vectors appended without linking
+    let dim = 16;
+    let vectors = clustered(600, dim, 7);
+    let (first, fresh) = vectors.split_at(400);
+    let mut index = VectorIndex::from_vectors(dim, small_graph_params(), first.to_vec()).unwrap();
+    assert!(index.has_graph());
+    let items: Vec<(Seq, &[f32])> = fresh.iter().map(|(s, v)| (*s, v.as_slice())).collect();
+    assert!(index.append_many(&items).iter().all(Result::is_ok));
+    assert_eq!(index.pending_links(), fresh.len());
+
+    // Then each fresh vector is its own nearest neighbour, found before any link, at the
+    // score an exact search gives it
+    for (seq, vector) in fresh.iter().step_by(20) {
+        let hits = index.search(vector, 5, &any).unwrap();
+        assert_eq!(hits[0].seq, *seq);
+        let exact = index.exact_search(vector, 1, &any).unwrap();
+        assert_eq!(hits[0].score, exact[0].score);
+    }
+    // And once they are linked, in chunks, recall against exact search is what the graph
+    // gives (every query of the mixture, as before), and nothing is pending
+    let before: Vec<Vec<Hit>> = queries(20, dim, 4)
+        .iter()
+        .map(|q| index.search(q, 10, &any).unwrap())
+        .collect();
+    while index.link_pending(64) > 0 {}
+    assert_eq!(index.pending_links(), 0);
+    for (q, unlinked) in queries(20, dim, 4).iter().zip(&before) {
+        let exact = index.exact_search(q, 10, &any).unwrap();
+        let linked = index.search(q, 10, &any).unwrap();
+        assert!(recall(unlinked, &exact) >= 0.9, "{:?}", seqs(unlinked));
+        assert!(recall(&linked, &exact) >= 0.9, "{:?}", seqs(&linked));
+    }
+}
+
+#[test]
+fn given_a_graph_saved_with_rows_still_unlinked_when_restored_then_they_are_linked() {
+    let dim = 16;
+    let vectors = clustered(500, dim, 11);
+    let (first, fresh) = vectors.split_at(300);
+    let mut index = VectorIndex::from_vectors(dim, small_graph_params(), first.to_vec()).unwrap();
+    let items: Vec<(Seq, &[f32])> = fresh.iter().map(|(s, v)| (*s, v.as_slice())).collect();
+    index.append_many(&items);
+    let dir = tempfile::tempdir().unwrap();
+    assert!(index.save_graph(dir.path()).unwrap());
+    let layout = index.layout();
+    assert_eq!(layout.linked, Some(first.len()));
+
+    let all: std::collections::HashMap<Seq, Vec<f32>> = vectors.iter().cloned().collect();
+    let (restored, loaded) = VectorIndex::restore(
+        dim,
+        small_graph_params(),
+        &layout,
+        |seq| all.get(&seq).map(Vec::as_slice),
+        Some(dir.path()),
+    )
+    .unwrap();
+    assert!(loaded, "the saved graph is loaded, not rebuilt");
+    assert_eq!(restored.pending_links(), 0);
+    for (seq, vector) in fresh.iter().step_by(25) {
+        assert_eq!(restored.search(vector, 1, &any).unwrap()[0].seq, *seq);
+    }
+}
