@@ -90,9 +90,10 @@ fn assert_invalid<T: std::fmt::Debug>(result: Result<T, RpcError>, field: &str) 
     }
 }
 
-/// Projectors whose keyword index never makes anything new visible during a test (its
-/// commits are an hour apart), so a read-your-writes token of a fresh append waits for as
-/// long as it is allowed to, deterministically.
+/// Projectors whose keyword index neither commits nor checkpoints during a test, so that
+/// nothing makes the keyword projector reopen its consumer once [`freeze_keyword`] paused it:
+/// a read-your-writes token of a fresh append then waits for as long as it is allowed to,
+/// deterministically.
 fn frozen_keyword() -> ProjectorsConfig {
     ProjectorsConfig {
         keyword_commit_interval: Duration::from_secs(3600),
@@ -100,6 +101,36 @@ fn frozen_keyword() -> ProjectorsConfig {
         checkpoint_interval: Duration::from_secs(3600),
         ..projectors_config()
     }
+}
+
+/// Pauses the keyword projector's durable consumer on the server: the projector stays up and
+/// answering but receives nothing newer, so a token past what it holds is never made visible
+/// (what a stalled projector looks like to its callers). A commit or checkpoint could not
+/// stand in for this: the keyword index searches what it applied before committing it.
+/// Idle heartbeats go on while a consumer is paused, so the projector does not reopen it.
+async fn freeze_keyword(nats: &TestNats) {
+    let client = nats.bus().await.client().clone();
+    engram_testkit::wait_until(
+        "the keyword projector's consumer to pause",
+        Duration::from_secs(30),
+        || {
+            let client = client.clone();
+            async move {
+                let Ok(reply) = client
+                    .request(
+                        "$JS.API.CONSUMER.PAUSE.ENGRAM_EVENTS.keyword",
+                        r#"{"pause_until":"2100-01-01T00:00:00Z"}"#.into(),
+                    )
+                    .await
+                else {
+                    return false;
+                };
+                serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                    .is_ok_and(|v| v["paused"] == true)
+            }
+        },
+    )
+    .await;
 }
 
 /// Waits until each of the four projectors holds exactly `n` dead letters.
@@ -334,6 +365,7 @@ async fn impossible_tokens_are_refused_at_once_and_long_waits_are_capped() {
 
     // A token the stream holds but a projector has not made visible still waits, and its
     // timeout is the typed not-yet-visible error, never stale results.
+    freeze_keyword(&nats).await;
     let later = engram
         .client
         .append(&memory("later words"))
@@ -361,6 +393,7 @@ async fn a_full_endpoint_answers_busy_and_abandoned_work_frees_its_slot() {
         ..QueryConfig::default()
     };
     let engram = Engram::start_with(&nats, frozen_keyword(), query).await;
+    freeze_keyword(&nats).await;
     let seq = engram
         .client
         .append(&memory("pending words"))
@@ -790,6 +823,7 @@ async fn a_full_projector_endpoint_answers_busy_and_frees_its_slots() {
         ..frozen_keyword()
     };
     let engram = Engram::start_with(&nats, projectors, QueryConfig::default()).await;
+    freeze_keyword(&nats).await;
     let seq = engram
         .client
         .append(&memory("pending words"))

@@ -945,12 +945,14 @@ impl Projection for KeywordProjection {
         Ok(ledger)
     }
 
+    /// The model's: every memory applied (committed or still in the index's tail) and the
+    /// ids kept. A hash of the committed documents alone would lag what searches already
+    /// find, and differ between a replica that just committed and one that did not.
     async fn state_hash(&self) -> [u8; 32] {
-        let index = self.writer.lock().unwrap_or_else(|p| p.into_inner());
-        index
-            .as_ref()
-            .and_then(|i| i.state_hash().ok())
-            .unwrap_or_default()
+        self.text
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .state_hash()
     }
 
     /// Deletes every document of the scopes `keys` by its scope term, and drops what the

@@ -22,16 +22,9 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
     let dir = tempfile::tempdir().unwrap();
     // Given the keyword projector alone, committing as often as it can at the tail
     let config = ProjectorsConfig {
-        run: vec![ProjectorName::KEYWORD],
-        embedder: EmbedderConfig::ClientSupplied {
-            model: "none".into(),
-            dim: 4,
-        },
         keyword_tail_commit_gap: Duration::ZERO,
         keyword_commit_interval: Duration::ZERO,
-        embed_cache_memory_mb: 4,
-        embed_cache_disk_mb: 8,
-        ..ProjectorsConfig::default()
+        ..keyword_only()
     };
     let stop = tokio_util::sync::CancellationToken::new();
     let bus_config = nats.bus_config();
@@ -167,21 +160,28 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
     running.join().await.unwrap();
 }
 
-/// The keyword projector alone, with commits an hour apart, in `dir`.
-fn rarely_committing() -> ProjectorsConfig {
+/// The keyword projector alone, with no embedder to load.
+fn keyword_only() -> ProjectorsConfig {
     ProjectorsConfig {
         run: vec![ProjectorName::KEYWORD],
         embedder: EmbedderConfig::ClientSupplied {
             model: "none".into(),
             dim: 4,
         },
+        embed_cache_memory_mb: 4,
+        embed_cache_disk_mb: 8,
+        ..ProjectorsConfig::default()
+    }
+}
+
+/// The keyword projector alone, with commits an hour apart.
+fn rarely_committing() -> ProjectorsConfig {
+    ProjectorsConfig {
         keyword_tail_commit_gap: Duration::from_secs(3600),
         keyword_commit_interval: Duration::from_secs(3600),
         checkpoint_interval: Duration::from_secs(3600),
         checkpoint_every: u64::MAX,
-        embed_cache_memory_mb: 4,
-        embed_cache_disk_mb: 8,
-        ..ProjectorsConfig::default()
+        ..keyword_only()
     }
 }
 
