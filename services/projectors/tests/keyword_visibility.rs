@@ -26,16 +26,7 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
         keyword_commit_interval: Duration::ZERO,
         ..keyword_only()
     };
-    let stop = tokio_util::sync::CancellationToken::new();
-    let bus_config = nats.bus_config();
-    let running = engram_projectors::start(
-        &config,
-        dir.path(),
-        move |_, _| Bus::connect(bus_config.clone()),
-        stop.clone(),
-    )
-    .await
-    .unwrap();
+    let (running, stop) = start(&nats, &config, dir.path()).await;
 
     let ledger = |client: async_nats::Client| async move {
         engram_rpc::call::<_, engram_projectors::ProjectorLedger>(
@@ -160,6 +151,28 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
     running.join().await.unwrap();
 }
 
+/// Starts `config`'s projectors on `nats` with their state in `dir`; cancel the token to stop.
+async fn start(
+    nats: &TestNats,
+    config: &ProjectorsConfig,
+    dir: &std::path::Path,
+) -> (
+    engram_projectors::RunningProjectors,
+    tokio_util::sync::CancellationToken,
+) {
+    let stop = tokio_util::sync::CancellationToken::new();
+    let bus_config = nats.bus_config();
+    let running = engram_projectors::start(
+        config,
+        dir,
+        move |_, _| Bus::connect(bus_config.clone()),
+        stop.clone(),
+    )
+    .await
+    .unwrap();
+    (running, stop)
+}
+
 /// The keyword projector alone, with no embedder to load.
 fn keyword_only() -> ProjectorsConfig {
     ProjectorsConfig {
@@ -191,16 +204,7 @@ async fn a_write_is_found_as_soon_as_it_is_applied_long_before_its_commit() {
     let bus = nats.bus().await;
     let dir = tempfile::tempdir().unwrap();
     let config = rarely_committing();
-    let stop = tokio_util::sync::CancellationToken::new();
-    let bus_config = nats.bus_config();
-    let running = engram_projectors::start(
-        &config,
-        dir.path(),
-        move |_, _| Bus::connect(bus_config.clone()),
-        stop.clone(),
-    )
-    .await
-    .unwrap();
+    let (running, stop) = start(&nats, &config, dir.path()).await;
     let scope = ScopeKey::of(&event("acme", "t1", "x"));
 
     // Given a first write, searched with its token (so the index is open and has caught up)
