@@ -4,7 +4,7 @@
 //! what they applied; but not an event a projector dead-lettered, nor events other clients
 //! append after a projector's final ledger.
 //!
-//! The projectors here are stand-ins: each answers `engram.p.<name>.ledger` with a ledger this
+//! The projectors here are stand-ins: each answers `engram.p.<name>.ledger.<p>` with a ledger this
 //! test computes from what it appended, with one known defect or none. A real projector cannot
 //! be made to miscount on purpose; its ledger is tested in the projection runtime's own tests.
 
@@ -12,7 +12,7 @@ use engram_bus::Bus;
 use engram_loadtest::fleet::Acked;
 use engram_loadtest::fleet::target::projectors;
 use engram_loadtest::fleet::verify::{Baseline, Verification, verify};
-use engram_memory::proto::projector_subject;
+use engram_memory::proto::partition_subject;
 use engram_projection_runtime::ApplyLedger;
 use engram_projectors::ProjectorLedger;
 use engram_schema::Envelope;
@@ -59,28 +59,41 @@ async fn stand_in_answering(
     answers: Vec<(u64, ApplyLedger)>,
 ) -> tokio::task::JoinHandle<()> {
     let client = bus.client().clone();
+    // Every partition is asked; partition 0 holds all the events, the others none, so the
+    // merged ledger is the one given.
     let mut requests = client
-        .subscribe(projector_subject(name, "ledger"))
+        .subscribe(format!("engram.p.{name}.ledger.*"))
         .await
         .unwrap();
     client.flush().await.unwrap();
-    let answers: Vec<Vec<u8>> = answers
-        .into_iter()
-        .map(|(visible_seq, ledger)| {
-            serde_json::to_vec(&ProjectorLedger {
-                projector: name.to_owned(),
-                visible_seq,
-                ledger,
-            })
-            .unwrap()
-        })
-        .collect();
+    let answers: Vec<(u64, ApplyLedger)> = answers;
+    let name = name.to_owned();
     tokio::spawn(async move {
         let mut next = 0;
         while let Some(request) = requests.next().await {
-            if let Some(reply) = request.reply {
-                let answer = answers[next.min(answers.len() - 1)].clone();
-                let _ = client.publish(reply, answer.into()).await;
+            let Some(reply) = request.reply else {
+                continue;
+            };
+            let (visible_seq, ledger) = answers[next.min(answers.len() - 1)];
+            let holds_all = request.subject.as_str() == partition_subject(&name, "ledger", 0);
+            let answer = ProjectorLedger {
+                projector: name.clone(),
+                partition: request
+                    .subject
+                    .rsplit('.')
+                    .next()
+                    .and_then(|p| p.parse().ok()),
+                visible_seq,
+                ledger: if holds_all {
+                    ledger
+                } else {
+                    ApplyLedger::default()
+                },
+            };
+            let _ = client
+                .publish(reply, serde_json::to_vec(&answer).unwrap().into())
+                .await;
+            if holds_all {
                 next += 1;
             }
         }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use engram_access::{Credentials, Grantee, Record, ScopePattern};
 use engram_memory::proto::{
-    Consistency, ContextRequest, ErrorCode, RetrievalMode, RetrieveRequest, ScopeRequest,
+    self, Consistency, ContextRequest, ErrorCode, RetrievalMode, RetrieveRequest, ScopeRequest,
 };
 use engram_schema::{Envelope, Ident, Layer, Scope};
 use engram_sdk::{Client, RetryPolicy, RpcError};
@@ -213,6 +213,13 @@ struct World {
     victim_seq: u64,
 }
 
+/// The events stream's partition that holds the victim's `task:payroll`, whose projector
+/// instances an attacker would have to reach.
+fn victim_partition(w: &World) -> u32 {
+    let partitions = w.nats.config_as(&w.attacker).stream.partitions;
+    engram_memory::ScopeKey::new(ident("victim"), scope("task:payroll")).partition(partitions)
+}
+
 const SECRET: &str = "payroll api key AKIAIOSFODNN7EXAMPLE rotated";
 
 async fn world() -> World {
@@ -352,16 +359,26 @@ async fn another_tenants_memory_cannot_be_queried_by_body_subject_or_projector()
         w.victim_seq,
     ))
     .unwrap();
-    // The victim's agent subject, the admin's bare subject, and a projector's endpoint.
-    for subject in [
+    // The victim's agent subject, the admin's bare subject, and the projectors' endpoints
+    // on the partition that holds the victim's scope.
+    let partition = victim_partition(&w);
+    let projectors = [
+        ("vector", "search"),
+        ("keyword", "search"),
+        ("facts", "query"),
+    ]
+    .map(|(model, op)| proto::partition_subject(model, op, partition));
+    let bare = [
         "engram.q.victim.owner.retrieve",
         "engram.q.retrieve",
         "engram.q.snapshot",
-        "engram.p.vector.search",
-        "engram.p.keyword.search",
-        "engram.p.facts.query",
         "$SRV.INFO",
-    ] {
+    ];
+    for subject in bare
+        .iter()
+        .copied()
+        .chain(projectors.iter().map(String::as_str))
+    {
         raw.refused(subject, &body).await;
     }
     // Every other read path with the victim in the body is refused the same way.
@@ -528,11 +545,15 @@ async fn nothing_can_be_purged_or_deleted_and_the_registry_cannot_be_forged() {
         "$JS.API.DIRECT.GET.OBJ_ENGRAM_SNAPSHOTS.$O.ENGRAM_SNAPSHOTS.M.ZmFjdHMvMQ==",
         "$JS.API.CONSUMER.CREATE.OBJ_ENGRAM_SNAPSHOTS.steal.$O.ENGRAM_SNAPSHOTS.C.>",
         "$JS.API.DIRECT.GET.KV_ENGRAM_SNAPSHOT_INDEX.$KV.ENGRAM_SNAPSHOT_INDEX.facts.>",
-        // Other tenants' documents through the docs projector, bypassing the query service.
-        "engram.p.docs.get",
     ] {
         raw.refused(subject, "").await;
     }
+    // Other tenants' documents through the docs projector, bypassing the query service.
+    raw.refused(
+        &proto::partition_subject("docs", "get", victim_partition(&w)),
+        "",
+    )
+    .await;
     // A self-made grant: a registry record published by the attacker.
     let forged = serde_json::json!({"v": 1, "at": chrono::Utc::now(), "by": "mallory",
         "record": {"type": "grant_added", "tenant": "victim", "to": {"agent": "mallory"}, "scope": "task:*"}});

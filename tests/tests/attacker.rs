@@ -175,14 +175,27 @@ fn refused_replies() -> u64 {
 }
 
 /// The endpoint subjects every running service announces, once the query service and each
-/// read model's projector have answered `$SRV.INFO`.
+/// read model's projector have answered `$SRV.INFO`, the projector with every op on every
+/// partition (its partitions' endpoints are added one partition after another).
 async fn endpoints(nats: &SecureNats) -> BTreeSet<String> {
     let client = nats.admin.client().clone();
-    let wanted: Vec<String> = proto::read_models::ALL
-        .iter()
-        .map(|m| proto::projector_subject(m, ""))
-        .chain([format!("{}.", perms::QUERY_PREFIX)])
-        .collect();
+    let partitions = nats.admin.config().stream.partitions;
+    let complete = move |found: &BTreeSet<String>| {
+        let query = format!("{}.", perms::QUERY_PREFIX);
+        found.iter().any(|s| s.starts_with(&query))
+            && proto::read_models::ALL.iter().all(|model| {
+                let ops_on = |partition: u32| -> BTreeSet<&str> {
+                    found
+                        .iter()
+                        .filter_map(|s| s.strip_prefix(&format!("engram.p.{model}.")))
+                        .filter_map(|rest| rest.strip_suffix(&format!(".{partition}")))
+                        .collect()
+                };
+                // `status` is served last, once a partition's model is up.
+                let first = ops_on(0);
+                first.contains("status") && (1..partitions).all(|p| ops_on(p) == first)
+            })
+    };
     let found = Arc::new(Mutex::new(BTreeSet::new()));
     wait_until(
         "every service to announce its endpoints",
@@ -190,7 +203,6 @@ async fn endpoints(nats: &SecureNats) -> BTreeSet<String> {
         || {
             let client = client.clone();
             let found = found.clone();
-            let wanted = wanted.clone();
             async move {
                 let inbox = client.new_inbox();
                 let mut answers = client.subscribe(inbox.clone()).await.unwrap();
@@ -208,10 +220,7 @@ async fn endpoints(nats: &SecureNats) -> BTreeSet<String> {
                         }
                     }
                 }
-                let found = found.lock().unwrap();
-                wanted
-                    .iter()
-                    .all(|prefix| found.iter().any(|s| s.starts_with(prefix.as_str())))
+                complete(&found.lock().unwrap())
             }
         },
     )
@@ -292,7 +301,7 @@ fn hostile_replies(victim_seq: u64) -> Vec<String> {
             n.events_stream
         ),
         format!("{}.hostile", engram_access::log::ACCESS_SUBJECT_PREFIX),
-        proto::projector_subject(proto::read_models::VECTOR, "snapshot"),
+        proto::partition_subject(proto::read_models::VECTOR, "snapshot", 0),
         proto::SNAPSHOT.into(),
         perms::query_subject(&ident("acme2"), &ident("victim"), "working"),
         "_INBOX.a.acme2.victim.hostile".into(),
@@ -480,9 +489,10 @@ async fn one_agent_key_changes_nothing_of_another_tenant_whatever_it_sends() {
         &ident("victim"),
         "retrieve",
     ));
-    targets.insert(proto::projector_subject(
+    targets.insert(proto::partition_subject(
         proto::read_models::VECTOR,
         "snapshot",
+        0,
     ));
     let agent_endpoints = services
         .iter()
@@ -661,7 +671,7 @@ fn foreign_reply(rng: &mut rand::rngs::StdRng, role: &Role) -> String {
                 "$JS.ACK.ENGRAM_EVENTS.vector.1.{}.1.0.0",
                 rng.random_range(1..100u32)
             ),
-            7 => proto::projector_subject(proto::read_models::DOCS, &t),
+            7 => proto::partition_subject(proto::read_models::DOCS, &t, 0),
             8 => format!("engram.q.acme.mallory.{t}"),
             _ => t,
         };

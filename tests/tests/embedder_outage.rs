@@ -15,7 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use engram_bus::Bus;
 use engram_embed::EmbedderConfig;
-use engram_memory::proto::{Consistency, projector_subject};
+use engram_memory::proto::{Consistency, partition_subject};
 use engram_projectors::{ProjectorLedger, ProjectorName, ProjectorsConfig};
 use engram_testkit::{TestNats, event};
 use serde_json::{Value, json};
@@ -173,11 +173,22 @@ async fn vector_ledger(bus: &Bus, seq: u64) -> ProjectorLedger {
         min_seq: Some(seq),
         wait_ms: Some(30_000),
     };
-    let subject = projector_subject(ProjectorName::VECTOR.as_str(), "ledger");
+    let model = ProjectorName::VECTOR.as_str();
+    let mut parts = Vec::new();
+    for partition in 0..bus.config().stream.partitions {
+        parts.push(
+            partition_ledger(bus, &partition_subject(model, "ledger", partition), &wait).await,
+        );
+    }
+    ProjectorLedger::merge(model, &parts)
+}
+
+/// One partition's ledger at `wait`.
+async fn partition_ledger(bus: &Bus, subject: &str, wait: &Consistency) -> ProjectorLedger {
     // The endpoint subscribes on the projector's own connection: until the server has seen
     // that, a request finds no responder.
     for _ in 0..100 {
-        match engram_rpc::call(bus.client(), &subject, &wait, Duration::from_secs(40)).await {
+        match engram_rpc::call(bus.client(), subject, wait, Duration::from_secs(40)).await {
             Err(engram_rpc::RpcError::NoResponders { .. }) => {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -187,5 +198,5 @@ async fn vector_ledger(bus: &Bus, seq: u64) -> ProjectorLedger {
             }
         }
     }
-    panic!("the vector projector serves no ledger endpoint");
+    panic!("the vector projector serves no ledger endpoint at {subject}");
 }

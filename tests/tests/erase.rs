@@ -143,7 +143,7 @@ async fn erasing_one_user_of_many_leaves_no_trace_of_them_and_touches_nobody_els
         );
     }
     assert!(
-        places.iter().any(|p| p.starts_with("snapshot facts@")),
+        places.iter().any(|p| p.starts_with("snapshot facts-p")),
         "{before:#?}"
     );
 

@@ -1,7 +1,7 @@
 //! Every decoder and request type, fed arbitrary and hostile input: the event codec (MessagePack
 //! and JSON, random bytes and values shaped like an envelope), each query-protocol request,
-//! the fact and skill payload readers, and, live, every `engram.q.*` and `engram.p.*.*`
-//! endpoint of a running stack.
+//! the fact and skill payload readers, and, live, every `engram.q.*` endpoint of a running
+//! stack and every `engram.p.*.*.<partition>` one of the partition holding its memories.
 //!
 //! What must hold: no panic, no hang (each live request answers within a bound), every live
 //! request gets a reply (a result or a typed error, never silence), and memory stays bounded.
@@ -990,8 +990,9 @@ proptest! {
 // ---------------------------------------------------------------------------------------------
 // Live: every endpoint of a running stack.
 
-/// Every endpoint a client can reach: the query service and each projector's.
-fn endpoints() -> Vec<String> {
+/// Every endpoint a client can reach: the query service and each projector's on `partition`
+/// (every partition's instance serves the same code).
+fn endpoints(partition: u32) -> Vec<String> {
     let mut all: Vec<String> = [proto::RETRIEVE, proto::CONTEXT, proto::FACTS, proto::SKILLS]
         .map(str::to_owned)
         .to_vec();
@@ -1001,11 +1002,11 @@ fn endpoints() -> Vec<String> {
         ("facts", "query"),
         ("skills", "search"),
     ] {
-        all.push(proto::projector_subject(projector, op));
+        all.push(proto::partition_subject(projector, op, partition));
     }
     for projector in ["vector", "keyword", "facts", "skills"] {
         for op in ["status", "ledger"] {
-            all.push(proto::projector_subject(projector, op));
+            all.push(proto::partition_subject(projector, op, partition));
         }
     }
     all
@@ -1075,7 +1076,11 @@ async fn every_endpoint_answers_every_body() {
 
     // When every endpoint gets arbitrary bodies
     let per_endpoint = env_count("ENGRAM_FUZZ_LIVE_BODIES", DEFAULT_LIVE_BODIES) as usize;
-    let subjects = endpoints();
+    let partitions = nats.bus().await.config().stream.partitions;
+    let partition =
+        engram_memory::ScopeKey::new(Ident::parse("test", "acme").unwrap(), scope.clone())
+            .partition(partitions);
+    let subjects = endpoints(partition);
     let total = subjects.len() * per_endpoint;
     // Bodies are made as they are sent, not up front: thousands of bodies of up to 900 KiB
     // held at once would measure the test, not the services.
@@ -1153,7 +1158,7 @@ async fn every_endpoint_answers_every_body() {
     let rss_after = rss_mib();
     eprintln!(
         "fuzz live: {total} bodies over {} endpoints, {} typed errors; rss {rss_before:.0} MiB before, {rss_after:.0} MiB after",
-        endpoints().len(),
+        endpoints(partition).len(),
         errors.load(Ordering::Relaxed)
     );
 

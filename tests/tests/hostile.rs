@@ -30,6 +30,13 @@ fn scope() -> Scope {
     Scope::new(ScopeKind::Task, "t").unwrap()
 }
 
+/// The subject of `op` of `model`'s instance that holds `acme`'s [`scope`].
+async fn own_partition_subject(nats: &TestNats, model: &str, op: &str) -> String {
+    let partitions = nats.bus().await.config().stream.partitions;
+    let partition = ScopeKey::new(ident("acme"), scope()).partition(partitions);
+    proto::partition_subject(model, op, partition)
+}
+
 fn own() -> ScopeRequest {
     ScopeRequest {
         tenant: ident("acme"),
@@ -103,34 +110,37 @@ fn frozen_keyword() -> ProjectorsConfig {
     }
 }
 
-/// Pauses the keyword projector's durable consumer on the server: the projector stays up and
-/// answering but receives nothing newer, so a token past what it holds is never made visible
-/// (what a stalled projector looks like to its callers). A commit or checkpoint could not
-/// stand in for this: the keyword index searches what it applied before committing it.
-/// Idle heartbeats go on while a consumer is paused, so the projector does not reopen it.
+/// Pauses the keyword projector's durable consumers (one per partition) on the server: the
+/// projector stays up and answering but receives nothing newer, so a token past what it holds
+/// is never made visible (what a stalled projector looks like to its callers). A commit or
+/// checkpoint could not stand in for this: the keyword index searches what it applied before
+/// committing it. Idle heartbeats go on while a consumer is paused, so the projector does not
+/// reopen it.
 async fn freeze_keyword(nats: &TestNats) {
-    let client = nats.bus().await.client().clone();
-    engram_testkit::wait_until(
-        "the keyword projector's consumer to pause",
-        Duration::from_secs(30),
-        || {
-            let client = client.clone();
-            async move {
-                let Ok(reply) = client
-                    .request(
-                        "$JS.API.CONSUMER.PAUSE.ENGRAM_EVENTS.keyword",
-                        r#"{"pause_until":"2100-01-01T00:00:00Z"}"#.into(),
-                    )
-                    .await
-                else {
-                    return false;
-                };
-                serde_json::from_slice::<serde_json::Value>(&reply.payload)
-                    .is_ok_and(|v| v["paused"] == true)
-            }
-        },
-    )
-    .await;
+    let bus = nats.bus().await;
+    let client = bus.client().clone();
+    for partition in 0..bus.config().stream.partitions {
+        let consumer = proto::instance_name("keyword", partition);
+        engram_testkit::wait_until(
+            &format!("the keyword projector's consumer {consumer} to pause"),
+            Duration::from_secs(30),
+            || {
+                let client = client.clone();
+                let subject = format!("$JS.API.CONSUMER.PAUSE.ENGRAM_EVENTS.{consumer}");
+                async move {
+                    let Ok(reply) = client
+                        .request(subject, r#"{"pause_until":"2100-01-01T00:00:00Z"}"#.into())
+                        .await
+                    else {
+                        return false;
+                    };
+                    serde_json::from_slice::<serde_json::Value>(&reply.payload)
+                        .is_ok_and(|v| v["paused"] == true)
+                }
+            },
+        )
+        .await;
+    }
 }
 
 /// Waits until each of the four projectors holds exactly `n` dead letters.
@@ -286,7 +296,7 @@ async fn oversized_and_out_of_range_requests_are_refused_on_every_endpoint() {
         rest: 0,
     };
     for projector in ["vector", "keyword"] {
-        let subject = proto::projector_subject(projector, "search");
+        let subject = own_partition_subject(&nats, projector, "search").await;
         assert_invalid(
             raw(&client, &subject, serde_json::to_value(&search).unwrap()).await,
             "k",
@@ -312,8 +322,8 @@ async fn oversized_and_out_of_range_requests_are_refused_on_every_endpoint() {
         );
     }
     for subject in [
-        proto::projector_subject("facts", "ledger"),
-        proto::projector_subject("skills", "status"),
+        own_partition_subject(&nats, "facts", "ledger").await,
+        own_partition_subject(&nats, "skills", "status").await,
     ] {
         assert_invalid(
             raw(&client, &subject, serde_json::json!({"wait_ms": u64::MAX})).await,
@@ -347,8 +357,8 @@ async fn impossible_tokens_are_refused_at_once_and_long_waits_are_capped() {
     // each projector: a wait of a minute would outlast the caller's 20 s.
     for subject in [
         proto::RETRIEVE.to_owned(),
-        proto::projector_subject("vector", "search"),
-        proto::projector_subject("keyword", "ledger"),
+        own_partition_subject(&nats, "vector", "search").await,
+        own_partition_subject(&nats, "keyword", "ledger").await,
     ] {
         let body = if subject == proto::RETRIEVE {
             let mut r = serde_json::to_value(retrieve("hello")).unwrap();
@@ -831,7 +841,7 @@ async fn a_full_projector_endpoint_answers_busy_and_frees_its_slots() {
         .unwrap()
         .seq;
     let client = nats.bus().await.client().clone();
-    let subject = proto::projector_subject("keyword", "search");
+    let subject = own_partition_subject(&nats, "keyword", "search").await;
     let search = |min_seq: Option<u64>| SearchRequest {
         scopes: vec![ScopeKey::new(ident("acme"), scope())],
         query: "pending".into(),

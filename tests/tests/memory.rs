@@ -485,12 +485,19 @@ async fn the_keyword_ranks_after_the_hits_are_those_of_a_deeper_search() {
         score_also: Vec::new(),
         rest,
     };
+    // The instance of the partition that holds the scope.
+    let subject = engram_memory::proto::partition_subject(
+        "keyword",
+        "search",
+        engram_memory::ScopeKey::new(ident("acme"), scope.clone())
+            .partition(bus.config().stream.partitions),
+    );
     let ask = |request: engram_memory::proto::SearchRequest| {
-        let client = bus.client().clone();
+        let (client, subject) = (bus.client().clone(), subject.clone());
         async move {
             engram_rpc::call::<_, engram_memory::proto::SearchResponse>(
                 &client,
-                "engram.p.keyword.search",
+                &subject,
                 &request,
                 std::time::Duration::from_secs(15),
             )
@@ -566,12 +573,19 @@ async fn the_vector_side_scores_the_memories_it_is_asked_about_as_a_deep_search_
         score_also,
         rest: 0,
     };
+    // The instance of the partition that holds the scope.
+    let subject = engram_memory::proto::partition_subject(
+        "vector",
+        "search",
+        engram_memory::ScopeKey::new(ident("acme"), scope.clone())
+            .partition(bus.config().stream.partitions),
+    );
     let ask = |request: engram_memory::proto::SearchRequest| {
-        let client = bus.client().clone();
+        let (client, subject) = (bus.client().clone(), subject.clone());
         async move {
             engram_rpc::call::<_, engram_memory::proto::SearchResponse>(
                 &client,
-                "engram.p.vector.search",
+                &subject,
                 &request,
                 std::time::Duration::from_secs(15),
             )

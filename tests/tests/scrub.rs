@@ -94,12 +94,20 @@ async fn retrieved(engram: &Engram, mode: RetrievalMode, min_seq: u64) -> Vec<St
 static COUNTED: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 /// Redactions counted at `at` so far, of every kind.
+/// Redactions counted at `at`: a read model's are its partition instances'.
 fn redactions(at: &str) -> u64 {
+    let places: Vec<String> = std::iter::once(at.to_owned())
+        .chain(
+            (0..engram_schema::DEFAULT_PARTITIONS)
+                .map(|p| engram_memory::proto::instance_name(at, p)),
+        )
+        .collect();
     engram_scrub::Kind::ALL
         .iter()
-        .map(|k| {
+        .flat_map(|k| places.iter().map(move |place| (k, place)))
+        .map(|(k, place)| {
             engram_telemetry::metrics::SCRUB_REDACTIONS
-                .with_label_values(&[k.as_str(), at])
+                .with_label_values(&[k.as_str(), place])
                 .get()
         })
         .sum()
@@ -361,7 +369,13 @@ async fn a_raw_document_change_writing_a_secret_never_reaches_the_documents_or_t
     let store = engram_snapshots::SnapshotStore::open(&bus, Default::default())
         .await
         .unwrap();
-    let meta = store.list(Some("docs")).await.unwrap().pop().unwrap();
+    // The snapshot of the docs instance of the partition that holds the team.
+    let instance = engram_memory::proto::instance_name(
+        "docs",
+        engram_memory::ScopeKey::new(ident("acme"), team())
+            .partition(bus.config().stream.partitions),
+    );
+    let meta = store.list(Some(&instance)).await.unwrap().pop().unwrap();
     let blob = store.load(&meta).await.unwrap();
     assert!(
         !blob.windows(AWS.len()).any(|w| w == AWS.as_bytes()),

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use engram_memory::proto::{Consistency, projector_subject};
+use engram_memory::proto::Consistency;
 use engram_projectors::{ProjectorName, ProjectorStatus, SnapshotRequest};
 use engram_schema::{Envelope, EventKind, Layer, Scope, ScopeKind};
 use engram_snapshots::{SnapshotMeta, SnapshotStore};
@@ -85,10 +85,25 @@ async fn append_events(
     last
 }
 
+fn partitions(bus: &engram_bus::Bus) -> u32 {
+    bus.config().stream.partitions
+}
+
+/// The stream partition that holds `tenant`'s `scope`.
+fn partition_of(bus: &engram_bus::Bus, tenant: &str, scope: &str) -> usize {
+    let key = engram_memory::ScopeKey::new(
+        engram_schema::Ident::parse("tenant", tenant).unwrap(),
+        Scope::new(ScopeKind::Team, scope).unwrap(),
+    );
+    key.partition(partitions(bus)) as usize
+}
+
+/// The whole model's status, every partition's merged, once each has reached `min_seq`.
 async fn status(bus: &engram_bus::Bus, name: ProjectorName, min_seq: u64) -> ProjectorStatus {
-    engram_rpc::call(
+    engram_projectors::status_of(
         bus.client(),
-        &projector_subject(name.as_str(), "status"),
+        name.as_str(),
+        partitions(bus),
         &Consistency {
             min_seq: Some(min_seq),
             wait_ms: Some(30_000),
@@ -99,10 +114,13 @@ async fn status(bus: &engram_bus::Bus, name: ProjectorName, min_seq: u64) -> Pro
     .unwrap()
 }
 
-async fn cut(bus: &engram_bus::Bus, name: ProjectorName, label: Option<&str>) -> SnapshotMeta {
-    engram_rpc::call(
+/// A snapshot of every partition's instance of `name`, in partition order.
+async fn cut(bus: &engram_bus::Bus, name: ProjectorName, label: Option<&str>) -> Vec<SnapshotMeta> {
+    engram_projectors::ask_partitions(
         bus.client(),
-        &projector_subject(name.as_str(), "snapshot"),
+        name.as_str(),
+        "snapshot",
+        partitions(bus),
         &SnapshotRequest {
             label: label.map(str::to_owned),
             force: false,
@@ -111,6 +129,20 @@ async fn cut(bus: &engram_bus::Bus, name: ProjectorName, label: Option<&str>) ->
     )
     .await
     .unwrap()
+}
+
+/// The version of each partition's snapshot.
+fn versions(cuts: &[SnapshotMeta]) -> Vec<u64> {
+    cuts.iter().map(|m| m.version).collect()
+}
+
+/// The version of each partition's snapshot a replica loaded (`None`: it replayed all).
+fn loaded(replica: &engram_projectors::Bootstrapped) -> Vec<Option<u64>> {
+    replica
+        .partitions
+        .iter()
+        .map(|p| p.snapshot.as_ref().map(|m| m.version))
+        .collect()
 }
 
 /// A connection that leaves the stream as it is (the tests change its retention).
@@ -159,24 +191,29 @@ async fn a_replica_from_a_snapshot_plus_the_tail_equals_the_full_replay() {
             live.push(status(&bus, name, end).await.state_hash);
         }
         engram.stop().await;
-        for ((name, meta), live) in EXPORTING.into_iter().zip(&cuts).zip(&live) {
-            assert!(
-                meta.version >= at_k,
-                "{name}: cut at {} before {at_k}",
-                meta.version
-            );
-            // When a new replica starts from it, then it reaches the full replay's state.
+        for ((name, metas), live) in EXPORTING.into_iter().zip(&cuts).zip(&live) {
+            // Every partition's cut covers the stream up to k, idle partitions included.
+            assert_eq!(metas.len(), partitions(&bus) as usize);
+            for (p, meta) in metas.iter().enumerate() {
+                assert!(
+                    meta.version >= at_k,
+                    "{name} partition {p}: cut at {} before {at_k}",
+                    meta.version
+                );
+            }
+            // When a new replica starts from them, then it reaches the full replay's state.
             let replica = new_replica(&nats, name).await;
             assert_eq!(
-                replica.snapshot.as_ref().map(|m| m.version),
-                Some(meta.version),
+                loaded(&replica),
+                versions(metas).into_iter().map(Some).collect::<Vec<_>>(),
                 "{name}"
             );
             assert_eq!(replica.seq, end, "{name}");
             assert_eq!(
-                &replica.state_hash, live,
-                "{name}: snapshot at {} + tail differs",
-                meta.version
+                &replica.state_hash,
+                live,
+                "{name}: snapshots at {:?} + tail differ",
+                versions(metas)
             );
             // And so does a replay of everything into an empty model.
             let dir = tempfile::tempdir().unwrap();
@@ -206,10 +243,13 @@ async fn a_corrupt_snapshot_is_skipped_for_the_previous_good_one_or_a_full_repla
     let mut board = engram_docs::LocalDoc::genesis::<engram_docs::TaskBoard>().unwrap();
     let first = append_events(&engram, 0..40, &mut board).await;
     status(&bus, ProjectorName::FACTS, first).await;
-    let older = cut(&bus, ProjectorName::FACTS, Some("before-release")).await;
+    // The partition of team-0, which both batches write to.
+    let p = partition_of(&bus, "acme", "team-0");
+    let older = cut(&bus, ProjectorName::FACTS, Some("before-release")).await[p].clone();
     let second = append_events(&engram, 40..80, &mut board).await;
     status(&bus, ProjectorName::FACTS, second).await;
-    let newer = cut(&bus, ProjectorName::FACTS, None).await;
+    let newer_cuts = cut(&bus, ProjectorName::FACTS, None).await;
+    let newer = newer_cuts[p].clone();
     assert!(newer.version > older.version);
     let live = status(&bus, ProjectorName::FACTS, second).await.state_hash;
     engram.stop().await;
@@ -233,11 +273,22 @@ async fn a_corrupt_snapshot_is_skipped_for_the_previous_good_one_or_a_full_repla
         "the corruption is detected"
     );
 
-    // Then a new replica skips it, loads the older one, and still reaches the same state.
+    // Then a new replica skips it, loads the partition's older one, and still reaches the
+    // same state; the other partitions load their newest.
     let replica = new_replica(&nats, ProjectorName::FACTS).await;
-    assert_eq!(replica.snapshot.as_ref().unwrap().version, older.version);
-    assert_eq!(replica.skipped.len(), 1);
-    assert_eq!(replica.skipped[0].0.version, newer.version);
+    let mut expected: Vec<Option<u64>> = versions(&newer_cuts).into_iter().map(Some).collect();
+    expected[p] = Some(older.version);
+    assert_eq!(loaded(&replica), expected);
+    let booted = &replica.partitions[p];
+    assert_eq!(booted.skipped.len(), 1);
+    assert_eq!(booted.skipped[0].0.version, newer.version);
+    assert!(
+        replica
+            .partitions
+            .iter()
+            .filter(|b| b.partition as usize != p)
+            .all(|b| b.skipped.is_empty())
+    );
     assert_eq!(replica.state_hash, live);
 
     // And with the older one corrupt too (a flipped byte, same length), a full replay.
@@ -249,8 +300,9 @@ async fn a_corrupt_snapshot_is_skipped_for_the_previous_good_one_or_a_full_repla
         .await
         .unwrap();
     let replica = new_replica(&nats, ProjectorName::FACTS).await;
-    assert!(replica.snapshot.is_none());
-    assert_eq!(replica.skipped.len(), 2);
+    expected[p] = None;
+    assert_eq!(loaded(&replica), expected);
+    assert_eq!(replica.partitions[p].skipped.len(), 2);
     assert_eq!(replica.state_hash, live);
 }
 
@@ -303,13 +355,16 @@ async fn once_retention_removes_covered_history_a_replica_still_reaches_the_full
         let early_version = SnapshotStore::open(&bus, projectors_config().snapshots)
             .await
             .unwrap()
-            .list(Some(name.as_str()))
+            .list(None)
             .await
             .unwrap()
             .into_iter()
-            .find(|m| m.label.as_deref() == Some("early"))
-            .unwrap()
-            .version;
+            .filter(|m| {
+                m.projector.starts_with(&format!("{name}-p")) && m.label.as_deref() == Some("early")
+            })
+            .map(|m| m.version)
+            .max()
+            .unwrap();
         let err = engram_projectors::rebuild_from_snapshot(
             name,
             &projectors_config(),
@@ -356,10 +411,12 @@ async fn an_instance_bootstraps_its_scope_from_snapshots_and_the_tail() {
     other.scope = Scope::new(ScopeKind::Team, "team-0").unwrap();
     engram.client.append(&other).await.unwrap();
     let k = append_events(&engram, 0..120, &mut board).await;
+    // The snapshots of team-0's partition are the ones its bootstrap uses.
+    let p = partition_of(&bus, "acme", "team-0");
     let mut versions = Vec::new();
     for name in EXPORTING {
         status(&bus, name, k).await;
-        versions.push(cut(&bus, name, None).await.version);
+        versions.push(cut(&bus, name, None).await[p].version);
     }
     let end = append_events(&engram, 120..200, &mut board).await;
     for name in EXPORTING {
@@ -443,14 +500,20 @@ async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
         .filter(|m| m["label"] == "before-deploy")
         .map(|m| m["projector"].as_str().unwrap())
         .collect();
+    // Every partition's instance of every model cut one.
+    let p = partition_of(&bus, "acme", "team-0");
     for name in EXPORTING {
-        assert!(labelled.contains(&name.as_str()), "{name}: {cut:?}");
+        for partition in 0..partitions(&bus) {
+            let instance = engram_memory::proto::instance_name(name.as_str(), partition);
+            assert!(labelled.contains(&instance.as_str()), "{instance}: {cut:?}");
+        }
     }
     // The labelled versions are the ones a bootstrap can ask for.
+    let facts_instance = engram_memory::proto::instance_name("facts", p as u32);
     let facts = cut
         .snapshots
         .iter()
-        .find(|m| m["projector"] == "facts")
+        .find(|m| m["projector"] == facts_instance.as_str())
         .unwrap();
     let version = facts["version"].as_u64().unwrap();
     let booted = engram
@@ -479,7 +542,7 @@ async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
         assert!(err.contains("label"), "{bad:?}: {err}");
     }
 
-    // Labelled snapshots are bounded per projector: once MAX_LABELLED are kept, another
+    // Labelled snapshots are bounded per instance: once MAX_LABELLED are kept, another
     // label is refused with what to do, and nothing is stored.
     let mut seq = end;
     let mut refused = None;
@@ -488,7 +551,7 @@ async fn an_agent_cuts_labelled_snapshots_through_the_sdk_within_bounds() {
         status(&bus, ProjectorName::FACTS, seq).await;
         let answer: Result<SnapshotMeta, _> = engram_rpc::call(
             bus.client(),
-            &engram_memory::proto::projector_subject("facts", "snapshot"),
+            &engram_memory::proto::partition_subject("facts", "snapshot", p as u32),
             &engram_projectors::SnapshotRequest {
                 label: Some(format!("l{i}")),
                 force: false,

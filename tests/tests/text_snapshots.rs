@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use engram_embed::EmbedderConfig;
 use engram_fixtures::HashEmbedder;
-use engram_memory::proto::{Consistency, SearchRequest, SearchResponse, projector_subject};
+use engram_memory::proto::{Consistency, SearchRequest, SearchResponse, partition_subject};
 use engram_memory::{MemoryFilter, ScopeKey};
 use engram_projectors::{ProjectorName, ProjectorStatus, ProjectorsConfig, SnapshotRequest};
 use engram_query::QueryConfig;
@@ -130,10 +130,16 @@ async fn append(engram: &Engram, events: &[Envelope]) -> u64 {
     last
 }
 
+fn partitions(bus: &engram_bus::Bus) -> u32 {
+    bus.config().stream.partitions
+}
+
+/// The whole model's status, every partition's merged, once each has reached `min_seq`.
 async fn status(bus: &engram_bus::Bus, name: ProjectorName, min_seq: u64) -> ProjectorStatus {
-    engram_rpc::call(
+    engram_projectors::status_of(
         bus.client(),
-        &projector_subject(name.as_str(), "status"),
+        name.as_str(),
+        partitions(bus),
         &Consistency {
             min_seq: Some(min_seq),
             wait_ms: Some(30_000),
@@ -144,10 +150,13 @@ async fn status(bus: &engram_bus::Bus, name: ProjectorName, min_seq: u64) -> Pro
     .unwrap()
 }
 
-async fn cut(bus: &engram_bus::Bus, name: ProjectorName) -> SnapshotMeta {
-    engram_rpc::call(
+/// A snapshot of every partition's instance of `name`, in partition order.
+async fn cut(bus: &engram_bus::Bus, name: ProjectorName) -> Vec<SnapshotMeta> {
+    engram_projectors::ask_partitions(
         bus.client(),
-        &projector_subject(name.as_str(), "snapshot"),
+        name.as_str(),
+        "snapshot",
+        partitions(bus),
         &SnapshotRequest::default(),
         Duration::from_secs(60),
     )
@@ -155,9 +164,10 @@ async fn cut(bus: &engram_bus::Bus, name: ProjectorName) -> SnapshotMeta {
     .unwrap()
 }
 
-/// Every topic's hits from `name`'s search endpoint: in order with scores for the vector
-/// model, as a set for the keyword model (BM25 statistics count deleted documents until
-/// segments merge, so an index built without them may order near-ties otherwise).
+/// Every topic's hits from the search endpoint of `name`'s instance of each partition that
+/// holds one of the scopes: in order with scores for the vector model, as a set for the
+/// keyword model (BM25 statistics count deleted documents until segments merge, so an index
+/// built without them may order near-ties otherwise).
 async fn answers(
     bus: &engram_bus::Bus,
     name: ProjectorName,
@@ -168,8 +178,31 @@ async fn answers(
         .collect();
     let mut answers = Vec::new();
     for topic in TOPICS {
+        let mut about = Vec::new();
+        for (partition, scopes) in engram_memory::proto::by_partition(&scopes, partitions(bus)) {
+            about.push(search(bus, name, partition, scopes, topic, min_seq).await);
+        }
+        assert!(
+            about.iter().any(|hits| !hits.is_empty()),
+            "{name}: nothing about {topic}"
+        );
+        answers.extend(about);
+    }
+    answers
+}
+
+/// One partition's hits about `topic`, as [`answers`] keeps them.
+async fn search(
+    bus: &engram_bus::Bus,
+    name: ProjectorName,
+    partition: u32,
+    scopes: Vec<ScopeKey>,
+    topic: &str,
+    min_seq: u64,
+) -> Vec<(EventId, String, String)> {
+    {
         let request = SearchRequest {
-            scopes: scopes.clone(),
+            scopes,
             query: topic.into(),
             vector: Some(HashEmbedder::new(DIM).embed_one(topic)),
             k: 1000,
@@ -183,7 +216,7 @@ async fn answers(
         };
         let response: SearchResponse = engram_rpc::call(
             bus.client(),
-            &projector_subject(name.as_str(), "search"),
+            &partition_subject(name.as_str(), "search", partition),
             &request,
             Duration::from_secs(40),
         )
@@ -204,10 +237,8 @@ async fn answers(
         if name == ProjectorName::KEYWORD {
             hits.sort();
         }
-        assert!(!hits.is_empty(), "{name}: nothing about {topic}");
-        answers.push(hits);
+        hits
     }
-    answers
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -260,13 +291,16 @@ async fn a_text_model_replica_from_a_snapshot_plus_the_tail_equals_the_running_o
         )
         .await
         .unwrap();
-        // Then it loaded the snapshot, replayed the tail, and reached the running state
-        assert_eq!(
-            replica.snapshot.as_ref().map(|m| m.version),
-            Some(cuts[&name].version),
-            "{name}"
-        );
-        assert!(cuts[&name].version >= at_cut, "{name}");
+        // Then every partition loaded its snapshot, replayed the tail, and reached the
+        // running state
+        let loaded: Vec<Option<u64>> = replica
+            .partitions
+            .iter()
+            .map(|p| p.snapshot.as_ref().map(|m| m.version))
+            .collect();
+        let cut: Vec<Option<u64>> = cuts[&name].iter().map(|m| Some(m.version)).collect();
+        assert_eq!(loaded, cut, "{name}");
+        assert!(cuts[&name].iter().all(|m| m.version >= at_cut), "{name}");
         assert_eq!(replica.seq, end, "{name}");
         assert_eq!(&replica.state_hash, hash, "{name}: snapshot + tail differs");
 
@@ -286,12 +320,14 @@ async fn a_text_model_replica_from_a_snapshot_plus_the_tail_equals_the_running_o
         .unwrap();
         // Its endpoints were subscribed on its own connection: answered once the server
         // has them.
+        let partitions = partitions(&bus);
         engram_testkit::wait_until("the replica's endpoints", Duration::from_secs(10), || {
             let client = bus.client().clone();
             async move {
-                engram_rpc::call::<_, ProjectorStatus>(
+                engram_projectors::status_of(
                     &client,
-                    &projector_subject(name.as_str(), "status"),
+                    name.as_str(),
+                    partitions,
                     &Consistency::default(),
                     Duration::from_secs(5),
                 )
@@ -325,8 +361,20 @@ async fn a_projector_named_in_skip_periodic_cuts_no_periodic_snapshots() {
     let store = engram_snapshots::SnapshotStore::open(&bus, config.snapshots.clone())
         .await
         .unwrap();
+    let cut_by = |model: &'static str| {
+        let store = store.clone();
+        async move {
+            store
+                .list(None)
+                .await
+                .unwrap()
+                .into_iter()
+                .filter(|m| m.projector.starts_with(&format!("{model}-p")))
+                .count()
+        }
+    };
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while store.list(Some("keyword")).await.unwrap().is_empty() {
+    while cut_by("keyword").await == 0 {
         assert!(
             std::time::Instant::now() < deadline,
             "keyword cut no periodic snapshot"
@@ -335,9 +383,9 @@ async fn a_projector_named_in_skip_periodic_cuts_no_periodic_snapshots() {
     }
     // ...vector, named in skip_periodic, has cut none (it was due as often), and still cuts
     // one when asked.
-    assert!(store.list(Some("vector")).await.unwrap().is_empty());
+    assert_eq!(cut_by("vector").await, 0);
     let asked = cut(&bus, ProjectorName::VECTOR).await;
-    assert!(asked.version >= at);
+    assert!(asked.iter().all(|m| m.version >= at));
     engram.stop().await;
     // And a name that is no projector is refused with the known ones.
     config.snapshots.skip_periodic = vec!["vectors".into()];

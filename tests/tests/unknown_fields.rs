@@ -96,6 +96,17 @@ async fn endpoints(client: &async_nats::Client, service: &str) -> Vec<String> {
     subjects
 }
 
+/// An endpoint's op: its last token, or the one before a projector's partition
+/// (`engram.p.vector.search.3`).
+fn op_of(subject: &str) -> &str {
+    let mut tokens = subject.rsplit('.');
+    let last = tokens.next().unwrap();
+    match last.parse::<u32>() {
+        Ok(_) => tokens.next().unwrap(),
+        Err(_) => last,
+    }
+}
+
 async fn call(client: &async_nats::Client, subject: &str, body: &Value) -> Result<Value, RpcError> {
     engram_rpc::call(client, subject, body, TIMEOUT).await
 }
@@ -139,7 +150,7 @@ async fn every_nats_endpoint_refuses_an_unknown_field_naming_it() {
     let mut checked = 0;
     for service in &services {
         for subject in endpoints(&admin, service).await {
-            let op = subject.rsplit('.').next().unwrap().to_owned();
+            let op = op_of(&subject).to_owned();
             let Some(body) = nats_body(service, &op) else {
                 continue;
             };
@@ -184,10 +195,14 @@ async fn every_nats_endpoint_refuses_an_unknown_field_naming_it() {
         );
     }
     let search = nats_body("engram-keyword", "search").unwrap();
+    let partitions = nats.bus().await.config().stream.partitions;
+    let partition = serde_json::from_value::<engram_memory::ScopeKey>(key())
+        .unwrap()
+        .partition(partitions);
     refused_naming(
         call(
             &admin,
-            &proto::projector_subject("keyword", "search"),
+            &proto::partition_subject("keyword", "search", partition),
             &with(&search, "filter", json!({"min_confidance": 0.5})),
         )
         .await,

@@ -44,11 +44,7 @@ impl Scrape {
     pub(crate) fn sum(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
         let mut found = None;
         for (n, l, v) in &self.samples {
-            if n == name
-                && labels
-                    .iter()
-                    .all(|(k, want)| l.get(*k).is_some_and(|have| have == want))
-            {
+            if n == name && matches(l, labels) {
                 *found.get_or_insert(0.0) += v;
             }
         }
@@ -61,12 +57,7 @@ impl Scrape {
         let mut out: Vec<(f64, f64)> = self
             .samples
             .iter()
-            .filter(|(n, l, _)| {
-                *n == bucket
-                    && labels
-                        .iter()
-                        .all(|(k, want)| l.get(*k).is_some_and(|have| have == want))
-            })
+            .filter(|(n, l, _)| *n == bucket && matches(l, labels))
             .filter_map(|(_, l, v)| {
                 let le = l.get("le")?;
                 let le = if le == "+Inf" {
@@ -78,8 +69,32 @@ impl Scrape {
             })
             .collect();
         out.sort_by(|a, b| a.0.total_cmp(&b.0));
+        // Several series (a model's partitions) add up bound by bound.
+        out.dedup_by(|later, kept| {
+            let same = later.0 == kept.0;
+            if same {
+                kept.1 += later.1;
+            }
+            same
+        });
         out
     }
+}
+
+/// Whether a sample's labels include `wanted`. A read model runs one instance per stream
+/// partition, labelled `<model>-p<partition>`: asking for `projector="docs"` takes every
+/// instance of docs.
+fn matches(labels: &BTreeMap<String, String>, wanted: &[(&str, &str)]) -> bool {
+    wanted.iter().all(|(k, want)| {
+        labels.get(*k).is_some_and(|have| {
+            have == want
+                || (*k == "projector"
+                    && have
+                        .strip_prefix(want)
+                        .and_then(|rest| rest.strip_prefix("-p"))
+                        .is_some_and(|p| !p.is_empty() && p.bytes().all(|b| b.is_ascii_digit())))
+        })
+    })
 }
 
 /// What a histogram gained between two scrapes.
@@ -254,6 +269,41 @@ engram_projector_applied_total{projector="docs"} 25
 engram_projector_applied_total{projector="facts"} 30
 engram_query_seconds_count{op="a \"quoted\" op"} 2
 "#;
+
+    #[test]
+    fn a_model_is_the_sum_of_its_partition_instances() {
+        let scrape = Scrape::parse(
+            r#"engram_projector_batch_seconds_bucket{projector="docs-p0",le="0.1"} 2
+engram_projector_batch_seconds_bucket{projector="docs-p0",le="+Inf"} 3
+engram_projector_batch_seconds_bucket{projector="docs-p12",le="0.1"} 1
+engram_projector_batch_seconds_bucket{projector="docs-p12",le="+Inf"} 1
+engram_projector_batch_seconds_sum{projector="docs-p0"} 0.5
+engram_projector_batch_seconds_sum{projector="docs-p12"} 0.25
+engram_projector_batch_seconds_count{projector="docs-p0"} 3
+engram_projector_batch_seconds_count{projector="docs-p12"} 1
+engram_projector_batch_seconds_count{projector="docsx-p1"} 100
+engram_projector_batch_seconds_count{projector="docs-p"} 100
+engram_projector_batch_seconds_count{projector="docs-px"} 100
+"#,
+        );
+        let docs = [("projector", "docs")];
+        assert_eq!(
+            scrape.sum("engram_projector_batch_seconds_count", &docs),
+            Some(4.0)
+        );
+        assert_eq!(
+            scrape.buckets("engram_projector_batch_seconds", &docs),
+            vec![(0.1, 3.0), (f64::INFINITY, 4.0)]
+        );
+        // One instance alone, by its own name.
+        assert_eq!(
+            scrape.sum(
+                "engram_projector_batch_seconds_count",
+                &[("projector", "docs-p12")]
+            ),
+            Some(1.0)
+        );
+    }
 
     #[test]
     fn sums_and_histogram_differences_between_two_scrapes() {

@@ -5,25 +5,37 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use engram_bus::Bus;
-use engram_memory::proto::{Consistency, projector_subject};
+use engram_memory::proto::{Consistency, partition_subject};
 use engram_projectors::ProjectorLedger;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::target::projectors;
 
-/// Asks a projector for its apply ledger (cheap: no state hash).
+/// Asks a projector for its apply ledger (cheap: no state hash): every partition's, merged
+/// ([`ProjectorLedger::merge`]). The load test provisions its deployments with the default
+/// partitions.
 pub(crate) async fn projector_ledger(
     client: &async_nats::Client,
     name: &str,
 ) -> Result<ProjectorLedger, engram_rpc::RpcError> {
-    engram_rpc::call(
-        client,
-        &projector_subject(name, "ledger"),
-        &Consistency::default(),
-        Duration::from_secs(2),
-    )
-    .await
+    let asks = (0..engram_schema::DEFAULT_PARTITIONS).map(|p| {
+        let subject = partition_subject(name, "ledger", p);
+        async move {
+            engram_rpc::call::<_, ProjectorLedger>(
+                client,
+                &subject,
+                &Consistency::default(),
+                Duration::from_secs(2),
+            )
+            .await
+        }
+    });
+    let parts = futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(ProjectorLedger::merge(name, &parts))
 }
 
 /// One second's reading.

@@ -13,7 +13,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use engram_memory::proto::{ErrorCode, projector_subject};
+use engram_memory::proto::{ErrorCode, partition_subject};
 use engram_projectors::SnapshotRequest;
 use serde::{Deserialize, Serialize};
 use tokio::sync::watch;
@@ -93,22 +93,33 @@ impl Cuts {
     async fn cut(&self, client: &async_nats::Client, projector: &str) -> Option<Cut> {
         let requested_at = Utc::now();
         let started = Instant::now();
-        let answer: Result<Stored, engram_rpc::RpcError> = engram_rpc::call(
-            client,
-            &projector_subject(projector, "snapshot"),
-            &SnapshotRequest::default(),
-            CUT_TIMEOUT,
-        )
-        .await;
+        // Every partition's instance cuts its own, all at once: the model's cut is theirs
+        // together (the load test provisions the default partitions).
+        let cuts = (0..engram_schema::DEFAULT_PARTITIONS).map(|p| {
+            let subject = partition_subject(projector, "snapshot", p);
+            async move {
+                engram_rpc::call::<_, Stored>(
+                    client,
+                    &subject,
+                    &SnapshotRequest::default(),
+                    CUT_TIMEOUT,
+                )
+                .await
+            }
+        });
+        let answer: Result<Vec<Stored>, engram_rpc::RpcError> =
+            futures::future::join_all(cuts).await.into_iter().collect();
         let secs = started.elapsed().as_secs_f64();
         match answer {
-            Ok(stored) => Some(Cut {
+            Ok(parts) => Some(Cut {
                 secs,
-                bytes: stored.bytes,
-                version: stored.version,
-                events: stored.events,
+                bytes: parts.iter().map(|s| s.bytes).sum(),
+                version: parts.iter().map(|s| s.version).max().unwrap_or(0),
+                events: parts.iter().map(|s| s.events).sum(),
                 // A second of slack for the two clocks of a remote deployment.
-                fresh: stored.created_at + chrono::TimeDelta::seconds(1) >= requested_at,
+                fresh: parts
+                    .iter()
+                    .any(|s| s.created_at + chrono::TimeDelta::seconds(1) >= requested_at),
             }),
             Err(e) if e.code() == ErrorCode::Invalid => {
                 self.with(projector, |p| p.refused = Some(e.to_string()));

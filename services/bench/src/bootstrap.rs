@@ -266,28 +266,45 @@ async fn bench(
     append(bus, &mut work, args.events - tail, "appending the history").await?;
     let store =
         engram_snapshots::SnapshotStore::open(bus, config.projectors.snapshots.clone()).await?;
-    // The snapshots: each model replayed once to the cut, its checkpoint stored as a
-    // snapshot, as a running projector's cut would be.
+    // The snapshots: each model replayed once to the cut, each partition's checkpoint
+    // stored as that partition's snapshot, as a running instance's cut would be. A partition
+    // the workload never wrote to has no checkpoint, and replays its nothing.
     for name in snapshot_models()? {
         let dir = home.join(format!("cut-{name}"));
-        let (_, hash) =
-            engram_projectors::rebuild(name, &config.projectors, &dir, bus.clone(), |_, _| {})
-                .await?;
-        let bytes = std::fs::read(dir.join(format!("{name}.snap")))
-            .with_context(|| format!("reading the {name} checkpoint"))?;
-        let ledger =
-            engram_projection_runtime::snapshot::check(&bytes, "the checkpoint", name.as_str())?;
-        store
-            .put(
+        let reached = engram_projectors::rebuild_partitions(
+            name,
+            &config.projectors,
+            &dir,
+            bus.clone(),
+            |_, _| {},
+        )
+        .await?;
+        for (p, (_, state_hash)) in (0..).zip(reached) {
+            let path = engram_projectors::partition_dir(&dir, p).join(format!("{name}.snap"));
+            let bytes = match std::fs::read(&path) {
+                Ok(bytes) => bytes,
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+                Err(e) => {
+                    return Err(e).with_context(|| format!("reading {}", path.display()));
+                }
+            };
+            let ledger = engram_projection_runtime::snapshot::check(
+                &bytes,
+                "the checkpoint",
                 name.as_str(),
-                &engram_projection_runtime::Cut {
-                    ledger,
-                    bytes,
-                    state_hash: hash,
-                },
-                None,
-            )
-            .await?;
+            )?;
+            store
+                .put(
+                    engram_projectors::instance_name(name.as_str(), p),
+                    &engram_projection_runtime::Cut {
+                        ledger,
+                        bytes,
+                        state_hash,
+                    },
+                    None,
+                )
+                .await?;
+        }
     }
     append(bus, &mut work, tail, "appending the tail").await?;
 
@@ -327,16 +344,20 @@ async fn bench(
         )
         .await?;
         let bootstrap_s = started.elapsed().as_secs_f64();
-        let snapshot = booted
-            .snapshot
-            .context("the bootstrap found the snapshot")?;
+        // Every partition that holds events starts from its own snapshot.
+        let snapshots: Vec<_> = booted
+            .partitions
+            .iter()
+            .filter_map(|p| p.snapshot.as_ref())
+            .collect();
+        anyhow::ensure!(!snapshots.is_empty(), "the bootstrap found no snapshot");
         models.push(ModelRun {
             projector: name.to_string(),
             full_replay_s,
             bootstrap_s,
             ratio: bootstrap_s / full_replay_s,
-            snapshot_version: snapshot.version,
-            snapshot_bytes: snapshot.bytes,
+            snapshot_version: snapshots.iter().map(|s| s.version).max().unwrap_or(0),
+            snapshot_bytes: snapshots.iter().map(|s| s.bytes).sum(),
             equal: booted.seq == full_seq && booted.state_hash == engram_snapshots::hex(&full_hash),
         });
     }

@@ -131,11 +131,11 @@ impl Demo<'_> {
     /// Waits until every projector has applied the whole stream; returns its last seq.
     async fn settled(&self) -> anyhow::Result<u64> {
         let head = self.running.bus.stream_summary().await?.last_seq;
-        for visibility in self.running.projectors.visibility.values() {
-            visibility
-                .wait_for(head, Duration::from_millis(WAIT_MS))
-                .await?;
-        }
+        self.running
+            .projectors
+            .wait_visible(head, Duration::from_millis(WAIT_MS))
+            .await
+            .map_err(|f| anyhow::anyhow!("{f}"))?;
         Ok(head)
     }
 

@@ -248,15 +248,9 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     let http_stop = CancellationToken::new();
     let stopped = http_stop.clone().cancelled_owned();
     let lag = crate::http::LagCheck::new(
-        projectors
-            .visibility
-            .values()
-            .map(|v| {
-                let (name, v) = (v.projector(), v.clone());
-                let seq: crate::http::VisibleSeq = Box::new(move || v.current());
-                (name, seq)
-            })
-            .collect(),
+        // Per partition's instance: an idle partition reads as visible through the stream's
+        // end once proved to hold nothing newer.
+        projectors.visible_seqs(),
         crate::http::LagLimits {
             max_lag_events: config.http.health_max_lag_events,
             grace: config.http.health_lag_grace,

@@ -15,13 +15,23 @@ use engram_testkit::TestNats;
 use futures::StreamExt;
 
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
-/// One partition, so one lease decides who consolidates everything; a short TTL.
+/// A stream of one partition, so one lease decides who consolidates everything; a short
+/// TTL.
 const CONFIG: &str = r#"
+[bus.stream]
+partitions = 1
+
 [projectors.consolidator]
 interval = "200ms"
-partitions = 1
 lease_ttl = "2s"
 "#;
+
+/// The test's bus, on a stream of one partition as `CONFIG` says.
+async fn one_partition(nats: &TestNats) -> Bus {
+    let mut config = nats.bus_config();
+    config.stream.partitions = 1;
+    nats.bus_with(config).await
+}
 const LEASE_TTL: Duration = Duration::from_secs(2);
 
 fn spawn(home: &std::path::Path, url: &str, replica: &str) -> KillOnDrop {
@@ -127,7 +137,7 @@ async fn wait_for_output(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_the_active_consolidator_hands_its_partition_to_the_other_within_the_lease() {
     let nats = TestNats::start().await;
-    let bus = nats.bus().await;
+    let bus = one_partition(&nats).await;
     let dir = tempfile::tempdir().unwrap();
     let (home_a, home_b) = (dir.path().join("a"), dir.path().join("b"));
     let mut a = Some(spawn(&home_a, &nats.url(), "a"));
@@ -210,7 +220,7 @@ const AFTER_TAKEN: usize = 10;
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn failover_under_load_consolidates_every_scope_once() {
     let nats = TestNats::start().await;
-    let bus = nats.bus().await;
+    let bus = one_partition(&nats).await;
     let dir = tempfile::tempdir().unwrap();
     let (home_a, home_b) = (dir.path().join("a"), dir.path().join("b"));
     let a = spawn(&home_a, &nats.url(), "a");

@@ -450,18 +450,39 @@ async fn snapshot_and_bootstrap(client: &Client, text: &str) {
             listed
                 .snapshots
                 .iter()
-                .any(|s| s["projector"] == model.as_str() && s["version"] == *version),
+                // Each partition's instance of the model has its own: `facts-p3`.
+                .any(|s| s["projector"]
+                    .as_str()
+                    .is_some_and(|p| p.starts_with(&format!("{model}-p")))
+                    && s["version"] == *version),
             "no {model} snapshot v{version} in {listed:?}"
         );
     }
-    // The tail: the two scopes' events after the oldest snapshot, up to the seq it read to;
-    // the two events appended after the cut are among them.
+    // The tail: each scope's events after its partition's snapshot (the newest of its
+    // partition at or below the set's version), up to the seq it read to; the two events
+    // appended after the cut are among them.
     let through = num_after(hashes, "state hash at seq ");
-    let from = cut.iter().map(|(_, v)| *v).min().unwrap();
+    let set = cut.iter().map(|(_, v)| *v).max().unwrap();
     let task = Scope::new(ScopeKind::Task, "fix-login-bug").unwrap();
     let team = Scope::new(ScopeKind::Team, "core").unwrap();
     let mut tail = BTreeSet::new();
     for scope in [&task, &team] {
+        let key = engram_memory::ScopeKey::new(
+            engram_schema::Ident::parse("tenant", "acme").unwrap(),
+            scope.clone(),
+        );
+        let instance = engram_memory::proto::instance_name(
+            "facts",
+            key.partition(engram_schema::DEFAULT_PARTITIONS),
+        );
+        let from = listed
+            .snapshots
+            .iter()
+            .filter(|s| s["projector"] == instance.as_str())
+            .filter_map(|s| s["version"].as_u64())
+            .filter(|v| *v <= set)
+            .max()
+            .unwrap_or_else(|| panic!("no {instance} snapshot in {listed:?}"));
         tail.extend(
             events_of(client, scope)
                 .await

@@ -116,17 +116,30 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
         "{body}"
     );
 
-    // And when more wait than the threshold for longer than the grace period, the projector is
-    // named too
+    // And when more wait than the threshold for longer than the grace period, the projector's
+    // instance for the scope's partition is named too (the other partitions have nothing to
+    // apply)
+    let instance = engram_memory::proto::instance_name(
+        "vector",
+        engram_memory::ScopeKey::of(&event("acme", "t1", "x"))
+            .partition(bus.config().stream.partitions),
+    );
     bus.append(&event("acme", "t1", "memory 2"), Default::default())
         .await
         .unwrap();
     wait_until(
         "healthz to report the stalled projector",
         Duration::from_secs(30),
-        || async move {
-            let (status, body) = http_get(addr, "/healthz").await;
-            status == 503 && body.contains("projector vector trails the stream by 3 events")
+        || {
+            let instance = instance.clone();
+            async move {
+                let (status, body) = http_get(addr, "/healthz").await;
+                status == 503
+                    && body.contains(&format!(
+                        "projector {instance} trails the stream by 3 events"
+                    ))
+                    && body.matches("trails the stream").count() == 1
+            }
         },
     )
     .await;
@@ -136,8 +149,9 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
         "the lag metric to count the waiting events",
         Duration::from_secs(30),
         || async {
+            // Per partition: the partition's own events after its visible one.
             engram_telemetry::metrics::PROJECTOR_LAG
-                .with_label_values(&["vector"])
+                .with_label_values(&[instance.as_str()])
                 .get()
                 == 3
         },

@@ -6,12 +6,13 @@
 mod common;
 use common::KillOnDrop;
 
+use std::collections::BTreeMap;
 use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use engram_bus::Bus;
 use engram_fixtures::HashEmbedder;
-use engram_memory::proto::{Consistency, projector_subject};
+use engram_memory::proto::Consistency;
 use engram_projection_runtime::ApplyLedger;
 use engram_projectors::{ProjectorName, ProjectorStatus, ProjectorsConfig};
 use engram_schema::{Content, Embedding, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
@@ -138,26 +139,29 @@ async fn status(
     min_seq: u64,
     log: &std::path::Path,
 ) -> ProjectorStatus {
+    let partitions = bus.config().stream.partitions;
     // The restarted process may still be starting.
     for _ in 0..100 {
-        match engram_rpc::call::<_, ProjectorStatus>(
+        match engram_projectors::status_of(
             bus.client(),
-            &projector_subject(name.as_str(), "status"),
+            name.as_str(),
+            partitions,
             &Consistency::default(),
             Duration::from_secs(5),
         )
         .await
         {
-            Err(engram_rpc::RpcError::NoResponders { .. }) => {
+            Err(f) if f.code == engram_memory::proto::ErrorCode::Unavailable => {
                 tokio::time::sleep(Duration::from_millis(200)).await;
             }
             _ => break,
         }
     }
     let log = std::fs::read_to_string(log).unwrap_or_default();
-    engram_rpc::call(
+    engram_projectors::status_of(
         bus.client(),
-        &projector_subject(name.as_str(), "status"),
+        name.as_str(),
+        partitions,
         &Consistency {
             min_seq: Some(min_seq),
             wait_ms: Some(60_000),
@@ -168,24 +172,35 @@ async fn status(
     .unwrap_or_else(|e| panic!("status of {name}: {e}\nprojector log:\n{log}"))
 }
 
-/// The projector's durable consumer: how far it acknowledged (acks follow checkpoints).
-async fn ack_floor(bus: &Bus, name: ProjectorName) -> u64 {
+/// How far each partition's durable consumer of the projector acknowledged (acks follow
+/// checkpoints), for the partitions in `last` (each with its last event's sequence).
+async fn ack_floors(
+    bus: &Bus,
+    name: ProjectorName,
+    last: &BTreeMap<u32, u64>,
+) -> BTreeMap<u32, u64> {
     let stream = bus
         .jetstream()
         .get_stream(&bus.config().stream.name)
         .await
         .unwrap();
-    match stream
-        .get_consumer::<async_nats::jetstream::consumer::pull::Config>(name.as_str())
-        .await
-    {
-        Ok(mut consumer) => consumer
-            .info()
+    let mut floors = BTreeMap::new();
+    for &p in last.keys() {
+        let consumer = engram_memory::proto::instance_name(name.as_str(), p);
+        let floor = match stream
+            .get_consumer::<async_nats::jetstream::consumer::pull::Config>(&consumer)
             .await
-            .map(|i| i.ack_floor.stream_sequence)
-            .unwrap_or(0),
-        Err(_) => 0,
+        {
+            Ok(mut consumer) => consumer
+                .info()
+                .await
+                .map(|i| i.ack_floor.stream_sequence)
+                .unwrap_or(0),
+            Err(_) => 0,
+        };
+        floors.insert(p, floor);
     }
+    floors
 }
 
 fn killed(process: &mut KillOnDrop) {
@@ -208,12 +223,19 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
     // What every projector must have applied, each event once: the ledger of the stream.
     let mut expected = ApplyLedger::default();
     let mut last = 0;
+    // Each partition's last event: the partitions' instances checkpoint apart.
+    let partitions = bus.config().stream.partitions;
+    let mut last_in: BTreeMap<u32, u64> = BTreeMap::new();
     for chunk in 0..6 {
         let events = events(500, chunk * 500);
         for (event, r) in events.iter().zip(bus.append_batch(&events, 256).await) {
             let seq = r.unwrap().seq;
             expected.add(seq, event.event_id.as_str());
             last = last.max(seq);
+            last_in.insert(
+                engram_memory::ScopeKey::of(event).partition(partitions),
+                seq,
+            );
         }
         if chunk == 2 {
             // Mid-stream: once every projector has applied the 1,500 events so far, each has
@@ -221,10 +243,10 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
             // kill.
             for name in ProjectorName::all() {
                 status(&bus, name, last, &log).await;
-                let saved = ack_floor(&bus, name).await;
+                let saved = ack_floors(&bus, name, &last_in).await;
                 assert!(
-                    saved < last,
-                    "{name} acknowledged (checkpointed) {saved} of {last}: nothing unsaved to lose"
+                    saved.iter().any(|(p, floor)| *floor < last_in[p]),
+                    "{name} acknowledged (checkpointed) {saved:?} of {last_in:?}: nothing unsaved to lose"
                 );
             }
             killed(&mut process);
@@ -266,8 +288,11 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
             &format!("{name} to checkpoint the whole stream"),
             Duration::from_secs(60),
             || {
-                let bus = bus.clone();
-                async move { ack_floor(&bus, name).await >= last }
+                let (bus, last_in) = (bus.clone(), last_in.clone());
+                async move {
+                    let floors = ack_floors(&bus, name, &last_in).await;
+                    floors.iter().all(|(p, floor)| *floor >= last_in[p])
+                }
             },
         )
         .await;
@@ -292,8 +317,15 @@ async fn a_projector_killed_mid_batch_resumes_without_duplicates_or_gaps() {
         .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
         .filter_map(|v| v["graphs_loaded"].as_u64())
         .collect();
+    // One line per partition's instance and start: the last start's lines are the last
+    // ones, and before the last checkpoint no partition had a graph to load.
+    let last_start: u64 = graphs_loaded
+        .iter()
+        .rev()
+        .take(bus.config().stream.partitions as usize)
+        .sum();
     assert!(
-        graphs_loaded.last().is_some_and(|&n| n > 0),
+        last_start > 0,
         "the vector graphs were not loaded on restart ({graphs_loaded:?}):\n{text}"
     );
     // Stopped before the rebuilds: a rebuild takes over the projector's durable consumer.

@@ -46,11 +46,9 @@ pub struct ConsolidatorConfig {
     /// (`engram consolidate`, SDK `consolidate`).
     #[serde(with = "humantime_serde")]
     pub interval: Duration,
-    /// Scopes are split into this many partitions by a hash of tenant and scope; each is
-    /// consolidated by the one replica holding its lease.
-    pub partitions: u32,
-    /// A partition's lease lives this long without renewal (renewed every third of it):
-    /// a replica that dies is replaced within about this time.
+    /// Each partition of the stream is consolidated by the one replica holding its lease,
+    /// which lives this long without renewal (renewed every third of it): a replica that
+    /// dies is replaced within about this time.
     #[serde(with = "humantime_serde")]
     pub lease_ttl: Duration,
     pub policy: Policy,
@@ -63,7 +61,6 @@ impl Default for ConsolidatorConfig {
     fn default() -> Self {
         Self {
             interval: Duration::from_secs(5 * 60),
-            partitions: 8,
             lease_ttl: Duration::from_secs(15),
             policy: Policy::default(),
             summariser: SummariserConfig::default(),
@@ -199,9 +196,11 @@ impl Consolidator {
                         wait_ms: Some(5_000),
                     },
                 };
-                let subject = engram_memory::proto::projector_subject(
+                let subject = engram_memory::proto::partition_subject(
                     engram_memory::proto::read_models::VECTOR,
                     engram_memory::proto::read_models::NEIGHBOURS_OP,
+                    // The vector model of the scope's partition holds its vectors.
+                    scope.partition(bus.config().stream.partitions),
                 );
                 match engram_rpc::call::<_, NeighboursResponse>(
                     bus.client(),
@@ -331,7 +330,7 @@ impl Projection for Consolidator {
 /// The consolidator's summariser, at most `RefineOptions::concurrency` calls at once in
 /// all: each plan is refined on its own (a scheduled run, and every on-demand plan beside
 /// it), so a bound per plan alone would let their calls add up.
-struct Bounded {
+pub(crate) struct Bounded {
     inner: Arc<dyn Summariser>,
     /// One permit per call in flight; never closed.
     calls: tokio::sync::Semaphore,
@@ -378,13 +377,22 @@ impl crate::ReadModel for ConsolidatorModel {
     async fn open(
         config: &crate::ProjectorsConfig,
         dir: &Path,
+        shared: &crate::Shared,
     ) -> Result<Arc<Consolidator>, crate::StartError> {
         let consolidator = &config.consolidator;
         let refine = RefineOptions::of(&consolidator.summariser);
-        let summariser = Arc::new(Bounded {
-            calls: tokio::sync::Semaphore::new(refine.concurrency.max(1)),
-            inner: consolidator.summariser.build()?,
-        });
+        // One summariser for every partition's consolidator: its bound on calls in flight
+        // is the process's.
+        let summariser = shared
+            .summariser
+            .get_or_try_init(|| async {
+                Ok::<_, crate::StartError>(Arc::new(Bounded {
+                    calls: tokio::sync::Semaphore::new(refine.concurrency.max(1)),
+                    inner: consolidator.summariser.build()?,
+                }))
+            })
+            .await?
+            .clone();
         Ok(Arc::new(Consolidator::new(
             dir,
             consolidator.policy.clone(),
@@ -435,8 +443,10 @@ impl crate::ReadModel for ConsolidatorModel {
         projection: Arc<Consolidator>,
         visibility: Visibility,
         bus: Bus,
+        part: &crate::Part,
         stop: CancellationToken,
     ) -> Option<JoinHandle<()>> {
+        let partition = part.index;
         let replica = config.replica.clone();
         let config = config.consolidator.clone();
         // On-demand plans ask the vector model too, scheduled or not.
@@ -465,7 +475,7 @@ impl crate::ReadModel for ConsolidatorModel {
                     }
                 }
             };
-            run_schedule(config, projection, visibility, bus, leases, stop).await;
+            run_schedule(config, projection, visibility, bus, leases, partition, stop).await;
         }))
     }
 }
@@ -478,26 +488,27 @@ pub fn lease_key(p: u32) -> String {
     format!("consolidator.p{p}")
 }
 
-/// Renews the partition leases every third of their TTL, and every `interval` appends the
-/// plans of the scopes in the partitions held.
+/// Renews the lease of the instance's partition every third of its TTL, and every
+/// `interval` while holding it appends the plans of the partition's scopes.
 async fn run_schedule(
     config: ConsolidatorConfig,
     projection: Arc<Consolidator>,
     visibility: Visibility,
     bus: Bus,
     mut leases: engram_bus::Leases,
+    partition: u32,
     stop: CancellationToken,
 ) {
     let mut renew = tokio::time::interval(config.lease_ttl / 3);
     let mut run = tokio::time::interval(config.interval);
     run.tick().await;
-    let mut held = vec![false; config.partitions as usize];
+    let mut held = false;
     let mut last_run = None;
     loop {
         tokio::select! {
             _ = stop.cancelled() => return,
             _ = renew.tick() => {
-                if renew_leases(&mut leases, &mut held).await {
+                if renew_lease(&mut leases, partition, &mut held).await {
                     // A partition just taken is consolidated at once: its last holder
                     // may have died with a run due.
                     last_run = None;
@@ -507,12 +518,12 @@ async fn run_schedule(
             _ = run.tick() => {}
         }
         let seen = visibility.current();
-        if last_run == Some(seen) || !held.iter().any(|h| *h) {
+        if last_run == Some(seen) || !held {
             continue;
         }
         let started = std::time::Instant::now();
-        let partitions = config.partitions;
-        let scopes = projection.scopes(|s| held[s.partition(partitions) as usize]);
+        // The instance holds its partition's scopes only.
+        let scopes = projection.scopes(|_| true);
         let neighbours = projection.neighbours(&scopes).await;
         let p = projection.clone();
         let Ok(unrefined) =
@@ -530,7 +541,7 @@ async fn run_schedule(
             tokio::select! {
                 events = &mut refining => break events,
                 _ = stop.cancelled() => return,
-                _ = renew.tick() => taken |= renew_leases(&mut leases, &mut held).await,
+                _ = renew.tick() => taken |= renew_lease(&mut leases, partition, &mut held).await,
             }
         };
         let planned = events.len();
@@ -560,22 +571,22 @@ async fn run_schedule(
     }
 }
 
-/// Holds (takes or renews) every partition's lease; returns whether one was newly taken.
-async fn renew_leases(leases: &mut engram_bus::Leases, held: &mut [bool]) -> bool {
-    let mut taken = false;
-    for (p, holds) in held.iter_mut().enumerate() {
-        let now = leases.hold(&lease_key(p as u32)).await.unwrap_or(false);
-        if now && !*holds {
-            tracing::info!(
-                partition = p,
-                holder = leases.holder(),
-                "consolidation partition taken"
-            );
-            taken = true;
-        }
-        *holds = now;
+/// Holds (takes or renews) the partition's lease; returns whether it was newly taken.
+async fn renew_lease(leases: &mut engram_bus::Leases, partition: u32, held: &mut bool) -> bool {
+    let now = leases.hold(&lease_key(partition)).await.unwrap_or(false);
+    let taken = now && !*held;
+    if taken {
+        // One per partition at every start: detail, not news.
+        tracing::debug!(
+            partition,
+            holder = leases.holder(),
+            "consolidation partition taken"
+        );
     }
-    engram_telemetry::metrics::CONSOLIDATION_PARTITIONS_HELD
-        .set(held.iter().filter(|h| **h).count() as i64);
+    if now != *held {
+        let change = if now { 1 } else { -1 };
+        engram_telemetry::metrics::CONSOLIDATION_PARTITIONS_HELD.add(change);
+    }
+    *held = now;
     taken
 }

@@ -132,6 +132,7 @@ impl crate::ReadModel for DocsModel {
     async fn open(
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,
+        _shared: &crate::Shared,
     ) -> Result<std::sync::Arc<DocsProjection>, crate::StartError> {
         Ok(std::sync::Arc::new(projection(dir)))
     }

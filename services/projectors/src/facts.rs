@@ -73,6 +73,7 @@ impl crate::ReadModel for FactsModel {
     async fn open(
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,
+        _shared: &crate::Shared,
     ) -> Result<std::sync::Arc<FactsProjection>, crate::StartError> {
         Ok(std::sync::Arc::new(FactsProjection::new(NAME, dir)))
     }

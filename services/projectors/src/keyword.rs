@@ -1051,6 +1051,7 @@ impl crate::ReadModel for Keyword {
     async fn open(
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,
+        _shared: &crate::Shared,
     ) -> Result<Arc<KeywordProjection>, crate::StartError> {
         Ok(Arc::new(KeywordProjection::new(dir)))
     }

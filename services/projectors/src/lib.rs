@@ -248,9 +248,12 @@ pub fn lock_state(dir: &Path, projector: &'static str) -> Result<StateLock, Star
     }
 }
 
-/// Projectors running in this process.
+/// Projectors running in this process: every model's instance for each partition.
 pub struct RunningProjectors {
-    pub visibility: BTreeMap<ProjectorName, Visibility>,
+    /// Each instance's visibility, by model and partition.
+    pub visibility: BTreeMap<(ProjectorName, u32), Visibility>,
+    /// Each instance's partition, with what it proved of the stream: see [`Part::visible`].
+    pub parts: BTreeMap<(ProjectorName, u32), Arc<Part>>,
     _locks: Vec<StateLock>,
     tasks: Vec<(ProjectorName, JoinHandle<Result<(), ProjectorError>>)>,
     /// The periodic snapshot cutters; they end with the shutdown signal.
@@ -265,7 +268,37 @@ pub struct RunningProjectors {
     )>,
 }
 
+/// An instance's visible sequence, read when asked.
+pub type VisibleSeq = Box<dyn Fn() -> Seq + Send + Sync>;
+
 impl RunningProjectors {
+    /// What each instance can be read at, as `/healthz` and a demo wait for it: the
+    /// partition's visible sequence, or further when the stream holds no event of the
+    /// partition after it.
+    pub fn visible_seqs(&self) -> Vec<(&'static str, VisibleSeq)> {
+        self.parts
+            .iter()
+            .map(|(key, part)| {
+                let (instance, part, v) =
+                    (part.instance, part.clone(), self.visibility[key].clone());
+                let seq: VisibleSeq = Box::new(move || part.visible(&v));
+                (instance, seq)
+            })
+            .collect()
+    }
+
+    /// Waits until every instance can be read at `seq` (or `wait` passes).
+    pub async fn wait_visible(&self, seq: Seq, wait: Duration) -> Result<(), Failure> {
+        let consistency = Consistency {
+            min_seq: Some(seq),
+            wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+        };
+        for (key, part) in &self.parts {
+            part.wait(&self.visibility[key], seq, &consistency).await?;
+        }
+        Ok(())
+    }
+
     /// Waits for every projector to stop (after the shutdown signal); returns the first error.
     pub async fn join(self) -> Result<(), ProjectorError> {
         let mut first = Ok(());
@@ -299,11 +332,211 @@ impl RunningProjectors {
     }
 }
 
-/// Starts the configured projectors: each gets its own NATS connection (a consumer sharing a
-/// connection with a busy publisher can stall), its projector loop and its query endpoint,
-/// served on a second connection (`connect(name, Link::Responder)`): see
-/// [`engram_rpc::Link`]. State lives under `dir`. They stop (each checkpointing) when `shutdown` is cancelled;
-/// [`RunningProjectors::join`] waits for that.
+/// One partition of the events stream, as one instance of a read model reads it: its
+/// subjects, its instance name (`vector-p3`: durable consumer, metrics, snapshots) and
+/// what is known of the stream beyond the instance's visible sequence.
+///
+/// An instance sees only its partition's events, so its visible sequence stops at the
+/// partition's last event however far the stream goes: a read-your-writes token of a write
+/// to another partition would wait for ever. So a token above it asks the stream leader
+/// for the partition's next event after the visible one: none, or one beyond the token,
+/// proves the partition complete through the token, and that proof is kept.
+pub struct Part {
+    pub index: u32,
+    pub instance: &'static str,
+    filter: String,
+    /// No event of the partition lies between the instance's visible sequence (when this
+    /// was proved) and this one.
+    proven: std::sync::atomic::AtomicU64,
+    head: Arc<StreamHead>,
+    bus: Bus,
+}
+
+impl Part {
+    pub fn new(model: &str, index: u32, bus: Bus, head: Arc<StreamHead>) -> Self {
+        Self {
+            index,
+            instance: instance_name(model, index),
+            filter: engram_schema::partition_filter(index),
+            proven: std::sync::atomic::AtomicU64::new(0),
+            head,
+            bus,
+        }
+    }
+
+    /// Where this partition's instance keeps its state under the model's `dir`.
+    pub fn dir(&self, dir: &Path) -> PathBuf {
+        partition_dir(dir, self.index)
+    }
+
+    /// The sequence reads of this instance reflect: every event of the partition up to it
+    /// is applied and visible.
+    pub fn visible(&self, v: &Visibility) -> Seq {
+        v.current()
+            .max(self.proven.load(std::sync::atomic::Ordering::Acquire))
+    }
+
+    fn prove(&self, seq: Seq) {
+        self.proven
+            .fetch_max(seq, std::sync::atomic::Ordering::AcqRel);
+    }
+
+    /// Waits until the instance can be read at `min_seq` (see the type's docs), at most the
+    /// token's wait.
+    async fn wait(
+        &self,
+        v: &Visibility,
+        min_seq: Seq,
+        consistency: &Consistency,
+    ) -> Result<(), Failure> {
+        if min_seq <= self.visible(v) {
+            return Ok(());
+        }
+        engram_rpc::check_min_seq(&self.head, consistency).await?;
+        let wait = consistency
+            .wait_ms
+            .map_or(DEFAULT_WAIT, Duration::from_millis);
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let current = v.current();
+            if min_seq <= current {
+                return Ok(());
+            }
+            let next = self
+                .bus
+                .leader_next_seq(&self.filter, current + 1)
+                .await
+                .map_err(|e| Failure::new(ErrorCode::Unavailable, e.to_string()))?;
+            match next {
+                // Nothing of the partition after `current`, and the token exists: read.
+                None => {
+                    self.prove(min_seq);
+                    return Ok(());
+                }
+                Some(next) if next > min_seq => {
+                    self.prove(next - 1);
+                    return Ok(());
+                }
+                // The partition's next event is at or below the token: wait for it to be
+                // applied, then look again.
+                Some(next) => {
+                    let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+                    v.wait_for(next, left).await.map_err(|e: NotYetVisible| {
+                        Failure::new(ErrorCode::NotYetVisible, e.to_string())
+                    })?;
+                }
+            }
+        }
+    }
+}
+
+/// How often idle partitions are proved complete through the stream's last sequence, for
+/// `/healthz` and status polls (a read-your-writes token proves them at once).
+const PROVE_EVERY: Duration = Duration::from_secs(1);
+
+/// Every `PROVE_EVERY` until `stop`: reads the stream's last sequence and, for each partition
+/// some instance of which is behind it, asks the leader for the partition's next event after
+/// the least visible sequence among its instances. None proves all of them complete through
+/// the last sequence; one proves them through the event before it. At most one small request
+/// per partition and tick, none while the stream is still.
+fn spawn_prover(
+    bus: Bus,
+    parts: Vec<(Arc<Part>, Visibility)>,
+    stop: CancellationToken,
+) -> JoinHandle<()> {
+    tokio::spawn(async move {
+        let mut by_partition: BTreeMap<u32, Vec<(Arc<Part>, Visibility)>> = BTreeMap::new();
+        for (part, v) in parts {
+            by_partition.entry(part.index).or_default().push((part, v));
+        }
+        let mut tick = tokio::time::interval(PROVE_EVERY);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = stop.cancelled() => return,
+                _ = tick.tick() => {}
+            }
+            let Ok(last) = bus.stream_last_seq().await else {
+                continue;
+            };
+            for instances in by_partition.values() {
+                if instances.iter().all(|(p, v)| p.visible(v) >= last) {
+                    continue;
+                }
+                let least = instances
+                    .iter()
+                    .map(|(_, v)| v.current())
+                    .min()
+                    .unwrap_or(0);
+                let filter = &instances[0].0.filter;
+                let proven = match bus.leader_next_seq(filter, least + 1).await {
+                    Ok(None) => last,
+                    Ok(Some(next)) => next - 1,
+                    Err(e) => {
+                        tracing::debug!(error = %e, "partition proof failed");
+                        continue;
+                    }
+                };
+                for (part, _) in instances {
+                    part.prove(proven);
+                }
+            }
+        }
+    })
+}
+
+/// The name of a model's instance for one partition: `vector-p3`. Interned, so that starting
+/// and stopping projectors again (tests do, in one process) names each instance once.
+pub fn instance_name(model: &str, index: u32) -> &'static str {
+    static NAMES: std::sync::Mutex<BTreeMap<(String, u32), &'static str>> =
+        std::sync::Mutex::new(BTreeMap::new());
+    let mut names = NAMES.lock().unwrap_or_else(|p| p.into_inner());
+    names
+        .entry((model.to_owned(), index))
+        .or_insert_with(|| Box::leak(proto::instance_name(model, index).into_boxed_str()))
+}
+
+/// Where partition `index`'s instances keep their state under the projectors' `dir`.
+pub fn partition_dir(dir: &Path, index: u32) -> PathBuf {
+    dir.join(format!("p{index}"))
+}
+
+/// What the instances of one model in a process share: the embedder (one cache on disk
+/// and in memory) and the summariser (one bound on calls in flight).
+pub struct Shared {
+    root: PathBuf,
+    embedder: tokio::sync::OnceCell<Arc<dyn Embedder>>,
+    pub(crate) summariser: tokio::sync::OnceCell<Arc<consolidator::Bounded>>,
+}
+
+impl Shared {
+    /// Resources kept under `root`, the projectors' state dir (the embedding cache).
+    pub fn new(root: &Path) -> Self {
+        Self {
+            root: root.to_owned(),
+            embedder: tokio::sync::OnceCell::new(),
+            summariser: tokio::sync::OnceCell::new(),
+        }
+    }
+
+    /// The embedder, built on first use.
+    pub async fn embedder(
+        &self,
+        config: &ProjectorsConfig,
+    ) -> Result<Arc<dyn Embedder>, StartError> {
+        self.embedder
+            .get_or_try_init(|| embedder(config, &self.root))
+            .await
+            .cloned()
+    }
+}
+
+/// Starts the configured projectors, one instance of each per partition of the stream:
+/// each model gets its own NATS connection (a consumer sharing a connection with a busy
+/// publisher can stall), shared by its partitions' loops, and its query endpoints, served
+/// on a second connection (`connect(name, Link::Responder)`): see [`engram_rpc::Link`].
+/// State lives under `dir/p<partition>`. They stop (each checkpointing) when `shutdown` is
+/// cancelled; [`RunningProjectors::join`] waits for that.
 pub async fn start<F, Fut>(
     config: &ProjectorsConfig,
     dir: &Path,
@@ -316,14 +549,15 @@ where
 {
     let mut running = RunningProjectors {
         visibility: BTreeMap::new(),
+        parts: BTreeMap::new(),
         _locks: Vec::new(),
         tasks: Vec::new(),
         tasks_aux: Vec::new(),
         services: Vec::new(),
     };
+    let mut prover_bus = None;
     for name in config.run.iter().copied() {
         let projector = name.as_str();
-        running._locks.push(lock_state(dir, projector)?);
         let bus = connect(projector, engram_rpc::Link::Worker)
             .await
             .map_err(|source| StartError::Bus { projector, source })?;
@@ -340,239 +574,60 @@ where
         )
         .await
         .map_err(|source| StartError::Service { projector, source })?;
-        let service_err = |source| StartError::Service { projector, source };
-        let serving = Serving {
-            service: &service,
-            limits: config.endpoint_limits(),
-            head: Arc::new(StreamHead::new(bus.clone())),
-        };
         let store = SnapshotStore::open(&bus, config.snapshots.clone())
             .await
             .map_err(|source| StartError::Snapshots { projector, source })?;
-        let (visibility, task, status, cutter, background) = name
-            .model()
-            .launch(config, dir, bus, &serving, shutdown.clone())
+        let head = Arc::new(StreamHead::new(bus.clone()));
+        let shared = Shared::new(dir);
+        for index in 0..bus.config().stream.partitions {
+            let part = Arc::new(Part::new(projector, index, bus.clone(), head.clone()));
+            let part_dir = part.dir(dir);
+            running._locks.push(lock_state(&part_dir, projector)?);
+            let serving = Serving {
+                service: &service,
+                limits: config.endpoint_limits(),
+                head: head.clone(),
+                part: part.clone(),
+            };
+            let launched = name
+                .model()
+                .launch(
+                    config,
+                    &part_dir,
+                    bus.clone(),
+                    &serving,
+                    &shared,
+                    shutdown.clone(),
+                )
+                .await?;
+            let (visibility, task) = (launched.0.clone(), launched.1);
+            let aux = serve_admin(
+                name,
+                config,
+                &serving,
+                &store,
+                (launched.0, launched.2, launched.3),
+                shutdown.clone(),
+            )
             .await?;
-        let (eraser, traced, store_for_traces) = (cutter.clone(), status.clone(), store.clone());
-        let newest = Arc::new(Newest::default());
-        let (c, st, v, kept) = (
-            cutter.clone(),
-            store.clone(),
-            visibility.clone(),
-            newest.clone(),
-        );
-        // One cut at a time: a cut exports the whole model, so requests wait for the one in
-        // progress, and one that would cut the state the newest snapshot already holds gets
-        // that snapshot instead of a copy.
-        let cutting = Arc::new(tokio::sync::Mutex::new(()));
-        engram_rpc::serve(
-            &service,
-            &proto::projector_subject(projector, "snapshot"),
-            "snapshot",
-            serving.limits,
-            move |req: SnapshotRequest| {
-                let (cutter, store, v, cutting, kept) = (
-                    c.clone(),
-                    st.clone(),
-                    v.clone(),
-                    cutting.clone(),
-                    kept.clone(),
-                );
-                async move {
-                    let _one = cutting.lock().await;
-                    if req.label.is_none()
-                        && !req.force
-                        && let Some(newest) = store
-                            .list(Some(cutter.projector()))
-                            .await
-                            .ok()
-                            .and_then(|m| m.into_iter().last())
-                        && newest.version >= v.ledger().seq
-                    {
-                        return Ok(newest);
-                    }
-                    cut_and_store(&cutter, &store, &kept, req.label.as_deref()).await
-                }
-            },
-        )
-        .await
-        .map_err(service_err)?;
-        let (st, model, kept) = (store.clone(), name.model(), newest.clone());
-        // Each slice decodes a whole snapshot: a few at once, the rest wait their turn.
-        let slicing = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_SLICES));
-        engram_rpc::serve(
-            &service,
-            &proto::projector_subject(projector, "bootstrap"),
-            "bootstrap",
-            serving.limits,
-            move |req: proto::BootstrapRequest| {
-                let (store, slicing, newest) = (st.clone(), slicing.clone(), kept.clone());
-                async move { bootstrap_slice(model, &store, &newest, &slicing, req).await }
-            },
-        )
-        .await
-        .map_err(service_err)?;
-        running.tasks_aux.extend(background);
-        running.tasks_aux.push(spawn_periodic_cuts(
-            cutter,
-            visibility.clone(),
-            store,
-            newest,
-            shutdown.clone(),
-        ));
-        let (v, head) = (visibility.clone(), serving.head.clone());
-        engram_rpc::serve(
-            &service,
-            &proto::projector_subject(projector, "status"),
-            "status",
-            serving.limits,
-            move |req: Consistency| {
-                let (status, v, head) = (status.clone(), v.clone(), head.clone());
-                async move {
-                    req.validate().map_err(Failure::from)?;
-                    wait_visible(&v, &head, &req).await?;
-                    let hash: String = status
-                        .state_hash()
-                        .await
-                        .iter()
-                        .map(|b| format!("{b:02x}"))
-                        .collect();
-                    // Visible first, ledger after: see `Visibility::ledger`.
-                    let visible_seq = v.current();
-                    Ok(ProjectorStatus {
-                        projector: status.name().to_owned(),
-                        visible_seq,
-                        state_hash: hash,
-                        ledger: v.ledger(),
-                    })
-                }
-            },
-        )
-        .await
-        .map_err(service_err)?;
-        let (v, head) = (visibility.clone(), serving.head.clone());
-        engram_rpc::serve(
-            &service,
-            &proto::projector_subject(projector, "ledger"),
-            "ledger",
-            serving.limits,
-            move |req: Consistency| {
-                let (v, head) = (v.clone(), head.clone());
-                async move {
-                    req.validate().map_err(Failure::from)?;
-                    wait_visible(&v, &head, &req).await?;
-                    let visible_seq = v.current();
-                    Ok(ProjectorLedger {
-                        projector: projector.to_owned(),
-                        visible_seq,
-                        ledger: v.ledger(),
-                    })
-                }
-            },
-        )
-        .await
-        .map_err(service_err)?;
-        // Erasure (admin only: no other identity may publish here). The model first applies
-        // everything up to `through_seq` (what the stream held when it was purged), so no
-        // event of the scopes is applied after the erasure; then erases and checkpoints.
-        let (v, head) = (visibility.clone(), serving.head.clone());
-        engram_rpc::serve(
-            &service,
-            &proto::projector_subject(projector, "erase"),
-            "erase",
-            serving.limits,
-            move |req: proto::EraseScopesRequest| {
-                let (v, head, eraser) = (v.clone(), head.clone(), eraser.clone());
-                async move {
-                    req.validate().map_err(Failure::from)?;
-                    let wait = Consistency {
-                        min_seq: (req.through_seq > 0).then_some(req.through_seq),
-                        wait_ms: Some(proto::limits::MAX_WAIT_MS),
-                    };
-                    wait_visible(&v, &head, &wait).await?;
-                    let removed = eraser
-                        .erase(req.scopes)
-                        .await
-                        .map_err(|e| Failure::new(proto::ErrorCode::Unavailable, e.to_string()))?;
-                    Ok(proto::EraseScopesResponse {
-                        projector: projector.to_owned(),
-                        removed,
-                    })
-                }
-            },
-        )
-        .await
-        .map_err(service_err)?;
-        // The newest snapshot, loaded into a scratch copy of the model: does it still hold
-        // the scopes? (Erasure verification; admin only.)
-        let (st, registered, cfg) = (store_for_traces.clone(), name.model(), config.clone());
-        engram_rpc::serve(
-            &service,
-            &proto::projector_subject(projector, "snapshot_traces"),
-            "snapshot_traces",
-            serving.limits,
-            move |req: proto::TracesRequest| {
-                let (store, cfg) = (st.clone(), cfg.clone());
-                async move {
-                    if req.scopes.len() > proto::limits::MAX_ERASE_SCOPES {
-                        return Err(Failure::invalid(format!(
-                            "scopes: at most {}",
-                            proto::limits::MAX_ERASE_SCOPES
-                        )));
-                    }
-                    let unavailable = |e: String| Failure::new(ErrorCode::Unavailable, e);
-                    let chosen = store
-                        .load_latest_good(projector, None, |_| Ok(()))
-                        .await
-                        .map_err(|e| unavailable(e.to_string()))?
-                        .chosen;
-                    let traces = match chosen {
-                        None => 0,
-                        Some((_, bytes)) => {
-                            let scratch =
-                                tempfile::tempdir().map_err(|e| unavailable(e.to_string()))?;
-                            registered
-                                .snapshot_traces(&cfg, scratch.path(), &bytes, &req.scopes)
-                                .await
-                                .map_err(|e| unavailable(e.to_string()))?
-                        }
-                    };
-                    Ok(proto::TracesResponse {
-                        projector: projector.to_owned(),
-                        traces,
-                    })
-                }
-            },
-        )
-        .await
-        .map_err(service_err)?;
-        let model = traced;
-        engram_rpc::serve(
-            &service,
-            &proto::projector_subject(projector, "traces"),
-            "traces",
-            serving.limits,
-            move |req: proto::TracesRequest| {
-                let model = model.clone();
-                async move {
-                    if req.scopes.len() > proto::limits::MAX_ERASE_SCOPES {
-                        return Err(Failure::invalid(format!(
-                            "scopes: at most {}",
-                            proto::limits::MAX_ERASE_SCOPES
-                        )));
-                    }
-                    Ok(proto::TracesResponse {
-                        projector: projector.to_owned(),
-                        traces: model.traces(&req.scopes).await,
-                    })
-                }
-            },
-        )
-        .await
-        .map_err(service_err)?;
-        running.visibility.insert(name, visibility);
-        running.tasks.push((name, task));
+            running.tasks_aux.extend(launched.4);
+            running.tasks_aux.push(aux);
+            running.visibility.insert((name, index), visibility);
+            running.parts.insert((name, index), part);
+            prover_bus.get_or_insert_with(|| bus.clone());
+            running.tasks.push((name, task));
+        }
         running.services.push((service, responder, client));
+    }
+    if let Some(bus) = prover_bus {
+        let parts = running
+            .parts
+            .iter()
+            .map(|(key, part)| (part.clone(), running.visibility[key].clone()))
+            .collect();
+        running
+            .tasks_aux
+            .push(spawn_prover(bus, parts, shutdown.clone()));
     }
     // Subscriptions reach the server on the next flush: until then another connection's
     // request can find no responder. Started means answering.
@@ -583,6 +638,248 @@ where
             .map_err(|e| StartError::Flush(e.to_string()))?;
     }
     Ok(running)
+}
+
+/// Serves the endpoints every instance has beside its model's queries (snapshot, bootstrap,
+/// status, ledger, erase, traces, snapshot_traces) and returns the periodic snapshot cutter.
+async fn serve_admin(
+    name: ProjectorName,
+    config: &ProjectorsConfig,
+    serving: &Serving<'_>,
+    store: &SnapshotStore,
+    (visibility, status, cutter): (
+        Visibility,
+        Arc<dyn Projection>,
+        engram_projection_runtime::Cutter,
+    ),
+    shutdown: CancellationToken,
+) -> Result<JoinHandle<()>, StartError> {
+    let projector = name.as_str();
+    let service = serving.service;
+    let part = serving.part.clone();
+    let subject = |op: &str| proto::partition_subject(projector, op, part.index);
+    let service_err = |source| StartError::Service { projector, source };
+    let (eraser, traced, store_for_traces) = (cutter.clone(), status.clone(), store.clone());
+    let newest = Arc::new(Newest::default());
+    let (c, st, v, kept, pt) = (
+        cutter.clone(),
+        store.clone(),
+        visibility.clone(),
+        newest.clone(),
+        part.clone(),
+    );
+    // One cut at a time: a cut exports the whole model, so requests wait for the one in
+    // progress, and one that would cut the state the newest snapshot already holds gets
+    // that snapshot instead of a copy.
+    let cutting = Arc::new(tokio::sync::Mutex::new(()));
+    engram_rpc::serve(
+        service,
+        &subject("snapshot"),
+        "snapshot",
+        serving.limits,
+        move |req: SnapshotRequest| {
+            let (cutter, store, v, cutting, kept, part) = (
+                c.clone(),
+                st.clone(),
+                v.clone(),
+                cutting.clone(),
+                kept.clone(),
+                pt.clone(),
+            );
+            async move {
+                let _one = cutting.lock().await;
+                if req.label.is_none()
+                    && !req.force
+                    && let Some(newest) = store
+                        .list(Some(cutter.projector()))
+                        .await
+                        .ok()
+                        .and_then(|m| m.into_iter().last())
+                    && newest.version >= covered(&v, &part)
+                {
+                    return Ok(newest);
+                }
+                cut_and_store(&cutter, &store, &kept, req.label.as_deref()).await
+            }
+        },
+    )
+    .await
+    .map_err(service_err)?;
+    let (st, model, kept, instance) = (store.clone(), name.model(), newest.clone(), part.instance);
+    // Each slice decodes a whole snapshot: a few at once, the rest wait their turn.
+    let slicing = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_SLICES));
+    engram_rpc::serve(
+        service,
+        &subject("bootstrap"),
+        "bootstrap",
+        serving.limits,
+        move |req: proto::BootstrapRequest| {
+            let (store, slicing, newest) = (st.clone(), slicing.clone(), kept.clone());
+            async move { bootstrap_slice(model, instance, &store, &newest, &slicing, req).await }
+        },
+    )
+    .await
+    .map_err(service_err)?;
+    let cuts = spawn_periodic_cuts(
+        (projector, cutter),
+        (visibility.clone(), part.clone()),
+        store.clone(),
+        newest,
+        shutdown.clone(),
+    );
+    let (v, p) = (visibility.clone(), part.clone());
+    engram_rpc::serve(
+        service,
+        &subject("status"),
+        "status",
+        serving.limits,
+        move |req: Consistency| {
+            let (status, v, p) = (status.clone(), v.clone(), p.clone());
+            async move {
+                req.validate().map_err(Failure::from)?;
+                wait_visible(&v, &p, &p.head, &req).await?;
+                let hash: String = status
+                    .state_hash()
+                    .await
+                    .iter()
+                    .map(|b| format!("{b:02x}"))
+                    .collect();
+                // Visible first, ledger after: see `Visibility::ledger`.
+                let visible_seq = p.visible(&v);
+                Ok(ProjectorStatus {
+                    projector: projector.to_owned(),
+                    partition: Some(p.index),
+                    visible_seq,
+                    state_hash: hash,
+                    ledger: v.ledger(),
+                })
+            }
+        },
+    )
+    .await
+    .map_err(service_err)?;
+    let (v, p) = (visibility.clone(), part.clone());
+    engram_rpc::serve(
+        service,
+        &subject("ledger"),
+        "ledger",
+        serving.limits,
+        move |req: Consistency| {
+            let (v, p) = (v.clone(), p.clone());
+            async move {
+                req.validate().map_err(Failure::from)?;
+                wait_visible(&v, &p, &p.head, &req).await?;
+                let visible_seq = p.visible(&v);
+                Ok(ProjectorLedger {
+                    projector: projector.to_owned(),
+                    partition: Some(p.index),
+                    visible_seq,
+                    ledger: v.ledger(),
+                })
+            }
+        },
+    )
+    .await
+    .map_err(service_err)?;
+    // Erasure (admin only: no other identity may publish here). The model first applies
+    // everything up to `through_seq` (what the stream held when it was purged), so no
+    // event of the scopes is applied after the erasure; then erases and checkpoints.
+    let (v, p) = (visibility.clone(), part.clone());
+    engram_rpc::serve(
+        service,
+        &subject("erase"),
+        "erase",
+        serving.limits,
+        move |req: proto::EraseScopesRequest| {
+            let (v, p, eraser) = (v.clone(), p.clone(), eraser.clone());
+            async move {
+                req.validate().map_err(Failure::from)?;
+                let wait = Consistency {
+                    min_seq: (req.through_seq > 0).then_some(req.through_seq),
+                    wait_ms: Some(proto::limits::MAX_WAIT_MS),
+                };
+                wait_visible(&v, &p, &p.head, &wait).await?;
+                let removed = eraser
+                    .erase(req.scopes)
+                    .await
+                    .map_err(|e| Failure::new(proto::ErrorCode::Unavailable, e.to_string()))?;
+                Ok(proto::EraseScopesResponse {
+                    projector: projector.to_owned(),
+                    removed,
+                })
+            }
+        },
+    )
+    .await
+    .map_err(service_err)?;
+    // The newest snapshot, loaded into a scratch copy of the model: does it still hold
+    // the scopes? (Erasure verification; admin only.)
+    let (st, registered, cfg) = (store_for_traces, name.model(), config.clone());
+    engram_rpc::serve(
+        service,
+        &subject("snapshot_traces"),
+        "snapshot_traces",
+        serving.limits,
+        move |req: proto::TracesRequest| {
+            let (store, cfg) = (st.clone(), cfg.clone());
+            async move {
+                if req.scopes.len() > proto::limits::MAX_ERASE_SCOPES {
+                    return Err(Failure::invalid(format!(
+                        "scopes: at most {}",
+                        proto::limits::MAX_ERASE_SCOPES
+                    )));
+                }
+                let unavailable = |e: String| Failure::new(ErrorCode::Unavailable, e);
+                let chosen = store
+                    .load_latest_good(instance, None, |_| Ok(()))
+                    .await
+                    .map_err(|e| unavailable(e.to_string()))?
+                    .chosen;
+                let traces = match chosen {
+                    None => 0,
+                    Some((_, bytes)) => {
+                        let scratch =
+                            tempfile::tempdir().map_err(|e| unavailable(e.to_string()))?;
+                        registered
+                            .snapshot_traces(&cfg, scratch.path(), &bytes, &req.scopes)
+                            .await
+                            .map_err(|e| unavailable(e.to_string()))?
+                    }
+                };
+                Ok(proto::TracesResponse {
+                    projector: projector.to_owned(),
+                    traces,
+                })
+            }
+        },
+    )
+    .await
+    .map_err(service_err)?;
+    let model = traced;
+    engram_rpc::serve(
+        service,
+        &subject("traces"),
+        "traces",
+        serving.limits,
+        move |req: proto::TracesRequest| {
+            let model = model.clone();
+            async move {
+                if req.scopes.len() > proto::limits::MAX_ERASE_SCOPES {
+                    return Err(Failure::invalid(format!(
+                        "scopes: at most {}",
+                        proto::limits::MAX_ERASE_SCOPES
+                    )));
+                }
+                Ok(proto::TracesResponse {
+                    projector: projector.to_owned(),
+                    traces: model.traces(&req.scopes).await,
+                })
+            }
+        },
+    )
+    .await
+    .map_err(service_err)?;
+    Ok(cuts)
 }
 
 /// A started projector: what queries wait on, its loop, the model for status requests, and
@@ -708,6 +1005,7 @@ const MAX_CONCURRENT_SLICES: usize = 2;
 /// The slice of a projector's newest good snapshot that the request's scopes may read.
 async fn bootstrap_slice(
     model: &'static dyn registry::Registered,
+    instance: &'static str,
     store: &SnapshotStore,
     newest: &Newest,
     slicing: &tokio::sync::Semaphore,
@@ -719,7 +1017,7 @@ async fn bootstrap_slice(
     let projector = model.name();
     if req.model.as_str() != projector {
         return Err(Failure::invalid(format!(
-            "this is the {projector} projector; ask engram.p.{}.bootstrap",
+            "this is the {projector} projector; ask engram.p.{}.bootstrap.<partition>",
             req.model
         )));
     }
@@ -736,7 +1034,7 @@ async fn bootstrap_slice(
                     .map_err(|e| e.to_string())
             };
             let selection = store
-                .load_latest_good(projector, req.version, check)
+                .load_latest_good(instance, req.version, check)
                 .await
                 .map_err(|e| match e {
                     SnapshotError::NotFound { .. } => Failure::invalid(e.to_string()),
@@ -753,6 +1051,7 @@ async fn bootstrap_slice(
                     snapshot: None,
                     skipped,
                     bytes: None,
+                    held: Vec::new(),
                 });
             };
             let bytes = Arc::new(bytes);
@@ -786,26 +1085,29 @@ async fn bootstrap_slice(
         }),
         skipped,
         bytes: Some(base64::engine::general_purpose::STANDARD.encode(sliced)),
+        held: Vec::new(),
     })
 }
 
 /// Cuts a snapshot every `interval` once `min_events` were applied since the last one,
 /// until `stop`; ends at once for a model that cannot export itself.
+/// How far the stream a cut of the instance now would cover: what it applied, or further
+/// when its partition is proved to hold nothing more up to there (a cut says so, see
+/// `complete_through` in the runtime).
+fn covered(visibility: &Visibility, part: &Part) -> Seq {
+    visibility.ledger().seq.max(part.visible(visibility))
+}
+
 fn spawn_periodic_cuts(
-    cutter: engram_projection_runtime::Cutter,
-    visibility: Visibility,
+    (model, cutter): (&'static str, engram_projection_runtime::Cutter),
+    (visibility, part): (Visibility, Arc<Part>),
     store: SnapshotStore,
     newest: Arc<Newest>,
     stop: CancellationToken,
 ) -> JoinHandle<()> {
     tokio::spawn(async move {
         let config = store.config().clone();
-        if config.interval.is_zero()
-            || config
-                .skip_periodic
-                .iter()
-                .any(|p| p.as_str() == cutter.projector())
-        {
+        if config.interval.is_zero() || config.skip_periodic.iter().any(|p| p.as_str() == model) {
             return;
         }
         let mut last_cut = store
@@ -821,7 +1123,14 @@ fn spawn_periodic_cuts(
                 _ = stop.cancelled() => return,
                 _ = tick.tick() => {}
             }
-            if visibility.ledger().seq < last_cut + config.min_events {
+            // New events of the partition, or a stream gone so far past the last cut that
+            // retention may soon remove what that cut needs after it: an idle partition's
+            // snapshot is renewed rarely, but it is.
+            let partitions = u64::from(part.bus.config().stream.partitions);
+            if visibility.ledger().seq < last_cut + config.min_events
+                && covered(&visibility, &part)
+                    < last_cut + config.min_events.saturating_mul(partitions)
+            {
                 continue;
             }
             match cut_and_store(&cutter, &store, &newest, None).await {
@@ -838,39 +1147,104 @@ fn spawn_periodic_cuts(
     })
 }
 
-/// Where a projector's endpoints are served, and what bounds them.
+/// Where an instance's endpoints are served, and what bounds them.
 pub struct Serving<'a> {
     service: &'a async_nats::service::Service,
     limits: engram_rpc::EndpointLimits,
     head: Arc<StreamHead>,
+    pub(crate) part: Arc<Part>,
 }
 
-/// Rebuilds one projector's read model from sequence 1. The projector must not be running.
+/// Rebuilds one projector's read model from sequence 1, every partition of it; returns the
+/// furthest sequence applied and the model's state hash (as [`status_of`] gives it). The
+/// projector must not be running.
 pub async fn rebuild(
     name: ProjectorName,
     config: &ProjectorsConfig,
     dir: &Path,
     bus: Bus,
-    mut progress: impl FnMut(Seq, Seq) + Send,
+    progress: impl FnMut(Seq, Seq) + Send,
 ) -> Result<(Seq, [u8; 32]), StartError> {
-    let _lock = lock_state(dir, name.as_str())?;
-    name.model().rebuild(config, dir, bus, &mut progress).await
+    Ok(merged(
+        &rebuild_partitions(name, config, dir, bus, progress).await?,
+    ))
 }
 
-/// How a replica was bootstrapped: the snapshot it loaded (none: a full replay), the newer
-/// ones that did not check, and where it ended.
+/// [`rebuild`], answering each partition's sequence and state hash, in partition order.
+pub async fn rebuild_partitions(
+    name: ProjectorName,
+    config: &ProjectorsConfig,
+    dir: &Path,
+    bus: Bus,
+    mut progress: impl FnMut(Seq, Seq) + Send,
+) -> Result<Vec<(Seq, [u8; 32])>, StartError> {
+    let shared = Shared::new(dir);
+    let head = Arc::new(StreamHead::new(bus.clone()));
+    let mut reached = Vec::new();
+    for index in 0..bus.config().stream.partitions {
+        let part = Part::new(name.as_str(), index, bus.clone(), head.clone());
+        let part_dir = part.dir(dir);
+        let _lock = lock_state(&part_dir, name.as_str())?;
+        reached.push(
+            name.model()
+                .rebuild(
+                    config,
+                    &part_dir,
+                    bus.clone(),
+                    &part,
+                    &shared,
+                    &mut progress,
+                )
+                .await?,
+        );
+    }
+    Ok(reached)
+}
+
+/// The furthest sequence and the model's hash of its partitions' `(seq, hash)`, in order:
+/// the hash is [`ProjectorStatus::merge`]'s.
+fn merged(parts: &[(Seq, [u8; 32])]) -> (Seq, [u8; 32]) {
+    let mut hash = blake3::Hasher::new();
+    for (_, h) in parts {
+        hash.update(engram_snapshots::hex(h).as_bytes());
+    }
+    (
+        parts.iter().map(|(s, _)| *s).max().unwrap_or(0),
+        *hash.finalize().as_bytes(),
+    )
+}
+
+/// How a replica was bootstrapped: per partition, the snapshot it loaded (none: a full
+/// replay of the partition) and the newer ones that did not check; and where it ended.
 #[derive(Clone, Debug, Serialize)]
 pub struct Bootstrapped {
     pub projector: ProjectorName,
-    pub snapshot: Option<SnapshotMeta>,
-    pub skipped: Vec<(SnapshotMeta, String)>,
+    pub partitions: Vec<PartitionBooted>,
     pub seq: Seq,
     pub state_hash: String,
 }
 
-/// Builds one projector's read model from its newest good snapshot (at most `version`),
-/// then the tail of the stream after it; with no snapshot that checks, from the whole
-/// stream. The projector must not be running.
+/// One partition of a [`Bootstrapped`] model.
+#[derive(Clone, Debug, Serialize)]
+pub struct PartitionBooted {
+    pub partition: u32,
+    pub snapshot: Option<SnapshotMeta>,
+    pub skipped: Vec<(SnapshotMeta, String)>,
+}
+
+impl Bootstrapped {
+    /// Partitions that loaded a snapshot.
+    pub fn from_snapshots(&self) -> usize {
+        self.partitions
+            .iter()
+            .filter(|p| p.snapshot.is_some())
+            .count()
+    }
+}
+
+/// Builds one projector's read model, each partition from its newest good snapshot (at most
+/// `version`) and then the partition's events after it; a partition with no snapshot that
+/// checks, from all its events. The projector must not be running.
 pub async fn rebuild_from_snapshot(
     name: ProjectorName,
     config: &ProjectorsConfig,
@@ -879,49 +1253,80 @@ pub async fn rebuild_from_snapshot(
     version: Option<u64>,
     mut progress: impl FnMut(Seq, Seq) + Send,
 ) -> Result<Bootstrapped, StartError> {
-    let _lock = lock_state(dir, name.as_str())?;
     let projector = name.as_str();
     let store = SnapshotStore::open(&bus, config.snapshots.clone())
         .await
         .map_err(|source| StartError::Snapshots { projector, source })?;
-    let check = move |bytes: &[u8]| {
-        engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
-            .map(drop)
-            .map_err(|e| e.to_string())
-    };
-    let selection = store
-        .load_latest_good(projector, version, check)
-        .await
-        .map_err(|source| StartError::Snapshots { projector, source })?;
-    let (snapshot, (seq, hash)) = match selection.chosen {
-        Some((meta, bytes)) => {
-            let reached = name
-                .model()
-                .bootstrap(config, dir, bus, &bytes, &mut progress)
-                .await?;
-            (Some(meta), reached)
-        }
-        None => (
-            None,
-            name.model()
-                .rebuild(config, dir, bus, &mut progress)
-                .await?,
-        ),
-    };
-    let skipped = selection.skipped;
+    let shared = Shared::new(dir);
+    let head = Arc::new(StreamHead::new(bus.clone()));
+    let (mut reached, mut partitions) = (Vec::new(), Vec::new());
+    for index in 0..bus.config().stream.partitions {
+        let part = Part::new(projector, index, bus.clone(), head.clone());
+        let part_dir = part.dir(dir);
+        let _lock = lock_state(&part_dir, projector)?;
+        let check = move |bytes: &[u8]| {
+            engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
+                .map(drop)
+                .map_err(|e| e.to_string())
+        };
+        let selection = store
+            .load_latest_good(part.instance, version, check)
+            .await
+            .map_err(|source| StartError::Snapshots { projector, source })?;
+        let model = name.model();
+        let (snapshot, at) = match selection.chosen {
+            Some((meta, bytes)) => {
+                let at = model
+                    .bootstrap(
+                        config,
+                        &part_dir,
+                        bus.clone(),
+                        &part,
+                        &shared,
+                        &bytes,
+                        &mut progress,
+                    )
+                    .await?;
+                (Some(meta), at)
+            }
+            None => (
+                None,
+                model
+                    .rebuild(
+                        config,
+                        &part_dir,
+                        bus.clone(),
+                        &part,
+                        &shared,
+                        &mut progress,
+                    )
+                    .await?,
+            ),
+        };
+        reached.push(at);
+        partitions.push(PartitionBooted {
+            partition: index,
+            snapshot,
+            skipped: selection.skipped,
+        });
+    }
+    let (seq, hash) = merged(&reached);
     Ok(Bootstrapped {
         projector: name,
-        snapshot,
-        skipped,
+        partitions,
         seq,
         state_hash: engram_snapshots::hex(&hash),
     })
 }
 
-/// What `engram.p.<projector>.status` answers.
+/// What `engram.p.<projector>.status.<partition>` answers, and [`status_of`] for a whole
+/// model.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProjectorStatus {
     pub projector: String,
+    /// The partition this instance holds; `None` for a whole model's, merged.
+    #[serde(default)]
+    pub partition: Option<u32>,
     pub visible_seq: Seq,
     /// Hex digest of the read model's logical state; equal states give equal hashes.
     pub state_hash: String,
@@ -939,7 +1344,11 @@ pub struct ProjectorStatus {
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ProjectorLedger {
     pub projector: String,
-    /// The sequence queries can see.
+    /// The partition this instance holds; `None` for a whole model's, merged.
+    #[serde(default)]
+    pub partition: Option<u32>,
+    /// The sequence queries can see: every event of the partition up to it is visible (the
+    /// partition may have none near it, so it can be past `ledger.seq`).
     pub visible_seq: Seq,
     /// What the projector has applied (counted and digested with
     /// [`engram_projection_runtime::ledger_entry`]), read after `visible_seq`, so
@@ -951,29 +1360,134 @@ pub struct ProjectorLedger {
     pub ledger: ApplyLedger,
 }
 
+/// Adds up partitions' ledgers: the ledger of the whole model, equal to what one projector
+/// reading the whole stream would count.
+pub fn merge_ledgers<'a>(ledgers: impl IntoIterator<Item = &'a ApplyLedger>) -> ApplyLedger {
+    ledgers
+        .into_iter()
+        .fold(ApplyLedger::default(), |mut all, one| {
+            all.seq = all.seq.max(one.seq);
+            all.events += one.events;
+            all.digest = all.digest.wrapping_add(one.digest);
+            all
+        })
+}
+
+impl ProjectorLedger {
+    /// The whole model's, from every partition's: visible where all of them are.
+    pub fn merge(projector: &str, parts: &[ProjectorLedger]) -> Self {
+        Self {
+            projector: projector.to_owned(),
+            partition: None,
+            visible_seq: parts.iter().map(|p| p.visible_seq).min().unwrap_or(0),
+            ledger: merge_ledgers(parts.iter().map(|p| &p.ledger)),
+        }
+    }
+}
+
+impl ProjectorStatus {
+    /// The whole model's, from every partition's in partition order: its state hash is the
+    /// hash of theirs, so equal partitions give equal models.
+    pub fn merge(projector: &str, parts: &[ProjectorStatus]) -> Self {
+        let mut hash = blake3::Hasher::new();
+        for part in parts {
+            hash.update(part.state_hash.as_bytes());
+        }
+        Self {
+            projector: projector.to_owned(),
+            partition: None,
+            visible_seq: parts.iter().map(|p| p.visible_seq).min().unwrap_or(0),
+            state_hash: hash.finalize().to_hex().to_string(),
+            ledger: merge_ledgers(parts.iter().map(|p| &p.ledger)),
+        }
+    }
+}
+
+/// Asks `op` of every partition's instance of `model` at once; each answer, in partition
+/// order.
+pub async fn ask_each<Req, Resp>(
+    client: &async_nats::Client,
+    model: &str,
+    op: &str,
+    partitions: u32,
+    request: &Req,
+    timeout: Duration,
+) -> Vec<Result<Resp, Failure>>
+where
+    Req: Serialize + Sync,
+    Resp: serde::de::DeserializeOwned,
+{
+    let asks = (0..partitions).map(|p| {
+        let subject = proto::partition_subject(model, op, p);
+        async move { engram_rpc::call(client, &subject, request, timeout).await }
+    });
+    futures::future::join_all(asks)
+        .await
+        .into_iter()
+        .map(|r| r.map_err(Failure::from))
+        .collect()
+}
+
+/// [`ask_each`], failing with the first partition's failure.
+pub async fn ask_partitions<Req, Resp>(
+    client: &async_nats::Client,
+    model: &str,
+    op: &str,
+    partitions: u32,
+    request: &Req,
+    timeout: Duration,
+) -> Result<Vec<Resp>, Failure>
+where
+    Req: Serialize + Sync,
+    Resp: serde::de::DeserializeOwned,
+{
+    ask_each(client, model, op, partitions, request, timeout)
+        .await
+        .into_iter()
+        .collect()
+}
+
+/// A whole model's status: every partition's, merged ([`ProjectorStatus::merge`]).
+pub async fn status_of(
+    client: &async_nats::Client,
+    model: &str,
+    partitions: u32,
+    consistency: &Consistency,
+    timeout: Duration,
+) -> Result<ProjectorStatus, Failure> {
+    let parts: Vec<ProjectorStatus> =
+        ask_partitions(client, model, "status", partitions, consistency, timeout).await?;
+    Ok(ProjectorStatus::merge(model, &parts))
+}
+
+/// A whole model's ledger: every partition's, merged ([`ProjectorLedger::merge`]).
+pub async fn ledger_of(
+    client: &async_nats::Client,
+    model: &str,
+    partitions: u32,
+    consistency: &Consistency,
+    timeout: Duration,
+) -> Result<ProjectorLedger, Failure> {
+    let parts: Vec<ProjectorLedger> =
+        ask_partitions(client, model, "ledger", partitions, consistency, timeout).await?;
+    Ok(ProjectorLedger::merge(model, &parts))
+}
+
 /// The default wait for a read-your-writes token.
 pub const DEFAULT_WAIT: Duration = Duration::from_secs(5);
 
-/// Waits for a read-your-writes token, refusing at once one that no append returned.
+/// Waits for a read-your-writes token, refusing at once one that no append returned: see
+/// [`Part`] for a token of another partition's write.
 pub(crate) async fn wait_visible(
     visibility: &Visibility,
-    head: &StreamHead,
+    part: &Part,
+    _head: &StreamHead,
     consistency: &Consistency,
 ) -> Result<(), Failure> {
     let Some(min_seq) = consistency.min_seq else {
         return Ok(());
     };
-    if min_seq <= visibility.current() {
-        return Ok(());
-    }
-    engram_rpc::check_min_seq(head, consistency).await?;
-    let wait = consistency
-        .wait_ms
-        .map_or(DEFAULT_WAIT, Duration::from_millis);
-    visibility
-        .wait_for(min_seq, wait)
-        .await
-        .map_err(|e: NotYetVisible| Failure::new(ErrorCode::NotYetVisible, e.to_string()))
+    part.wait(visibility, min_seq, consistency).await
 }
 
 /// Runs a query that scans a table on a blocking thread: a scan of a large fact table or

@@ -23,7 +23,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio_util::sync::CancellationToken;
 
-use crate::{Launched, ProjectorsConfig, Serving, StartError, wait_visible};
+use crate::{Launched, Part, ProjectorsConfig, Serving, Shared, StartError, wait_visible};
 
 /// One read model: how it opens, how its loop is tuned, and the query it answers.
 #[async_trait]
@@ -58,15 +58,18 @@ pub trait ReadModel: Send + Sync + 'static {
         _projection: Arc<Self::Projection>,
         _visibility: engram_projection_runtime::Visibility,
         _bus: Bus,
+        _part: &Part,
         _stop: CancellationToken,
     ) -> Option<tokio::task::JoinHandle<()>> {
         None
     }
 
-    /// The model, with its state under `dir` (loaded when the loop restores it).
+    /// The model of one partition, with its state under `dir` (loaded when the loop
+    /// restores it); what the process's instances of the model share is in `shared`.
     async fn open(
         config: &ProjectorsConfig,
         dir: &Path,
+        shared: &Shared,
     ) -> Result<Arc<Self::Projection>, StartError>;
 
     /// Answers a checked request once its token is visible; `visible` is the sequence
@@ -88,8 +91,9 @@ pub trait ReadModel: Send + Sync + 'static {
     }
 }
 
-/// Where a model serves its endpoints: `engram.p.<name>.<op>`, each request validated, its
-/// consistency token waited for, and the in-flight work bounded by the service's limits.
+/// Where a model's instance for one partition serves its endpoints:
+/// `engram.p.<name>.<op>.<partition>`, each request validated, its consistency token waited
+/// for, and the in-flight work bounded by the service's limits.
 pub struct Endpoints<'a> {
     name: &'static str,
     serving: &'a Serving<'a>,
@@ -112,18 +116,20 @@ impl Endpoints<'_> {
         Fut: std::future::Future<Output = Result<Resp, Failure>> + Send + 'static,
     {
         let (v, head) = (self.visibility.clone(), self.serving.head.clone());
+        let part = self.serving.part.clone();
         let answer = Arc::new(answer);
         engram_rpc::serve(
             self.serving.service,
-            &proto::projector_subject(self.name, op),
+            &proto::partition_subject(self.name, op, part.index),
             label,
             self.serving.limits,
             move |request: Req| {
-                let (v, head, answer) = (v.clone(), head.clone(), answer.clone());
+                let (v, head, answer, part) =
+                    (v.clone(), head.clone(), answer.clone(), part.clone());
                 async move {
                     request.validate()?;
-                    wait_visible(&v, &head, &request.consistency()).await?;
-                    answer(request, v.current()).await
+                    wait_visible(&v, &part, &head, &request.consistency()).await?;
+                    answer(request, part.visible(&v)).await
                 }
             },
         )
@@ -154,13 +160,15 @@ pub trait Registered: Send + Sync {
     /// See [`ReadModel::ENDPOINT`].
     fn endpoint(&self) -> (&'static str, &'static str);
 
-    /// Opens the model, serves its query endpoint on `serving` and spawns its loop.
+    /// Opens the model of one partition (`serving.part`), serves its query endpoint on
+    /// `serving` and spawns its loop.
     async fn launch(
         &self,
         config: &ProjectorsConfig,
         dir: &Path,
         bus: Bus,
         serving: &Serving<'_>,
+        shared: &Shared,
         stop: CancellationToken,
     ) -> Result<Launched, StartError>;
 
@@ -178,24 +186,29 @@ pub trait Registered: Send + Sync {
         keys: &[ScopeKey],
     ) -> Result<u64, StartError>;
 
-    /// Loads an exported snapshot into the model and replays the stream after it; returns
-    /// the sequence reached and the state hash.
+    /// Loads an exported snapshot of partition `part` into its model and replays the
+    /// partition after it; returns the sequence reached and the state hash.
+    #[allow(clippy::too_many_arguments)]
     async fn bootstrap(
         &self,
         config: &ProjectorsConfig,
         dir: &Path,
         bus: Bus,
+        part: &Part,
+        shared: &Shared,
         snapshot: &[u8],
         progress: &mut (dyn FnMut(Seq, Seq) + Send),
     ) -> Result<(Seq, [u8; 32]), StartError>;
 
-    /// Empties the model and replays the stream into it; returns the sequence reached and
-    /// the state hash.
+    /// Empties the model of partition `part` and replays the partition into it; returns
+    /// the sequence reached and the state hash.
     async fn rebuild(
         &self,
         config: &ProjectorsConfig,
         dir: &Path,
         bus: Bus,
+        part: &Part,
+        shared: &Shared,
         progress: &mut (dyn FnMut(Seq, Seq) + Send),
     ) -> Result<(Seq, [u8; 32]), StartError>;
 }
@@ -218,16 +231,22 @@ impl<M: ReadModel> Registered for Entry<M> {
         dir: &Path,
         bus: Bus,
         serving: &Serving<'_>,
+        shared: &Shared,
         stop: CancellationToken,
     ) -> Result<Launched, StartError> {
-        let projection = M::open(config, dir).await?;
-        let projector = Projector::new(projection.clone(), bus.clone(), settings::<M>(config, dir));
+        let projection = M::open(config, dir, shared).await?;
+        let projector = Projector::new(
+            projection.clone(),
+            bus.clone(),
+            settings::<M>(config, dir, &serving.part),
+        );
         let visibility = projector.visibility();
         let background = M::background(
             config,
             projection.clone(),
             visibility.clone(),
             bus,
+            &serving.part,
             stop.clone(),
         );
         let endpoints = Endpoints {
@@ -265,7 +284,7 @@ impl<M: ReadModel> Registered for Entry<M> {
         snapshot: &[u8],
         keys: &[ScopeKey],
     ) -> Result<u64, StartError> {
-        let projection = M::open(config, dir).await?;
+        let projection = M::open(config, dir, &Shared::new(dir)).await?;
         projection.import(snapshot).await.map_err(|source| {
             StartError::Projector(engram_projection_runtime::ProjectorError::Projection {
                 projector: M::NAME,
@@ -282,11 +301,13 @@ impl<M: ReadModel> Registered for Entry<M> {
         config: &ProjectorsConfig,
         dir: &Path,
         bus: Bus,
+        part: &Part,
+        shared: &Shared,
         snapshot: &[u8],
         progress: &mut (dyn FnMut(Seq, Seq) + Send),
     ) -> Result<(Seq, [u8; 32]), StartError> {
-        let projection = M::open(config, dir).await?;
-        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir));
+        let projection = M::open(config, dir, shared).await?;
+        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir, part));
         let applied = projector.bootstrap(snapshot, progress).await?;
         Ok((applied.seq, projection.state_hash().await))
     }
@@ -296,10 +317,12 @@ impl<M: ReadModel> Registered for Entry<M> {
         config: &ProjectorsConfig,
         dir: &Path,
         bus: Bus,
+        part: &Part,
+        shared: &Shared,
         progress: &mut (dyn FnMut(Seq, Seq) + Send),
     ) -> Result<(Seq, [u8; 32]), StartError> {
-        let projection = M::open(config, dir).await?;
-        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir));
+        let projection = M::open(config, dir, shared).await?;
+        let projector = Projector::new(projection.clone(), bus, settings::<M>(config, dir, part));
         let applied = projector.rebuild(progress).await?;
         Ok((applied.seq, projection.state_hash().await))
     }
@@ -323,15 +346,19 @@ where
         .map_err(|e| e.to_string())
 }
 
-/// A model's loop settings, with the state dir that keeps its dead-letter id key: the same
-/// key after a restart is what deduplicates a dead letter sent again after a crash.
-fn settings<M: ReadModel>(config: &ProjectorsConfig, dir: &Path) -> ProjectorSettings {
+/// The loop settings of a model's instance for one partition: its partition's subjects, its
+/// durable consumer (`<model>-p<partition>`, and `-<replica>` for a replica), and the state
+/// dir that keeps its dead-letter id key (the same key after a restart is what deduplicates
+/// a dead letter sent again after a crash).
+fn settings<M: ReadModel>(config: &ProjectorsConfig, dir: &Path, part: &Part) -> ProjectorSettings {
     ProjectorSettings {
         state_dir: Some(dir.to_owned()),
-        consumer: config
-            .replica
-            .as_ref()
-            .map(|replica| format!("{}-{replica}", M::NAME)),
+        consumer: Some(match &config.replica {
+            Some(replica) => format!("{}-{replica}", part.instance),
+            None => part.instance.to_owned(),
+        }),
+        filter: Some(engram_schema::partition_filter(part.index)),
+        instance: Some(part.instance),
         ..M::settings(config)
     }
 }

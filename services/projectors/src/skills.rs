@@ -66,6 +66,7 @@ impl crate::ReadModel for SkillsModel {
     async fn open(
         _config: &crate::ProjectorsConfig,
         dir: &std::path::Path,
+        _shared: &crate::Shared,
     ) -> Result<std::sync::Arc<SkillsProjection>, crate::StartError> {
         Ok(std::sync::Arc::new(SkillsProjection::new(NAME, dir)))
     }

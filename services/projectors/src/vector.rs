@@ -1101,8 +1101,10 @@ impl crate::ReadModel for Vector {
     async fn open(
         config: &crate::ProjectorsConfig,
         dir: &std::path::Path,
+        shared: &crate::Shared,
     ) -> Result<Arc<VectorProjection>, crate::StartError> {
-        let embedder = crate::embedder(config, dir).await?;
+        // One embedder (and cache) for every partition's vector model.
+        let embedder = shared.embedder(config).await?;
         Ok(Arc::new(VectorProjection::new(
             dir,
             embedder,

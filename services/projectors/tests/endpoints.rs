@@ -9,7 +9,7 @@ use engram_embed::EmbedderConfig;
 use engram_fixtures::HashEmbedder;
 use engram_keyword::KeywordIndex;
 use engram_memory::Seq;
-use engram_memory::proto::{Consistency, ErrorCode, projector_subject, read_models};
+use engram_memory::proto::{Consistency, ErrorCode, partition_subject, read_models};
 use engram_projection_runtime::{ApplyLedger, Projection, ProjectionError, ledger_entry};
 use engram_projectors::{ProjectorLedger, ProjectorName, ProjectorStatus, ProjectorsConfig};
 use engram_schema::{Embedding, Envelope, EventKind, Layer};
@@ -83,25 +83,47 @@ async fn ledger_and_status_report_what_each_projector_applied() {
         min_seq: Some(expected.seq),
         wait_ms: Some(10_000),
     };
+    let partitions = bus.config().stream.partitions;
     for name in ProjectorName::all() {
-        let answer: ProjectorLedger = engram_rpc::call(
+        let answer: ProjectorLedger = engram_projectors::ledger_of(
             bus.client(),
-            &projector_subject(name.as_str(), "ledger"),
+            name.as_str(),
+            partitions,
             &wait,
             Duration::from_secs(15),
         )
         .await
         .unwrap_or_else(|e| panic!("{name} ledger: {e}"));
 
-        // Then it counts every event, the fact included
+        // Then its partitions together count every event, the fact included, and all of
+        // them read at the last one (those that hold none of these events too)
         assert_eq!(answer.projector, name.as_str());
         assert_eq!(answer.visible_seq, expected.seq, "{name}");
         assert_eq!(answer.ledger, expected, "{name}");
 
-        // And status carries the same ledger beside its state hash
-        let status: ProjectorStatus = engram_rpc::call(
+        // And only the scope's partition applied them
+        let parts: Vec<ProjectorLedger> = engram_projectors::ask_partitions(
             bus.client(),
-            &projector_subject(name.as_str(), "status"),
+            name.as_str(),
+            "ledger",
+            partitions,
+            &Consistency::default(),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        let holder = engram_memory::ScopeKey::of(&events[0]).partition(partitions);
+        for part in &parts {
+            let p = part.partition.expect("an instance names its partition");
+            let applied = if p == holder { expected.events } else { 0 };
+            assert_eq!(part.ledger.events, applied, "{name} partition {p}");
+        }
+
+        // And status carries the same ledger beside its state hash
+        let status: ProjectorStatus = engram_projectors::status_of(
+            bus.client(),
+            name.as_str(),
+            partitions,
             &Consistency::default(),
             Duration::from_secs(5),
         )
@@ -113,7 +135,8 @@ async fn ledger_and_status_report_what_each_projector_applied() {
 
     // And each serves the ops its row of the read-model table names, beside the ones every
     // projector serves: no op missing (the vector model's neighbours), none unlisted
-    let mut served = std::collections::BTreeMap::new();
+    let mut served: std::collections::BTreeMap<&str, std::collections::BTreeSet<String>> =
+        std::collections::BTreeMap::new();
     for name in ProjectorName::all() {
         let info = bus
             .client()
@@ -122,18 +145,31 @@ async fn ledger_and_status_report_what_each_projector_applied() {
             .unwrap_or_else(|e| panic!("{name} service info: {e}"));
         let info: serde_json::Value = serde_json::from_slice(&info.payload).unwrap();
         let prefix = format!("engram.p.{name}.");
-        let ops: std::collections::BTreeSet<String> = info["endpoints"]
+        // Each op once per partition: `engram.p.<name>.<op>.<partition>`.
+        let mut per_op: std::collections::BTreeMap<String, std::collections::BTreeSet<u32>> =
+            Default::default();
+        for e in info["endpoints"]
             .as_array()
             .unwrap_or_else(|| panic!("{name} lists no endpoints: {info}"))
-            .iter()
-            .map(|e| {
-                let subject = e["subject"].as_str().unwrap_or_default();
-                let op = subject.strip_prefix(&prefix);
-                op.unwrap_or_else(|| panic!("{name} serves {subject}"))
-                    .to_owned()
-            })
-            .collect();
-        served.insert(name.as_str(), ops);
+        {
+            let subject = e["subject"].as_str().unwrap_or_default();
+            let (op, p) = subject
+                .strip_prefix(&prefix)
+                .and_then(|rest| rest.rsplit_once('.'))
+                .unwrap_or_else(|| panic!("{name} serves {subject}"));
+            per_op.entry(op.to_owned()).or_default().insert(
+                p.parse()
+                    .unwrap_or_else(|_| panic!("{name} serves {subject}")),
+            );
+        }
+        for (op, parts) in &per_op {
+            assert_eq!(
+                parts.iter().copied().collect::<Vec<u32>>(),
+                (0..partitions).collect::<Vec<u32>>(),
+                "{name} {op}: every partition, once"
+            );
+        }
+        served.insert(name.as_str(), per_op.into_keys().collect());
     }
     let every: std::collections::BTreeSet<String> = served
         .values()
@@ -152,7 +188,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     // And a token beyond the stream is refused at once, not answered with the current ledger
     let beyond = engram_rpc::call::<_, ProjectorLedger>(
         bus.client(),
-        &projector_subject(ProjectorName::FACTS.as_str(), "ledger"),
+        &partition_subject(ProjectorName::FACTS.as_str(), "ledger", 0),
         &Consistency {
             min_seq: Some(expected.seq + 1),
             wait_ms: Some(50),
@@ -168,10 +204,15 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     // And every projector keeps its dead-letter id key in the state dir, so ids survive a
     // restart (a dead letter sent again after a crash is deduplicated)
     let key_of = |name: ProjectorName| {
-        std::fs::read(dir.path().join(format!("{name}.dlq-key")))
-            .unwrap_or_else(|e| panic!("{name} has no dead-letter key: {e}"))
+        (0..partitions)
+            .map(|p| {
+                let dir = engram_projectors::partition_dir(dir.path(), p);
+                std::fs::read(dir.join(format!("{name}.dlq-key")))
+                    .unwrap_or_else(|e| panic!("{name} p{p} has no dead-letter key: {e}"))
+            })
+            .collect::<Vec<Vec<u8>>>()
     };
-    let keys: Vec<Vec<u8>> = ProjectorName::all().into_iter().map(key_of).collect();
+    let keys: Vec<Vec<Vec<u8>>> = ProjectorName::all().into_iter().map(key_of).collect();
 
     // And after a restart every projector holds the same ledger (restored from its
     // checkpoint, and replayed from there if the checkpoint lagged)
@@ -188,9 +229,10 @@ async fn ledger_and_status_report_what_each_projector_applied() {
     .await
     .unwrap();
     for name in ProjectorName::all() {
-        let answer: ProjectorLedger = engram_rpc::call(
+        let answer: ProjectorLedger = engram_projectors::ledger_of(
             bus.client(),
-            &projector_subject(name.as_str(), "ledger"),
+            name.as_str(),
+            partitions,
             &wait,
             Duration::from_secs(15),
         )
@@ -198,7 +240,7 @@ async fn ledger_and_status_report_what_each_projector_applied() {
         .unwrap_or_else(|e| panic!("{name} ledger after restart: {e}"));
         assert_eq!(answer.ledger, expected, "{name} after restart");
     }
-    let after: Vec<Vec<u8>> = ProjectorName::all().into_iter().map(key_of).collect();
+    let after: Vec<Vec<Vec<u8>>> = ProjectorName::all().into_iter().map(key_of).collect();
     assert_eq!(keys, after, "dead-letter keys changed across a restart");
     stop.cancel();
     running.join().await.unwrap();

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use engram_bus::Bus;
 use engram_embed::EmbedderConfig;
-use engram_memory::proto::{Consistency, SearchRequest, SearchResponse, projector_subject};
+use engram_memory::proto::{Consistency, SearchRequest, SearchResponse, partition_subject};
 use engram_memory::{MemoryFilter, ScopeKey, Seq};
 use engram_projectors::{ProjectorName, ProjectorsConfig};
 use engram_testkit::{TestNats, event};
@@ -28,16 +28,18 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
     };
     let (running, stop) = start(&nats, &config, dir.path()).await;
 
+    let scope = ScopeKey::of(&event("acme", "t1", "x"));
+    // The instance of the scope's partition holds it.
+    let partition = scope.partition(bus.config().stream.partitions);
     let ledger = |client: async_nats::Client| async move {
         engram_rpc::call::<_, engram_projectors::ProjectorLedger>(
             &client,
-            &projector_subject("keyword", "ledger"),
+            &partition_subject("keyword", "ledger", partition),
             &Consistency::default(),
             Duration::from_secs(5),
         )
         .await
     };
-    let scope = ScopeKey::of(&event("acme", "t1", "x"));
     let request = SearchRequest {
         scopes: vec![scope],
         query: "needle".into(),
@@ -48,10 +50,10 @@ async fn every_search_sees_all_it_reports_visible_under_concurrent_commits() {
         score_also: Vec::new(),
         rest: 0,
     };
-    let search = |client: async_nats::Client, request: SearchRequest| async move {
+    let search = move |client: async_nats::Client, request: SearchRequest| async move {
         engram_rpc::call::<_, SearchResponse>(
             &client,
-            &projector_subject("keyword", "search"),
+            &partition_subject("keyword", "search", partition),
             &request,
             Duration::from_secs(10),
         )
@@ -206,6 +208,7 @@ async fn a_write_is_found_as_soon_as_it_is_applied_long_before_its_commit() {
     let config = rarely_committing();
     let (running, stop) = start(&nats, &config, dir.path()).await;
     let scope = ScopeKey::of(&event("acme", "t1", "x"));
+    let partition = scope.partition(bus.config().stream.partitions);
 
     // Given a first write, searched with its token (so the index is open and has caught up)
     let mut appended = Vec::new();
@@ -232,7 +235,7 @@ async fn a_write_is_found_as_soon_as_it_is_applied_long_before_its_commit() {
         };
         let answer: SearchResponse = engram_rpc::call(
             bus.client(),
-            &projector_subject("keyword", "search"),
+            &partition_subject("keyword", "search", partition),
             &request,
             Duration::from_secs(30),
         )
@@ -247,7 +250,12 @@ async fn a_write_is_found_as_soon_as_it_is_applied_long_before_its_commit() {
     }
     // The index's last commit (its payload names the sequence it holds) is older than every
     // write found: each came from the tail.
-    let meta = std::fs::read_to_string(dir.path().join("keyword").join("meta.json")).unwrap();
+    let meta = std::fs::read_to_string(
+        engram_projectors::partition_dir(dir.path(), partition)
+            .join("keyword")
+            .join("meta.json"),
+    )
+    .unwrap();
     let committed: Seq = meta
         .split("applied_seq=")
         .nth(1)

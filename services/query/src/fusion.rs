@@ -208,13 +208,13 @@ fn normalised(text: &str) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use engram_memory::{MemoryMeta, ScopeKey};
     use engram_schema::{EventId, EventKind, Ident, Layer};
 
     use super::*;
 
-    fn hit(seq: Seq, score: f32, importance: f64) -> MemoryHit {
+    pub(crate) fn hit(seq: Seq, score: f32, importance: f64) -> MemoryHit {
         MemoryHit {
             hit: Hit { seq, score },
             meta: MemoryMeta {

@@ -20,6 +20,8 @@ pub mod append;
 pub mod context;
 pub mod fusion;
 pub mod replay;
+mod route;
+mod slices;
 pub mod usage;
 
 use std::sync::Arc;
@@ -500,14 +502,26 @@ impl Query {
         request: &SearchRequest,
     ) -> Result<SearchResponse, Failure> {
         let started = std::time::Instant::now();
-        let answer = engram_rpc::call(
-            &self.client,
-            &proto::projector_subject(projector, read_models::SEARCH_OP),
-            request,
-            self.timeout(request.consistency.wait_ms),
-        )
-        .await
-        .map_err(Failure::from);
+        // Each partition gets the request with its own scopes: the best `k` of each hold
+        // the best `k` of all.
+        let asks = self.split(&request.scopes).into_iter().map(|(p, scopes)| {
+            (
+                p,
+                SearchRequest {
+                    scopes,
+                    ..request.clone()
+                },
+            )
+        });
+        let answer = self
+            .ask(
+                projector,
+                read_models::SEARCH_OP,
+                asks,
+                self.timeout(request.consistency.wait_ms),
+            )
+            .await
+            .map(|parts| route::merge_search(parts, request.k));
         metrics::RETRIEVE_STAGE_SECONDS
             .with_label_values(&[projector])
             .observe(started.elapsed().as_secs_f64());
@@ -627,44 +641,59 @@ impl Query {
         })
     }
 
-    /// A request answered by one projector: its scopes and fields checked here first, its
+    /// A request answered by one read model: its scopes and fields checked here first, its
     /// read-your-writes token refused at once if no append returned it, then forwarded to
-    /// `engram.p.<model>.<op>`.
+    /// `engram.p.<model>.<op>.<partition>` of every partition holding one of its scopes
+    /// (each instance answers the scopes it holds), or only the own scope's with
+    /// `own_only`; `merge` makes one answer of theirs, given the request's scopes.
     async fn forward<Req, Resp>(
         &self,
         scopes: &proto::ScopeRequest,
         request: &Req,
-        model: &str,
-        op: &str,
+        (model, op): (&str, &str),
+        own_only: bool,
         extra: Duration,
+        merge: impl FnOnce(&[ScopeKey], Vec<Resp>) -> Result<Resp, Failure>,
     ) -> Result<Resp, Failure>
     where
         Req: Serialize + proto::ProjectorRequest,
         Resp: serde::de::DeserializeOwned,
     {
-        scopes.resolve().map_err(Failure::invalid)?;
+        let keys = scopes.resolve().map_err(Failure::invalid)?;
         request.validate().map_err(Failure::from)?;
         let consistency = request.consistency();
         self.check_visible_token(&consistency).await?;
-        engram_rpc::call(
-            &self.client,
-            &proto::projector_subject(model, op),
-            request,
-            self.timeout(consistency.wait_ms) + extra,
-        )
-        .await
-        .map_err(Failure::from)
+        let held = if own_only { &keys[..1] } else { &keys[..] };
+        let partitions = self.split(held).into_iter().map(|(p, _)| (p, request));
+        let parts = self
+            .ask(
+                model,
+                op,
+                partitions,
+                self.timeout(consistency.wait_ms) + extra,
+            )
+            .await?;
+        merge(&keys, parts)
     }
 
     /// Facts, through the fact projector.
     pub async fn facts(&self, request: FactsRequest) -> Result<FactsResponse, Failure> {
         let scopes = request.scopes.clone();
+        let limit = request.limit;
         self.forward(
             &scopes,
             &request,
-            read_models::FACTS,
-            read_models::QUERY_OP,
+            (read_models::FACTS, read_models::QUERY_OP),
+            false,
             Duration::ZERO,
+            |keys, parts: Vec<FactsResponse>| {
+                let visible_seq = route::least_visible(parts.iter().map(|p| p.visible_seq));
+                let facts = parts.into_iter().flat_map(|p| p.facts).collect();
+                Ok(FactsResponse {
+                    facts: route::in_scope_order(facts, |f| route::scope_place(keys, f), limit),
+                    visible_seq,
+                })
+            },
         )
         .await
     }
@@ -672,12 +701,32 @@ impl Query {
     /// Skills, through the skill projector.
     pub async fn skills(&self, request: SkillsRequest) -> Result<SkillsResponse, Failure> {
         let scopes = request.scopes.clone();
+        let (limit, by_name) = (request.limit, request.name.is_some());
         self.forward(
             &scopes,
             &request,
-            read_models::SKILLS,
-            read_models::SEARCH_OP,
+            (read_models::SKILLS, read_models::SEARCH_OP),
+            false,
             Duration::ZERO,
+            |keys, parts: Vec<SkillsResponse>| {
+                let visible_seq = route::least_visible(parts.iter().map(|p| p.visible_seq));
+                let mut skills: Vec<serde_json::Value> =
+                    parts.into_iter().flat_map(|p| p.skills).collect();
+                let skills = if by_name {
+                    route::in_scope_order(skills, |s| route::scope_place(keys, s), limit)
+                } else {
+                    // Ranked over every scope by score: a stable sort keeps each
+                    // partition's order among equals.
+                    let score = |s: &serde_json::Value| s["score"].as_f64().unwrap_or(0.0);
+                    skills.sort_by(|a, b| score(b).total_cmp(&score(a)));
+                    skills.truncate(limit);
+                    skills
+                };
+                Ok(SkillsResponse {
+                    skills,
+                    visible_seq,
+                })
+            },
         )
         .await
     }
@@ -880,9 +929,10 @@ impl Query {
         self.forward(
             &scopes,
             &request,
-            read_models::CONSOLIDATOR,
-            read_models::PLAN_OP,
+            (read_models::CONSOLIDATOR, read_models::PLAN_OP),
+            true,
             Duration::ZERO,
+            |_, parts: Vec<ConsolidateResponse>| one(parts),
         )
         .await
     }
@@ -892,12 +942,14 @@ impl Query {
     pub async fn bootstrap(&self, request: BootstrapRequest) -> Result<BootstrapResponse, Failure> {
         let scopes = request.scopes.clone();
         let model = request.model.clone();
+        let partitions = self.partitions();
         self.forward(
             &scopes,
             &request,
-            model.as_str(),
-            "bootstrap",
+            (model.as_str(), "bootstrap"),
+            false,
             Duration::from_secs(60),
+            |keys, parts| slices::merge(partitions, keys, parts),
         )
         .await
     }
@@ -936,17 +988,23 @@ impl Query {
         };
         let body = serde_json::json!({ "label": request.label });
         for model in read_models::ALL {
-            let cut: Result<serde_json::Value, _> = engram_rpc::call(
-                &self.client,
-                &proto::projector_subject(model, "snapshot"),
-                &body,
-                Duration::from_secs(600),
-            )
-            .await;
-            match cut {
-                Ok(meta) => response.snapshots.push(meta),
-                // A model that cannot export itself, or one not running here.
-                Err(e) => response.skipped.push(format!("{model}: {e}")),
+            // Every partition's instance cuts its own snapshot, all at once.
+            let cuts = (0..self.partitions()).map(|p| {
+                let subject = proto::partition_subject(model, "snapshot", p);
+                let body = &body;
+                async move {
+                    let cut: Result<serde_json::Value, _> =
+                        engram_rpc::call(&self.client, &subject, body, Duration::from_secs(600))
+                            .await;
+                    (p, cut)
+                }
+            });
+            for (p, cut) in futures::future::join_all(cuts).await {
+                match cut {
+                    Ok(meta) => response.snapshots.push(meta),
+                    // A model that cannot export itself, or one not running here.
+                    Err(e) => response.skipped.push(format!("{model} partition {p}: {e}")),
+                }
             }
         }
         *last = Some((std::time::Instant::now(), response.clone()));
@@ -957,12 +1015,34 @@ impl Query {
     /// projector.
     pub async fn doc(&self, request: DocRequest) -> Result<DocResponse, Failure> {
         let scopes = request.scopes.clone();
+        // One document is of the own scope; a list is of every readable scope.
+        let (list, limit) = (request.read == proto::DocRead::List, request.limit);
         self.forward(
             &scopes,
             &request,
-            read_models::DOCS,
-            read_models::GET_OP,
+            (read_models::DOCS, read_models::GET_OP),
+            !list,
             Duration::ZERO,
+            |keys, parts: Vec<DocResponse>| {
+                if !list {
+                    return one(parts);
+                }
+                let visible_seq = route::least_visible(parts.iter().map(|p| p.visible_seq));
+                let docs = parts.into_iter().flat_map(|p| p.docs).collect();
+                let place = |d: &proto::DocSummary| {
+                    keys.iter()
+                        .position(|k| k.kind == d.scope.kind && k.id == d.scope.id)
+                };
+                Ok(DocResponse {
+                    docs: route::in_scope_order(docs, place, limit),
+                    doc: None,
+                    conflicts: Vec::new(),
+                    truncated: false,
+                    bytes: None,
+                    history: Vec::new(),
+                    visible_seq,
+                })
+            },
         )
         .await
     }
@@ -1087,4 +1167,12 @@ fn rescore_depth(depth: usize) -> usize {
 
 pub(crate) fn unavailable(e: impl std::fmt::Display) -> Failure {
     Failure::new(ErrorCode::Unavailable, e.to_string())
+}
+
+/// The answer of the only partition asked.
+fn one<T>(parts: Vec<T>) -> Result<T, Failure> {
+    parts
+        .into_iter()
+        .next()
+        .ok_or_else(|| Failure::new(ErrorCode::Internal, "no partition was asked"))
 }

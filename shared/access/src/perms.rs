@@ -184,13 +184,14 @@ impl Service {
                 vec![format!("{PROJECTOR_PREFIX}.>")],
                 vec![format!("{PROJECTOR_PREFIX}.consolidator.>")],
             ),
-            Self::Consolidator => (vec![format!("{PROJECTOR_PREFIX}.consolidator.*")], vec![]),
+            // Each op of each partition: `engram.p.consolidator.<op>.<partition>`.
+            Self::Consolidator => (vec![format!("{PROJECTOR_PREFIX}.consolidator.*.*")], vec![]),
             Self::Query => (vec![format!("{QUERY_PREFIX}.>")], vec![]),
         }
     }
 }
 
-/// The first tokens of projector request subjects (`engram.p.<model>.<op>`).
+/// The first tokens of projector request subjects (`engram.p.<model>.<op>.<partition>`).
 pub const PROJECTOR_PREFIX: &str = "engram.p";
 
 /// The prefix every reply subject of a request to an agent subject must have: the caller's
@@ -399,7 +400,7 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                     projector(&mut publish);
                     publish.push(format!("{}.>", engram_schema::SUBJECT_PREFIX));
                     // Asks the vector model for close pairs, and nothing else of it.
-                    publish.push(format!("{PROJECTOR_PREFIX}.vector.neighbours"));
+                    publish.push(format!("{PROJECTOR_PREFIX}.vector.neighbours.*"));
                 }
                 Role::Query => {
                     publish.push(format!("{PROJECTOR_PREFIX}.>"));
@@ -407,6 +408,7 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                     publish.push(format!("$KV.{working}.>"));
                     // Erasure is the admin's: the service that answers agents cannot erase.
                     deny.push(format!("{PROJECTOR_PREFIX}.*.erase"));
+                    deny.push(format!("{PROJECTOR_PREFIX}.*.erase.>"));
                     // The query service reads the registry: it is the one that checks grants.
                     deny.retain(|d| !d.contains(access.as_str()));
                 }

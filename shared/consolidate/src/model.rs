@@ -477,6 +477,10 @@ impl engram_memory::model::Sliced for Memories {
         }
     }
 
+    fn absorb(&mut self, other: Self) {
+        self.model.absorb(other.model, memories_in);
+    }
+
     fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
         self.model.erase(keys, memories_in)
     }

@@ -402,6 +402,10 @@ impl engram_memory::model::Sliced for DocStore {
         }
     }
 
+    fn absorb(&mut self, other: Self) {
+        self.model.absorb(other.model, docs_in);
+    }
+
     fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
         self.model.erase(keys, docs_in)
     }

@@ -375,6 +375,10 @@ impl engram_memory::model::Sliced for FactTable {
         }
     }
 
+    fn absorb(&mut self, other: Self) {
+        self.model.absorb(other.model, facts_in);
+    }
+
     fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
         self.model.erase(keys, facts_in)
     }

@@ -49,18 +49,11 @@ impl ScopeKey {
         Self::new(event.tenant.clone(), event.scope.clone())
     }
 
-    /// Which of `partitions` this scope falls in: a hash of tenant and scope, the same on
-    /// every machine and build. Work split by it (the consolidator's leases) keeps each
-    /// scope in one partition.
+    /// Which of `partitions` this scope falls in: the events stream's own partition
+    /// function ([`engram_schema::partition_of`], nats-server's `partition()`), so work split
+    /// by it (the memory nodes, the consolidator's leases) follows the stream's partitions.
     pub fn partition(&self, partitions: u32) -> u32 {
-        let mut hasher = blake3::Hasher::new();
-        for part in [self.tenant.as_str(), self.kind.as_str(), self.id.as_str()] {
-            hasher.update(&(part.len() as u64).to_le_bytes());
-            hasher.update(part.as_bytes());
-        }
-        let mut first = [0u8; 8];
-        first.copy_from_slice(&hasher.finalize().as_bytes()[..8]);
-        (u64::from_le_bytes(first) % u64::from(partitions.max(1))) as u32
+        engram_schema::partition_of(&self.tenant, self.kind, &self.id, partitions.max(1))
     }
 
     pub fn scope(&self) -> Scope {

@@ -150,6 +150,20 @@ impl<T> ScopedModel<T> {
         self
     }
 
+    /// Takes in the scopes of `other`, a model of other scopes (another partition's slice):
+    /// the union, applied through the lesser of the two sequences (a reader replays each
+    /// scope from where its own slice stopped). A scope in both keeps this model's.
+    pub fn absorb(&mut self, other: Self, count: impl Fn(&T) -> usize) {
+        self.applied_seq = match (self.applied_seq.get(), other.applied_seq.get()) {
+            (Some(a), Some(b)) => AppliedSeq::through(a.min(b)),
+            _ => AppliedSeq::NONE,
+        };
+        for (scope, state) in other.scopes {
+            self.scopes.entry(scope).or_insert(state);
+        }
+        self.len = self.scopes.values().map(count).sum();
+    }
+
     /// Removes the scopes in `erase` (an erasure), returning how many items they held
     /// (`count` per scope, as for [`Self::into_slice`]). The applied sequence stays.
     pub fn erase(&mut self, erase: &[ScopeKey], count: impl Fn(&T) -> usize) -> u64 {
@@ -206,6 +220,8 @@ impl<T> ScopedModel<T> {
 pub trait Sliced: Sized {
     /// The model with only the scopes in `keep`, its applied sequence unchanged.
     fn into_slice(self, keep: &[ScopeKey]) -> Self;
+    /// See [`ScopedModel::absorb`].
+    fn absorb(&mut self, other: Self);
     /// See [`ScopedModel::advance_through`].
     fn advance_through(&mut self, seq: Seq);
     /// Removes the scopes in `keys`; returns the items they held ([`ScopedModel::erase`]).

@@ -12,9 +12,12 @@
 //! - `engram.q.bootstrap`: [`BootstrapRequest`] -> [`BootstrapResponse`] (a scope's slice
 //!   of a read model's snapshot, to replay the tail after)
 //!
-//! Internal endpoints, served by each projector service and called by the query service:
-//! - `engram.p.<projector>.search`: [`SearchRequest`] -> [`SearchResponse`] (vector, keyword)
-//! - `engram.p.facts.query`, `engram.p.skills.search`, `engram.p.docs.get`
+//! Internal endpoints, served for each partition of the stream by the instance of the read
+//! model that owns it, and called by the query service:
+//! - `engram.p.<model>.search.<partition>`: [`SearchRequest`] -> [`SearchResponse`] (vector,
+//!   keyword)
+//! - `engram.p.facts.query.<partition>`, `engram.p.skills.search.<partition>`,
+//!   `engram.p.docs.get.<partition>`
 //!
 //! Errors are NATS service errors: the `Nats-Service-Error-Code` header carries one of the
 //! [`ErrorCode`] values and the body is a JSON [`ErrorBody`].
@@ -177,9 +180,29 @@ pub mod read_models {
 /// See [`read_models::NEIGHBOURS_OP`].
 pub use read_models::NEIGHBOURS_OP;
 
-/// The subject of a projector service's endpoint.
-pub fn projector_subject(projector: &str, op: &str) -> String {
-    format!("engram.p.{projector}.{op}")
+/// The subject of a read model's endpoint for one partition of the stream: each partition
+/// has its own instance of every model, served by the node that owns the partition.
+pub fn partition_subject(model: &str, op: &str, partition: u32) -> String {
+    format!("engram.p.{model}.{op}.{partition}")
+}
+
+/// The name of a read model's instance for one partition (`vector-p3`): its durable
+/// consumer, its metrics label and its snapshots' name in the snapshot store.
+pub fn instance_name(model: &str, partition: u32) -> String {
+    format!("{model}-p{partition}")
+}
+
+/// The partitions of `scopes` (of one tenant) among `partitions`, each with the scopes it
+/// holds, in partition order: what a request over several scopes fans out to.
+pub fn by_partition(scopes: &[ScopeKey], partitions: u32) -> Vec<(u32, Vec<ScopeKey>)> {
+    let mut split: std::collections::BTreeMap<u32, Vec<ScopeKey>> = Default::default();
+    for scope in scopes {
+        split
+            .entry(scope.partition(partitions))
+            .or_default()
+            .push(scope.clone());
+    }
+    split.into_iter().collect()
 }
 
 /// What one request may ask for. Everything a client can reach is bounded: a request beyond
@@ -1304,6 +1327,20 @@ pub struct BootstrapResponse {
     /// blake3).
     #[serde(default)]
     pub bytes: Option<String>,
+    /// For a slice of scopes in several partitions of the stream, each cut from its own
+    /// partition's snapshot: how far each scope is held. The slice's own sequence is the
+    /// least of them; a scope's events at or below its `seq` are in the slice already, and
+    /// a replay of the tail skips them. Empty: every scope is held through the slice's
+    /// sequence.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub held: Vec<ScopeHeld>,
+}
+
+/// How far a bootstrap slice holds one scope: see [`BootstrapResponse::held`].
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct ScopeHeld {
+    pub scope: ScopeKey,
+    pub seq: Seq,
 }
 
 /// What an agent asks for at the start of each step.
@@ -1694,7 +1731,8 @@ pub fn json_schema() -> serde_json::Value {
             "response": response,
         })
     };
-    let projector = |name: &str, op: &str| projector_subject(name, op);
+    // Each partition's instance answers `<subject>.<partition>`.
+    let projector = |name: &str, op: &str| format!("engram.p.{name}.{op}.<partition>");
     let public = vec![
         endpoint(
             RETRIEVE,

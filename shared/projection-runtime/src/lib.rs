@@ -276,6 +276,13 @@ pub struct ProjectorSettings {
     /// copies: the second line behind the SDK's, for events raw clients publish. `None`
     /// applies events as stored.
     pub scrubbers: Option<engram_scrub::Scrubbers>,
+    /// The stored subjects read (one partition's: [`engram_schema::partition_filter`]);
+    /// `None` reads the whole stream. Stream order holds within it.
+    pub filter: Option<String>,
+    /// This instance's name in metrics, logs, errors and the snapshot store (`vector-p3`,
+    /// one partition's vector model); `None` uses the projection's name. Dead letters keep
+    /// the projection's name: they are found by model.
+    pub instance: Option<&'static str>,
 }
 
 impl Default for ProjectorSettings {
@@ -292,6 +299,8 @@ impl Default for ProjectorSettings {
             state_dir: None,
             consumer: None,
             scrubbers: None,
+            filter: None,
+            instance: None,
         }
     }
 }
@@ -441,11 +450,12 @@ impl<P: Projection> Projector<P> {
     pub fn new(projection: Arc<P>, bus: Bus, settings: ProjectorSettings) -> Self {
         let (visible, _) = watch::channel(0);
         let (ledger, _) = watch::channel(ApplyLedger::default());
-        metrics::touch_projector(projection.name());
+        let name = settings.instance.unwrap_or(projection.name());
+        metrics::touch_projector(name);
         // A cut waits for the batch in hand; a few queued requests are plenty.
         let (tx, rx) = tokio::sync::mpsc::channel(4);
         let cutter = Cutter {
-            projector: projection.name(),
+            projector: name,
             tx,
         };
         Self {
@@ -458,12 +468,23 @@ impl<P: Projection> Projector<P> {
         }
     }
 
+    /// What this instance of the projection is called in metrics, logs, errors and
+    /// snapshots: [`ProjectorSettings::instance`], or the projection's name.
+    pub fn name(&self) -> &'static str {
+        self.settings.instance.unwrap_or(self.projection.name())
+    }
+
+    /// The stored subjects this projector reads ([`ProjectorSettings::filter`]).
+    fn filter(&self) -> &str {
+        self.settings
+            .filter
+            .as_deref()
+            .unwrap_or(engram_schema::STORED_SUBJECTS)
+    }
+
     /// The durable consumer this projector reads with ([`ProjectorSettings::consumer`]).
     fn consumer(&self) -> &str {
-        self.settings
-            .consumer
-            .as_deref()
-            .unwrap_or(self.projection.name())
+        self.settings.consumer.as_deref().unwrap_or(self.name())
     }
 
     /// Asks this projector's loop ([`Projector::run`]) for snapshot cuts.
@@ -473,7 +494,7 @@ impl<P: Projection> Projector<P> {
 
     pub fn visibility(&self) -> Visibility {
         Visibility {
-            projector: self.projection.name(),
+            projector: self.name(),
             rx: self.visible.subscribe(),
             ledger: self.ledger.subscribe(),
         }
@@ -488,7 +509,7 @@ impl<P: Projection> Projector<P> {
     /// ends the loop early.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ProjectorError> {
         let shutdown = shutdown.cancelled_owned();
-        let name = self.projection.name();
+        let name = self.name();
         let restored =
             self.projection
                 .restore()
@@ -497,12 +518,17 @@ impl<P: Projection> Projector<P> {
                     projector: name,
                     source,
                 })?;
-        tracing::info!(
-            projector = name,
-            seq = restored.seq,
-            events = restored.events,
-            "projector restored checkpoint"
-        );
+        // Every partition's instance restores: one with nothing saved is no news.
+        if restored.seq > 0 {
+            tracing::info!(
+                projector = name,
+                seq = restored.seq,
+                events = restored.events,
+                "projector restored checkpoint"
+            );
+        } else {
+            tracing::debug!(projector = name, "projector starts empty");
+        }
         let key = self.dead_letter_key()?;
         let mut state = LoopState::new(restored, key);
         self.ledger.send_replace(restored);
@@ -516,7 +542,7 @@ impl<P: Projection> Projector<P> {
             state.ack_point = None;
             let mut reader = tokio::select! {
                 _ = &mut shutdown => break 'connect,
-                reader = self.bus.durable_reader(self.consumer(), state.applied(), self.settings.batch) => match reader {
+                reader = self.bus.durable_reader_of(self.consumer(), self.filter(), state.applied(), self.settings.batch) => match reader {
                     Ok(reader) => reader,
                     Err(e) => {
                         metrics::PROJECTOR_ERRORS.with_label_values(&[name, "bus"]).inc();
@@ -623,7 +649,7 @@ impl<P: Projection> Projector<P> {
         &self,
         progress: impl FnMut(Seq, Seq),
     ) -> Result<ApplyLedger, ProjectorError> {
-        let name = self.projection.name();
+        let name = self.name();
         // Restore first: it opens what the model keeps on disk, which reset then empties.
         // A checkpoint that cannot be restored (say, made with another embedding model) is
         // exactly what a rebuild replaces, so its failure is not fatal here.
@@ -650,7 +676,7 @@ impl<P: Projection> Projector<P> {
         snapshot: &[u8],
         progress: impl FnMut(Seq, Seq),
     ) -> Result<ApplyLedger, ProjectorError> {
-        let name = self.projection.name();
+        let name = self.name();
         let projection_err = |source| ProjectorError::Projection {
             projector: name,
             source,
@@ -672,7 +698,7 @@ impl<P: Projection> Projector<P> {
     /// Fails when the stream no longer holds every event after `seq` (retention removed
     /// some): replaying from there would skip them.
     pub async fn check_tail(&self, seq: Seq) -> Result<(), ProjectorError> {
-        let name = self.projection.name();
+        let name = self.name();
         let summary = self
             .bus
             .stream_summary()
@@ -697,7 +723,7 @@ impl<P: Projection> Projector<P> {
         from: ApplyLedger,
         mut progress: impl FnMut(Seq, Seq),
     ) -> Result<ApplyLedger, ProjectorError> {
-        let name = self.projection.name();
+        let name = self.name();
         let bus_err = |source| ProjectorError::Bus {
             projector: name,
             source,
@@ -707,7 +733,20 @@ impl<P: Projection> Projector<P> {
             source,
         };
         self.check_tail(from.seq).await?;
-        let target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
+        let mut target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
+        // A partition's consumer delivers nothing when the partition has no event after
+        // `from`, however far the stream has gone: there is nothing to wait for.
+        if self.settings.filter.is_some()
+            && target > from.seq
+            && self
+                .bus
+                .leader_next_seq(self.filter(), from.seq + 1)
+                .await
+                .map_err(bus_err)?
+                .is_none()
+        {
+            target = from.seq;
+        }
         self.bus
             .delete_durable(self.consumer())
             .await
@@ -718,7 +757,12 @@ impl<P: Projection> Projector<P> {
         if target > from.seq {
             let mut reader = self
                 .bus
-                .durable_reader(self.consumer(), from.seq, self.settings.batch)
+                .durable_reader_of(
+                    self.consumer(),
+                    self.filter(),
+                    from.seq,
+                    self.settings.batch,
+                )
                 .await
                 .map_err(bus_err)?;
             loop {
@@ -770,11 +814,14 @@ impl<P: Projection> Projector<P> {
             self.publish(state).await?;
         }
         self.send_dead_letters(state).await?;
-        let ledger = state.ledger;
+        let mut ledger = state.ledger;
+        if self.settings.filter.is_some() {
+            ledger.seq = self.complete_through(ledger.seq).await?;
+        }
         let bytes = self.projection.export(&ledger).await?.ok_or_else(|| {
             ProjectionError::Fatal(format!(
                 "projector {} cannot export snapshots; its replicas rebuild from the stream",
-                self.projection.name()
+                self.name()
             ))
         })?;
         let state_hash = self.projection.state_hash().await;
@@ -783,6 +830,34 @@ impl<P: Projection> Projector<P> {
             bytes,
             state_hash,
         })
+    }
+
+    /// For a partition's projector that has applied everything of its partition up to
+    /// `seq`: the furthest sequence up to which that still holds, because the partition has
+    /// no event after `seq` below it. A snapshot then says it covers the stream up to there,
+    /// so an idle partition's snapshot is not refused as older than what retention kept
+    /// while nothing of the partition was removed.
+    async fn complete_through(&self, seq: Seq) -> Result<Seq, ProjectionError> {
+        let unavailable = |e: BusError| ProjectionError::Transient(e.to_string());
+        // The head first: when the partition has nothing after `seq` at the next ask, it had
+        // nothing up to this head either.
+        let last = self
+            .bus
+            .stream_summary()
+            .await
+            .map_err(unavailable)?
+            .last_seq;
+        if last <= seq {
+            return Ok(seq);
+        }
+        let next = self
+            .bus
+            .leader_next_seq(self.filter(), seq + 1)
+            .await
+            .map_err(unavailable)?;
+        // Every sequence below a stored message's is taken, so none of the partition lies
+        // between `seq` and its next event.
+        Ok(next.map_or(last, |n| n.saturating_sub(1)).max(seq))
     }
 
     /// Applies one delivered batch (skipping what the model already has, dead-lettering
@@ -828,7 +903,7 @@ impl<P: Projection> Projector<P> {
         batch: &[Delivery],
     ) -> Result<(), ProjectionError> {
         self.send_dead_letters(state).await?;
-        let name = self.projection.name();
+        let name = self.name();
         let started = Instant::now();
         let fresh: Vec<&Delivery> = batch.iter().filter(|d| d.seq > state.applied()).collect();
         let Some(last) = fresh.last() else {
@@ -927,7 +1002,7 @@ impl<P: Projection> Projector<P> {
         let redacted = scrubbers
             .scrubbed_with(&event.event, docs)
             .map(|(clean, kinds)| {
-                let name = self.projection.name();
+                let name = self.name();
                 for kind in &kinds {
                     metrics::SCRUB_REDACTIONS
                         .with_label_values(&[kind.as_str(), name])
@@ -1069,11 +1144,8 @@ impl<P: Projection> Projector<P> {
 
     /// Measures the lag every [`ProjectorSettings::lag_sample_interval`] until dropped.
     fn spawn_lag_sampler(&self) -> AbortOnDrop {
-        let (bus, name, visible) = (
-            self.bus.clone(),
-            self.projection.name(),
-            self.visible.subscribe(),
-        );
+        let (bus, name, visible) = (self.bus.clone(), self.name(), self.visible.subscribe());
+        let filter = self.settings.filter.clone();
         let interval = self
             .settings
             .lag_sample_interval
@@ -1083,9 +1155,21 @@ impl<P: Projection> Projector<P> {
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
             loop {
                 tick.tick().await;
-                match bus.stream_last_seq().await {
-                    Ok(last) => {
-                        let lag = last.saturating_sub(*visible.borrow());
+                let seen = *visible.borrow();
+                // A partition's lag is its own events after the visible one; the stream's
+                // last sequence would count every other partition's too.
+                let lag = match &filter {
+                    Some(filter) => bus
+                        .direct_batch(filter, seen + 1, 1, 1)
+                        .await
+                        .map(|b| b.items.len() as u64 + b.pending),
+                    None => bus
+                        .stream_last_seq()
+                        .await
+                        .map(|last| last.saturating_sub(seen)),
+                };
+                match lag {
+                    Ok(lag) => {
                         metrics::PROJECTOR_LAG
                             .with_label_values(&[name])
                             .set(i64::try_from(lag).unwrap_or(i64::MAX));
@@ -1100,7 +1184,7 @@ impl<P: Projection> Projector<P> {
     }
 
     async fn checkpoint(&self, state: &mut LoopState) -> Result<(), ProjectorError> {
-        let name = self.projection.name();
+        let name = self.name();
         let started = Instant::now();
         if let Err(e) = self.send_dead_letters(state).await {
             // Only a shutdown in the middle of retrying a batch gets here. A checkpoint past
@@ -1156,7 +1240,7 @@ impl<P: Projection> Projector<P> {
 
     fn publish_visible(&self, seq: Seq) {
         metrics::PROJECTOR_VISIBLE_SEQ
-            .with_label_values(&[self.projection.name()])
+            .with_label_values(&[self.name()])
             .set(seq as i64);
         self.visible.send_replace(seq);
     }

@@ -61,6 +61,10 @@ pub struct ScopeMemory {
     pub docs: DocStore,
     /// Everything of these scopes up to this stream sequence is applied.
     pub through: Seq,
+    /// Scopes a model's slice holds beyond its own sequence (a slice of several partitions,
+    /// each cut at its own: [`engram_memory::proto::BootstrapResponse::held`]): their events
+    /// at or below it are in the model already, and the tail skips them for that model.
+    held: std::collections::BTreeMap<(usize, engram_memory::ScopeKey), Seq>,
 }
 
 impl ScopeMemory {
@@ -74,12 +78,40 @@ impl ScopeMemory {
         *hasher.finalize().as_bytes()
     }
 
-    /// Applies one event to each model. An event a model refuses is skipped, as its
-    /// projector dead-letters it.
-    fn apply(&mut self, seq: Seq, event: &engram_schema::Envelope) {
-        let _ = self.facts.apply(seq, event);
-        let _ = self.skills.apply(seq, event);
-        let _ = self.docs.apply(seq, event);
+    /// Applies one event to each model that does not hold it yet; whether one did not. An
+    /// event a model refuses is skipped, as its projector dead-letters it.
+    fn apply(&mut self, seq: Seq, event: &engram_schema::Envelope) -> bool {
+        let scope = engram_memory::ScopeKey::of(event);
+        let fresh = |model: usize| {
+            self.held
+                .get(&(model, scope.clone()))
+                .is_none_or(|held| seq > *held)
+        };
+        let (facts, skills, docs) = (fresh(FACTS), fresh(SKILLS), fresh(DOCS));
+        if facts {
+            let _ = self.facts.apply(seq, event);
+        }
+        if skills {
+            let _ = self.skills.apply(seq, event);
+        }
+        if docs {
+            let _ = self.docs.apply(seq, event);
+        }
+        facts || skills || docs
+    }
+}
+
+/// The models' places in [`ScopeMemory`]'s `held`.
+const FACTS: usize = 0;
+const SKILLS: usize = 1;
+const DOCS: usize = 2;
+
+impl ScopeMemory {
+    /// Records how far a model's slice holds each scope of `held`.
+    fn hold(&mut self, model: usize, held: &[engram_memory::proto::ScopeHeld]) {
+        for h in held {
+            self.held.insert((model, h.scope.clone()), h.seq);
+        }
     }
 }
 
@@ -185,16 +217,19 @@ impl Client {
                     read_models::FACTS => {
                         let (seq, m) = decode::<FactTable>(model, bytes)?;
                         memory.facts = m;
+                        memory.hold(FACTS, &response.held);
                         seq
                     }
                     read_models::SKILLS => {
                         let (seq, m) = decode::<SkillRegistry>(model, bytes)?;
                         memory.skills = m;
+                        memory.hold(SKILLS, &response.held);
                         seq
                     }
                     read_models::DOCS => {
                         let (seq, m) = decode::<DocStore>(model, bytes)?;
                         memory.docs = m;
+                        memory.hold(DOCS, &response.held);
                         seq
                     }
                     // A model the table says keeps scope snapshots, which this instance
@@ -348,22 +383,24 @@ impl Client {
         }
         let tail: Vec<_> = tail.into_iter().map(|e| (e.seq, e.event)).collect();
         let through = through.unwrap_or(from);
+        let mut applied = 0;
         for (seq, event) in &tail {
-            memory.apply(*seq, event);
+            applied += u64::from(memory.apply(*seq, event));
         }
         advance(memory, through);
-        Ok(Some(tail.len() as u64))
+        Ok(Some(applied))
     }
 }
 
 /// Applies `tail` (in stream order) and marks everything through `through` applied;
-/// returns how many events it applied.
+/// returns how many events it applied (an event every model's slice held is not).
 fn apply_tail(memory: &mut ScopeMemory, tail: &[engram_bus::StoredEvent], through: Seq) -> u64 {
+    let mut applied = 0;
     for stored in tail {
-        memory.apply(stored.seq, &stored.event);
+        applied += u64::from(memory.apply(stored.seq, &stored.event));
     }
     advance(memory, through);
-    tail.len() as u64
+    applied
 }
 
 fn advance(memory: &mut ScopeMemory, through: Seq) {

@@ -148,23 +148,31 @@ impl Client {
         };
         let (_, through) = bus.stream_bounds().await.map_err(|e| unavailable(&e))?;
         let keys = keys(tenant, scopes);
+        // Each partition's instance of a model holds its scopes.
+        let parts = proto::by_partition(&keys, bus.config().stream.partitions);
 
         // Read models and documents: each applies up to `through`, erases, checkpoints.
         for model in read_models::ALL {
-            let answer: Result<proto::EraseScopesResponse, _> = engram_rpc::call(
-                bus.client(),
-                &proto::projector_subject(model, "erase"),
-                &proto::EraseScopesRequest {
-                    scopes: keys.clone(),
-                    through_seq: through,
-                },
-                PROJECTOR_TIMEOUT,
-            )
-            .await;
-            match answer {
-                Ok(r) => report.read_models.push((r.projector, r.removed)),
-                Err(e) => report.incomplete.push(format!("read model {model}: {e}")),
+            let mut removed = 0;
+            for (p, held) in &parts {
+                let answer: Result<proto::EraseScopesResponse, _> = engram_rpc::call(
+                    bus.client(),
+                    &proto::partition_subject(model, "erase", *p),
+                    &proto::EraseScopesRequest {
+                        scopes: held.clone(),
+                        through_seq: through,
+                    },
+                    PROJECTOR_TIMEOUT,
+                )
+                .await;
+                match answer {
+                    Ok(r) => removed += r.removed,
+                    Err(e) => report
+                        .incomplete
+                        .push(format!("read model {model} partition {p}: {e}")),
+                }
             }
+            report.read_models.push((model.to_owned(), removed));
         }
 
         // The events, their dead-letter copies, the scopes' working memory.
@@ -211,10 +219,14 @@ impl Client {
         let store = engram_snapshots::SnapshotStore::open(bus, snapshots.clone())
             .await
             .map_err(|e| unavailable(&e))?;
-        for model in read_models::ALL {
+        for (model, p) in read_models::ALL
+            .iter()
+            .flat_map(|m| parts.iter().map(move |(p, _)| (*m, *p)))
+        {
+            let instance = proto::instance_name(model, p);
             let cut: Result<engram_snapshots::SnapshotMeta, _> = engram_rpc::call(
                 bus.client(),
-                &proto::projector_subject(model, "snapshot"),
+                &proto::partition_subject(model, "snapshot", p),
                 &serde_json::json!({ "force": true }),
                 Duration::from_secs(600),
             )
@@ -223,17 +235,20 @@ impl Client {
                 Ok(meta) => {
                     report
                         .snapshots_cut
-                        .push(format!("{model}@{}", meta.version));
+                        .push(format!("{instance}@{}", meta.version));
                     Some(meta)
                 }
                 Err(e) => {
                     report
                         .incomplete
-                        .push(format!("snapshot {model}: {e}; its older snapshots are deleted, so replicas rebuild it from the stream"));
+                        .push(format!("snapshot {instance}: {e}; its older snapshots are deleted, so replicas rebuild it from the stream"));
                     None
                 }
             };
-            let held = store.list(Some(model)).await.map_err(|e| unavailable(&e))?;
+            let held = store
+                .list(Some(&instance))
+                .await
+                .map_err(|e| unavailable(&e))?;
             for meta in held {
                 let fresh = keep.as_ref().is_some_and(|k| {
                     k.version == meta.version && k.content_hash == meta.content_hash
@@ -243,7 +258,7 @@ impl Client {
                         Ok(()) => report.snapshots_deleted += 1,
                         Err(e) => report
                             .incomplete
-                            .push(format!("snapshot {model}@{}: {e}", meta.version)),
+                            .push(format!("snapshot {instance}@{}: {e}", meta.version)),
                     }
                 }
             }
@@ -313,56 +328,60 @@ impl Client {
             }
         }
         let keys = keys(tenant, scopes);
+        let parts = proto::by_partition(&keys, bus.config().stream.partitions);
         let all = scopes
             .iter()
             .map(ToString::to_string)
             .collect::<Vec<_>>()
             .join(",");
         for model in read_models::ALL {
-            let answer: Result<proto::TracesResponse, _> = engram_rpc::call(
-                bus.client(),
-                &proto::projector_subject(model, "traces"),
-                &proto::TracesRequest {
-                    scopes: keys.clone(),
-                },
-                PROJECTOR_TIMEOUT,
-            )
-            .await;
-            match answer {
-                Ok(r) => found(
-                    format!("read model {model}"),
-                    all.clone(),
-                    r.traces,
-                    String::new(),
-                ),
-                Err(e) => found(
-                    format!("read model {model}"),
-                    all.clone(),
-                    0,
-                    format!("not searched: {e}"),
-                ),
+            let (mut held, mut unsearched) = (0, Vec::new());
+            for (p, scopes) in &parts {
+                let answer: Result<proto::TracesResponse, _> = engram_rpc::call(
+                    bus.client(),
+                    &proto::partition_subject(model, "traces", *p),
+                    &proto::TracesRequest {
+                        scopes: scopes.clone(),
+                    },
+                    PROJECTOR_TIMEOUT,
+                )
+                .await;
+                match answer {
+                    Ok(r) => held += r.traces,
+                    Err(e) => unsearched.push(format!("partition {p} not searched: {e}")),
+                }
             }
+            found(
+                format!("read model {model}"),
+                all.clone(),
+                held,
+                unsearched.join("; "),
+            );
         }
         let store = engram_snapshots::SnapshotStore::open(bus, snapshots.clone())
             .await
             .map_err(|e| unavailable(&e))?;
-        for model in read_models::ALL {
+        for (model, (p, held)) in read_models::ALL
+            .iter()
+            .flat_map(|m| parts.iter().map(move |part| (*m, part)))
+        {
+            let instance = proto::instance_name(model, *p);
             let answer: Result<proto::TracesResponse, _> = engram_rpc::call(
                 bus.client(),
-                &proto::projector_subject(model, "snapshot_traces"),
+                &proto::partition_subject(model, "snapshot_traces", *p),
                 &proto::TracesRequest {
-                    scopes: keys.clone(),
+                    scopes: held.clone(),
                 },
                 PROJECTOR_TIMEOUT,
             )
             .await;
             let newest = store
-                .list(Some(model))
+                .list(Some(&instance))
                 .await
                 .ok()
                 .and_then(|m| m.into_iter().last())
                 .map_or_else(|| "none".to_owned(), |m| m.version.to_string());
-            let place = format!("snapshot {model}@{newest}");
+            let place = format!("snapshot {instance}@{newest}");
             match answer {
                 Ok(r) => found(place, all.clone(), r.traces, String::new()),
                 Err(e) => found(place, all.clone(), 0, format!("not searched: {e}")),

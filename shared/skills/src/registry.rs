@@ -433,6 +433,10 @@ impl engram_memory::model::Sliced for SkillRegistry {
         }
     }
 
+    fn absorb(&mut self, other: Self) {
+        self.model.absorb(other.model, skills_in);
+    }
+
     fn erase(&mut self, keys: &[ScopeKey]) -> u64 {
         self.model.erase(keys, skills_in)
     }

@@ -390,9 +390,12 @@ impl SnapshotStore {
         Ok(bytes)
     }
 
-    /// The newest snapshot of `projector` that loads and checks (at most `version` if
-    /// given); none when there is none, and the caller replays the whole stream. `check`
-    /// runs the model's own verification (its checksum and decoding) on the bytes.
+    /// The newest snapshot of `projector` that loads and checks, at or below `version` if
+    /// given (a stream sequence: each partition's instance cuts at its own, so a version
+    /// names the newest cut of each that holds no later event); none when there is none,
+    /// and the caller replays the whole stream. A version below every snapshot kept is
+    /// [`SnapshotError::NotFound`]. `check` runs the model's own verification (its
+    /// checksum and decoding) on the bytes.
     pub async fn load_latest_good(
         &self,
         projector: &str,
@@ -402,7 +405,7 @@ impl SnapshotStore {
         let mut skipped = Vec::new();
         let mut metas = self.list(Some(projector)).await?;
         if let Some(v) = version {
-            if !metas.iter().any(|m| m.version == v) {
+            if !metas.is_empty() && !metas.iter().any(|m| m.version <= v) {
                 return Err(SnapshotError::NotFound {
                     projector: projector.to_owned(),
                     version: v,

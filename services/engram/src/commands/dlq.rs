@@ -143,21 +143,29 @@ async fn redrive(
 ) -> anyhow::Result<ExitCode> {
     let projector = name.as_str();
     let dir = engram_projectors::state_dir(&config.home);
-    // Stopped first: nothing changes while the projector could be dead-lettering.
-    let lock = engram_projectors::lock_state(&dir, projector)?;
+    let partitions = bus.config().stream.partitions;
+    // Stopped first: nothing changes while the projector could be dead-lettering. Every
+    // partition's instance keeps its state (and its key) in a directory of its own.
+    let lock = (0..partitions)
+        .map(|p| {
+            engram_projectors::lock_state(&engram_projectors::partition_dir(&dir, p), projector)
+        })
+        .collect::<Result<Vec<_>, _>>()?;
     // Letters up to here are the ones to re-drive; the rebuild's own come after.
     let boundary = bus.dead_letters_last_seq().await?;
-    let key = dir.join(format!("{projector}.dlq-key"));
-    match std::fs::remove_file(&key) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(e).with_context(|| {
-                format!(
-                    "cannot delete the dead-letter key {} of {projector}; nothing was re-driven. delete it by hand and run `engram dlq redrive {projector}` again",
-                    key.display()
-                )
-            });
+    for p in 0..partitions {
+        let key = engram_projectors::partition_dir(&dir, p).join(format!("{projector}.dlq-key"));
+        match std::fs::remove_file(&key) {
+            Ok(()) => {}
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => {
+                return Err(e).with_context(|| {
+                    format!(
+                        "cannot delete the dead-letter key {} of {projector}; nothing was re-driven. delete it by hand and run `engram dlq redrive {projector}` again",
+                        key.display()
+                    )
+                });
+            }
         }
     }
     drop(lock);

@@ -49,31 +49,37 @@ pub async fn run(
             } else {
                 projectors
             };
+            let request = SnapshotRequest {
+                label: label.clone(),
+                force: false,
+            };
             for name in names {
-                let answer: Result<SnapshotMeta, _> = engram_rpc::call(
+                // Every partition's instance of the model cuts its own, all at once.
+                let cuts: Vec<Result<SnapshotMeta, _>> = engram_projectors::ask_each(
                     bus.client(),
-                    &proto::projector_subject(name.as_str(), "snapshot"),
-                    &SnapshotRequest {
-                        label: label.clone(),
-                        force: false,
-                    },
+                    name.as_str(),
+                    "snapshot",
+                    bus.config().stream.partitions,
+                    &request,
                     Duration::from_secs(600),
                 )
                 .await;
-                let meta = match answer {
-                    Ok(meta) => meta,
-                    Err(e) if every && e.code() == proto::ErrorCode::Invalid => {
-                        if !json {
-                            println!("skipped {name}: {e}");
+                for cut in cuts {
+                    let meta = match cut {
+                        Ok(meta) => meta,
+                        Err(e) if every && e.code == proto::ErrorCode::Invalid => {
+                            if !json {
+                                println!("skipped {name}: {e}");
+                            }
+                            break;
                         }
-                        continue;
+                        Err(e) => return Err(anyhow::anyhow!("snapshot of {name}: {e}")),
+                    };
+                    if json {
+                        println!("{}", serde_json::to_string(&meta)?);
+                    } else {
+                        println!("cut {}", line(&meta));
                     }
-                    Err(e) => return Err(anyhow::anyhow!("snapshot of {name}: {e}")),
-                };
-                if json {
-                    println!("{}", serde_json::to_string(&meta)?);
-                } else {
-                    println!("cut {}", line(&meta));
                 }
             }
         }
@@ -200,16 +206,19 @@ pub async fn restore(
         println!("{value}");
         return Ok(ExitCode::SUCCESS);
     }
-    for (meta, why) in &done.skipped {
-        println!("skipped {}: {why}", line(meta));
+    for part in &done.partitions {
+        for (meta, why) in &part.skipped {
+            println!("skipped {}: {why}", line(meta));
+        }
     }
-    match &done.snapshot {
-        Some(meta) => println!(
-            "bootstrapped {name} from snapshot version {} then the stream up to seq {} in {seconds:.1}s; state hash {}",
-            meta.version, done.seq, done.state_hash
+    let total = done.partitions.len();
+    match done.from_snapshots() {
+        0 => println!(
+            "no snapshot of {name} checks: replayed its {total} partitions' events up to seq {} in {seconds:.1}s; state hash {}",
+            done.seq, done.state_hash
         ),
-        None => println!(
-            "no snapshot of {name} checks: replayed the whole stream up to seq {} in {seconds:.1}s; state hash {}",
+        loaded => println!(
+            "bootstrapped {name}: {loaded} of {total} partitions from snapshots, then the stream up to seq {} in {seconds:.1}s; state hash {}",
             done.seq, done.state_hash
         ),
     }

@@ -29,30 +29,57 @@ pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
     // Everything so far is applied, so the snapshots hold all of it.
     let before = demo.settled().await?;
     let cut = demo.client.snapshot(&scopes, None).await?;
-    let mut versions = BTreeMap::new();
+    let mut cuts = BTreeMap::new();
     for meta in &cut.snapshots {
         let meta: SnapshotMeta =
             serde_json::from_value(meta.clone()).context("a snapshot's index entry")?;
-        versions.insert(meta.projector.clone(), meta);
+        cuts.insert(meta.projector.clone(), meta);
     }
-    // The models a bootstrap loads from snapshots.
+    // Each partition of the stream has its own instance of every model, and its own
+    // snapshot of it; the scopes' partitions are the ones a bootstrap loads.
+    let partitions = demo.running.bus.config().stream.partitions;
+    let held: Vec<u32> = {
+        let mut held: Vec<u32> = [&scopes.scope, &team]
+            .iter()
+            .map(|s| ScopeKey::new(demo.tenant.clone(), (*s).clone()).partition(partitions))
+            .collect();
+        held.dedup();
+        held
+    };
+    // The models a bootstrap loads from snapshots. A set of partitions' snapshots goes by
+    // its newest: asked for as a version, each partition gives its newest at or below it.
     let models: Vec<&str> = read_models::with_scope_snapshots().collect();
+    let mut versions = BTreeMap::new();
     let mut cut_line = Vec::new();
+    // Where each partition's snapshots stop: its scopes' tails start there.
+    let mut partition_cut = BTreeMap::new();
     for &model in &models {
-        let meta = versions
-            .get(model)
-            .with_context(|| format!("no {model} snapshot was cut: {:?}", cut.skipped))?;
-        anyhow::ensure!(
-            meta.version >= before,
-            "the {model} snapshot holds seq {} only, the stream was at {before}",
-            meta.version
-        );
-        cut_line.push(format!("{model} v{}", meta.version));
+        let mut newest: Option<&SnapshotMeta> = None;
+        for &p in &held {
+            let instance = engram_memory::proto::instance_name(model, p);
+            let meta = cuts
+                .get(&instance)
+                .with_context(|| format!("no {instance} snapshot was cut: {:?}", cut.skipped))?;
+            // Cut once everything was applied: it holds its partition's events through the
+            // stream's end.
+            anyhow::ensure!(
+                meta.version > 0 && meta.version <= before,
+                "the {instance} snapshot holds seq {}, the stream was at {before}",
+                meta.version
+            );
+            if newest.is_none_or(|o| meta.version > o.version) {
+                newest = Some(meta);
+            }
+            partition_cut.insert(p, meta.version);
+        }
+        let newest = newest.context("the scopes are in no partition")?;
+        cut_line.push(format!("{model} v{}", newest.version));
+        versions.insert(model.to_owned(), newest.clone());
     }
     println!(
-        "  snapshot cut of every read model: {} (+{} more; state hashes in `engram snapshot list`)",
+        "  snapshot cut of every read model in each of the {partitions} partitions: {} for these scopes (+{} more; state hashes in `engram snapshot list`)",
         cut_line.join(", "),
-        versions.len() - models.len()
+        cuts.len() - models.len() * held.len()
     );
 
     // Two more events, after the snapshot.
@@ -121,17 +148,15 @@ pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
         );
         used.push(format!("{model} v{}", snapshot.version));
     }
-    // The tail is exactly the scopes' events after the oldest snapshot used.
-    let from = booted
-        .snapshots
-        .iter()
-        .filter_map(|(_, s)| s.as_ref().map(|s| s.version))
-        .min()
-        .unwrap_or(0);
-    let tail = events_between(demo, &scopes, from, booted.memory.through).await?;
+    // The tail is exactly each scope's events after its partition's snapshot.
+    let mut tail = 0;
+    for key in scopes.resolve().map_err(anyhow::Error::msg)? {
+        let from = partition_cut[&key.partition(partitions)];
+        tail += events_between(demo, &key, from, booted.memory.through).await?;
+    }
     anyhow::ensure!(
         booted.replayed == tail && tail >= 2,
-        "the bootstrap replayed {} tail events; the scopes hold {tail} after seq {from}",
+        "the bootstrap replayed {} tail events; the scopes hold {tail} after their snapshots",
         booted.replayed
     );
     // It holds what came after the snapshot: t-1 done, the new fact.
@@ -171,23 +196,21 @@ pub(super) async fn run(demo: &Demo<'_>) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// Events of the scopes with a seq in `(from, through]`, counted by replaying each.
+/// Events of the scope with a seq in `(from, through]`, counted by replaying it.
 async fn events_between(
     demo: &Demo<'_>,
-    scopes: &ScopeRequest,
+    key: &ScopeKey,
     from: u64,
     through: u64,
 ) -> anyhow::Result<u64> {
     let mut n = 0;
-    for key in scopes.resolve().map_err(anyhow::Error::msg)? {
-        let filter = SubjectFilter::all()
-            .tenant(key.tenant.clone())
-            .scope(key.kind, key.id.clone());
-        let mut replay = demo.client.replay(&filter, StartAt::Seq(from + 1)).await?;
-        while let Some(item) = replay.next().await {
-            if item?.seq <= through {
-                n += 1;
-            }
+    let filter = SubjectFilter::all()
+        .tenant(key.tenant.clone())
+        .scope(key.kind, key.id.clone());
+    let mut replay = demo.client.replay(&filter, StartAt::Seq(from + 1)).await?;
+    while let Some(item) = replay.next().await {
+        if item?.seq <= through {
+            n += 1;
         }
     }
     Ok(n)
