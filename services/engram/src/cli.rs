@@ -136,6 +136,10 @@ pub enum Command {
     Projector {
         /// vector, keyword, facts, skills or docs.
         names: Vec<engram_projectors::ProjectorName>,
+        /// Only these stream partitions ("0-7,12"; default `projectors.partitions`, all):
+        /// one process of several, each serving its share.
+        #[arg(long, value_name = "PARTITIONS")]
+        partitions: Option<engram_projectors::PartitionSet>,
     },
     /// Rebuild a projector's read model from sequence 1. Stop the projector first (`engram
     /// up` or `engram projector`): its state is locked while it runs.
@@ -710,7 +714,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             dry_run,
         } => commands::consolidate::run(&config, scope, step, restore, dry_run, json).await,
         Command::Dlq(command) => commands::dlq::run(&config, command, json).await,
-        Command::Projector { names } => commands::projector::run(&config, names).await,
+        Command::Projector { names, partitions } => {
+            commands::projector::run(&config, names, partitions).await
+        }
         Command::Rebuild {
             projector,
             from_snapshot,

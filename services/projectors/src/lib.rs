@@ -24,6 +24,7 @@ pub mod consolidator;
 pub mod docs;
 pub mod facts;
 pub mod keyword;
+pub mod partitions;
 pub mod registry;
 pub mod skills;
 pub mod vector;
@@ -44,6 +45,7 @@ use engram_projection_runtime::{
 use engram_rpc::Failure;
 use engram_snapshots::{SnapshotError, SnapshotMeta, SnapshotStore, SnapshotsConfig};
 use engram_vector::HnswParams;
+pub use partitions::{PartitionSet, PartitionSetError};
 pub use registry::{ProjectorName, REGISTRY, ReadModel};
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
@@ -56,6 +58,10 @@ use tokio_util::sync::CancellationToken;
 pub struct ProjectorsConfig {
     /// The projectors this process runs.
     pub run: Vec<ProjectorName>,
+    /// The stream partitions this process runs them for (`"all"`, or such as `"0-7"`): a
+    /// memory node of several serves some, the others the rest. Every partition must be
+    /// served by some process, or queries of its scopes are answered `unavailable`.
+    pub partitions: PartitionSet,
     /// Most events applied per batch.
     pub batch: usize,
     #[serde(with = "humantime_serde")]
@@ -98,6 +104,7 @@ impl Default for ProjectorsConfig {
         let settings = ProjectorSettings::default();
         Self {
             run: ProjectorName::all(),
+            partitions: PartitionSet::all(),
             batch: settings.batch,
             checkpoint_interval: settings.checkpoint_interval,
             checkpoint_every: settings.checkpoint_every,
@@ -198,6 +205,8 @@ pub enum StartError {
         #[source]
         source: std::io::Error,
     },
+    #[error(transparent)]
+    Partitions(#[from] PartitionSetError),
     #[error("cannot flush the projector endpoints' subscriptions to the server: {0}; is it up?")]
     Flush(String),
     #[error("cannot connect the {projector} projector: {source}")]
@@ -531,7 +540,8 @@ impl Shared {
     }
 }
 
-/// Starts the configured projectors, one instance of each per partition of the stream:
+/// Starts the configured projectors, one instance of each per partition of the stream
+/// (those `projectors.partitions` names):
 /// each model gets its own NATS connection (a consumer sharing a connection with a busy
 /// publisher can stall), shared by its partitions' loops, and its query endpoints, served
 /// on a second connection (`connect(name, Link::Responder)`): see [`engram_rpc::Link`].
@@ -579,7 +589,7 @@ where
             .map_err(|source| StartError::Snapshots { projector, source })?;
         let head = Arc::new(StreamHead::new(bus.clone()));
         let shared = Shared::new(dir);
-        for index in 0..bus.config().stream.partitions {
+        for index in config.partitions.within(bus.config().stream.partitions)? {
             let part = Arc::new(Part::new(projector, index, bus.clone(), head.clone()));
             let part_dir = part.dir(dir);
             running._locks.push(lock_state(&part_dir, projector)?);

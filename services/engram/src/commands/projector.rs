@@ -9,10 +9,17 @@ use indicatif::{ProgressBar, ProgressStyle};
 
 /// Runs the named projectors (default: the configured ones) against `--nats` until
 /// SIGINT/SIGTERM; each checkpoints before it exits.
-pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<ExitCode> {
+pub async fn run(
+    config: &Config,
+    names: Vec<ProjectorName>,
+    partitions: Option<engram_projectors::PartitionSet>,
+) -> anyhow::Result<ExitCode> {
     let mut projectors = config.projectors.clone();
     if !names.is_empty() {
         projectors.run = names;
+    }
+    if let Some(partitions) = partitions {
+        projectors.partitions = partitions;
     }
     let url = config.client_url();
     let stop = tokio_util::sync::CancellationToken::new();
@@ -60,7 +67,7 @@ pub async fn run(config: &Config, names: Vec<ProjectorName>) -> anyhow::Result<E
         stop.clone(),
     )
     .await?;
-    tracing::info!(projectors = ?projectors.run, nats = %engram_bus::config::redact_url(&url), "projectors running");
+    tracing::info!(projectors = ?projectors.run, partitions = %projectors.partitions, nats = %engram_bus::config::redact_url(&url), "projectors running");
     crate::up::wait_for_signal().await;
     stop.cancel();
     running.join().await?;
