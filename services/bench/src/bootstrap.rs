@@ -1,6 +1,6 @@
 //! `engram-bench bootstrap`: a new replica from a snapshot and the tail of the stream,
-//! against a full replay to the same state, for every model that keeps snapshots (facts,
-//! skills, docs), in one run. A raw read of the same stream is the physical reference.
+//! against a full replay to the same state, for every model a replica bootstraps (vector,
+//! keyword, facts, skills, docs), in one run. A raw read of the same stream is the physical reference.
 //!
 //! The stream: `events - tail` events, a snapshot of each model cut there, then `tail` more
 //! events. Both replicas start from nothing on disk and must end with equal state hashes.
@@ -66,11 +66,21 @@ struct Report {
 }
 
 /// The models a bootstrap loads from snapshots.
+/// Every read model a replica bootstraps from snapshots: the text models (whose full replay
+/// rebuilds an index and, with a real embedder, embeds every memory again) and those whose
+/// scopes start from slices. Not the consolidator, whose state is its schedule.
 fn snapshot_models() -> anyhow::Result<Vec<ProjectorName>> {
-    read_models::with_scope_snapshots()
+    [read_models::VECTOR, read_models::KEYWORD]
+        .into_iter()
+        .chain(read_models::with_scope_snapshots())
         .map(|name| name.parse().map_err(anyhow::Error::msg))
         .collect()
 }
+
+/// The vectors the workload supplies with its text memories (the full replay then indexes
+/// them without embedding: the reference is the index, not a model).
+const MODEL: &str = "bench-random-384";
+const DIM: usize = 384;
 
 struct Workload {
     rng: SmallRng,
@@ -151,6 +161,9 @@ impl Workload {
                 None,
             ),
         };
+        // Every event with text is a memory the text models index; a document's changes
+        // are not.
+        let text_memory = kind != EventKind::DocChanged;
         let mut event = Envelope::new(
             self.tenant.clone(),
             scope,
@@ -161,6 +174,14 @@ impl Workload {
             Content { text, data },
         );
         event.importance = 0.5;
+        if text_memory {
+            let v: Vec<f32> = (0..DIM).map(|_| self.rng.random::<f32>() - 0.5).collect();
+            let norm = v.iter().map(|x| x * x).sum::<f32>().sqrt().max(1e-6);
+            event.embedding = Some(engram_schema::Embedding {
+                model: MODEL.into(),
+                vector: v.into_iter().map(|x| x / norm).collect(),
+            });
+        }
         Ok(event)
     }
 }
@@ -194,7 +215,11 @@ pub async fn run(config: &Config, args: BootstrapArgs, json: bool) -> anyhow::Re
     if args.events == 0 || tail >= args.events || args.scopes == 0 {
         anyhow::bail!("--events must be at least 1, --tail below --events, --scopes at least 1");
     }
-    let (home, local) = crate::temporary_home(config)?;
+    let (home, mut local) = crate::temporary_home(config)?;
+    local.projectors.embedder = engram_embed::EmbedderConfig::ClientSupplied {
+        model: MODEL.into(),
+        dim: DIM,
+    };
     let bin = tokio::task::spawn_blocking(engram_natsd::locate).await??;
     let server = engram_natsd::NatsServer::start(engram_natsd::ServerOptions::new(
         bin,
@@ -264,48 +289,61 @@ async fn bench(
         n: 0,
     };
     append(bus, &mut work, args.events - tail, "appending the history").await?;
-    let store =
-        engram_snapshots::SnapshotStore::open(bus, config.projectors.snapshots.clone()).await?;
-    // The snapshots: each model replayed once to the cut, each partition's checkpoint
-    // stored as that partition's snapshot, as a running instance's cut would be. A partition
-    // the workload never wrote to has no checkpoint, and replays its nothing.
+    // The snapshots: the models run over the history, then every partition's instance cuts
+    // its own, as in a deployment; they stop before the tail is written.
+    let cut_at = bus.stream_summary().await?.last_seq;
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = engram_projectors::start(
+        &engram_projectors::ProjectorsConfig {
+            run: snapshot_models()?,
+            ..config.projectors.clone()
+        },
+        &home.join("cut"),
+        |_, _| Bus::connect(bus.config().clone()),
+        stop.clone(),
+    )
+    .await?;
+    let partitions = bus.config().stream.partitions;
+    let bar = progress(snapshot_models()?.len() as u64, "cutting the snapshots");
     for name in snapshot_models()? {
-        let dir = home.join(format!("cut-{name}"));
-        let reached = engram_projectors::rebuild_partitions(
-            name,
-            &config.projectors,
-            &dir,
-            bus.clone(),
-            |_, _| {},
+        // Waits of a minute (the longest a request may ask for), for up to an hour.
+        let consistency = engram_memory::proto::Consistency {
+            min_seq: Some(cut_at),
+            wait_ms: Some(60_000),
+        };
+        let timeout = std::time::Duration::from_secs(90);
+        let mut waited = 0;
+        while let Err(f) = engram_projectors::status_of(
+            bus.client(),
+            name.as_str(),
+            partitions,
+            &consistency,
+            timeout,
         )
-        .await?;
-        for (p, (_, state_hash)) in (0..).zip(reached) {
-            let path = engram_projectors::partition_dir(&dir, p).join(format!("{name}.snap"));
-            let bytes = match std::fs::read(&path) {
-                Ok(bytes) => bytes,
-                Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
-                Err(e) => {
-                    return Err(e).with_context(|| format!("reading {}", path.display()));
-                }
-            };
-            let ledger = engram_projection_runtime::snapshot::check(
-                &bytes,
-                "the checkpoint",
-                name.as_str(),
-            )?;
-            store
-                .put(
-                    engram_projectors::instance_name(name.as_str(), p),
-                    &engram_projection_runtime::Cut {
-                        ledger,
-                        bytes,
-                        state_hash,
-                    },
-                    None,
-                )
-                .await?;
+        .await
+        {
+            waited += 1;
+            anyhow::ensure!(
+                waited < 60,
+                "{name} did not reach seq {cut_at} within an hour: {}",
+                f.message
+            );
         }
+        let _: Vec<engram_snapshots::SnapshotMeta> = engram_projectors::ask_partitions(
+            bus.client(),
+            name.as_str(),
+            "snapshot",
+            partitions,
+            &engram_projectors::SnapshotRequest::default(),
+            timeout,
+        )
+        .await
+        .map_err(|f| anyhow::anyhow!("cutting {name}: {}", f.message))?;
+        bar.inc(1);
     }
+    bar.finish_and_clear();
+    stop.cancel();
+    running.join().await?;
     append(bus, &mut work, tail, "appending the tail").await?;
 
     let raw_started = Instant::now();
