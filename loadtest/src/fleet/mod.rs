@@ -598,7 +598,7 @@ async fn chaos(
     let mut events = Vec::new();
     for (share, victim) in [(0.3, "vector"), (0.6, "nats-server")] {
         tokio::time::sleep_until(start + duration.mul_f64(share)).await;
-        let stream_seq_at_kill = monitor.stream_summary().await.ok().map(|s| s.last_seq);
+        let stream_seq_at_kill = monitor.stream_state().await.ok().map(|s| s.last_seq);
         let killed = Instant::now();
         eprintln!("[chaos] kill -9 {victim}");
         recorder.outage(true);
@@ -647,7 +647,7 @@ async fn chaos(
                 });
             }
             // Caught up: every projector has applied what the stream held once appends resumed.
-            if let Ok(summary) = monitor.stream_summary().await {
+            if let Ok(summary) = monitor.stream_state().await {
                 let wanted = summary.last_seq;
                 while Instant::now() < deadline {
                     let mut all = true;

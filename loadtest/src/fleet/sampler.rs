@@ -107,7 +107,7 @@ pub(crate) async fn run(
             ..Sample::default()
         };
         // A dead server answers nothing; bound each probe so the tick stays near a second.
-        sample.last_seq = tokio::time::timeout(Duration::from_millis(800), bus.stream_summary())
+        sample.last_seq = tokio::time::timeout(Duration::from_millis(800), bus.stream_state())
             .await
             .ok()
             .and_then(Result::ok)

@@ -138,7 +138,7 @@ impl Baseline {
             .dead_letters_last_seq()
             .await
             .map_err(|e| FleetError::Verify(format!("reading the dead-letter stream: {e}")))?;
-        let stream_seq = bus.stream_summary().await?.last_seq;
+        let stream_seq = bus.stream_state().await?.last_seq;
         let mut ledgers = HashMap::new();
         for name in projectors() {
             match projector_ledger(bus.client(), name).await {
@@ -192,7 +192,7 @@ pub async fn drain(bus: &Bus, limit: Duration) -> Result<Drained, FleetError> {
     let started = Instant::now();
     let mut last_print = Instant::now();
     let mut caught_up = std::collections::BTreeMap::new();
-    let last = bus.stream_summary().await?.last_seq;
+    let last = bus.stream_state().await?.last_seq;
     loop {
         let mut behind = Vec::new();
         for name in projectors() {

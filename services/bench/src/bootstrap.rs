@@ -291,7 +291,7 @@ async fn bench(
     append(bus, &mut work, args.events - tail, "appending the history").await?;
     // The snapshots: the models run over the history, then every partition's instance cuts
     // its own, as in a deployment; they stop before the tail is written.
-    let cut_at = bus.stream_summary().await?.last_seq;
+    let cut_at = bus.stream_state().await?.last_seq;
     let stop = tokio_util::sync::CancellationToken::new();
     let running = engram_projectors::start(
         &engram_projectors::ProjectorsConfig {

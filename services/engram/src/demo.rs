@@ -130,7 +130,7 @@ impl Demo<'_> {
 
     /// Waits until every projector has applied the whole stream; returns its last seq.
     async fn settled(&self) -> anyhow::Result<u64> {
-        let head = self.running.bus.stream_summary().await?.last_seq;
+        let head = self.running.bus.stream_state().await?.last_seq;
         self.running
             .projectors
             .wait_visible(head, Duration::from_millis(WAIT_MS))

@@ -123,7 +123,7 @@ pub fn router(bus: Bus, nats_url: String, lag: Arc<LagCheck>) -> Router {
 async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     let connected = state.bus.is_connected();
     let stream = if connected {
-        state.bus.stream_summary().await.map_err(|e| e.to_string())
+        state.bus.stream_state().await.map_err(|e| e.to_string())
     } else {
         Err("nats connection is down".to_owned())
     };
@@ -199,7 +199,7 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
             let mut body = serde_json::json!({
                 "status": if stalled.is_empty() { "ok" } else { "unavailable" },
                 "nats": {"url": state.nats_url, "connected": true},
-                "stream": {"name": s.name, "messages": s.messages, "last_seq": s.last_seq},
+                "stream": {"name": state.bus.config().stream.name, "messages": s.messages, "last_seq": s.last_seq},
                 "projectors": projectors,
                 "embedders_failing": embedders,
             });
@@ -224,7 +224,7 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
     use engram_telemetry::metrics as m;
     // Stream gauges are read from the server at scrape time: it is the source of truth, and
     // a scrape every few seconds costs one request.
-    if let Ok(s) = state.bus.stream_summary().await {
+    if let Ok(s) = state.bus.stream_state().await {
         m::STREAM_MESSAGES.set(i64::try_from(s.messages).unwrap_or(i64::MAX));
         m::STREAM_BYTES.set(i64::try_from(s.bytes).unwrap_or(i64::MAX));
         m::STREAM_LAST_SEQ.set(i64::try_from(s.last_seq).unwrap_or(i64::MAX));

@@ -40,7 +40,7 @@ impl StreamHead {
             return Ok(None);
         }
         // Read after the caller's append was acknowledged, so its sequence is in here.
-        let last = self.bus.stream_summary().await?.last_seq;
+        let last = self.bus.stream_state().await?.last_seq;
         self.observe(last);
         Ok((seq > last).then_some(last))
     }

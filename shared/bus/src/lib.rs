@@ -42,7 +42,7 @@ pub use error::{AppendError, BusError, ReadError};
 pub use head::StreamHead;
 pub use lease::Leases;
 pub use provision::{ConfigDiff, ProvisionReport};
-pub use read::{EventStream, StartAt, StoredEvent};
+pub use read::{EventStream, StartAt, StoredEvent, StreamState};
 pub use working::{Entries, EntryBounds, WorkingMemory};
 
 /// A connection to NATS plus the JetStream context and codec the bus uses.

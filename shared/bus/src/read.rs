@@ -243,9 +243,24 @@ impl Bus {
     /// The events stream's first and last sequence: one stream-info request, no consumer
     /// list.
     pub async fn stream_bounds(&self) -> Result<(u64, u64), BusError> {
-        let mut stream = self.events_stream().await?;
-        let info = stream.info().await.map_err(js_err)?;
-        Ok((info.state.first_sequence, info.state.last_sequence))
+        let state = self.stream_state().await?;
+        Ok((state.first_seq, state.last_seq))
+    }
+
+    /// The events stream's sequences and size: one stream-info request. What every hot path
+    /// asks (read-your-writes checks, replays, health, metrics) instead of
+    /// [`stream_summary`](Self::stream_summary), whose consumer list makes the server count
+    /// every consumer's pending events: with a consumer per partition and model that was
+    /// most of the server's work under load.
+    pub async fn stream_state(&self) -> Result<StreamState, BusError> {
+        let stream = self.events_stream().await?;
+        let state = &stream.cached_info().state;
+        Ok(StreamState {
+            first_seq: state.first_sequence,
+            last_seq: state.last_sequence,
+            messages: state.messages,
+            bytes: state.bytes,
+        })
     }
 
     pub async fn stream_summary(&self) -> Result<StreamSummary, BusError> {
@@ -279,7 +294,16 @@ impl Bus {
     }
 }
 
-/// What `engram streams` shows.
+/// The events stream's sequences and size ([`Bus::stream_state`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+pub struct StreamState {
+    pub first_seq: u64,
+    pub last_seq: u64,
+    pub messages: u64,
+    pub bytes: u64,
+}
+
+/// What `engram streams` shows (its consumer list is costly: see [`Bus::stream_state`]).
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct StreamSummary {
     pub name: String,

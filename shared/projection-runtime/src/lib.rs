@@ -701,7 +701,7 @@ impl<P: Projection> Projector<P> {
         let name = self.name();
         let summary = self
             .bus
-            .stream_summary()
+            .stream_state()
             .await
             .map_err(|source| ProjectorError::Bus {
                 projector: name,
@@ -733,7 +733,7 @@ impl<P: Projection> Projector<P> {
             source,
         };
         self.check_tail(from.seq).await?;
-        let mut target = self.bus.stream_summary().await.map_err(bus_err)?.last_seq;
+        let mut target = self.bus.stream_state().await.map_err(bus_err)?.last_seq;
         // A partition's consumer delivers nothing when the partition has no event after
         // `from`, however far the stream has gone: there is nothing to wait for.
         if self.settings.filter.is_some()
@@ -841,12 +841,7 @@ impl<P: Projection> Projector<P> {
         let unavailable = |e: BusError| ProjectionError::Transient(e.to_string());
         // The head first: when the partition has nothing after `seq` at the next ask, it had
         // nothing up to this head either.
-        let last = self
-            .bus
-            .stream_summary()
-            .await
-            .map_err(unavailable)?
-            .last_seq;
+        let last = self.bus.stream_state().await.map_err(unavailable)?.last_seq;
         if last <= seq {
             return Ok(seq);
         }

@@ -289,7 +289,7 @@ impl Client {
             return self.replay_tail_paged(scopes, from, memory, at_most).await;
         }
         let keys: Vec<ScopeKey> = scopes.resolve().map_err(BootstrapError::Scope)?;
-        let summary = self.bus().stream_summary().await?;
+        let summary = self.bus().stream_state().await?;
         let through = summary.last_seq;
         if through > from && summary.first_seq > from + 1 {
             return Err(BootstrapError::TailGone {
