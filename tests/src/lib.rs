@@ -102,6 +102,7 @@ impl Engram {
         .await
         .unwrap();
         let query: Arc<Query> = Query::new(bus.clone(), query).await.unwrap();
+        query.set_local(projectors.local.clone());
         let responder = nats.bus().await;
         query.serve(responder.client(), stop.clone()).await.unwrap();
         Self {
@@ -157,6 +158,7 @@ impl Engram {
         let query: Arc<Query> = Query::new(query_bus.clone(), QueryConfig::default())
             .await
             .unwrap();
+        query.set_local(projectors.local.clone());
         let registry = engram_access::SharedRegistry::default();
         let log = engram_access::AccessLog::new(query_bus.client().clone());
         log.catch_up(&registry).await.unwrap();

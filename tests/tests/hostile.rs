@@ -656,9 +656,10 @@ async fn a_reply_too_large_to_send_is_a_typed_error() {
     let _shared = MEASURED.read().await;
     let nats = TestNats::start().await;
     let engram = Engram::start(&nats).await;
-    let big = format!("needle {}", "hay ".repeat(100_000));
     let mut seq = 0;
-    for _ in 0..4 {
+    for i in 0..4 {
+        // Distinct texts: identical ones would be answered as one memory.
+        let big = format!("needle {i} {}", "hay ".repeat(100_000));
         seq = engram.client.append(&memory(&big)).await.unwrap().seq;
     }
     let mut request = retrieve("needle");

@@ -33,14 +33,15 @@ pub struct LagLimits {
 /// events (its consumer or dead-letter stream gone) looks idle from the inside; only the
 /// stream's last sequence shows that it is not.
 pub struct LagCheck {
-    projectors: Vec<(&'static str, VisibleSeq)>,
+    projectors: VisibleSeqs,
     limits: LagLimits,
     /// Since when each projector has trailed by more than `max_lag_events`, at every sample.
     behind_since: Mutex<BTreeMap<&'static str, Instant>>,
 }
 
-/// Reads one projector's visible sequence (`Visibility::current`).
-pub type VisibleSeq = Box<dyn Fn() -> u64 + Send + Sync>;
+/// Reads the visible sequence of every projector instance this process hosts now: a memory
+/// node's partitions come and go.
+pub type VisibleSeqs = Box<dyn Fn() -> Vec<(&'static str, u64)> + Send + Sync>;
 
 /// One projector's place against the stream, as `/healthz` reports it.
 struct Trailing {
@@ -51,7 +52,7 @@ struct Trailing {
 }
 
 impl LagCheck {
-    pub fn new(projectors: Vec<(&'static str, VisibleSeq)>, limits: LagLimits) -> Arc<Self> {
+    pub fn new(projectors: VisibleSeqs, limits: LagLimits) -> Arc<Self> {
         Arc::new(Self {
             projectors,
             limits,
@@ -85,10 +86,12 @@ impl LagCheck {
     fn observe(&self, last_seq: u64) -> Vec<Trailing> {
         let now = Instant::now();
         let mut since = self.behind_since.lock().expect("lag check lock poisoned");
-        self.projectors
-            .iter()
+        let hosted = (self.projectors)();
+        // An instance no longer hosted (its partition moved away) is no longer behind here.
+        since.retain(|projector, _| hosted.iter().any(|(p, _)| p == projector));
+        hosted
+            .into_iter()
             .map(|(projector, visible)| {
-                let (projector, visible) = (*projector, visible());
                 let lag = last_seq.saturating_sub(visible);
                 let behind_for = if lag > self.limits.max_lag_events {
                     Some(now - *since.entry(projector).or_insert(now))

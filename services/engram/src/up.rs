@@ -196,6 +196,8 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;
     query.set_snapshots(config.projectors.snapshots.clone());
+    // The read models run in this process: the query service asks them in process.
+    query.set_local(projectors.local.clone());
     let mut access_enforced = None;
     if let Some(identities) = &identities {
         let registry = engram_access::SharedRegistry::default();
@@ -250,7 +252,10 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     let lag = crate::http::LagCheck::new(
         // Per partition's instance: an idle partition reads as visible through the stream's
         // end once proved to hold nothing newer.
-        projectors.visible_seqs(),
+        {
+            let instances = projectors.instances();
+            Box::new(move || engram_projectors::visible_now(&instances))
+        },
         crate::http::LagLimits {
             max_lag_events: config.http.health_max_lag_events,
             grace: config.http.health_lag_grace,

@@ -257,43 +257,75 @@ pub fn lock_state(dir: &Path, projector: &'static str) -> Result<StateLock, Star
     }
 }
 
-/// Projectors running in this process: every model's instance for each partition.
+/// Projectors running in this process: every model's instance for each partition it hosts
+/// now. Partitions come and go while it runs ([`RunningProjectors::add_partition`],
+/// [`RunningProjectors::remove_partition`]): a memory node hosts those it owns.
 pub struct RunningProjectors {
-    /// Each instance's visibility, by model and partition.
-    pub visibility: BTreeMap<(ProjectorName, u32), Visibility>,
-    /// Each instance's partition, with what it proved of the stream: see [`Part::visible`].
-    pub parts: BTreeMap<(ProjectorName, u32), Arc<Part>>,
+    config: ProjectorsConfig,
+    dir: PathBuf,
+    /// The process's shutdown: every partition's token is a child of it.
+    shutdown: CancellationToken,
+    /// Every endpoint of every hosted instance, callable in this process: the query
+    /// service beside these projectors asks them without NATS.
+    pub local: engram_rpc::LocalRoutes,
+    /// One per model this process runs: its connections and NATS service, shared by the
+    /// instances of every partition.
+    models: Vec<ModelHost>,
+    /// The partitions hosted now.
+    hosted: BTreeMap<u32, Hosted>,
+    /// Each hosted instance's partition and visibility, read by the prover, `/healthz` and
+    /// read-your-writes waits; changed as partitions come and go.
+    instances: Instances,
+    /// The prover of idle partitions, ended with the shutdown signal.
+    prover: Option<JoinHandle<()>>,
+}
+
+/// The instances hosted now, by model and partition.
+pub type Instances = Arc<std::sync::RwLock<InstanceMap>>;
+
+/// Each hosted instance's partition and visibility, by model and partition.
+pub type InstanceMap = BTreeMap<(ProjectorName, u32), (Arc<Part>, Visibility)>;
+
+/// What the instances of one model in a process share.
+struct ModelHost {
+    name: ProjectorName,
+    bus: Bus,
+    responder: async_nats::Client,
+    service: async_nats::service::Service,
+    store: SnapshotStore,
+    head: Arc<StreamHead>,
+    shared: Shared,
+}
+
+/// One hosted partition: every model's instance of it, ended by `stop`.
+struct Hosted {
+    stop: CancellationToken,
     _locks: Vec<StateLock>,
     tasks: Vec<(ProjectorName, JoinHandle<Result<(), ProjectorError>>)>,
-    /// The periodic snapshot cutters; they end with the shutdown signal.
-    tasks_aux: Vec<JoinHandle<()>>,
-    /// Each projector's NATS service, the responder connection it answers on and the worker
-    /// connection: stopped and drained once the loops are done, so that nothing is left to
-    /// lose its server at shutdown.
-    services: Vec<(
-        async_nats::service::Service,
-        async_nats::Client,
-        async_nats::Client,
-    )>,
+    /// Periodic snapshot cutters and background work; they end with `stop`.
+    aux: Vec<JoinHandle<()>>,
 }
 
 /// An instance's visible sequence, read when asked.
 pub type VisibleSeq = Box<dyn Fn() -> Seq + Send + Sync>;
 
 impl RunningProjectors {
-    /// What each instance can be read at, as `/healthz` and a demo wait for it: the
+    /// What each hosted instance can be read at now, as `/healthz` reports it: the
     /// partition's visible sequence, or further when the stream holds no event of the
     /// partition after it.
-    pub fn visible_seqs(&self) -> Vec<(&'static str, VisibleSeq)> {
-        self.parts
-            .iter()
-            .map(|(key, part)| {
-                let (instance, part, v) =
-                    (part.instance, part.clone(), self.visibility[key].clone());
-                let seq: VisibleSeq = Box::new(move || part.visible(&v));
-                (instance, seq)
-            })
-            .collect()
+    pub fn visible_now(&self) -> Vec<(&'static str, Seq)> {
+        visible_now(&self.instances)
+    }
+
+    /// A reader of [`RunningProjectors::visible_now`] that follows partitions as they come
+    /// and go.
+    pub fn instances(&self) -> Instances {
+        self.instances.clone()
+    }
+
+    /// The partitions hosted now, ascending.
+    pub fn partitions(&self) -> Vec<u32> {
+        self.hosted.keys().copied().collect()
     }
 
     /// Waits until every instance can be read at `seq` (or `wait` passes).
@@ -302,35 +334,126 @@ impl RunningProjectors {
             min_seq: Some(seq),
             wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
         };
-        for (key, part) in &self.parts {
-            part.wait(&self.visibility[key], seq, &consistency).await?;
+        let instances: Vec<_> = read_instances(&self.instances).values().cloned().collect();
+        for (part, visibility) in instances {
+            part.wait(&visibility, seq, &consistency).await?;
         }
         Ok(())
     }
 
+    /// Starts every model's instance of partition `index` (each restores its checkpoint in
+    /// this process's state dir and applies the partition from there) and serves their
+    /// endpoints. Nothing happens if it is hosted already.
+    pub async fn add_partition(&mut self, index: u32) -> Result<(), StartError> {
+        if self.hosted.contains_key(&index) {
+            return Ok(());
+        }
+        let stop = self.shutdown.child_token();
+        let mut hosted = Hosted {
+            stop: stop.clone(),
+            _locks: Vec::new(),
+            tasks: Vec::new(),
+            aux: Vec::new(),
+        };
+        let mut started = Vec::new();
+        let outcome = async {
+            for host in &self.models {
+                let projector = host.name.as_str();
+                let part = Arc::new(Part::new(
+                    projector,
+                    index,
+                    host.bus.clone(),
+                    host.head.clone(),
+                ));
+                let part_dir = part.dir(&self.dir);
+                hosted._locks.push(lock_state(&part_dir, projector)?);
+                let serving = Serving {
+                    service: &host.service,
+                    limits: self.config.endpoint_limits(),
+                    head: host.head.clone(),
+                    part: part.clone(),
+                    routes: engram_rpc::Routes::new(self.local.clone(), stop.clone()),
+                };
+                let launched = host
+                    .name
+                    .model()
+                    .launch(
+                        &self.config,
+                        &part_dir,
+                        host.bus.clone(),
+                        &serving,
+                        &host.shared,
+                        stop.clone(),
+                    )
+                    .await?;
+                let (visibility, task) = (launched.0.clone(), launched.1);
+                hosted.tasks.push((host.name, task));
+                hosted.aux.extend(launched.4);
+                let aux = serve_admin(
+                    host.name,
+                    &self.config,
+                    &serving,
+                    &host.store,
+                    (launched.0, launched.2, launched.3),
+                    stop.clone(),
+                )
+                .await?;
+                hosted.aux.push(aux);
+                started.push(((host.name, index), (part, visibility)));
+            }
+            Ok::<(), StartError>(())
+        }
+        .await;
+        if let Err(e) = outcome {
+            // What did start of the partition stops again, checkpointing.
+            stop.cancel();
+            if let Err(stopping) = stop_hosted(hosted).await {
+                tracing::warn!(partition = index, error = %stopping, "a partial start did not stop cleanly");
+            }
+            return Err(e);
+        }
+        write_instances(&self.instances).extend(started);
+        // Subscriptions reach the server on the next flush: until then another
+        // connection's request can find no responder. Added means answering.
+        for host in &self.models {
+            host.responder
+                .flush()
+                .await
+                .map_err(|e| StartError::Flush(e.to_string()))?;
+        }
+        self.hosted.insert(index, hosted);
+        Ok(())
+    }
+
+    /// Stops every model's instance of partition `index`: its endpoints first (queries of
+    /// it go elsewhere or are `unavailable`), then its loops, each checkpointing; returns
+    /// once they have. Nothing happens if it is not hosted.
+    pub async fn remove_partition(&mut self, index: u32) -> Result<(), ProjectorError> {
+        let Some(hosted) = self.hosted.remove(&index) else {
+            return Ok(());
+        };
+        write_instances(&self.instances).retain(|(_, p), _| *p != index);
+        hosted.stop.cancel();
+        stop_hosted(hosted).await
+    }
+
     /// Waits for every projector to stop (after the shutdown signal); returns the first error.
-    pub async fn join(self) -> Result<(), ProjectorError> {
+    pub async fn join(mut self) -> Result<(), ProjectorError> {
         let mut first = Ok(());
-        for (name, task) in self.tasks {
-            match task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => {
-                    tracing::error!(projector = %name, error = %e, "projector failed");
-                    if first.is_ok() {
-                        first = Err(e);
-                    }
-                }
-                Err(e) => tracing::error!(projector = %name, error = %e, "projector task panicked"),
+        for (_, hosted) in std::mem::take(&mut self.hosted) {
+            let stopped = stop_hosted(hosted).await;
+            if first.is_ok() {
+                first = stopped;
             }
         }
-        for task in self.tasks_aux {
-            let _ = task.await;
+        if let Some(prover) = self.prover.take() {
+            let _ = prover.await;
         }
-        for (service, responder, worker) in self.services {
-            if let Err(e) = service.stop().await {
+        for host in self.models {
+            if let Err(e) = host.service.stop().await {
                 tracing::debug!(error = %e, "projector service did not stop cleanly");
             }
-            for client in [responder, worker] {
+            for client in [host.responder, host.bus.client().clone()] {
                 let drained = tokio::time::timeout(Duration::from_secs(5), client.drain()).await;
                 if !matches!(drained, Ok(Ok(()))) {
                     tracing::debug!("projector connection did not drain in time");
@@ -339,6 +462,44 @@ impl RunningProjectors {
         }
         first
     }
+}
+
+fn read_instances(instances: &Instances) -> std::sync::RwLockReadGuard<'_, InstanceMap> {
+    instances.read().unwrap_or_else(|p| p.into_inner())
+}
+
+fn write_instances(instances: &Instances) -> std::sync::RwLockWriteGuard<'_, InstanceMap> {
+    instances.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Each instance of `instances` with what it can be read at now.
+pub fn visible_now(instances: &Instances) -> Vec<(&'static str, Seq)> {
+    read_instances(instances)
+        .values()
+        .map(|(part, v)| (part.instance, part.visible(v)))
+        .collect()
+}
+
+/// Waits for a stopped partition's loops (each checkpoints) and its other tasks; the first
+/// loop's error, if any.
+async fn stop_hosted(hosted: Hosted) -> Result<(), ProjectorError> {
+    let mut first = Ok(());
+    for (name, task) in hosted.tasks {
+        match task.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => {
+                tracing::error!(projector = %name, error = %e, "projector failed");
+                if first.is_ok() {
+                    first = Err(e);
+                }
+            }
+            Err(e) => tracing::error!(projector = %name, error = %e, "projector task panicked"),
+        }
+    }
+    for task in hosted.aux {
+        let _ = task.await;
+    }
+    first
 }
 
 /// One partition of the events stream, as one instance of a read model reads it: its
@@ -448,16 +609,8 @@ const PROVE_EVERY: Duration = Duration::from_secs(1);
 /// the least visible sequence among its instances. None proves all of them complete through
 /// the last sequence; one proves them through the event before it. At most one small request
 /// per partition and tick, none while the stream is still.
-fn spawn_prover(
-    bus: Bus,
-    parts: Vec<(Arc<Part>, Visibility)>,
-    stop: CancellationToken,
-) -> JoinHandle<()> {
+fn spawn_prover(bus: Bus, instances: Instances, stop: CancellationToken) -> JoinHandle<()> {
     tokio::spawn(async move {
-        let mut by_partition: BTreeMap<u32, Vec<(Arc<Part>, Visibility)>> = BTreeMap::new();
-        for (part, v) in parts {
-            by_partition.entry(part.index).or_default().push((part, v));
-        }
         let mut tick = tokio::time::interval(PROVE_EVERY);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
@@ -468,6 +621,14 @@ fn spawn_prover(
             let Ok(last) = bus.stream_last_seq().await else {
                 continue;
             };
+            // The partitions hosted at this tick, each with its instances.
+            let mut by_partition: BTreeMap<u32, Vec<(Arc<Part>, Visibility)>> = BTreeMap::new();
+            for (part, v) in read_instances(&instances).values() {
+                by_partition
+                    .entry(part.index)
+                    .or_default()
+                    .push((part.clone(), v.clone()));
+            }
             for instances in by_partition.values() {
                 if instances.iter().all(|(p, v)| p.visible(v) >= last) {
                     continue;
@@ -557,15 +718,31 @@ where
     F: Fn(&'static str, engram_rpc::Link) -> Fut,
     Fut: Future<Output = Result<Bus, engram_bus::BusError>>,
 {
-    let mut running = RunningProjectors {
-        visibility: BTreeMap::new(),
-        parts: BTreeMap::new(),
-        _locks: Vec::new(),
-        tasks: Vec::new(),
-        tasks_aux: Vec::new(),
-        services: Vec::new(),
-    };
-    let mut prover_bus = None;
+    let mut running = open(config, dir, connect, shutdown).await?;
+    let partitions = running
+        .models
+        .first()
+        .map_or(0, |m| m.bus.config().stream.partitions);
+    for index in config.partitions.within(partitions)? {
+        running.add_partition(index).await?;
+    }
+    Ok(running)
+}
+
+/// Connects the configured projectors (each model its worker and responder connections and
+/// its NATS service) without hosting any partition yet: a memory node adds the partitions
+/// it comes to own ([`RunningProjectors::add_partition`]).
+pub async fn open<F, Fut>(
+    config: &ProjectorsConfig,
+    dir: &Path,
+    connect: F,
+    shutdown: CancellationToken,
+) -> Result<RunningProjectors, StartError>
+where
+    F: Fn(&'static str, engram_rpc::Link) -> Fut,
+    Fut: Future<Output = Result<Bus, engram_bus::BusError>>,
+{
+    let mut models = Vec::new();
     for name in config.run.iter().copied() {
         let projector = name.as_str();
         let bus = connect(projector, engram_rpc::Link::Worker)
@@ -576,7 +753,6 @@ where
             .map_err(|source| StartError::Bus { projector, source })?
             .client()
             .clone();
-        let client = bus.client().clone();
         let service = engram_rpc::start_service(
             &responder,
             &format!("engram-{projector}"),
@@ -588,66 +764,36 @@ where
             .await
             .map_err(|source| StartError::Snapshots { projector, source })?;
         let head = Arc::new(StreamHead::new(bus.clone()));
-        let shared = Shared::new(dir);
-        for index in config.partitions.within(bus.config().stream.partitions)? {
-            let part = Arc::new(Part::new(projector, index, bus.clone(), head.clone()));
-            let part_dir = part.dir(dir);
-            running._locks.push(lock_state(&part_dir, projector)?);
-            let serving = Serving {
-                service: &service,
-                limits: config.endpoint_limits(),
-                head: head.clone(),
-                part: part.clone(),
-            };
-            let launched = name
-                .model()
-                .launch(
-                    config,
-                    &part_dir,
-                    bus.clone(),
-                    &serving,
-                    &shared,
-                    shutdown.clone(),
-                )
-                .await?;
-            let (visibility, task) = (launched.0.clone(), launched.1);
-            let aux = serve_admin(
-                name,
-                config,
-                &serving,
-                &store,
-                (launched.0, launched.2, launched.3),
-                shutdown.clone(),
-            )
-            .await?;
-            running.tasks_aux.extend(launched.4);
-            running.tasks_aux.push(aux);
-            running.visibility.insert((name, index), visibility);
-            running.parts.insert((name, index), part);
-            prover_bus.get_or_insert_with(|| bus.clone());
-            running.tasks.push((name, task));
-        }
-        running.services.push((service, responder, client));
+        models.push(ModelHost {
+            name,
+            bus,
+            responder,
+            service,
+            store,
+            head,
+            shared: Shared::new(dir),
+        });
     }
-    if let Some(bus) = prover_bus {
-        let parts = running
-            .parts
-            .iter()
-            .map(|(key, part)| (part.clone(), running.visibility[key].clone()))
-            .collect();
-        running
-            .tasks_aux
-            .push(spawn_prover(bus, parts, shutdown.clone()));
+    if let Some(model) = models.first() {
+        // A node configured for partitions the stream lacks is refused before it starts.
+        config
+            .partitions
+            .within(model.bus.config().stream.partitions)?;
     }
-    // Subscriptions reach the server on the next flush: until then another connection's
-    // request can find no responder. Started means answering.
-    for (_, client, _) in &running.services {
-        client
-            .flush()
-            .await
-            .map_err(|e| StartError::Flush(e.to_string()))?;
-    }
-    Ok(running)
+    let instances = Instances::default();
+    let prover = models
+        .first()
+        .map(|m| spawn_prover(m.bus.clone(), instances.clone(), shutdown.clone()));
+    Ok(RunningProjectors {
+        config: config.clone(),
+        dir: dir.to_owned(),
+        shutdown,
+        local: engram_rpc::LocalRoutes::default(),
+        models,
+        hosted: BTreeMap::new(),
+        instances,
+        prover,
+    })
 }
 
 /// Serves the endpoints every instance has beside its model's queries (snapshot, bootstrap,
@@ -682,8 +828,9 @@ async fn serve_admin(
     // progress, and one that would cut the state the newest snapshot already holds gets
     // that snapshot instead of a copy.
     let cutting = Arc::new(tokio::sync::Mutex::new(()));
-    engram_rpc::serve(
+    engram_rpc::serve_with(
         service,
+        &serving.routes,
         &subject("snapshot"),
         "snapshot",
         serving.limits,
@@ -718,8 +865,9 @@ async fn serve_admin(
     let (st, model, kept, instance) = (store.clone(), name.model(), newest.clone(), part.instance);
     // Each slice decodes a whole snapshot: a few at once, the rest wait their turn.
     let slicing = Arc::new(tokio::sync::Semaphore::new(MAX_CONCURRENT_SLICES));
-    engram_rpc::serve(
+    engram_rpc::serve_with(
         service,
+        &serving.routes,
         &subject("bootstrap"),
         "bootstrap",
         serving.limits,
@@ -738,8 +886,9 @@ async fn serve_admin(
         shutdown.clone(),
     );
     let (v, p) = (visibility.clone(), part.clone());
-    engram_rpc::serve(
+    engram_rpc::serve_with(
         service,
+        &serving.routes,
         &subject("status"),
         "status",
         serving.limits,
@@ -769,8 +918,9 @@ async fn serve_admin(
     .await
     .map_err(service_err)?;
     let (v, p) = (visibility.clone(), part.clone());
-    engram_rpc::serve(
+    engram_rpc::serve_with(
         service,
+        &serving.routes,
         &subject("ledger"),
         "ledger",
         serving.limits,
@@ -795,8 +945,9 @@ async fn serve_admin(
     // everything up to `through_seq` (what the stream held when it was purged), so no
     // event of the scopes is applied after the erasure; then erases and checkpoints.
     let (v, p) = (visibility.clone(), part.clone());
-    engram_rpc::serve(
+    engram_rpc::serve_with(
         service,
+        &serving.routes,
         &subject("erase"),
         "erase",
         serving.limits,
@@ -825,8 +976,9 @@ async fn serve_admin(
     // The newest snapshot, loaded into a scratch copy of the model: does it still hold
     // the scopes? (Erasure verification; admin only.)
     let (st, registered, cfg) = (store_for_traces, name.model(), config.clone());
-    engram_rpc::serve(
+    engram_rpc::serve_with(
         service,
+        &serving.routes,
         &subject("snapshot_traces"),
         "snapshot_traces",
         serving.limits,
@@ -866,8 +1018,9 @@ async fn serve_admin(
     .await
     .map_err(service_err)?;
     let model = traced;
-    engram_rpc::serve(
+    engram_rpc::serve_with(
         service,
+        &serving.routes,
         &subject("traces"),
         "traces",
         serving.limits,
@@ -1163,6 +1316,9 @@ pub struct Serving<'a> {
     limits: engram_rpc::EndpointLimits,
     head: Arc<StreamHead>,
     pub(crate) part: Arc<Part>,
+    /// The in-process table the endpoints are entered in, and the partition's token that
+    /// ends them.
+    pub(crate) routes: engram_rpc::Routes,
 }
 
 /// Rebuilds one projector's read model from sequence 1, every partition of it; returns the

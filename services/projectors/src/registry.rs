@@ -118,8 +118,9 @@ impl Endpoints<'_> {
         let (v, head) = (self.visibility.clone(), self.serving.head.clone());
         let part = self.serving.part.clone();
         let answer = Arc::new(answer);
-        engram_rpc::serve(
+        engram_rpc::serve_with(
             self.serving.service,
+            &self.serving.routes,
             &proto::partition_subject(self.name, op, part.index),
             label,
             self.serving.limits,

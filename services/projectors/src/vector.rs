@@ -1284,6 +1284,16 @@ mod tests {
             ..ApplyLedger::default()
         };
         vector.publish(&ledger).await.unwrap();
+        // Graphs are linked off the apply path: the checkpoint saves those linked by then.
+        engram_testkit::wait_until(
+            "the linker to finish",
+            std::time::Duration::from_secs(60),
+            || {
+                let n = vector.unlinked();
+                async move { n == 0 }
+            },
+        )
+        .await;
         vector.checkpoint(&ledger).await.unwrap();
         assert_eq!(vector.traces(std::slice::from_ref(&erased)).await, 3);
         assert_eq!(vector.traces(std::slice::from_ref(&kept)).await, 2);

@@ -161,6 +161,9 @@ pub struct Query {
     snapshots: tokio::sync::OnceCell<engram_snapshots::SnapshotStore>,
     /// Replay pages in flight, by agent and by tenant, each bounded.
     replay_shares: replay::Shares,
+    /// The read models' endpoints hosted in this process (a memory node's partitions),
+    /// asked without NATS; unset when none are.
+    local: std::sync::OnceLock<engram_rpc::LocalRoutes>,
 }
 
 impl Query {
@@ -183,6 +186,7 @@ impl Query {
             snapshots_config: std::sync::OnceLock::new(),
             snapshots: tokio::sync::OnceCell::new(),
             replay_shares: replay::Shares::default(),
+            local: std::sync::OnceLock::new(),
         }))
     }
 
@@ -476,6 +480,12 @@ impl Query {
         let _ = self.snapshots_config.set(config);
     }
 
+    /// The read models hosted in this process: requests to their partitions are answered in
+    /// process, without NATS.
+    pub fn set_local(&self, local: engram_rpc::LocalRoutes) {
+        let _ = self.local.set(local);
+    }
+
     /// Turns the access checks on: from now on agent requests are checked against `guard`.
     pub fn set_access(&self, guard: access::Guard) {
         let _ = self.access.set(guard);
@@ -656,15 +666,18 @@ impl Query {
         merge: impl FnOnce(&[ScopeKey], Vec<Resp>) -> Result<Resp, Failure>,
     ) -> Result<Resp, Failure>
     where
-        Req: Serialize + proto::ProjectorRequest,
-        Resp: serde::de::DeserializeOwned,
+        Req: Serialize + proto::ProjectorRequest + Clone + Send + 'static,
+        Resp: serde::de::DeserializeOwned + Send + 'static,
     {
         let keys = scopes.resolve().map_err(Failure::invalid)?;
         request.validate().map_err(Failure::from)?;
         let consistency = request.consistency();
         self.check_visible_token(&consistency).await?;
         let held = if own_only { &keys[..1] } else { &keys[..] };
-        let partitions = self.split(held).into_iter().map(|(p, _)| (p, request));
+        let partitions = self
+            .split(held)
+            .into_iter()
+            .map(|(p, _)| (p, request.clone()));
         let parts = self
             .ask(
                 model,

@@ -29,8 +29,10 @@ impl Query {
     }
 
     /// Asks `op` of `model` on each of `partitions` at once, every request with `timeout`;
-    /// the answers in the same order. The first failure is the answer: a partition no node
-    /// serves is `unavailable` at once (no responders), never a wait.
+    /// the answers in the same order. A partition hosted in this process is asked in
+    /// process ([`engram_rpc::LocalRoutes`]), any other over NATS. The first failure is the
+    /// answer: a partition no node serves is `unavailable` at once (no responders), never
+    /// a wait.
     pub(crate) async fn ask<Req, Resp>(
         &self,
         model: &str,
@@ -39,12 +41,15 @@ impl Query {
         timeout: Duration,
     ) -> Result<Vec<Resp>, Failure>
     where
-        Req: Serialize,
-        Resp: DeserializeOwned,
+        Req: Serialize + Send + 'static,
+        Resp: DeserializeOwned + Send + 'static,
     {
         let asks = partitions.into_iter().map(|(p, request)| {
             let subject = proto::partition_subject(model, op, p);
             async move {
+                if let Some(route) = self.local.get().and_then(|l| l.route(&subject)) {
+                    return route.call::<Req, Resp>(request, timeout).await;
+                }
                 engram_rpc::call(&self.client, &subject, &request, timeout)
                     .await
                     .map_err(|e| match e {

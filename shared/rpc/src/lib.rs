@@ -13,7 +13,10 @@
 //! counted in `engram_rpc_replies_refused_total`. Serve on a connection of the service's
 //! responder identity ([`engram_access::Role::Responder`]), which may publish to inboxes only.
 
+mod local;
+
 use std::future::Future;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -26,6 +29,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use thiserror::Error;
 use tracing::Instrument;
+
+pub use local::{LocalRoutes, Routes};
 
 /// Which of a service's two connections is meant. A service works (consumes, appends,
 /// writes KV, asks other services) on its worker connection and answers requests on its
@@ -240,7 +245,7 @@ fn deadline(message: &async_nats::Message, max: Duration) -> Duration {
         .map_or(max, |ms| Duration::from_millis(ms).min(max))
 }
 
-fn outcome_label(code: ErrorCode) -> &'static str {
+pub(crate) fn outcome_label(code: ErrorCode) -> &'static str {
     match code {
         ErrorCode::Invalid => "invalid",
         ErrorCode::Forbidden => "forbidden",
@@ -324,6 +329,69 @@ where
     H: Fn(&str, Req) -> Fut + Send + Sync + 'static,
     Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
 {
+    serve_inner(service, None, subject, op, limits, handler).await
+}
+
+/// [`serve`], also entered in `routes.local` for callers in this process, until
+/// `routes.stop` ends the endpoint.
+pub async fn serve_with<Req, Resp, H, Fut>(
+    service: &service::Service,
+    routes: &Routes,
+    subject: &str,
+    op: &'static str,
+    limits: EndpointLimits,
+    handler: H,
+) -> Result<tokio::task::JoinHandle<()>, RpcError>
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    H: Fn(Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
+{
+    serve_inner(
+        service,
+        Some(routes),
+        subject,
+        op,
+        limits,
+        move |_: &str, r| handler(r),
+    )
+    .await
+}
+
+/// [`serve_from`], also entered in `routes.local` for callers in this process, until
+/// `routes.stop` ends the endpoint.
+pub async fn serve_from_with<Req, Resp, H, Fut>(
+    service: &service::Service,
+    routes: &Routes,
+    subject: &str,
+    op: &'static str,
+    limits: EndpointLimits,
+    handler: H,
+) -> Result<tokio::task::JoinHandle<()>, RpcError>
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    H: Fn(&str, Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
+{
+    serve_inner(service, Some(routes), subject, op, limits, handler).await
+}
+
+async fn serve_inner<Req, Resp, H, Fut>(
+    service: &service::Service,
+    routes: Option<&Routes>,
+    subject: &str,
+    op: &'static str,
+    limits: EndpointLimits,
+    handler: H,
+) -> Result<tokio::task::JoinHandle<()>, RpcError>
+where
+    Req: DeserializeOwned + Send + 'static,
+    Resp: Serialize + Send + 'static,
+    H: Fn(&str, Req) -> Fut + Send + Sync + 'static,
+    Fut: Future<Output = Result<Resp, Failure>> + Send + 'static,
+{
     let mut endpoint = service
         .endpoint(subject)
         .await
@@ -334,8 +402,37 @@ where
     let handler = Arc::new(handler);
     let subject = subject.to_owned();
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1)));
+    if let Some(routes) = routes {
+        routes.local.insert(
+            &subject,
+            Arc::new(local::Typed {
+                handler: handler.clone(),
+                permits: permits.clone(),
+                limits,
+                op,
+                types: PhantomData::<fn(Req) -> Resp>,
+            }),
+        );
+    }
+    let routes = routes.cloned();
     Ok(tokio::spawn(async move {
-        while let Some(request) = endpoint.next().await {
+        let stop = routes.as_ref().map(|r| r.stop.clone()).unwrap_or_default();
+        loop {
+            let request = tokio::select! {
+                request = endpoint.next() => match request {
+                    Some(request) => request,
+                    None => break,
+                },
+                () = stop.cancelled() => {
+                    if let Some(routes) = &routes {
+                        routes.local.remove(&subject);
+                    }
+                    if let Err(e) = endpoint.stop().await {
+                        tracing::debug!(subject = %subject, error = %e, "endpoint did not unsubscribe");
+                    }
+                    break;
+                }
+            };
             // Before anything else, busy replies included: the reply subject is the
             // requester's to choose, and answering it is a publish with this service's
             // rights. Only the caller's own inbox gets an answer; any other request is
@@ -432,6 +529,9 @@ where
                 }
                 .instrument(tracing::debug_span!("rpc", op)),
             );
+        }
+        if let Some(routes) = &routes {
+            routes.local.remove(&subject);
         }
         tracing::debug!(subject = %subject, "endpoint closed");
     }))
