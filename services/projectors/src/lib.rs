@@ -383,6 +383,7 @@ impl RunningProjectors {
                         host.bus.clone(),
                         &serving,
                         &host.shared,
+                        &host.store,
                         stop.clone(),
                     )
                     .await?;
@@ -1664,6 +1665,37 @@ pub(crate) async fn off_runtime<T: Send + 'static>(
     tokio::task::spawn_blocking(query)
         .await
         .map_err(|e| Failure::new(ErrorCode::Internal, format!("query failed: {e}")))?
+}
+
+/// The newest snapshot of `instance` that checks, if it holds more than `held` (the
+/// instance's own checkpoint): what an instance starts from when its partition comes to
+/// this process with little or nothing of it here. `None` when there is none, or the store
+/// cannot be read (the instance then replays from its checkpoint).
+pub(crate) async fn newer_snapshot(
+    store: &SnapshotStore,
+    instance: &'static str,
+    held: Seq,
+) -> Option<Vec<u8>> {
+    let newest = store.list(Some(instance)).await.ok()?.pop()?;
+    if newest.version <= held {
+        return None;
+    }
+    let model = instance.rsplit_once("-p").map_or(instance, |(m, _)| m);
+    let check = move |bytes: &[u8]| {
+        engram_projection_runtime::snapshot::check(bytes, "the snapshot", model)
+            .map(drop)
+            .map_err(|e| e.to_string())
+    };
+    match store.load_latest_good(instance, None, check).await {
+        Ok(selection) => selection
+            .chosen
+            .filter(|(meta, _)| meta.version > held)
+            .map(|(_, bytes)| bytes),
+        Err(e) => {
+            tracing::warn!(projector = instance, error = %e, "cannot read its snapshots; replaying from the checkpoint");
+            None
+        }
+    }
 }
 
 /// Where a projector keeps its state under an engram home.

@@ -162,7 +162,9 @@ pub trait Registered: Send + Sync {
     fn endpoint(&self) -> (&'static str, &'static str);
 
     /// Opens the model of one partition (`serving.part`), serves its query endpoint on
-    /// `serving` and spawns its loop.
+    /// `serving` and spawns its loop, which starts from the partition's checkpoint here or
+    /// from its newest snapshot in `snapshots`, whichever holds more.
+    #[allow(clippy::too_many_arguments)]
     async fn launch(
         &self,
         config: &ProjectorsConfig,
@@ -170,6 +172,7 @@ pub trait Registered: Send + Sync {
         bus: Bus,
         serving: &Serving<'_>,
         shared: &Shared,
+        snapshots: &engram_snapshots::SnapshotStore,
         stop: CancellationToken,
     ) -> Result<Launched, StartError>;
 
@@ -233,6 +236,7 @@ impl<M: ReadModel> Registered for Entry<M> {
         bus: Bus,
         serving: &Serving<'_>,
         shared: &Shared,
+        snapshots: &engram_snapshots::SnapshotStore,
         stop: CancellationToken,
     ) -> Result<Launched, StartError> {
         let projection = M::open(config, dir, shared).await?;
@@ -265,13 +269,14 @@ impl<M: ReadModel> Registered for Entry<M> {
         M::more_endpoints(projection.clone(), &endpoints).await?;
         let status: Arc<dyn Projection> = projection;
         let cutter = projector.cutter();
-        Ok((
-            visibility,
-            tokio::spawn(projector.run(stop)),
-            status,
-            cutter,
-            background,
-        ))
+        let (store, instance) = (snapshots.clone(), serving.part.instance);
+        let run = async move {
+            let restored = projector
+                .restore_or_import(async |held| crate::newer_snapshot(&store, instance, held).await)
+                .await?;
+            projector.run_restored(restored, stop).await
+        };
+        Ok((visibility, tokio::spawn(run), status, cutter, background))
     }
 
     fn slice(&self, snapshot: &[u8], keep: &[ScopeKey]) -> Result<Option<Vec<u8>>, String> {

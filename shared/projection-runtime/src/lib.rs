@@ -508,16 +508,95 @@ impl<P: Projection> Projector<P> {
     /// checkpoints and returns. Bus outages are waited out; only a fatal projection error
     /// ends the loop early.
     pub async fn run(self, shutdown: CancellationToken) -> Result<(), ProjectorError> {
-        let shutdown = shutdown.cancelled_owned();
-        let name = self.name();
         let restored =
             self.projection
                 .restore()
                 .await
                 .map_err(|source| ProjectorError::Projection {
-                    projector: name,
+                    projector: self.name(),
                     source,
                 })?;
+        self.run_restored(restored, shutdown).await
+    }
+
+    /// Restores the checkpoint; then, when `newer` is a snapshot beyond it (checked first,
+    /// and only if the stream still holds every event after it), loads that instead. Returns
+    /// what the model holds now, for [`Projector::run_restored`]. What a memory node does as
+    /// it takes a partition over: the newest snapshot plus the tail, never a full replay
+    /// when a snapshot exists, and never a snapshot older than what it holds itself.
+    pub async fn restore_or_import<F>(&self, newer: F) -> Result<ApplyLedger, ProjectorError>
+    where
+        F: AsyncFnOnce(Seq) -> Option<Vec<u8>>,
+    {
+        let name = self.name();
+        let restored = match self.projection.restore().await {
+            Ok(restored) => restored,
+            Err(e) => {
+                // A checkpoint that does not load (another embedding model, an old format)
+                // is replaced by a snapshot when there is one, and is an error otherwise.
+                let Some(snapshot) = newer(0).await else {
+                    return Err(ProjectorError::Projection {
+                        projector: name,
+                        source: e,
+                    });
+                };
+                tracing::info!(projector = name, error = %e, "discarding unusable checkpoint");
+                return self.import_beyond(ApplyLedger::default(), &snapshot).await;
+            }
+        };
+        match newer(restored.seq).await {
+            Some(snapshot) => self.import_beyond(restored, &snapshot).await,
+            None => Ok(restored),
+        }
+    }
+
+    /// Loads `snapshot` if it holds more than `restored` and checks, with its tail still in
+    /// the stream; else keeps `restored` (a snapshot that does not load leaves the model as
+    /// it was, and the tail is replayed instead).
+    async fn import_beyond(
+        &self,
+        restored: ApplyLedger,
+        snapshot: &[u8],
+    ) -> Result<ApplyLedger, ProjectorError> {
+        let name = self.name();
+        let held = match snapshot::check(snapshot, "the snapshot", name) {
+            Ok(held) if held.seq > restored.seq => held,
+            Ok(_) => return Ok(restored),
+            Err(e) => {
+                tracing::warn!(projector = name, error = %e, "snapshot does not check; replaying instead");
+                return Ok(restored);
+            }
+        };
+        if let Err(e) = self.check_tail(held.seq).await {
+            tracing::warn!(projector = name, error = %e, "snapshot's tail is gone; replaying instead");
+            return Ok(restored);
+        }
+        match self.projection.import(snapshot).await {
+            Ok(loaded) => {
+                tracing::info!(
+                    projector = name,
+                    from = restored.seq,
+                    to = loaded.seq,
+                    "loaded a snapshot newer than the checkpoint"
+                );
+                Ok(loaded)
+            }
+            Err(e) => {
+                tracing::warn!(projector = name, error = %e, "snapshot does not load; replaying instead");
+                Ok(restored)
+            }
+        }
+    }
+
+    /// [`Projector::run`] for a model already restored to `restored` (by
+    /// [`Projector::restore_or_import`]).
+    pub async fn run_restored(
+        self,
+        restored: ApplyLedger,
+        shutdown: CancellationToken,
+    ) -> Result<(), ProjectorError> {
+        let shutdown = shutdown.cancelled_owned();
+        let name = self.name();
         // Every partition's instance restores: one with nothing saved is no news.
         if restored.seq > 0 {
             tracing::info!(

@@ -333,17 +333,35 @@ impl SnapshotStore {
 
     /// Every indexed snapshot (of one projector if given), by projector then version.
     pub async fn list(&self, projector: Option<&str>) -> Result<Vec<SnapshotMeta>, SnapshotError> {
-        let keys: Vec<String> = match self.index.keys().await {
-            Ok(keys) => keys.try_collect().await.map_err(unavailable)?,
-            Err(e) => return Err(unavailable(e)),
+        let keys: Vec<String> = match projector {
+            // One projector's keys only, from the subjects the index stream holds: a node
+            // asks this of each instance it starts, and every partition's instances share
+            // the index.
+            Some(p) => {
+                let prefix = format!("{}{}.", self.index.prefix, p);
+                let subjects: Vec<(String, usize)> = self
+                    .index
+                    .stream
+                    .info_with_subjects(format!("{prefix}*"))
+                    .await
+                    .map_err(unavailable)?
+                    .try_collect()
+                    .await
+                    .map_err(unavailable)?;
+                subjects
+                    .into_iter()
+                    .filter_map(|(subject, _)| {
+                        subject.strip_prefix(&self.index.prefix).map(str::to_owned)
+                    })
+                    .collect()
+            }
+            None => match self.index.keys().await {
+                Ok(keys) => keys.try_collect().await.map_err(unavailable)?,
+                Err(e) => return Err(unavailable(e)),
+            },
         };
         let mut out = Vec::new();
         for key in keys {
-            if let Some(p) = projector
-                && !key.starts_with(&format!("{p}."))
-            {
-                continue;
-            }
             let Some(value) = self.index.get(&key).await.map_err(unavailable)? else {
                 continue;
             };
