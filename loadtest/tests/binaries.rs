@@ -107,7 +107,7 @@ async fn loadtest_drives_a_deployment_and_verifies_it() {
             ..ConsolidatorConfig::default()
         };
     });
-    let running = engram::up::start(&config).await.unwrap();
+    let running = engram::up::start(&config, 0).await.unwrap();
     let out_dir = home.path().join("report");
     let metrics = format!("http://{}/metrics", running.http_addr);
     let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))

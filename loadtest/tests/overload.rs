@@ -42,7 +42,7 @@ async fn a_run_that_does_not_sustain_its_target_says_so_and_fails_unless_allowed
     let nats = engram_testkit::TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
     let config = common::deployment(home.path(), nats.url(), |_| {});
-    let running = engram::up::start(&config).await.unwrap();
+    let running = engram::up::start(&config, 0).await.unwrap();
 
     // Without the flag: correct, not sustained, exit code 3.
     let strict = home.path().join("strict");

@@ -7,7 +7,7 @@ use std::time::Duration;
 use engram_bus::Bus;
 use engram_embed::EmbedderConfig;
 use engram_fixtures::HashEmbedder;
-use engram_projectors::{ProjectorsConfig, RunningProjectors};
+use engram_projectors::ProjectorsConfig;
 use engram_query::{Query, QueryConfig};
 use engram_sdk::{Client, RetryPolicy};
 use engram_testkit::TestNats;
@@ -63,13 +63,14 @@ pub fn embedded(
     e
 }
 
-/// Projectors and the query service of one test.
+/// A memory node of one test: its projectors and the query service answering from them, as
+/// `engram up` runs them.
 pub struct Engram {
     pub client: Client,
     pub dir: tempfile::TempDir,
-    /// Stops the projectors and the query service; cancelled on drop too.
+    /// Stops the node and the query service; cancelled on drop too.
     stop: CancellationToken,
-    projectors: Option<RunningProjectors>,
+    node: Option<engram_node::RunningNode>,
 }
 
 impl Drop for Engram {
@@ -93,7 +94,8 @@ impl Engram {
         let bus = nats.bus().await;
         let stop = CancellationToken::new();
         let config = nats.bus_config();
-        let projectors = engram_projectors::start(
+        let eligible = projectors.partitions.clone();
+        let projectors = engram_projectors::open(
             &projectors,
             dir.path(),
             move |_, _| Bus::connect(config.clone()),
@@ -105,11 +107,26 @@ impl Engram {
         query.set_local(projectors.local.clone());
         let responder = nats.bus().await;
         query.serve(responder.client(), stop.clone()).await.unwrap();
+        let node = engram_node::start(
+            &node_config(),
+            eligible,
+            dir.path(),
+            None,
+            engram_node::Parts {
+                projectors,
+                query,
+                responder: responder.client().clone(),
+                bus: nats.bus().await,
+            },
+            stop.clone(),
+        )
+        .await
+        .unwrap();
         Self {
             client: Client::from_bus(bus, RetryPolicy::default()),
             dir,
             stop,
-            projectors: Some(projectors),
+            node: Some(node),
         }
     }
 
@@ -129,7 +146,7 @@ impl Engram {
             RoleName::ConsolidatorResponder,
         ]
         .map(|role| (role, as_role(role)));
-        let projectors = engram_projectors::start(
+        let projectors = engram_projectors::open(
             &projectors_config(),
             dir.path(),
             move |name, link| {
@@ -168,21 +185,50 @@ impl Engram {
             .await
             .unwrap();
         query.serve(responder.client(), stop.clone()).await.unwrap();
+        let node = engram_node::start(
+            &node_config(),
+            engram_projectors::PartitionSet::all(),
+            dir.path(),
+            None,
+            engram_node::Parts {
+                projectors,
+                query,
+                responder: responder.client().clone(),
+                bus: Bus::connect(as_role(RoleName::Projectors)).await.unwrap(),
+            },
+            stop.clone(),
+        )
+        .await
+        .unwrap();
         Self {
             client: Client::from_bus(nats.admin.clone(), RetryPolicy::default()),
             dir,
             stop,
-            projectors: Some(projectors),
+            node: Some(node),
         }
     }
 
-    /// Stops the projectors (each checkpoints).
+    /// The partitions this node answers now.
+    pub fn serving(&self) -> std::collections::BTreeSet<u32> {
+        self.node
+            .as_ref()
+            .map(|n| n.serving_now())
+            .unwrap_or_default()
+    }
+
+    /// Stops the node (it hands its partitions back, each model checkpointing).
     pub async fn stop(mut self) {
         self.stop.cancel();
-        if let Some(p) = self.projectors.take() {
-            p.join().await.unwrap();
+        if let Some(node) = self.node.take() {
+            node.join().await.unwrap();
         }
     }
+}
+
+/// The memory node settings of tests: production's. A node a test stops hands its
+/// partitions back at once; only one killed waits out its leases.
+pub fn node_config() -> engram_node::NodeConfig {
+    engram_node::NodeConfig::default()
 }
 
 /// A `fact_asserted` event of `tenant`/`scope`: `subject` `predicate` `object`.

@@ -96,9 +96,13 @@ async fn endpoints(client: &async_nats::Client, service: &str) -> Vec<String> {
     subjects
 }
 
-/// An endpoint's op: its last token, or the one before a projector's partition
-/// (`engram.p.vector.search.3`).
+/// An endpoint's op: its last token, the one before a projector's partition
+/// (`engram.p.vector.search.3`), or the one before a routed query's scope
+/// (`engram.n.3.*.*.retrieve.*.*`).
 fn op_of(subject: &str) -> &str {
+    if let Some(routed) = subject.strip_suffix(".*.*") {
+        return routed.rsplit('.').next().unwrap();
+    }
     let mut tokens = subject.rsplit('.');
     let last = tokens.next().unwrap();
     match last.parse::<u32>() {
@@ -144,17 +148,29 @@ async fn every_nats_endpoint_refuses_an_unknown_field_naming_it() {
         .connect(nats.url())
         .await
         .unwrap();
-    let services: Vec<String> = std::iter::once(proto::QUERY_SERVICE.to_owned())
+    let services: Vec<String> = [proto::QUERY_SERVICE, "engram-node"]
+        .map(str::to_owned)
+        .into_iter()
         .chain(proto::read_models::ALL.map(|m| format!("engram-{m}")))
         .collect();
     let mut checked = 0;
     for service in &services {
         for subject in endpoints(&admin, service).await {
             let op = op_of(&subject).to_owned();
-            let Some(body) = nats_body(service, &op) else {
+            // A node's routed ops are the query service's.
+            let body_of = if service == "engram-node" {
+                "engram-query"
+            } else {
+                service
+            };
+            let Some(body) = nats_body(body_of, &op) else {
                 continue;
             };
+            // A routed query (the query service's unmapped form, or a node's): the agent
+            // asks about its own scope, and the server's mapping takes it to the owner.
+            let routed = subject.ends_with(".*.*");
             let (client, subject) = match subject.strip_prefix("engram.q.*.*.") {
+                _ if routed => (&agent, format!("engram.q.acme.agent-1.{op}.task.t1")),
                 Some(op) => (&agent, format!("engram.q.acme.agent-1.{op}")),
                 None => (&admin, subject.clone()),
             };

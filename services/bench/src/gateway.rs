@@ -97,7 +97,7 @@ pub async fn run(config: &Config, args: GatewayArgs, json: bool) -> anyhow::Resu
     local.gateway.rate_per_second = 1e6;
     local.gateway.burst = 1e6;
     eprintln!("starting an embedded engram in {}", home.path().display());
-    let up = engram::up::start(&local).await?;
+    let up = engram::up::start(&local, 0).await?;
     let result = bench(&up, &args).await;
     up.shutdown().await;
     drop(home);

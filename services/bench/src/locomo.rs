@@ -259,7 +259,7 @@ pub async fn run(config: &Config, args: LocomoArgs, json: bool) -> anyhow::Resul
     } else {
         let (home, local) = crate::temporary_home(config)?;
         eprintln!("starting an embedded engram in {}", home.path().display());
-        let up = engram::up::start(&local).await?;
+        let up = engram::up::start(&local, 0).await?;
         let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
         temp_home = Some(home);
         running = Some(up);

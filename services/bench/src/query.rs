@@ -212,7 +212,7 @@ pub async fn run(config: &Config, args: QueryArgs, json: bool) -> anyhow::Result
         dim: DIM,
     };
     eprintln!("starting an embedded engram in {}", home.path().display());
-    let up = engram::up::start(&local).await?;
+    let up = engram::up::start(&local, 0).await?;
     let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
     let result = bench(&client, &args, &local.projectors.hnsw).await;
     up.shutdown().await;

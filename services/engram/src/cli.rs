@@ -141,6 +141,11 @@ pub enum Command {
         #[arg(long, value_name = "PARTITIONS")]
         partitions: Option<engram_projectors::PartitionSet>,
     },
+    /// Run a memory node as a process of its own, until SIGINT/SIGTERM: every read model
+    /// of the partitions it comes to own (by lease, shared with the other nodes on the same
+    /// server), and the query service answering from them. Nodes joining or leaving move
+    /// partitions between them; `engram up --nodes N` starts N on this machine.
+    Node(NodeArgs),
     /// Rebuild a projector's read model from sequence 1. Stop the projector first (`engram
     /// up` or `engram projector`): its state is locked while it runs.
     Rebuild {
@@ -427,10 +432,33 @@ pub struct UpArgs {
     /// After start-up, run a short demo against the running system and print it.
     #[arg(long)]
     pub demo: bool,
+    /// Run N memory nodes as processes of their own (`engram node`, state in
+    /// <home>/nodes/<i>), sharing the partitions, instead of one in this process; a node that
+    /// dies is started again.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
+    pub nodes: u16,
     /// Run the managed nats-server without authentication. Anyone who reaches it can read
     /// and write every tenant's memory; refused unless everything listens on loopback.
     #[arg(long)]
     pub insecure_no_auth: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct NodeArgs {
+    /// The partitions this node may own ("0-7,12"; default `projectors.partitions`, all).
+    #[arg(long, value_name = "PARTITIONS")]
+    pub partitions: Option<engram_projectors::PartitionSet>,
+    /// This node's name among the nodes (default `node.name`, else one made up once and
+    /// kept in its state dir).
+    #[arg(long, value_name = "NAME")]
+    pub name: Option<engram_schema::Ident>,
+    /// Where this node keeps its read models (default <home>/projectors). Nodes on one
+    /// machine each need their own.
+    #[arg(long, value_name = "DIR")]
+    pub state_dir: Option<PathBuf>,
+    /// Serve /healthz (each partition's lag) and /metrics here.
+    #[arg(long, value_name = "ADDR")]
+    pub http: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -688,8 +716,18 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     let json = cli.global.json;
     match cli.command {
         Command::Up(args) => {
-            crate::up::run_until_signalled(config, args.demo).await?;
+            crate::up::run_until_signalled(config, args.demo, usize::from(args.nodes)).await?;
             Ok(ExitCode::SUCCESS)
+        }
+        Command::Node(args) => {
+            let mut config = config;
+            if let Some(partitions) = args.partitions {
+                config.projectors.partitions = partitions;
+            }
+            if let Some(name) = args.name {
+                config.node.name = Some(name);
+            }
+            crate::node::run(&config, args.state_dir.as_deref(), args.http).await
         }
         Command::Append(args) => commands::append::run(&config, args, json).await,
         Command::Tail(args) => commands::read::tail(&config, &args, json).await,

@@ -30,6 +30,8 @@ pub struct Config {
     pub projectors: ProjectorsConfig,
     /// Ranking defaults and limits of the query service.
     pub query: QueryConfig,
+    /// This process as a memory node: its name and how long its partition leases live.
+    pub node: engram_node::NodeConfig,
     /// The HTTP API's limits (`/v1`).
     pub gateway: engram_gateway::GatewayConfig,
     /// The MCP server at `/mcp` (`allowed_hosts`, its DNS-rebinding defence).
@@ -100,6 +102,7 @@ impl Default for Config {
             log: LogConfig::default(),
             projectors: ProjectorsConfig::default(),
             query: QueryConfig::default(),
+            node: engram_node::NodeConfig::default(),
             gateway: engram_gateway::GatewayConfig::default(),
             mcp: engram_mcp::McpConfig::default(),
             identity: None,
@@ -280,6 +283,7 @@ impl Config {
         }
         self.projectors.validate().map_err(ConfigError::Invalid)?;
         self.query.validate().map_err(ConfigError::Invalid)?;
+        self.node.validate().map_err(ConfigError::Invalid)?;
         self.gateway.validate().map_err(ConfigError::Invalid)?;
         self.serve_limits()
             .validate()

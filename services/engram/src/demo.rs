@@ -131,11 +131,31 @@ impl Demo<'_> {
     /// Waits until every projector has applied the whole stream; returns its last seq.
     async fn settled(&self) -> anyhow::Result<u64> {
         let head = self.running.bus.stream_state().await?.last_seq;
-        self.running
-            .projectors
-            .wait_visible(head, Duration::from_millis(WAIT_MS))
-            .await
-            .map_err(|f| anyhow::anyhow!("{f}"))?;
+        let wait = Duration::from_millis(WAIT_MS);
+        match &self.running.node {
+            Some(local) => engram_projectors::wait_visible_all(&local.node.instances, head, wait)
+                .await
+                .map_err(|f| anyhow::anyhow!("{f}"))?,
+            // Node processes: every model's ledger, once each partition is visible there.
+            None => {
+                let consistency = engram_memory::proto::Consistency {
+                    min_seq: Some(head),
+                    wait_ms: Some(WAIT_MS),
+                };
+                let partitions = self.running.bus.config().stream.partitions;
+                for model in engram_projectors::ProjectorName::all() {
+                    engram_projectors::ledger_of(
+                        self.running.bus.client(),
+                        model.as_str(),
+                        partitions,
+                        &consistency,
+                        wait + Duration::from_secs(5),
+                    )
+                    .await
+                    .map_err(|f| anyhow::anyhow!("{model}: {f}"))?;
+                }
+            }
+        }
         Ok(head)
     }
 

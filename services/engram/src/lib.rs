@@ -15,5 +15,7 @@ pub mod commands;
 pub mod config;
 pub mod demo;
 pub mod http;
+pub mod node;
+pub mod nodes;
 pub mod output;
 pub mod up;

@@ -28,6 +28,8 @@ pub enum UpError {
     PortInUse { port: u16 },
     #[error(transparent)]
     Projectors(#[from] engram_projectors::StartError),
+    #[error(transparent)]
+    Node(#[from] engram_node::NodeError),
     #[error("cannot start the query service: {0}")]
     Query(String),
     #[error("cannot serve http on {addr}: {source}; pick another address with --http")]
@@ -53,11 +55,12 @@ pub struct Running {
     pub bus: Bus,
     /// The managed server; `None` when `--nats` pointed at an external one.
     server: Option<NatsServer>,
-    pub projectors: engram_projectors::RunningProjectors,
+    /// This process's memory node: every read model of the partitions it owns, and the
+    /// query service; `None` with `--nodes N`.
+    pub node: Option<crate::node::LocalNode>,
+    /// The node processes of `--nodes N`.
+    pub nodes: Option<crate::nodes::Children>,
     /// Each part stops on its own token, in the order [`Running::shutdown`] cancels them.
-    projectors_stop: CancellationToken,
-    query_stop: CancellationToken,
-    query_task: tokio::task::JoinHandle<()>,
     http_stop: CancellationToken,
     http_task: tokio::task::JoinHandle<()>,
     /// Samples projector lag for `/healthz`; aborted with the http server.
@@ -67,10 +70,6 @@ pub struct Running {
     /// How far the managed server's authorization has caught up with the registry; `None`
     /// without a managed server that authenticates.
     pub access_enforced: Option<engram_access::conf::Enforced>,
-    /// The query service's own connection (its identity's).
-    query_bus: Bus,
-    /// The connection the query service answers on (its responder identity's).
-    query_responder: Bus,
 }
 
 /// The identities of a managed server with authentication, from `<home>/auth/`.
@@ -104,14 +103,13 @@ pub fn access_names(config: &Config) -> engram_access::Names {
 }
 
 /// Starts every component and returns once all are ready.
-pub async fn start(config: &Config) -> Result<Running, UpError> {
+pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
     let layers: Vec<&str> = engram_schema::Layer::ALL
         .iter()
         .map(|l| l.as_str())
         .collect();
     engram_telemetry::metrics::touch_all(&layers);
     use engram_access::RoleName;
-    use engram_memory::proto::read_models::ModelRole;
     let managed_auth = config.nats.url.is_none() && !config.nats.insecure_no_auth;
     let identities = if managed_auth {
         let creds = engram_access::creds::ensure_service_credentials(&config.home)?;
@@ -173,70 +171,60 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         tracing::warn!(error = %e, "cannot provision the access registry stream");
     }
     let access_stop = CancellationToken::new();
-    let projectors_stop = CancellationToken::new();
-    let state_dir = engram_projectors::state_dir(&config.home);
-    let projectors = engram_projectors::start(
-        &config.projectors,
-        &state_dir,
-        |name, link| {
-            let worker = match ModelRole::of(name) {
-                ModelRole::Consolidator => RoleName::Consolidator,
-                ModelRole::Projector => RoleName::Projectors,
-            };
-            let (role, client) = service_link(worker, link, &format!("engram-projector-{name}"));
-            Bus::connect(bus_as(role, client))
-        },
-        projectors_stop.clone(),
-    )
-    .await?;
-    let query_bus = Bus::connect(bus_as(RoleName::Query, "engram-query".into())).await?;
-    let (role, name) = service_link(RoleName::Query, engram_rpc::Link::Responder, "engram-query");
-    let query_responder = Bus::connect(bus_as(role, name)).await?;
-    let query = engram_query::Query::new(query_bus.clone(), config.query.clone())
-        .await
-        .map_err(|e| UpError::Query(e.to_string()))?;
-    query.set_snapshots(config.projectors.snapshots.clone());
-    // The read models run in this process: the query service asks them in process.
-    query.set_local(projectors.local.clone());
+    // One memory node in this process owning every partition it may (all, by default),
+    // which takes them before it returns, each answering once caught up; or, with
+    // `--nodes N`, N node processes of their own, supervised here.
+    let (local, nodes) = if nodes == 0 {
+        let local = crate::node::start(
+            config,
+            &bus_as,
+            identities.is_some(),
+            &engram_projectors::state_dir(&config.home),
+            None,
+        )
+        .await?;
+        (Some(local), None)
+    } else {
+        let nodes = crate::nodes::Children::spawn(config, &nats_url, nodes)?;
+        (None, Some(nodes))
+    };
     let mut access_enforced = None;
-    if let Some(identities) = &identities {
-        let registry = engram_access::SharedRegistry::default();
-        let query_log = engram_access::AccessLog::new(query_bus.client().clone());
-        query_log.catch_up(&registry).await?;
-        query_log
-            .clone()
-            .follow(registry.clone(), access_stop.clone());
-        query.set_access(engram_query::access::Guard::new(
-            registry.clone(),
-            query_log,
+    if let (Some(identities), Some(server)) = (&identities, &server) {
+        // The server's authorization follows the registry: the node's copy of it, or one
+        // of this process's own when the nodes are processes of their own.
+        let registry = match local.as_ref().and_then(|l| l.registry.clone()) {
+            Some(registry) => registry,
+            None => {
+                let registry = engram_access::SharedRegistry::default();
+                access_log.catch_up(&registry).await?;
+                access_log
+                    .clone()
+                    .follow(registry.clone(), access_stop.clone());
+                registry
+            }
+        };
+        let reloader = server.reloader()?;
+        let reload: engram_access::conf::Reload = Box::new(move || {
+            let reloader = reloader.clone();
+            Box::pin(async move {
+                reloader
+                    .reload(Duration::from_secs(10))
+                    .await
+                    .map_err(|e| e.to_string())
+            })
+        });
+        access_enforced = Some(engram_access::conf::enforce(
+            registry,
+            identities.fixed(),
+            access_names(config),
+            identities.auth_conf.clone(),
+            reload,
+            access_stop.clone(),
         ));
-        if let Some(server) = &server {
-            let reloader = server.reloader()?;
-            let reload: engram_access::conf::Reload = Box::new(move || {
-                let reloader = reloader.clone();
-                Box::pin(async move {
-                    reloader
-                        .reload(Duration::from_secs(10))
-                        .await
-                        .map_err(|e| e.to_string())
-                })
-            });
-            access_enforced = Some(engram_access::conf::enforce(
-                registry,
-                identities.fixed(),
-                access_names(config),
-                identities.auth_conf.clone(),
-                reload,
-                access_stop.clone(),
-            ));
-        }
     }
-    let query_stop = CancellationToken::new();
-    let query_task = query
-        .serve(query_responder.client(), query_stop.clone())
-        .await
-        .map_err(|e| UpError::Query(e.to_string()))?;
-    tracing::info!(projectors = ?config.projectors.run, "projectors and query service ready");
+    if let Some(nodes) = &nodes {
+        nodes.wait_serving(&bus, config).await?;
+    }
     let listener = tokio::net::TcpListener::bind(config.http.listen)
         .await
         .map_err(|source| UpError::Http {
@@ -251,10 +239,10 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
     let stopped = http_stop.clone().cancelled_owned();
     let lag = crate::http::LagCheck::new(
         // Per partition's instance: an idle partition reads as visible through the stream's
-        // end once proved to hold nothing newer.
-        {
-            let instances = projectors.instances();
-            Box::new(move || engram_projectors::visible_now(&instances))
+        // end once proved to hold nothing newer. Node processes serve their own.
+        match &local {
+            Some(local) => local.visible_seqs(),
+            None => Box::new(Vec::new),
         },
         crate::http::LagLimits {
             max_lag_events: config.http.health_max_lag_events,
@@ -280,17 +268,13 @@ pub async fn start(config: &Config) -> Result<Running, UpError> {
         http_addr,
         bus,
         server,
-        projectors,
-        projectors_stop,
-        query_stop,
-        query_task,
+        node: local,
+        nodes,
         http_stop,
         http_task,
         lag_sampler,
         access_stop,
         access_enforced,
-        query_bus,
-        query_responder,
     })
 }
 
@@ -319,6 +303,10 @@ async fn start_managed_server(
     std::fs::create_dir_all(&nats_dir).map_err(home_err)?;
     let conf = nats_dir.join("nats-server.conf");
     let mut text = NATS_CONF.to_owned();
+    text.push('\n');
+    text.push_str(&engram_access::conf::query_routing(
+        config.bus.stream.partitions,
+    ));
     if let Some(identities) = identities {
         // The admin and the services only, until the registry is followed and its agents'
         // keys are added (a reload, moments after start-up).
@@ -357,17 +345,13 @@ impl Running {
     pub async fn shutdown(self) {
         let Running {
             server,
-            projectors,
-            projectors_stop,
-            query_stop,
-            query_task,
+            node,
+            nodes,
             http_stop,
             mut http_task,
             lag_sampler,
             bus,
             access_stop,
-            query_bus,
-            query_responder,
             ..
         } = self;
         tracing::info!("shutting down");
@@ -379,16 +363,13 @@ impl Running {
         {
             http_task.abort();
         }
-        query_stop.cancel();
-        let _ = query_task.await;
-        access_stop.cancel();
-        let _ =
-            tokio::time::timeout(Duration::from_secs(5), query_responder.client().drain()).await;
-        let _ = tokio::time::timeout(Duration::from_secs(5), query_bus.client().drain()).await;
-        projectors_stop.cancel();
-        if let Err(e) = projectors.join().await {
-            tracing::warn!(error = %e, "a projector stopped with an error");
+        if let Some(node) = node {
+            node.shutdown().await;
         }
+        if let Some(nodes) = nodes {
+            nodes.shutdown().await;
+        }
+        access_stop.cancel();
         if let Err(e) = tokio::time::timeout(Duration::from_secs(5), bus.client().drain()).await {
             tracing::warn!(error = %e, "nats connection did not drain in time");
         }
@@ -401,8 +382,13 @@ impl Running {
 }
 
 /// Runs until `shutdown` is cancelled, then stops in order.
-pub async fn run(config: Config, demo: bool, shutdown: CancellationToken) -> Result<(), UpError> {
-    let running = start(&config).await?;
+pub async fn run(
+    config: Config,
+    demo: bool,
+    nodes: usize,
+    shutdown: CancellationToken,
+) -> Result<(), UpError> {
+    let running = start(&config, nodes).await?;
     println!(
         "engram is up  nats={}  http=http://{}  home={}  (ctrl-c to stop)",
         engram_bus::config::redact_url(&running.nats_url),
@@ -438,7 +424,7 @@ pub async fn run(config: Config, demo: bool, shutdown: CancellationToken) -> Res
 }
 
 /// [`run`] with SIGINT/SIGTERM: the first starts an orderly shutdown, a second exits at once.
-pub async fn run_until_signalled(config: Config, demo: bool) -> Result<(), UpError> {
+pub async fn run_until_signalled(config: Config, demo: bool, nodes: usize) -> Result<(), UpError> {
     let shutdown = CancellationToken::new();
     let signalled = shutdown.clone();
     tokio::spawn(async move {
@@ -450,7 +436,7 @@ pub async fn run_until_signalled(config: Config, demo: bool) -> Result<(), UpErr
         // The managed nats-server dies with us (PR_SET_PDEATHSIG); its store is crash-safe.
         std::process::exit(130);
     });
-    run(config, demo, shutdown).await
+    run(config, demo, nodes, shutdown).await
 }
 
 /// `engram gateway`: the HTTP API as its own process, until SIGINT or SIGTERM.

@@ -63,7 +63,7 @@ async fn a_projector_that_trails_the_stream_past_the_grace_period_turns_healthz_
         },
         ..Config::default()
     };
-    let running = engram::up::start(&config).await.unwrap();
+    let running = engram::up::start(&config, 0).await.unwrap();
     let (status, body) = http_get(running.http_addr, "/healthz").await;
     assert_eq!(status, 200, "{body}");
 
@@ -181,7 +181,7 @@ async fn a_lost_nats_connection_turns_healthz_503_with_the_reason_and_it_recover
         },
         ..Config::default()
     };
-    let running = engram::up::start(&config).await.unwrap();
+    let running = engram::up::start(&config, 0).await.unwrap();
     let addr = running.http_addr;
     let (status, body) = http_get(addr, "/healthz").await;
     assert_eq!(status, 200, "{body}");

@@ -330,23 +330,29 @@ impl RunningProjectors {
 
     /// Waits until every instance can be read at `seq` (or `wait` passes).
     pub async fn wait_visible(&self, seq: Seq, wait: Duration) -> Result<(), Failure> {
-        let consistency = Consistency {
-            min_seq: Some(seq),
-            wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
-        };
-        let instances: Vec<_> = read_instances(&self.instances).values().cloned().collect();
-        for (part, visibility) in instances {
-            part.wait(&visibility, seq, &consistency).await?;
-        }
-        Ok(())
+        wait_visible_all(&self.instances, seq, wait).await
     }
 
     /// Starts every model's instance of partition `index` (each restores its checkpoint in
     /// this process's state dir and applies the partition from there) and serves their
     /// endpoints. Nothing happens if it is hosted already.
     pub async fn add_partition(&mut self, index: u32) -> Result<(), StartError> {
-        if self.hosted.contains_key(&index) {
-            return Ok(());
+        self.add(index, true).await.map(drop)
+    }
+
+    /// [`RunningProjectors::add_partition`] for a partition this process takes over: its
+    /// instances answer queries `unavailable` until [`CatchUp::run`] has seen each caught
+    /// up with the stream, so no query reads a model still loading its snapshot or tail.
+    pub async fn take_partition(&mut self, index: u32) -> Result<CatchUp, StartError> {
+        self.add(index, false).await
+    }
+
+    async fn add(&mut self, index: u32, ready: bool) -> Result<CatchUp, StartError> {
+        if let Some(hosted) = self.hosted.get(&index) {
+            return Ok(CatchUp {
+                instances: self.instances_of(index),
+                stop: hosted.stop.clone(),
+            });
         }
         let stop = self.shutdown.child_token();
         let mut hosted = Hosted {
@@ -365,6 +371,7 @@ impl RunningProjectors {
                     host.bus.clone(),
                     host.head.clone(),
                 ));
+                part.set_ready(ready);
                 let part_dir = part.dir(&self.dir);
                 hosted._locks.push(lock_state(&part_dir, projector)?);
                 let serving = Serving {
@@ -422,8 +429,20 @@ impl RunningProjectors {
                 .await
                 .map_err(|e| StartError::Flush(e.to_string()))?;
         }
+        let catch_up = CatchUp {
+            instances: self.instances_of(index),
+            stop: hosted.stop.clone(),
+        };
         self.hosted.insert(index, hosted);
-        Ok(())
+        Ok(catch_up)
+    }
+
+    fn instances_of(&self, index: u32) -> Vec<(Arc<Part>, Visibility)> {
+        read_instances(&self.instances)
+            .iter()
+            .filter(|((_, p), _)| *p == index)
+            .map(|(_, instance)| instance.clone())
+            .collect()
     }
 
     /// Stops every model's instance of partition `index`: its endpoints first (queries of
@@ -465,12 +484,80 @@ impl RunningProjectors {
     }
 }
 
+/// A partition taken over, waiting to answer: see [`RunningProjectors::take_partition`].
+pub struct CatchUp {
+    instances: Vec<(Arc<Part>, Visibility)>,
+    stop: CancellationToken,
+}
+
+impl CatchUp {
+    /// Waits until every instance of the partition has applied the partition up to where
+    /// the stream was when this was called, then lets them answer; returns the sequence
+    /// caught up to. `None` if the partition was given up (or the process stops) first.
+    /// Transient failures (the server away) are waited out.
+    pub async fn run(self, bus: &Bus) -> Option<Seq> {
+        let target = loop {
+            tokio::select! {
+                () = self.stop.cancelled() => return None,
+                last = bus.stream_last_seq() => match last {
+                    Ok(last) => break last,
+                    Err(e) => tracing::debug!(error = %e, "stream position unknown; asking again"),
+                },
+            }
+            tokio::select! {
+                () = self.stop.cancelled() => return None,
+                () = tokio::time::sleep(Duration::from_millis(200)) => {}
+            }
+        };
+        let consistency = Consistency {
+            min_seq: (target > 0).then_some(target),
+            wait_ms: Some(proto::limits::MAX_WAIT_MS),
+        };
+        for (part, visibility) in &self.instances {
+            loop {
+                let caught_up = tokio::select! {
+                    () = self.stop.cancelled() => return None,
+                    waited = part.wait(visibility, target, &consistency) => waited,
+                };
+                match caught_up {
+                    Ok(()) => break,
+                    Err(f) => {
+                        tracing::debug!(instance = part.instance, reason = %f.message, "still catching up")
+                    }
+                }
+            }
+        }
+        for (part, _) in &self.instances {
+            part.set_ready(true);
+        }
+        Some(target)
+    }
+}
+
 fn read_instances(instances: &Instances) -> std::sync::RwLockReadGuard<'_, InstanceMap> {
     instances.read().unwrap_or_else(|p| p.into_inner())
 }
 
 fn write_instances(instances: &Instances) -> std::sync::RwLockWriteGuard<'_, InstanceMap> {
     instances.write().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Waits until every instance of `instances` (those hosted when called) can be read at
+/// `seq`, or `wait` passes.
+pub async fn wait_visible_all(
+    instances: &Instances,
+    seq: Seq,
+    wait: Duration,
+) -> Result<(), Failure> {
+    let consistency = Consistency {
+        min_seq: Some(seq),
+        wait_ms: Some(u64::try_from(wait.as_millis()).unwrap_or(u64::MAX)),
+    };
+    let hosted: Vec<_> = read_instances(instances).values().cloned().collect();
+    for (part, visibility) in hosted {
+        part.wait(&visibility, seq, &consistency).await?;
+    }
+    Ok(())
 }
 
 /// Each instance of `instances` with what it can be read at now.
@@ -519,6 +606,10 @@ pub struct Part {
     /// No event of the partition lies between the instance's visible sequence (when this
     /// was proved) and this one.
     proven: std::sync::atomic::AtomicU64,
+    /// Whether the instance answers queries: a partition a memory node takes over answers
+    /// only once it has caught up with the stream (before that, `unavailable`), so no
+    /// query sees a model still loading. Set at once for a partition started statically.
+    ready: std::sync::atomic::AtomicBool,
     head: Arc<StreamHead>,
     bus: Bus,
 }
@@ -530,9 +621,31 @@ impl Part {
             instance: instance_name(model, index),
             filter: engram_schema::partition_filter(index),
             proven: std::sync::atomic::AtomicU64::new(0),
+            ready: std::sync::atomic::AtomicBool::new(true),
             head,
             bus,
         }
+    }
+
+    /// Whether the instance answers queries now (see the field).
+    pub fn ready(&self) -> bool {
+        self.ready.load(std::sync::atomic::Ordering::Acquire)
+    }
+
+    fn set_ready(&self, ready: bool) {
+        self.ready
+            .store(ready, std::sync::atomic::Ordering::Release);
+    }
+
+    /// The failure a query of a partition not yet caught up gets.
+    pub(crate) fn not_ready(&self) -> Failure {
+        Failure::new(
+            ErrorCode::Unavailable,
+            format!(
+                "partition {} is being taken over by this memory node and is not caught up yet; retry shortly",
+                self.index
+            ),
+        )
     }
 
     /// Where this partition's instance keeps its state under the model's `dir`.

@@ -43,6 +43,11 @@ impl PartitionSet {
         Self(None)
     }
 
+    /// No partition.
+    pub fn none() -> Self {
+        Self(Some(BTreeSet::new()))
+    }
+
     pub fn is_all(&self) -> bool {
         self.0.is_none()
     }

@@ -128,6 +128,9 @@ impl Endpoints<'_> {
                 let (v, head, answer, part) =
                     (v.clone(), head.clone(), answer.clone(), part.clone());
                 async move {
+                    if !part.ready() {
+                        return Err(part.not_ready());
+                    }
                     request.validate()?;
                     wait_visible(&v, &part, &head, &request.consistency()).await?;
                     answer(request, part.visible(&v)).await

@@ -235,17 +235,9 @@ impl Query {
                 .await?;
             }};
         }
-        endpoint!(proto::RETRIEVE, "retrieve", RetrieveRequest, |q, r| {
-            let response = q.retrieve(r).await?;
-            let returned = response.results.iter().chain(&response.summaries);
-            q.usage.count(returned.map(|m| {
-                (
-                    ScopeKey::new(m.tenant.clone(), m.scope.clone()),
-                    &m.event_id,
-                )
-            }));
-            Ok(response)
-        });
+        endpoint!(proto::RETRIEVE, "retrieve", RetrieveRequest, |q, r| q
+            .retrieve_counted(r)
+            .await);
         endpoint!(proto::CONTEXT, "context", ContextRequest, |q, r| q
             .build_context(r)
             .await);
@@ -253,6 +245,9 @@ impl Query {
         endpoint!(proto::SKILLS, "skills", SkillsRequest, |q, r| q
             .skills(r)
             .await);
+        // Routed queries a server without the routing mapping delivers as the agent sent
+        // them (`engram.q.<tenant>.<agent>.<op>.<kind>.<id>`): answered here, fanning out.
+        self.serve_routed_ops(&service, None, None).await?;
         // Consolidation: a plan, and with `apply` its events appended by this service (they
         // are the consolidator's, which no agent's key may author); an agent's only into
         // scopes its key may write (`consolidate_as`).
@@ -459,6 +454,117 @@ impl Query {
                 tracing::warn!(error = %e, "retrieval usage flusher failed");
             }
         }))
+    }
+
+    /// Serves the routed query ops (retrieve, context, facts, skills, doc) on `service`:
+    /// for `partition`, on `engram.n.<partition>.…` (what the server's mapping makes of an
+    /// agent's routed query about a scope of that partition), until `stop`, as the memory
+    /// node owning the partition does; for `None`, on the unmapped
+    /// `engram.q.<tenant>.<agent>.<op>.<kind>.<id>`. Each request is checked as an agent's
+    /// (tenant and agent from the subject, grants from the registry), and its own scope
+    /// must be the subject's; on `engram.n.<partition>` the subject's scope must be of that
+    /// partition, which no key can choose otherwise (see [`Query::check_routed`]).
+    pub async fn serve_routed_ops(
+        self: &Arc<Self>,
+        service: &async_nats::service::Service,
+        partition: Option<u32>,
+        stop: Option<CancellationToken>,
+    ) -> Result<(), engram_rpc::RpcError> {
+        let limits = self.config.endpoint_limits();
+        let routes = engram_rpc::Routes::until(stop.unwrap_or_default());
+        let subject = |op: &str| match partition {
+            Some(p) => engram_access::perms::node_subject_any(p, op),
+            None => engram_access::perms::routed_subject_any(op),
+        };
+        macro_rules! routed {
+            ($op:literal, $req:ty, |$q:ident, $r:ident| $body:expr) => {{
+                let q = self.clone();
+                engram_rpc::serve_from_with(
+                    service,
+                    &routes,
+                    &subject($op),
+                    $op,
+                    limits,
+                    move |subject: &str, $r: $req| {
+                        let $q = q.clone();
+                        let subject = subject.to_owned();
+                        async move {
+                            $q.check_routed(&subject, partition, &$r)?;
+                            $q.authorize(&subject, &$r).await?;
+                            $body
+                        }
+                    },
+                )
+                .await?;
+            }};
+        }
+        routed!("retrieve", RetrieveRequest, |q, r| q
+            .retrieve_counted(r)
+            .await);
+        routed!("context", ContextRequest, |q, r| q.build_context(r).await);
+        routed!("facts", FactsRequest, |q, r| q.facts(r).await);
+        routed!("skills", SkillsRequest, |q, r| q.skills(r).await);
+        routed!("doc", DocRequest, |q, r| q.doc(r).await);
+        Ok(())
+    }
+
+    /// A routed request's subject against its body and the partition it was served for:
+    /// the subject's scope must be the request's own, and on `engram.n.<partition>` that
+    /// scope must be of `partition`. An agent's key may publish to any partition's routed
+    /// subjects (permissions are checked after the mapping, on `engram.n.*`), so a request
+    /// that names a partition its scope is not in reached this node on a path the mapping
+    /// never makes: refused, not answered from the wrong node.
+    fn check_routed<R: access::Scoped>(
+        &self,
+        subject: &str,
+        partition: Option<u32>,
+        request: &R,
+    ) -> Result<(), Failure> {
+        let routed = engram_access::perms::routed_of(subject).ok_or_else(|| {
+            Failure::new(
+                ErrorCode::Forbidden,
+                format!("{subject} is not a routed query subject"),
+            )
+        })?;
+        if let Some(p) = partition {
+            let holds = routed.partition == Some(p)
+                && ScopeKey::new(routed.tenant.clone(), routed.scope.clone())
+                    .partition(self.partitions())
+                    == p;
+            if !holds {
+                return Err(Failure::new(
+                    ErrorCode::Forbidden,
+                    format!(
+                        "{subject}: scope {} of tenant {} is not in partition {p}; send queries to engram.q.<tenant>.<agent>.<op>.<kind>.<id> and the server routes them",
+                        routed.scope, routed.tenant
+                    ),
+                ));
+            }
+        }
+        let own = &request.scope_request().scope;
+        if *own != routed.scope {
+            return Err(Failure::invalid(format!(
+                "the subject names scope {} but the request's own scope is {own}; send it to the subject of its own scope",
+                routed.scope
+            )));
+        }
+        Ok(())
+    }
+
+    /// Hybrid retrieval, with the memories returned counted for the usage events.
+    async fn retrieve_counted(
+        &self,
+        request: RetrieveRequest,
+    ) -> Result<RetrieveResponse, Failure> {
+        let response = self.retrieve(request).await?;
+        let returned = response.results.iter().chain(&response.summaries);
+        self.usage.count(returned.map(|m| {
+            (
+                ScopeKey::new(m.tenant.clone(), m.scope.clone()),
+                &m.event_id,
+            )
+        }));
+        Ok(response)
     }
 
     /// Checks the access registry when an agent reads its own memory: the body must name the

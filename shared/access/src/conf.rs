@@ -33,6 +33,23 @@ pub fn render(keys: &[(String, Role)], names: &Names) -> String {
     )
 }
 
+/// The server's subject mapping that routes an agent's query about its own scope to the
+/// memory node owning the scope's partition, for an events stream of `partitions`:
+/// `engram.q.<tenant>.<agent>.<op>.<kind>.<id>` becomes
+/// `engram.n.<partition>.<tenant>.<agent>.<op>.<kind>.<id>`, the partition computed by the
+/// server with the same `partition()` function over the same tokens (tenant, scope kind,
+/// scope id) as the stream's subject transform. Permissions are checked on the mapped
+/// subject.
+pub fn query_routing(partitions: u32) -> String {
+    format!(
+        "# Written by engram: an agent's query about its own scope goes to the memory node that\n\
+         # owns the scope's partition (partition() as in the events stream's transform).\n\
+         mappings {{\n  \"{q}.*.*.*.*.*\": \"{n}.{{{{partition({partitions},1,4,5)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}.{{{{wildcard(4)}}}}.{{{{wildcard(5)}}}}\"\n}}\n",
+        q = crate::perms::QUERY_PREFIX,
+        n = crate::perms::NODE_PREFIX,
+    )
+}
+
 /// Writes `text` to `path` atomically (a reader sees the old file or the new, never half),
 /// mode 0600. Returns whether the content changed.
 pub fn write_if_changed(path: &Path, text: &str) -> Result<bool, AccessError> {
@@ -167,6 +184,18 @@ mod tests {
         assert_eq!(
             users[2]["permissions"]["publish"]["allow"],
             serde_json::json!(["_INBOX.>"])
+        );
+    }
+}
+
+#[cfg(test)]
+mod routing_tests {
+    #[test]
+    fn the_query_mapping_hashes_tenant_kind_and_id_as_the_stream_does() {
+        let text = super::query_routing(16);
+        assert!(
+            text.contains(r#""engram.q.*.*.*.*.*": "engram.n.{{partition(16,1,4,5)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}.{{wildcard(5)}}""#),
+            "{text}"
         );
     }
 }

@@ -24,6 +24,8 @@ pub struct Names {
     pub snapshots_bucket: String,
     pub snapshots_index: String,
     pub leases_bucket: String,
+    /// Memory nodes and the partitions they own (`engram_node`).
+    pub nodes_bucket: String,
     pub access_stream: String,
 }
 
@@ -36,6 +38,7 @@ impl Default for Names {
             snapshots_bucket: "ENGRAM_SNAPSHOTS".into(),
             snapshots_index: "ENGRAM_SNAPSHOT_INDEX".into(),
             leases_bucket: "ENGRAM_LEASES".into(),
+            nodes_bucket: "ENGRAM_NODES".into(),
             access_stream: crate::log::ACCESS_STREAM.into(),
         }
     }
@@ -186,7 +189,10 @@ impl Service {
             ),
             // Each op of each partition: `engram.p.consolidator.<op>.<partition>`.
             Self::Consolidator => (vec![format!("{PROJECTOR_PREFIX}.consolidator.*.*")], vec![]),
-            Self::Query => (vec![format!("{QUERY_PREFIX}.>")], vec![]),
+            Self::Query => (
+                vec![format!("{QUERY_PREFIX}.>"), format!("{NODE_PREFIX}.>")],
+                vec![],
+            ),
         }
     }
 }
@@ -228,8 +234,9 @@ pub fn reply_allowed(subject: &str, reply: Option<&str>) -> bool {
     }
     match caller_inbox(subject) {
         Some(prefix) => reply.starts_with(&prefix),
-        None if subject.starts_with(&format!("{QUERY_PREFIX}."))
-            && subject.split('.').count() > 3 =>
+        None if (subject.starts_with(&format!("{QUERY_PREFIX}."))
+            && subject.split('.').count() > 3)
+            || subject.starts_with(&format!("{NODE_PREFIX}.")) =>
         {
             // Looks like an agent subject but does not parse as one: nobody's.
             false
@@ -255,8 +262,12 @@ pub fn query_subject_any(op: &str) -> String {
 /// The first tokens of agent query subjects.
 pub const QUERY_PREFIX: &str = "engram.q";
 
-/// The tenant and agent of an agent query subject (`engram.q.<tenant>.<agent>.<op>`).
+/// The tenant and agent of an agent query subject: `engram.q.<tenant>.<agent>.<op>`, or a
+/// routed one ([`routed_of`]).
 pub fn caller_of(subject: &str) -> Option<(Ident, Ident)> {
+    if let Some(routed) = routed_of(subject) {
+        return Some((routed.tenant, routed.agent));
+    }
     let rest = subject.strip_prefix(QUERY_PREFIX)?.strip_prefix('.')?;
     let mut tokens = rest.split('.');
     let (tenant, agent, _op) = (tokens.next()?, tokens.next()?, tokens.next()?);
@@ -267,6 +278,89 @@ pub fn caller_of(subject: &str) -> Option<(Ident, Ident)> {
         Ident::parse("tenant", tenant).ok()?,
         Ident::parse("agent", agent).ok()?,
     ))
+}
+
+/// The first tokens of the subjects memory nodes answer routed queries on:
+/// `engram.n.<partition>.<tenant>.<agent>.<op>.<kind>.<id>`. The server's mapping
+/// ([`crate::conf::query_routing`]) makes them of an agent's routed query subject, with the
+/// partition of the tenant's scope computed as the events stream's own transform does.
+pub const NODE_PREFIX: &str = "engram.n";
+
+/// The subject an agent sends `op` about its own `scope` to, for the memory node that owns
+/// the scope's partition: `engram.q.<tenant>.<agent>.<op>.<kind>.<id>`. The server maps it
+/// to `engram.n.<partition>.…`; a server without the mapping delivers it to the query
+/// service as it is.
+pub fn routed_query_subject(tenant: &Ident, agent: &Ident, op: &str, scope: &Scope) -> String {
+    format!(
+        "{QUERY_PREFIX}.{tenant}.{agent}.{op}.{}.{}",
+        scope.kind, scope.id
+    )
+}
+
+/// What the query service subscribes to for routed `op` requests a server without the
+/// mapping delivers unmapped.
+pub fn routed_subject_any(op: &str) -> String {
+    format!("{QUERY_PREFIX}.*.*.{op}.*.*")
+}
+
+/// What the owner of `partition` subscribes to for routed `op` requests.
+pub fn node_subject_any(partition: u32, op: &str) -> String {
+    format!("{NODE_PREFIX}.{partition}.*.*.{op}.*.*")
+}
+
+/// A routed query subject, parsed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Routed {
+    /// The partition the server's mapping put in the subject; `None` for a subject that
+    /// arrived unmapped.
+    pub partition: Option<u32>,
+    pub tenant: Ident,
+    pub agent: Ident,
+    pub op: String,
+    /// The request's own scope, which decided the partition.
+    pub scope: Scope,
+}
+
+/// Parses `engram.n.<partition>.<tenant>.<agent>.<op>.<kind>.<id>` or its unmapped form
+/// `engram.q.<tenant>.<agent>.<op>.<kind>.<id>`; `None` for anything else.
+pub fn routed_of(subject: &str) -> Option<Routed> {
+    let (partition, rest) = if let Some(rest) = subject
+        .strip_prefix(NODE_PREFIX)
+        .and_then(|r| r.strip_prefix('.'))
+    {
+        let (partition, rest) = rest.split_once('.')?;
+        // Digits only: `+5` or `05` would parse, and name the same partition twice.
+        if partition.is_empty()
+            || !partition.bytes().all(|b| b.is_ascii_digit())
+            || (partition.len() > 1 && partition.starts_with('0'))
+        {
+            return None;
+        }
+        (Some(partition.parse::<u32>().ok()?), rest)
+    } else {
+        (None, subject.strip_prefix(QUERY_PREFIX)?.strip_prefix('.')?)
+    };
+    let mut tokens = rest.split('.');
+    let (tenant, agent, op, kind, id) = (
+        tokens.next()?,
+        tokens.next()?,
+        tokens.next()?,
+        tokens.next()?,
+        tokens.next()?,
+    );
+    if tokens.next().is_some()
+        || op.is_empty()
+        || !op.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_')
+    {
+        return None;
+    }
+    Some(Routed {
+        partition,
+        tenant: Ident::parse("tenant", tenant).ok()?,
+        agent: Ident::parse("agent", agent).ok()?,
+        op: op.to_owned(),
+        scope: Scope::new(kind.parse().ok()?, id).ok()?,
+    })
 }
 
 /// The inbox prefix of a role's connections: replies come back only there.
@@ -309,6 +403,7 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
         snapshots_bucket: snaps,
         snapshots_index: snap_index,
         leases_bucket: leases,
+        nodes_bucket: nodes,
         access_stream: access,
     } = names;
     let inbox = format!("{}.>", inbox_prefix(role));
@@ -326,7 +421,15 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
             // acknowledge the publish at any reply subject it names: another tenant's events,
             // a KV bucket, the registry, the JetStream API. The server publishes those acks
             // itself, outside every permission.
-            let publish = vec![query_subject(tenant, agent, "*")];
+            // Routed queries too: `engram.q.<tenant>.<agent>.<op>.<kind>.<id>`, which the
+            // server maps to `engram.n.<partition>.<tenant>.<agent>.…` (permissions are
+            // checked on the mapped subject). A key that names another partition than
+            // its scope's reaches no node: each checks the partition against the scope.
+            let publish = vec![
+                query_subject(tenant, agent, "*"),
+                format!("{QUERY_PREFIX}.{tenant}.{agent}.*.*.*"),
+                format!("{NODE_PREFIX}.*.{tenant}.{agent}.*.*.*"),
+            ];
             Some(Permissions {
                 publish: Rule {
                     allow: publish,
@@ -392,6 +495,9 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                     format!("$JS.API.STREAM.CREATE.KV_{snap_index}"),
                     format!("$KV.{leases}.>"),
                     format!("$JS.API.STREAM.CREATE.KV_{leases}"),
+                    // A memory node's membership and partition leases.
+                    format!("$KV.{nodes}.>"),
+                    format!("$JS.API.STREAM.CREATE.KV_{nodes}"),
                 ]);
             };
             match service {
@@ -465,7 +571,11 @@ mod tests {
         let p = permissions(&agent("acme", "planner"), &Names::default()).unwrap();
         assert_eq!(
             p.publish.allow,
-            vec!["engram.q.acme.planner.*"],
+            vec![
+                "engram.q.acme.planner.*",
+                "engram.q.acme.planner.*.*.*",
+                "engram.n.*.acme.planner.*.*.*"
+            ],
             "appends go through the query service: a key that publishes to the log chooses where the server acks it"
         );
         assert_eq!(p.subscribe.allow, vec!["_INBOX.a.acme.planner.>"]);
@@ -499,6 +609,46 @@ mod tests {
         assert!(caller_of("engram.q.retrieve").is_none());
         assert!(caller_of("engram.q.acme.planner.retrieve.x").is_none());
         assert!(caller_of("engram.qx.acme.planner.retrieve").is_none());
+    }
+
+    #[test]
+    fn a_routed_subject_names_its_partition_caller_op_and_scope() {
+        let mapped = routed_of("engram.n.5.acme.planner.retrieve.task.t1").unwrap();
+        assert_eq!(mapped.partition, Some(5));
+        assert_eq!(
+            (mapped.tenant.as_str(), mapped.agent.as_str()),
+            ("acme", "planner")
+        );
+        assert_eq!(mapped.op, "retrieve");
+        assert_eq!(mapped.scope.to_string(), "task:t1");
+        let unmapped = routed_of("engram.q.acme.planner.retrieve.task.t1").unwrap();
+        assert_eq!(unmapped.partition, None);
+        assert_eq!(
+            caller_of("engram.n.5.acme.planner.retrieve.task.t1")
+                .map(|(t, a)| (t.to_string(), a.to_string())),
+            Some(("acme".into(), "planner".into()))
+        );
+        assert_eq!(
+            routed_query_subject(&mapped.tenant, &mapped.agent, "retrieve", &mapped.scope),
+            "engram.q.acme.planner.retrieve.task.t1"
+        );
+        for bad in [
+            "engram.n.05.acme.planner.retrieve.task.t1",
+            "engram.n.+5.acme.planner.retrieve.task.t1",
+            "engram.n.x.acme.planner.retrieve.task.t1",
+            "engram.n.5.acme.planner.retrieve.galaxy.t1",
+            "engram.n.5.acme.planner.retrieve.task",
+            "engram.n.5.acme.planner.retrieve.task.t1.x",
+            "engram.n.5.acme.planner.re-trieve.task.t1",
+        ] {
+            assert!(routed_of(bad).is_none(), "{bad}");
+            assert!(!reply_allowed(bad, Some("_INBOX.x.y")), "{bad}");
+        }
+        // Answered at the caller's own inbox only.
+        let subject = "engram.n.5.acme.planner.retrieve.task.t1";
+        assert!(reply_allowed(subject, Some("_INBOX.a.acme.planner.abc")));
+        assert!(!reply_allowed(subject, Some("_INBOX.a.acme.other.abc")));
+        assert!(!reply_allowed(subject, Some("_INBOX.s.query.abc")));
     }
 
     #[test]

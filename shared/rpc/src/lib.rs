@@ -332,7 +332,7 @@ where
     serve_inner(service, None, subject, op, limits, handler).await
 }
 
-/// [`serve`], also entered in `routes.local` for callers in this process, until
+/// [`serve`], also entered in `routes.local` (if any) for callers in this process, until
 /// `routes.stop` ends the endpoint.
 pub async fn serve_with<Req, Resp, H, Fut>(
     service: &service::Service,
@@ -359,8 +359,8 @@ where
     .await
 }
 
-/// [`serve_from`], also entered in `routes.local` for callers in this process, until
-/// `routes.stop` ends the endpoint.
+/// [`serve_from`], also entered in `routes.local` (if any) for callers in this process,
+/// until `routes.stop` ends the endpoint.
 pub async fn serve_from_with<Req, Resp, H, Fut>(
     service: &service::Service,
     routes: &Routes,
@@ -402,8 +402,8 @@ where
     let handler = Arc::new(handler);
     let subject = subject.to_owned();
     let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1)));
-    if let Some(routes) = routes {
-        routes.local.insert(
+    if let Some(local) = routes.and_then(|r| r.local.as_ref()) {
+        local.insert(
             &subject,
             Arc::new(local::Typed {
                 handler: handler.clone(),
@@ -424,8 +424,8 @@ where
                     None => break,
                 },
                 () = stop.cancelled() => {
-                    if let Some(routes) = &routes {
-                        routes.local.remove(&subject);
+                    if let Some(local) = routes.as_ref().and_then(|r| r.local.as_ref()) {
+                        local.remove(&subject);
                     }
                     if let Err(e) = endpoint.stop().await {
                         tracing::debug!(subject = %subject, error = %e, "endpoint did not unsubscribe");
@@ -530,8 +530,8 @@ where
                 .instrument(tracing::debug_span!("rpc", op)),
             );
         }
-        if let Some(routes) = &routes {
-            routes.local.remove(&subject);
+        if let Some(local) = routes.as_ref().and_then(|r| r.local.as_ref()) {
+            local.remove(&subject);
         }
         tracing::debug!(subject = %subject, "endpoint closed");
     }))

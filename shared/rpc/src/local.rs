@@ -122,13 +122,22 @@ impl LocalRoute {
 /// token, so giving up a partition ends exactly its endpoints.
 #[derive(Clone, Debug)]
 pub struct Routes {
-    pub local: LocalRoutes,
+    pub local: Option<LocalRoutes>,
     pub stop: CancellationToken,
 }
 
 impl Routes {
+    /// Entered in `local` too, until `stop`.
     pub fn new(local: LocalRoutes, stop: CancellationToken) -> Self {
-        Self { local, stop }
+        Self {
+            local: Some(local),
+            stop,
+        }
+    }
+
+    /// Over NATS only, until `stop`.
+    pub fn until(stop: CancellationToken) -> Self {
+        Self { local: None, stop }
     }
 }
 

@@ -428,26 +428,46 @@ impl Client {
     /// append's sequence to read your own write; a timeout is
     /// `RpcError::Service { code: ErrorCode::NotYetVisible, .. }`, never stale results.
     pub async fn retrieve(&self, request: &RetrieveRequest) -> Result<RetrieveResponse, RpcError> {
-        self.query(proto::RETRIEVE, request, request.consistency.wait_ms)
-            .await
+        self.query_about(
+            proto::RETRIEVE,
+            request,
+            &request.scopes.scope,
+            request.consistency.wait_ms,
+        )
+        .await
     }
 
     /// The memory for one agent step, within `request.token_budget` tokens.
     pub async fn build_context(&self, request: &ContextRequest) -> Result<Context, RpcError> {
-        self.query(proto::CONTEXT, request, request.consistency.wait_ms)
-            .await
+        self.query_about(
+            proto::CONTEXT,
+            request,
+            &request.scopes.scope,
+            request.consistency.wait_ms,
+        )
+        .await
     }
 
     /// Facts as they are now, or as they stood (bi-temporal).
     pub async fn facts(&self, request: &FactsRequest) -> Result<FactsResponse, RpcError> {
-        self.query(proto::FACTS, request, request.consistency.wait_ms)
-            .await
+        self.query_about(
+            proto::FACTS,
+            request,
+            &request.scopes.scope,
+            request.consistency.wait_ms,
+        )
+        .await
     }
 
     /// Skills by name or by task description.
     pub async fn skills(&self, request: &SkillsRequest) -> Result<SkillsResponse, RpcError> {
-        self.query(proto::SKILLS, request, request.consistency.wait_ms)
-            .await
+        self.query_about(
+            proto::SKILLS,
+            request,
+            &request.scopes.scope,
+            request.consistency.wait_ms,
+        )
+        .await
     }
 
     /// Consolidates one scope now: asks the consolidator for the scope's plan at
@@ -505,8 +525,13 @@ impl Client {
     /// A shared document's state (with its conflicts) at `request.consistency.min_seq` or
     /// later, its history, or the documents of the readable scopes.
     pub async fn doc(&self, request: &DocRequest) -> Result<DocResponse, RpcError> {
-        self.query(proto::DOC, request, request.consistency.wait_ms)
-            .await
+        self.query_about(
+            proto::DOC,
+            request,
+            &request.scopes.scope,
+            request.consistency.wait_ms,
+        )
+        .await
     }
 
     /// Working memory of one scope (put, get, delete, list) through the query service: the
@@ -565,17 +590,64 @@ impl Client {
         request: &Req,
         wait_ms: Option<u64>,
     ) -> Result<Resp, RpcError> {
+        self.query_inner(subject, request, None, wait_ms).await
+    }
+
+    /// [`Client::query`] of a request about the agent's own `scope`: an agent's goes to
+    /// `engram.q.<tenant>.<agent>.<op>.<kind>.<id>`, which the server routes to the memory
+    /// node owning the scope's partition, so the query is one round trip to the node that
+    /// answers it in process.
+    pub(crate) async fn query_about<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        subject: &str,
+        request: &Req,
+        scope: &Scope,
+        wait_ms: Option<u64>,
+    ) -> Result<Resp, RpcError> {
+        self.query_inner(subject, request, Some(scope), wait_ms)
+            .await
+    }
+
+    async fn query_inner<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        subject: &str,
+        request: &Req,
+        scope: Option<&Scope>,
+        wait_ms: Option<u64>,
+    ) -> Result<Resp, RpcError> {
         // An agent may use only its own query subjects; the service reads who is asking
         // from them.
         let agent_subject;
         let subject = match self.agent_identity() {
             Some((tenant, agent)) => {
                 let op = subject.rsplit('.').next().unwrap_or(subject);
+                if let Some(scope) = scope {
+                    let routed =
+                        engram_access::perms::routed_query_subject(tenant, agent, op, scope);
+                    match self.ask(&routed, request, wait_ms).await {
+                        // No node owns the scope's partition now (a move under way), or
+                        // nothing serves routed queries: the query service answers instead,
+                        // asking the partition's owner itself, and says which partition is
+                        // unserved if none is. One more request, only when routing failed.
+                        Err(RpcError::NoResponders { .. }) => {}
+                        other => return other,
+                    }
+                }
                 agent_subject = engram_access::perms::query_subject(tenant, agent, op);
                 agent_subject.as_str()
             }
             None => subject,
         };
+        self.ask(subject, request, wait_ms).await
+    }
+
+    /// One request to `subject`, asked again while it is answered busy.
+    async fn ask<Req: serde::Serialize, Resp: serde::de::DeserializeOwned>(
+        &self,
+        subject: &str,
+        request: &Req,
+        wait_ms: Option<u64>,
+    ) -> Result<Resp, RpcError> {
         // The service's own bound on read-your-writes waits, plus room for the work.
         let timeout = Duration::from_millis(wait_ms.unwrap_or(5_000)) + Duration::from_secs(15);
         let started = tokio::time::Instant::now();

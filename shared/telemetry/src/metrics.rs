@@ -205,6 +205,44 @@ pub static CONSOLIDATION_OUTPUTS: LazyLock<IntCounterVec> = LazyLock::new(|| {
         &["outcome"],
     )
 });
+/// Stream partitions this memory node owns (holds the lease of), caught up or not.
+pub static NODE_PARTITIONS_OWNED: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "engram_node_partitions_owned",
+            "stream partitions whose lease this memory node holds",
+        )
+        .unwrap(),
+    )
+});
+
+/// Partitions that came to this node (`in`), that it handed to another (`out`), and that it
+/// lost without handing over (`lost`: its lease expired or was taken).
+pub static NODE_PARTITION_MOVES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_node_partition_moves_total",
+        "partitions taken over, handed over and lost by this memory node",
+        &["direction"],
+    )
+});
+
+/// From taking a partition's lease to answering its queries (its newest snapshot loaded and
+/// the tail applied): how long a move keeps the partition unavailable here.
+pub static NODE_TAKEOVER_SECONDS: LazyLock<prometheus::Histogram> = LazyLock::new(|| {
+    register(
+        prometheus::Histogram::with_opts(
+            HistogramOpts::new(
+                "engram_node_takeover_seconds",
+                "time from taking a partition's lease to answering its queries",
+            )
+            .buckets(vec![
+                0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0,
+            ]),
+        )
+        .unwrap(),
+    )
+});
+
 /// Consolidation partitions whose lease this process holds.
 pub static CONSOLIDATION_PARTITIONS_HELD: LazyLock<IntGauge> = LazyLock::new(|| {
     register(

@@ -11,6 +11,11 @@ use engram_bus::{Bus, BusConfig};
 use engram_natsd::{NatsServer, ServerOptions};
 use engram_schema::{Content, Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 
+/// The server's query routing for an events stream of the default partition count.
+fn routing() -> String {
+    engram_access::conf::query_routing(engram_bus::BusConfig::default().stream.partitions)
+}
+
 /// A private nats-server for one test.
 pub struct TestNats {
     pub server: NatsServer,
@@ -19,9 +24,15 @@ pub struct TestNats {
 }
 
 impl TestNats {
-    /// Starts a nats-server with JetStream on a random port.
+    /// Starts a nats-server with JetStream on a random port, routing agents' queries to
+    /// memory nodes as `engram up`'s server does (for a stream of the default partitions).
     pub async fn start() -> Self {
-        Self::start_with(|_| None).await
+        Self::start_with(|dir| {
+            let conf = dir.join("run").join("nats.conf");
+            std::fs::write(&conf, routing()).expect("cannot write config");
+            Some(conf)
+        })
+        .await
     }
 
     /// Starts one with the config file `config` writes into the run dir (given the temp
@@ -265,7 +276,8 @@ impl TestNats {
             conf::write_if_changed(&auth_conf, &conf::render(&fixed, &Names::default()))
                 .unwrap_or_else(|e| panic!("{e}"));
             let main_conf = dir.join("run").join("nats.conf");
-            std::fs::write(&main_conf, "include \"auth.conf\"\n").expect("cannot write config");
+            std::fs::write(&main_conf, format!("include \"auth.conf\"\n{}", routing()))
+                .expect("cannot write config");
             Some(main_conf)
         })
         .await;
