@@ -100,6 +100,10 @@ async fn endpoints(client: &async_nats::Client, service: &str) -> Vec<String> {
 /// (`engram.p.vector.search.3`), or the one before a routed query's scope
 /// (`engram.n.3.*.*.retrieve.*.*`).
 fn op_of(subject: &str) -> &str {
+    // The privileged routed form (`engram.n.3.retrieve.*.*.*`), then the agents'.
+    if let Some(routed) = subject.strip_suffix(".*.*.*") {
+        return routed.rsplit('.').next().unwrap();
+    }
     if let Some(routed) = subject.strip_suffix(".*.*") {
         return routed.rsplit('.').next().unwrap();
     }
@@ -168,8 +172,10 @@ async fn every_nats_endpoint_refuses_an_unknown_field_naming_it() {
             };
             // A routed query (the query service's unmapped form, or a node's): the agent
             // asks about its own scope, and the server's mapping takes it to the owner.
+            let privileged = subject.ends_with(".*.*.*");
             let routed = subject.ends_with(".*.*");
             let (client, subject) = match subject.strip_prefix("engram.q.*.*.") {
+                _ if privileged => (&admin, format!("engram.q.{op}.acme.task.t1")),
                 _ if routed => (&agent, format!("engram.q.acme.agent-1.{op}.task.t1")),
                 Some(op) => (&agent, format!("engram.q.acme.agent-1.{op}")),
                 None => (&admin, subject.clone()),

@@ -118,9 +118,16 @@ struct Cli {
     connections: Option<usize>,
 
     /// Run the projectors as processes of their own; kill -9 one and then nats-server during
-    /// the run, restart them, and report the recovery.
+    /// the run, restart them, and report the recovery. With --nodes, kill -9 a memory node
+    /// instead of a projector: its partitions move to the others, and back once it is
+    /// started again.
     #[arg(long, env = "ENGRAM_LOADTEST_CHAOS")]
     chaos: bool,
+
+    /// Run N memory nodes as processes of their own (`engram up --nodes N`), sharing the
+    /// stream's partitions. [default: 0, one node inside engram up]
+    #[arg(long, env = "ENGRAM_LOADTEST_NODES")]
+    nodes: Option<usize>,
 
     /// Exit 0 when the run was correct but did not sustain its target rate (more than 1% of
     /// the scheduled steps never ran); without it such a run exits 3. The headline says
@@ -226,6 +233,7 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
         query,
         wait,
         connections,
+        nodes,
         embedder,
         drain_limit,
         reference,

@@ -118,6 +118,13 @@ pub struct FleetConfig {
     pub wait: Duration,
     /// Connections the instances share.
     pub connections: usize,
+    /// Memory nodes as processes of their own (`engram up --nodes N`), sharing the stream's
+    /// partitions; 0 runs one inside `engram up`.
+    pub nodes: usize,
+    /// With `nodes` of 2 or more, chaos kills a node (not a projector): its partitions move
+    /// to the others, and back once `engram up` has started it again after this.
+    #[serde(with = "humantime_serde")]
+    pub node_restart_after: Duration,
     pub chaos: bool,
     /// Accept a run that did not sustain its target rate: its report still says so, but the
     /// binary exits 0 (given correctness passed) instead of 3. For exploring where a machine
@@ -163,6 +170,8 @@ impl Default for FleetConfig {
             query: 0.2,
             wait: Duration::from_secs(10),
             connections: 8,
+            nodes: 0,
+            node_restart_after: Duration::from_secs(15),
             chaos: false,
             allow_overload: false,
             drain_limit: Duration::from_secs(120),
@@ -224,6 +233,20 @@ impl FleetConfig {
                 return invalid(format!("{name} is {share}; it must be between 0 and 1"));
             }
         }
+        if self.nodes > 64 {
+            return invalid(format!("--nodes is {}; at most 64", self.nodes));
+        }
+        if self.nodes > 0 && self.nats.is_some() {
+            return invalid(
+                "--nodes starts memory nodes here, so it needs the local target; drop --nats"
+                    .into(),
+            );
+        }
+        if self.chaos && self.nodes == 1 {
+            return invalid(
+                "--chaos with --nodes kills one node and needs another to take its partitions: use --nodes 2 or more (or none)".into(),
+            );
+        }
         if self.chaos && self.nats.is_some() {
             return invalid(
                 "--chaos kills and restarts processes, so it needs the local target; drop --nats"
@@ -253,6 +276,8 @@ pub async fn run(
         "[setup] starting the system under test ({})",
         if config.nats.is_some() {
             "remote"
+        } else if config.nodes > 0 {
+            "engram up with memory node processes + nats-server"
         } else if config.chaos {
             "engram up + 4 projector processes + nats-server"
         } else {
@@ -262,12 +287,21 @@ pub async fn run(
     let mut target = Target::start(TargetOptions {
         remote: config.nats.clone(),
         engram_bin: config.engram_bin.clone(),
-        separate_projectors: config.chaos,
+        separate_projectors: config.chaos && config.nodes == 0,
         embedder: config.embedder,
         extra_config: config.engram_config.clone(),
         consolidate_every: config.consolidate_every,
+        nodes: config.nodes,
+        node_restart_after: config.node_restart_after,
     })
     .await?;
+    if config.nodes > 0 {
+        let monitor = connect_pool(&target.url, 1, "engram-loadtest-nodes")
+            .await?
+            .remove(0);
+        wait_nodes_serving(&monitor, None, Duration::from_secs(300)).await;
+        close_pool(&[monitor]).await;
+    }
     let result = load_and_verify(&config, &mut target, machine, started_at, shutdown).await;
     let failed = !matches!(&result, Ok(r) if r.passed());
     let kept = if failed { target.keep_files() } else { None };
@@ -369,7 +403,21 @@ async fn load_and_verify(
         .collect();
 
     let chaos_events = if config.chaos {
-        chaos(target, &pids, &monitor, &recorder, start, config.duration).await
+        let victims: &[&str] = if config.nodes >= 2 {
+            &["node-1", "nats-server"]
+        } else {
+            &["vector", "nats-server"]
+        };
+        chaos(
+            target,
+            victims,
+            &pids,
+            &monitor,
+            &recorder,
+            start,
+            config.duration,
+        )
+        .await
     } else {
         Vec::new()
     };
@@ -416,6 +464,7 @@ async fn load_and_verify(
         }
     };
     let metrics_after = read_metrics(metrics_url.as_deref()).await;
+    let nodes = node_shares(&monitor, target).await;
     eprintln!("[snapshots] cutting one snapshot of each projector");
     let snapshots = cuts.finish(monitor.client()).await;
     let interrupted = *stop_rx.borrow();
@@ -535,6 +584,7 @@ async fn load_and_verify(
         drain_error: drain.err().map(|e| e.to_string()),
         verification,
         chaos: chaos_events,
+        nodes,
         reference,
         ratios,
         resources: report::resources(&timeline),
@@ -584,11 +634,93 @@ fn consolidator_cpu(target: &Target) -> Option<Duration> {
     crate::cpu::of_pid(pid)
 }
 
-/// Chaos mode, run alongside the load: at 30% of it, `kill -9` the vector projector (the one
-/// with the most state to restore) and restart it; at 60%, `kill -9` nats-server and restart it
-/// on the same store. Each is timed until the system has recovered.
+/// Each memory node process's share at the end of the run: the partitions it serves, the
+/// events its read models applied (its `/metrics`) and the CPU its process used (since it
+/// last started). Empty without node processes.
+async fn node_shares(monitor: &Bus, target: &Target) -> Vec<report::NodeShare> {
+    let pids = target.node_pids();
+    if pids.is_empty() {
+        return Vec::new();
+    }
+    let bucket = engram_node::NodeConfig::default().bucket;
+    let members = engram_node::ownership::live_members(monitor, &bucket)
+        .await
+        .unwrap_or_default();
+    let mut shares = Vec::new();
+    for m in members {
+        let applied = match &m.http {
+            Some(addr) => metrics::scrape(&format!("http://{addr}/metrics"))
+                .await
+                .ok()
+                .and_then(|s| s.sum("engram_projector_applied_total", &[]))
+                .map(|v| v as u64),
+            None => None,
+        };
+        let cpu_secs = pids
+            .iter()
+            .find(|(name, _)| *name == m.node)
+            .and_then(|(_, pid)| crate::cpu::of_pid(*pid))
+            .map(|d| d.as_secs_f64());
+        shares.push(report::NodeShare {
+            node: m.node,
+            partitions: m.serving,
+            applied_events: applied,
+            cpu_secs,
+        });
+    }
+    shares
+}
+
+/// Until every partition is served by some live memory node other than `but` (a node just
+/// killed, whose announcement outlives it until it expires); how long that took, `None` if
+/// not within `within`.
+async fn wait_nodes_serving(monitor: &Bus, but: Option<&str>, within: Duration) -> Option<f64> {
+    let started = Instant::now();
+    let partitions = monitor.config().stream.partitions as usize;
+    let bucket = engram_node::NodeConfig::default().bucket;
+    while started.elapsed() < within {
+        let served: std::collections::BTreeSet<u32> =
+            engram_node::ownership::live_members(monitor, &bucket)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .filter(|m| Some(m.node.as_str()) != but)
+                .flat_map(|m| m.serving)
+                .collect();
+        if served.len() == partitions {
+            return Some(started.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+/// Until the node `name` serves some partition again; how long that took.
+async fn wait_node_back(monitor: &Bus, name: &str, within: Duration) -> Option<f64> {
+    let started = Instant::now();
+    let bucket = engram_node::NodeConfig::default().bucket;
+    while started.elapsed() < within {
+        let back = engram_node::ownership::live_members(monitor, &bucket)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .any(|m| m.node == name && !m.serving.is_empty());
+        if back {
+            return Some(started.elapsed().as_secs_f64());
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Chaos mode, run alongside the load: at 30% of it, `kill -9` the first victim (the vector
+/// projector, the one with the most state to restore, or with memory nodes the node
+/// `node-1`), and restart it; at 60%, `kill -9` nats-server and restart it on the same store.
+/// Each is timed until the system has recovered; a killed node is started again by `engram
+/// up` after `node.restart_after`, and its partitions are timed as they move away and back.
 async fn chaos(
     target: &mut Target,
+    victims: &[&str],
     pids: &Arc<Mutex<Vec<(String, u32)>>>,
     monitor: &Bus,
     recorder: &Recorder,
@@ -596,7 +728,7 @@ async fn chaos(
     duration: Duration,
 ) -> Vec<ChaosEvent> {
     let mut events = Vec::new();
-    for (share, victim) in [(0.3, "vector"), (0.6, "nats-server")] {
+    for (share, victim) in [0.3, 0.6].into_iter().zip(victims.iter().copied()) {
         tokio::time::sleep_until(start + duration.mul_f64(share)).await;
         let stream_seq_at_kill = monitor.stream_state().await.ok().map(|s| s.last_seq);
         let killed = Instant::now();
@@ -607,9 +739,23 @@ async fn chaos(
         // server does, and an ack that raced the kill must not count as a resumption.
         let appends_before = recorder.acked_count();
         let watch_appends = victim != "nats-server";
-        // Long enough for clients to notice and start retrying.
-        tokio::time::sleep(Duration::from_secs(2)).await;
+        let node = victim.starts_with("node-");
+        // A node's partitions move to the others: timed from the kill.
+        let taken_over = if node {
+            wait_nodes_serving(monitor, Some(victim), Duration::from_secs(120)).await
+        } else {
+            // Long enough for clients to notice and start retrying.
+            tokio::time::sleep(Duration::from_secs(2)).await;
+            None
+        };
         let restart = target.restart(victim).await;
+        let returned = if node {
+            wait_node_back(monitor, victim, Duration::from_secs(300))
+                .await
+                .map(|_| killed.elapsed().as_secs_f64())
+        } else {
+            None
+        };
         let serving = Instant::now();
         *pids
             .lock()
@@ -623,6 +769,9 @@ async fn chaos(
             appends_resumed_secs: None,
             caught_up_secs: None,
             caught_up_to_seq: None,
+            taken_over_secs: taken_over,
+            returned_secs: returned,
+            visibility_max_ms: None,
             error: restart.err().map(|e| e.to_string()),
         };
         if event.error.is_none() {
@@ -667,6 +816,17 @@ async fn chaos(
             }
         }
         recorder.outage(false);
+        event.visibility_max_ms = recorder.visibility_max_ms(killed, Instant::now());
+        if node {
+            eprintln!(
+                "[chaos] {victim}: its partitions served by the others after {}, it served again after {}, longest written-to-readable {} ms",
+                secs(event.taken_over_secs),
+                secs(event.returned_secs),
+                event
+                    .visibility_max_ms
+                    .map_or_else(|| "?".to_owned(), |v| format!("{v:.0}"))
+            );
+        }
         eprintln!(
             "[chaos] {victim}: back after {:.2}s, appends resumed after {}, projectors caught up after {}",
             event.down_secs,

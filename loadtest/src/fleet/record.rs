@@ -472,6 +472,21 @@ impl Recorder {
     }
 
     /// Acknowledged appends so far, for progress lines.
+    /// The longest written-to-readable time recorded in the seconds from `from` to `to`.
+    pub(crate) fn visibility_max_ms(&self, from: Instant, to: Instant) -> Option<f64> {
+        let (first, last) = (self.second(from), self.second(to));
+        let inner = self.lock();
+        inner
+            .per_second
+            .iter()
+            .enumerate()
+            .filter(|(s, _)| (first..=last).contains(s))
+            .filter_map(|(_, metrics)| metrics.get(&Metric::Visibility))
+            .filter(|h| !h.is_empty())
+            .map(|h| h.max() as f64 / 1000.0)
+            .reduce(f64::max)
+    }
+
     pub(crate) fn acked_count(&self) -> usize {
         self.lock().ledger.len()
     }

@@ -55,6 +55,9 @@ pub struct FleetReport {
     pub drain_error: Option<String>,
     pub verification: Option<Verification>,
     pub chaos: Vec<ChaosEvent>,
+    /// With memory node processes: each one's share of the work at the end.
+    #[serde(default)]
+    pub nodes: Vec<NodeShare>,
     pub reference: Option<Reference>,
     pub ratios: Option<Ratios>,
     /// Peak and mean CPU and memory per process over the run.
@@ -151,7 +154,29 @@ pub struct ChaosEvent {
     /// The stream's last sequence they had all applied then: past `stream_seq_at_kill` when
     /// appends went on through or after the outage.
     pub caught_up_to_seq: Option<u64>,
+    /// A memory node: kill until every partition was served by the other nodes.
+    #[serde(default)]
+    pub taken_over_secs: Option<f64>,
+    /// A memory node: kill until it served partitions again, restarted by `engram up`.
+    #[serde(default)]
+    pub returned_secs: Option<f64>,
+    /// The longest written-to-readable time measured from the kill until the recovery was
+    /// timed: the visibility gap the outage caused.
+    #[serde(default)]
+    pub visibility_max_ms: Option<f64>,
     pub error: Option<String>,
+}
+
+/// One memory node process at the end of a run.
+#[derive(Clone, Debug, Serialize)]
+pub struct NodeShare {
+    pub node: String,
+    /// The partitions it served.
+    pub partitions: Vec<u32>,
+    /// Events its read models applied (every model's instances summed), since it started.
+    pub applied_events: Option<u64>,
+    /// CPU its process used since it started.
+    pub cpu_secs: Option<f64>,
 }
 
 /// Engram's figures over the raw reference's, from the same run.
@@ -429,10 +454,11 @@ impl FleetReport {
             } else {
                 "local engram up"
             },
-            if c.chaos {
-                ", chaos (projectors in their own processes)"
-            } else {
-                ""
+            match (c.nodes, c.chaos) {
+                (0, true) => ", chaos (projectors in their own processes)".to_owned(),
+                (0, false) => String::new(),
+                (n, true) => format!(", {n} memory node processes, chaos (one node killed)"),
+                (n, false) => format!(", {n} memory node processes"),
             },
             c.seed,
             self.nats_server_version,
@@ -645,14 +671,14 @@ impl FleetReport {
             let _ = writeln!(out, "\n## Chaos\n");
             let _ = writeln!(
                 out,
-                "| kill -9 | at s | back s | appends while down | appends resumed s | projectors caught up s | caught up after the restart s | stream seq at the kill, caught up to |\n|---|---|---|---|---|---|---|---|"
+                "| kill -9 | at s | back s | appends while down | appends resumed s | projectors caught up s | caught up after the restart s | stream seq at the kill, caught up to | partitions taken over s | node serving again s | longest written-to-readable ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
             );
             let opt = |v: Option<f64>| v.map_or_else(|| "never".to_owned(), |v| format!("{v:.2}"));
             for e in &self.chaos {
                 let seq = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
                 let _ = writeln!(
                     out,
-                    "| {} | {:.1} | {:.2} | {} | {} | {} | {} | {}, {} |",
+                    "| {} | {:.1} | {:.2} | {} | {} | {} | {} | {}, {} | {} | {} | {} |",
                     e.victim,
                     e.at_secs,
                     e.down_secs,
@@ -661,7 +687,42 @@ impl FleetReport {
                     opt(e.caught_up_secs),
                     opt(e.caught_up_secs.map(|c| c - e.down_secs)),
                     seq(e.stream_seq_at_kill),
-                    seq(e.caught_up_to_seq)
+                    seq(e.caught_up_to_seq),
+                    e.taken_over_secs
+                        .map_or_else(|| "-".to_owned(), |v| format!("{v:.2}")),
+                    e.returned_secs
+                        .map_or_else(|| "-".to_owned(), |v| format!("{v:.2}")),
+                    e.visibility_max_ms
+                        .map_or_else(|| "?".to_owned(), |v| format!("{v:.0}")),
+                );
+            }
+        }
+        if !self.nodes.is_empty() {
+            let total: u64 = self.nodes.iter().filter_map(|n| n.applied_events).sum();
+            let _ = writeln!(out, "\n## Memory nodes\n");
+            let _ = writeln!(
+                out,
+                "| node | partitions | events applied (every model) | share | CPU s | CPU µs per applied event |\n|---|---|---|---|---|---|"
+            );
+            for n in &self.nodes {
+                let share = n.applied_events.filter(|_| total > 0).map_or_else(
+                    || "?".to_owned(),
+                    |a| format!("{:.0}%", 100.0 * a as f64 / total as f64),
+                );
+                let per_event = match (n.cpu_secs, n.applied_events) {
+                    (Some(cpu), Some(a)) if a > 0 => format!("{:.0}", cpu * 1e6 / a as f64),
+                    _ => "?".to_owned(),
+                };
+                let _ = writeln!(
+                    out,
+                    "| {} | {} ({:?}) | {} | {share} | {} | {per_event} |",
+                    n.node,
+                    n.partitions.len(),
+                    n.partitions,
+                    n.applied_events
+                        .map_or_else(|| "?".to_owned(), |a| a.to_string()),
+                    n.cpu_secs
+                        .map_or_else(|| "?".to_owned(), |c| format!("{c:.1}")),
                 );
             }
         }

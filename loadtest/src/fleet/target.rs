@@ -78,6 +78,11 @@ pub(crate) struct TargetOptions {
     pub(crate) extra_config: Option<PathBuf>,
     /// The consolidator's schedule in the engram processes started here (0: off).
     pub(crate) consolidate_every: Duration,
+    /// Memory nodes as processes of their own (`engram up --nodes N`); 0 runs one inside
+    /// `engram up`.
+    pub(crate) nodes: usize,
+    /// With nodes: how long a killed node stays down before `engram up` starts it again.
+    pub(crate) node_restart_after: Duration,
 }
 
 impl Target {
@@ -106,8 +111,13 @@ impl Target {
             dir.path().join("nats/store"),
             dir.path().join("nats"),
         );
-        server_opts.config_file =
-            Some(write(&dir.path().join("nats/nats-server.conf"), NATS_CONF)?);
+        // The same config `engram up` writes for its managed server: the shipped file, and
+        // the routing of queries to the memory nodes that own their partitions.
+        let conf = format!(
+            "{NATS_CONF}\n{}",
+            engram_access::conf::query_routing(engram_bus::BusConfig::default().stream.partitions)
+        );
+        server_opts.config_file = Some(write(&dir.path().join("nats/nats-server.conf"), &conf)?);
         let nats = NatsServer::start(server_opts)
             .await
             .map_err(|e| FleetError::Setup(format!("nats-server: {e}")))?;
@@ -128,10 +138,21 @@ impl Target {
         };
         let up_config = if opts.separate_projectors {
             format!("{base}\n[projectors]\nrun = []\n{extra}")
+        } else if opts.nodes > 0 {
+            format!(
+                "{base}\n[node]\nrestart_after = \"{}ms\"\n{extra}",
+                opts.node_restart_after.as_millis()
+            )
         } else {
             format!("{base}\n{extra}")
         };
-        target.spawn("engram", "up", &up_config, &["up"]).await?;
+        let nodes = opts.nodes.to_string();
+        let up: &[&str] = if opts.nodes > 0 {
+            &["up", "--nodes", &nodes]
+        } else {
+            &["up"]
+        };
+        target.spawn("engram", "up", &up_config, up).await?;
         if opts.separate_projectors {
             let config = format!("{base}\n{extra}");
             for name in projectors() {
@@ -173,7 +194,7 @@ impl Target {
             self.url.clone(),
         ];
         full.extend(args.iter().map(|s| (*s).to_owned()));
-        if args == ["up"] {
+        if args.first() == Some(&"up") {
             full.extend(["--http".to_owned(), "127.0.0.1:0".to_owned()]);
         }
         let mut proc = Proc {
@@ -293,7 +314,8 @@ impl Target {
         self.procs.len() > 1
     }
 
-    /// Processes to sample: (name, pid).
+    /// Processes to sample: (name, pid), the node processes of `engram up --nodes`
+    /// (`node-<i>`) included.
     pub(crate) fn pids(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
         if let Some(pid) = self.nats.as_ref().and_then(NatsServer::pid) {
@@ -304,15 +326,43 @@ impl Target {
                 out.push((proc.name.clone(), pid));
             }
         }
+        out.extend(self.node_pids());
         out
     }
 
-    /// `kill -9` of the named process (a projector, or "nats-server").
+    /// The node processes `engram up --nodes` runs now, from the pid files it keeps.
+    pub(crate) fn node_pids(&self) -> Vec<(String, u32)> {
+        let Some(dir) = self.dir.as_ref() else {
+            return Vec::new();
+        };
+        let nodes = dir.path().join("up").join("nodes");
+        let mut out: Vec<(String, u32)> = std::fs::read_dir(&nodes)
+            .into_iter()
+            .flatten()
+            .flatten()
+            .filter_map(|entry| {
+                let i = entry.file_name().to_string_lossy().into_owned();
+                let pid = std::fs::read_to_string(entry.path().join("pid")).ok()?;
+                Some((format!("node-{i}"), pid.trim().parse().ok()?))
+            })
+            .collect();
+        out.sort();
+        out
+    }
+
+    /// `kill -9` of the named process (a projector, a node `node-<i>`, or "nats-server").
+    /// A node is not started again here: `engram up` does, after `node.restart_after`.
     pub(crate) async fn kill(&mut self, name: &str) {
         if name == "nats-server" {
             if let Some(nats) = self.nats.as_mut() {
                 nats.kill().await;
             }
+            return;
+        }
+        if let Some((_, pid)) = self.node_pids().into_iter().find(|(n, _)| n == name) {
+            // SAFETY: kill(2) on a process of this run's (a grandchild), by the pid its
+            // supervisor wrote.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGKILL) };
             return;
         }
         if let Some(proc) = self.procs.iter_mut().find(|p| p.name == name)
@@ -334,6 +384,7 @@ impl Target {
                 None => Ok(()),
             };
         }
+        // A node is started again by `engram up`; a name not of this crate's is nothing.
         let Some(index) = self.procs.iter().position(|p| p.name == name) else {
             return Ok(());
         };

@@ -40,6 +40,10 @@ pub struct Config {
     /// keeps in `<home>/auth/` when they exist. Read from the file at load.
     #[serde(skip)]
     pub identity: Option<engram_bus::NkeyAuth>,
+    /// The TOML file this was read from, if any: the node processes `engram up --nodes`
+    /// starts read the same.
+    #[serde(skip)]
+    pub file: Option<PathBuf>,
 }
 
 /// Which NATS to use.
@@ -106,6 +110,7 @@ impl Default for Config {
             gateway: engram_gateway::GatewayConfig::default(),
             mcp: engram_mcp::McpConfig::default(),
             identity: None,
+            file: None,
         }
     }
 }
@@ -200,15 +205,21 @@ const ENV_KEYS: &[&str] = &[
 impl Config {
     /// Merges every layer and validates the result.
     pub fn load(file: Option<&Path>, flags: &FlagOverrides) -> Result<Self, ConfigError> {
-        let mut config = Self::figment(file, flags)?
+        let (figment, file) = Self::figment(file, flags)?;
+        let mut config = figment
             .extract::<Config>()
             .map_err(|e| ConfigError::Invalid(e.to_string()))
             .and_then(|c| c.validate().map(|()| c))?;
         config.identity = config.load_identity()?;
+        config.file = file;
         Ok(config)
     }
 
-    fn figment(file: Option<&Path>, flags: &FlagOverrides) -> Result<Figment, ConfigError> {
+    /// The layered configuration, and the TOML file it read, if any.
+    fn figment(
+        file: Option<&Path>,
+        flags: &FlagOverrides,
+    ) -> Result<(Figment, Option<PathBuf>), ConfigError> {
         let mut figment = Figment::from(Serialized::defaults(Config::default()));
         let explicit = file
             .map(Path::to_path_buf)
@@ -226,7 +237,7 @@ impl Config {
                 Some(home.join("engram.toml")).filter(|p| p.is_file())
             }
         };
-        if let Some(path) = file {
+        if let Some(path) = &file {
             figment = figment.merge(Toml::file_exact(path));
         }
         figment = figment.merge(Env::prefixed("ENGRAM_").split("__").filter(|key| {
@@ -268,7 +279,7 @@ impl Config {
         if !nats.is_empty() {
             put("nats", nats.into());
         }
-        Ok(figment.merge(Serialized::globals(layer)))
+        Ok((figment.merge(Serialized::globals(layer)), file))
     }
 
     /// Checks the merged config as a whole.

@@ -1,10 +1,11 @@
 //! `engram up --nodes N`: N memory nodes as processes of their own on this machine, for
 //! tests, benchmarks and demos of scale-out. Each is `engram node` with its own state dir
 //! (`<home>/nodes/<i>`), name (`node-<i>`) and log (`<home>/nodes/<i>/node.log`), and the
-//! same home, server and service identities as this process. A node that dies is started
-//! again after a second (its partitions meanwhile move to the others, and come back to it
-//! once it is caught up); each one's pid is kept in `<home>/nodes/<i>/pid` for whoever
-//! wants to kill one.
+//! same home, server and service identities as this process, serving `/healthz` and
+//! `/metrics` on a port of its own (its membership entry says where). A node that dies is
+//! started again after `node.restart_after` (its partitions move to the others once its
+//! leases expire, and back to it once it has caught up); each one's pid is kept in
+//! `<home>/nodes/<i>/pid` for whoever wants to kill one.
 
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
@@ -15,9 +16,6 @@ use tokio_util::sync::CancellationToken;
 
 use crate::config::Config;
 use crate::up::UpError;
-
-/// How long after a node process died it is started again.
-const RESTART_AFTER: Duration = Duration::from_secs(1);
 
 /// The node processes, each supervised by a task of its own.
 pub struct Children {
@@ -56,15 +54,18 @@ impl Children {
                 dir.display().to_string(),
                 "--name".into(),
                 format!("node-{i}"),
+                "--http".into(),
+                "127.0.0.1:0".into(),
             ];
-            if let Ok(path) = std::env::var("ENGRAM_CONFIG") {
-                args.splice(0..0, ["--config".to_owned(), path]);
+            // The same configuration file as this process; the environment is inherited.
+            if let Some(path) = &config.file {
+                args.splice(0..0, ["--config".to_owned(), path.display().to_string()]);
             }
             tasks.push(tokio::spawn(supervise(
                 i,
-                exe.clone(),
-                args,
+                (exe.clone(), args),
                 dir.clone(),
+                config.node.restart_after,
                 pids.clone(),
                 stop.clone(),
             )));
@@ -118,9 +119,9 @@ impl Children {
 /// Runs node `i` until `stop`, starting it again whenever it dies.
 async fn supervise(
     i: usize,
-    exe: PathBuf,
-    args: Vec<String>,
+    (exe, args): (PathBuf, Vec<String>),
     dir: PathBuf,
+    restart_after: Duration,
     pids: Arc<Mutex<Vec<Option<u32>>>>,
     stop: CancellationToken,
 ) {
@@ -174,7 +175,7 @@ async fn supervise(
                 tracing::warn!(node = i, ?status, "memory node exited; starting it again");
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = tokio::time::sleep(RESTART_AFTER) => continue,
+                    () = tokio::time::sleep(restart_after) => continue,
                 }
             }
             () = stop.cancelled() => {

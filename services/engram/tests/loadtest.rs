@@ -167,7 +167,7 @@ async fn a_fleet_run_verifies_every_acknowledged_write_and_writes_its_report() {
     for p in &verification.projectors {
         assert!(
             p.digest_matches && p.applied_events == verification.stream_events,
-            "{p:?}"
+            "{p:?} {verification:?}"
         );
     }
     // Writers recalled their own writes, facts and skills were checked, successors took

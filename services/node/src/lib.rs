@@ -57,6 +57,11 @@ pub struct NodeConfig {
     pub lease_ttl: Duration,
     /// The KV bucket of memberships and partition leases.
     pub bucket: String,
+    /// How long after a node process of `engram up --nodes` died it is started again. A
+    /// node back within its lease TTL reclaims its partitions itself; one back later finds
+    /// them taken over, and they move back to it once it has caught up.
+    #[serde(with = "humantime_serde")]
+    pub restart_after: Duration,
 }
 
 impl Default for NodeConfig {
@@ -65,6 +70,7 @@ impl Default for NodeConfig {
             name: None,
             lease_ttl: Duration::from_secs(6),
             bucket: "ENGRAM_NODES".into(),
+            restart_after: Duration::from_secs(1),
         }
     }
 }

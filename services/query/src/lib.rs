@@ -472,30 +472,36 @@ impl Query {
     ) -> Result<(), engram_rpc::RpcError> {
         let limits = self.config.endpoint_limits();
         let routes = engram_rpc::Routes::until(stop.unwrap_or_default());
-        let subject = |op: &str| match partition {
-            Some(p) => engram_access::perms::node_subject_any(p, op),
-            None => engram_access::perms::routed_subject_any(op),
+        let subjects = |op: &str| match partition {
+            Some(p) => engram_access::perms::node_subjects_any(p, op),
+            None => engram_access::perms::routed_subjects_any(op),
         };
+        // Each op twice: the agents' form, checked as an agent's request; and the admin's
+        // and the services' (no agent's key reaches it), trusted as on `engram.q.<op>`.
         macro_rules! routed {
             ($op:literal, $req:ty, |$q:ident, $r:ident| $body:expr) => {{
-                let q = self.clone();
-                engram_rpc::serve_from_with(
-                    service,
-                    &routes,
-                    &subject($op),
-                    $op,
-                    limits,
-                    move |subject: &str, $r: $req| {
-                        let $q = q.clone();
-                        let subject = subject.to_owned();
-                        async move {
-                            $q.check_routed(&subject, partition, &$r)?;
-                            $q.authorize(&subject, &$r).await?;
-                            $body
-                        }
-                    },
-                )
-                .await?;
+                for subject in subjects($op) {
+                    let q = self.clone();
+                    engram_rpc::serve_from_with(
+                        service,
+                        &routes,
+                        &subject,
+                        $op,
+                        limits,
+                        move |subject: &str, $r: $req| {
+                            let $q = q.clone();
+                            let subject = subject.to_owned();
+                            async move {
+                                let agent = $q.check_routed(&subject, partition, &$r)?;
+                                if agent {
+                                    $q.authorize(&subject, &$r).await?;
+                                }
+                                $body
+                            }
+                        },
+                    )
+                    .await?;
+                }
             }};
         }
         routed!("retrieve", RetrieveRequest, |q, r| q
@@ -514,12 +520,13 @@ impl Query {
     /// subjects (permissions are checked after the mapping, on `engram.n.*`), so a request
     /// that names a partition its scope is not in reached this node on a path the mapping
     /// never makes: refused, not answered from the wrong node.
+    /// Returns whether it is an agent's (to be checked as one) rather than privileged.
     fn check_routed<R: access::Scoped>(
         &self,
         subject: &str,
         partition: Option<u32>,
         request: &R,
-    ) -> Result<(), Failure> {
+    ) -> Result<bool, Failure> {
         let routed = engram_access::perms::routed_of(subject).ok_or_else(|| {
             Failure::new(
                 ErrorCode::Forbidden,
@@ -541,14 +548,18 @@ impl Query {
                 ));
             }
         }
-        let own = &request.scope_request().scope;
-        if *own != routed.scope {
+        let own = request.scope_request();
+        // An agent's tenant is the subject's, checked against the body by the access check
+        // that follows (a body naming another tenant is forbidden); the privileged form's
+        // subject must name the body's.
+        let other_tenant = routed.agent.is_none() && own.tenant != routed.tenant;
+        if own.scope != routed.scope || other_tenant {
             return Err(Failure::invalid(format!(
-                "the subject names scope {} but the request's own scope is {own}; send it to the subject of its own scope",
-                routed.scope
+                "the subject names scope {} of tenant {} but the request's own scope is {} of tenant {}; send it to the subject of its own scope",
+                routed.scope, routed.tenant, own.scope, own.tenant
             )));
         }
-        Ok(())
+        Ok(routed.agent.is_some())
     }
 
     /// Hybrid retrieval, with the memories returned counted for the usage events.

@@ -41,12 +41,21 @@ pub fn render(keys: &[(String, Role)], names: &Names) -> String {
 /// scope id) as the stream's subject transform. Permissions are checked on the mapped
 /// subject.
 pub fn query_routing(partitions: u32) -> String {
+    let (q, n) = (crate::perms::QUERY_PREFIX, crate::perms::NODE_PREFIX);
+    let w = |tokens: std::ops::RangeInclusive<u32>| {
+        tokens
+            .map(|i| format!("{{{{wildcard({i})}}}}"))
+            .collect::<Vec<_>>()
+            .join(".")
+    };
     format!(
-        "# Written by engram: an agent's query about its own scope goes to the memory node that\n\
-         # owns the scope's partition (partition() as in the events stream's transform).\n\
-         mappings {{\n  \"{q}.*.*.*.*.*\": \"{n}.{{{{partition({partitions},1,4,5)}}}}.{{{{wildcard(1)}}}}.{{{{wildcard(2)}}}}.{{{{wildcard(3)}}}}.{{{{wildcard(4)}}}}.{{{{wildcard(5)}}}}\"\n}}\n",
-        q = crate::perms::QUERY_PREFIX,
-        n = crate::perms::NODE_PREFIX,
+        "# Written by engram: a query about a scope goes to the memory node that owns the\n\
+         # scope's partition (partition() as in the events stream's transform). An agent's:\n\
+         # engram.q.<tenant>.<agent>.<op>.<kind>.<id>; the admin's and the services':\n\
+         # engram.q.<op>.<tenant>.<kind>.<id>.\n\
+         mappings {{\n  \"{q}.*.*.*.*.*\": \"{n}.{{{{partition({partitions},1,4,5)}}}}.{agent}\"\n  \"{q}.*.*.*.*\": \"{n}.{{{{partition({partitions},2,3,4)}}}}.{privileged}\"\n}}\n",
+        agent = w(1..=5),
+        privileged = w(1..=4),
     )
 }
 
@@ -195,6 +204,10 @@ mod routing_tests {
         let text = super::query_routing(16);
         assert!(
             text.contains(r#""engram.q.*.*.*.*.*": "engram.n.{{partition(16,1,4,5)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}.{{wildcard(5)}}""#),
+            "{text}"
+        );
+        assert!(
+            text.contains(r#""engram.q.*.*.*.*": "engram.n.{{partition(16,2,3,4)}}.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}}.{{wildcard(4)}}""#),
             "{text}"
         );
     }

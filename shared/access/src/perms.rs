@@ -232,8 +232,11 @@ pub fn reply_allowed(subject: &str, reply: Option<&str>) -> bool {
     if !well_formed {
         return false;
     }
+    let privileged = || reply.starts_with("_INBOX.") && !reply.starts_with(AGENT_INBOX_PREFIX);
     match caller_inbox(subject) {
         Some(prefix) => reply.starts_with(&prefix),
+        // A privileged routed query: the admin's or a service's, as on `engram.q.<op>`.
+        None if routed_of(subject).is_some_and(|r| r.agent.is_none()) => privileged(),
         None if (subject.starts_with(&format!("{QUERY_PREFIX}."))
             && subject.split('.').count() > 3)
             || subject.starts_with(&format!("{NODE_PREFIX}.")) =>
@@ -241,7 +244,7 @@ pub fn reply_allowed(subject: &str, reply: Option<&str>) -> bool {
             // Looks like an agent subject but does not parse as one: nobody's.
             false
         }
-        None => reply.starts_with("_INBOX.") && !reply.starts_with(AGENT_INBOX_PREFIX),
+        None => privileged(),
     }
 }
 
@@ -266,7 +269,7 @@ pub const QUERY_PREFIX: &str = "engram.q";
 /// routed one ([`routed_of`]).
 pub fn caller_of(subject: &str) -> Option<(Ident, Ident)> {
     if let Some(routed) = routed_of(subject) {
-        return Some((routed.tenant, routed.agent));
+        return Some((routed.tenant, routed.agent?));
     }
     let rest = subject.strip_prefix(QUERY_PREFIX)?.strip_prefix('.')?;
     let mut tokens = rest.split('.');
@@ -281,9 +284,11 @@ pub fn caller_of(subject: &str) -> Option<(Ident, Ident)> {
 }
 
 /// The first tokens of the subjects memory nodes answer routed queries on:
-/// `engram.n.<partition>.<tenant>.<agent>.<op>.<kind>.<id>`. The server's mapping
-/// ([`crate::conf::query_routing`]) makes them of an agent's routed query subject, with the
-/// partition of the tenant's scope computed as the events stream's own transform does.
+/// `engram.n.<partition>.<tenant>.<agent>.<op>.<kind>.<id>` for an agent's, and
+/// `engram.n.<partition>.<op>.<tenant>.<kind>.<id>` for the admin's and the services'. The
+/// server's mapping ([`crate::conf::query_routing`]) makes them of the routed query subjects
+/// ([`routed_query_subject`], [`privileged_routed_subject`]), with the partition of the
+/// tenant's scope computed as the events stream's own transform does.
 pub const NODE_PREFIX: &str = "engram.n";
 
 /// The subject an agent sends `op` about its own `scope` to, for the memory node that owns
@@ -297,15 +302,29 @@ pub fn routed_query_subject(tenant: &Ident, agent: &Ident, op: &str, scope: &Sco
     )
 }
 
-/// What the query service subscribes to for routed `op` requests a server without the
-/// mapping delivers unmapped.
-pub fn routed_subject_any(op: &str) -> String {
-    format!("{QUERY_PREFIX}.*.*.{op}.*.*")
+/// [`routed_query_subject`] for the admin and the services, which ask as no agent:
+/// `engram.q.<op>.<tenant>.<kind>.<id>`. No agent's key may publish to it, nor to what the
+/// server maps it to.
+pub fn privileged_routed_subject(op: &str, tenant: &Ident, scope: &Scope) -> String {
+    format!("{QUERY_PREFIX}.{op}.{tenant}.{}.{}", scope.kind, scope.id)
 }
 
-/// What the owner of `partition` subscribes to for routed `op` requests.
-pub fn node_subject_any(partition: u32, op: &str) -> String {
-    format!("{NODE_PREFIX}.{partition}.*.*.{op}.*.*")
+/// What the query service subscribes to for routed `op` requests a server without the
+/// mapping delivers unmapped: the agents' and the privileged form.
+pub fn routed_subjects_any(op: &str) -> [String; 2] {
+    [
+        format!("{QUERY_PREFIX}.*.*.{op}.*.*"),
+        format!("{QUERY_PREFIX}.{op}.*.*.*"),
+    ]
+}
+
+/// What the owner of `partition` subscribes to for routed `op` requests: the agents' and
+/// the privileged form.
+pub fn node_subjects_any(partition: u32, op: &str) -> [String; 2] {
+    [
+        format!("{NODE_PREFIX}.{partition}.*.*.{op}.*.*"),
+        format!("{NODE_PREFIX}.{partition}.{op}.*.*.*"),
+    ]
 }
 
 /// A routed query subject, parsed.
@@ -315,14 +334,16 @@ pub struct Routed {
     /// arrived unmapped.
     pub partition: Option<u32>,
     pub tenant: Ident,
-    pub agent: Ident,
+    /// The asking agent; `None` for the privileged form (the admin's and the services').
+    pub agent: Option<Ident>,
     pub op: String,
     /// The request's own scope, which decided the partition.
     pub scope: Scope,
 }
 
-/// Parses `engram.n.<partition>.<tenant>.<agent>.<op>.<kind>.<id>` or its unmapped form
-/// `engram.q.<tenant>.<agent>.<op>.<kind>.<id>`; `None` for anything else.
+/// Parses a routed query subject, mapped (`engram.n.<partition>.…`) or not (`engram.q.…`),
+/// an agent's (`<tenant>.<agent>.<op>.<kind>.<id>`) or privileged (`<op>.<tenant>.<kind>.
+/// <id>`); `None` for anything else.
 pub fn routed_of(subject: &str) -> Option<Routed> {
     let (partition, rest) = if let Some(rest) = subject
         .strip_prefix(NODE_PREFIX)
@@ -340,24 +361,22 @@ pub fn routed_of(subject: &str) -> Option<Routed> {
     } else {
         (None, subject.strip_prefix(QUERY_PREFIX)?.strip_prefix('.')?)
     };
-    let mut tokens = rest.split('.');
-    let (tenant, agent, op, kind, id) = (
-        tokens.next()?,
-        tokens.next()?,
-        tokens.next()?,
-        tokens.next()?,
-        tokens.next()?,
-    );
-    if tokens.next().is_some()
-        || op.is_empty()
-        || !op.bytes().all(|b| b.is_ascii_alphabetic() || b == b'_')
-    {
+    let tokens: Vec<&str> = rest.split('.').collect();
+    let (tenant, agent, op, kind, id) = match tokens[..] {
+        [tenant, agent, op, kind, id] => (tenant, Some(agent), op, kind, id),
+        [op, tenant, kind, id] => (tenant, None, op, kind, id),
+        _ => return None,
+    };
+    if op.is_empty() || !op.bytes().all(|b| b.is_ascii_lowercase() || b == b'_') {
         return None;
     }
     Some(Routed {
         partition,
         tenant: Ident::parse("tenant", tenant).ok()?,
-        agent: Ident::parse("agent", agent).ok()?,
+        agent: match agent {
+            Some(agent) => Some(Ident::parse("agent", agent).ok()?),
+            None => None,
+        },
         op: op.to_owned(),
         scope: Scope::new(kind.parse().ok()?, id).ok()?,
     })
@@ -615,10 +634,8 @@ mod tests {
     fn a_routed_subject_names_its_partition_caller_op_and_scope() {
         let mapped = routed_of("engram.n.5.acme.planner.retrieve.task.t1").unwrap();
         assert_eq!(mapped.partition, Some(5));
-        assert_eq!(
-            (mapped.tenant.as_str(), mapped.agent.as_str()),
-            ("acme", "planner")
-        );
+        assert_eq!(mapped.tenant.as_str(), "acme");
+        assert_eq!(mapped.agent.as_ref().map(Ident::as_str), Some("planner"));
         assert_eq!(mapped.op, "retrieve");
         assert_eq!(mapped.scope.to_string(), "task:t1");
         let unmapped = routed_of("engram.q.acme.planner.retrieve.task.t1").unwrap();
@@ -628,10 +645,29 @@ mod tests {
                 .map(|(t, a)| (t.to_string(), a.to_string())),
             Some(("acme".into(), "planner".into()))
         );
+        let agent = mapped.agent.clone().unwrap();
         assert_eq!(
-            routed_query_subject(&mapped.tenant, &mapped.agent, "retrieve", &mapped.scope),
+            routed_query_subject(&mapped.tenant, &agent, "retrieve", &mapped.scope),
             "engram.q.acme.planner.retrieve.task.t1"
         );
+        // The privileged form names no agent, and is answered at no agent's inbox.
+        let privileged = routed_of("engram.n.5.retrieve.acme.task.t1").unwrap();
+        assert_eq!(privileged.agent, None);
+        assert_eq!(privileged.tenant.as_str(), "acme");
+        assert_eq!(privileged.op, "retrieve");
+        assert!(caller_of("engram.n.5.retrieve.acme.task.t1").is_none());
+        assert_eq!(
+            privileged_routed_subject("retrieve", &privileged.tenant, &privileged.scope),
+            "engram.q.retrieve.acme.task.t1"
+        );
+        assert!(reply_allowed(
+            "engram.n.5.retrieve.acme.task.t1",
+            Some("_INBOX.abc")
+        ));
+        assert!(!reply_allowed(
+            "engram.n.5.retrieve.acme.task.t1",
+            Some("_INBOX.a.acme.planner.abc")
+        ));
         for bad in [
             "engram.n.05.acme.planner.retrieve.task.t1",
             "engram.n.+5.acme.planner.retrieve.task.t1",
@@ -640,6 +676,8 @@ mod tests {
             "engram.n.5.acme.planner.retrieve.task",
             "engram.n.5.acme.planner.retrieve.task.t1.x",
             "engram.n.5.acme.planner.re-trieve.task.t1",
+            "engram.n.5.acme.planner.Retrieve.task.t1",
+            "engram.n.5.retrieve.acme.task",
         ] {
             assert!(routed_of(bad).is_none(), "{bad}");
             assert!(!reply_allowed(bad, Some("_INBOX.x.y")), "{bad}");

@@ -431,7 +431,7 @@ impl Client {
         self.query_about(
             proto::RETRIEVE,
             request,
-            &request.scopes.scope,
+            &request.scopes,
             request.consistency.wait_ms,
         )
         .await
@@ -442,7 +442,7 @@ impl Client {
         self.query_about(
             proto::CONTEXT,
             request,
-            &request.scopes.scope,
+            &request.scopes,
             request.consistency.wait_ms,
         )
         .await
@@ -453,7 +453,7 @@ impl Client {
         self.query_about(
             proto::FACTS,
             request,
-            &request.scopes.scope,
+            &request.scopes,
             request.consistency.wait_ms,
         )
         .await
@@ -464,7 +464,7 @@ impl Client {
         self.query_about(
             proto::SKILLS,
             request,
-            &request.scopes.scope,
+            &request.scopes,
             request.consistency.wait_ms,
         )
         .await
@@ -528,7 +528,7 @@ impl Client {
         self.query_about(
             proto::DOC,
             request,
-            &request.scopes.scope,
+            &request.scopes,
             request.consistency.wait_ms,
         )
         .await
@@ -601,10 +601,10 @@ impl Client {
         &self,
         subject: &str,
         request: &Req,
-        scope: &Scope,
+        scopes: &proto::ScopeRequest,
         wait_ms: Option<u64>,
     ) -> Result<Resp, RpcError> {
-        self.query_inner(subject, request, Some(scope), wait_ms)
+        self.query_inner(subject, request, Some(scopes), wait_ms)
             .await
     }
 
@@ -612,7 +612,7 @@ impl Client {
         &self,
         subject: &str,
         request: &Req,
-        scope: Option<&Scope>,
+        scopes: Option<&proto::ScopeRequest>,
         wait_ms: Option<u64>,
     ) -> Result<Resp, RpcError> {
         // An agent may use only its own query subjects; the service reads who is asking
@@ -621,9 +621,13 @@ impl Client {
         let subject = match self.agent_identity() {
             Some((tenant, agent)) => {
                 let op = subject.rsplit('.').next().unwrap_or(subject);
-                if let Some(scope) = scope {
-                    let routed =
-                        engram_access::perms::routed_query_subject(tenant, agent, op, scope);
+                if let Some(scopes) = scopes {
+                    let routed = engram_access::perms::routed_query_subject(
+                        tenant,
+                        agent,
+                        op,
+                        &scopes.scope,
+                    );
                     match self.ask(&routed, request, wait_ms).await {
                         // No node owns the scope's partition now (a move under way), or
                         // nothing serves routed queries: the query service answers instead,
@@ -636,7 +640,22 @@ impl Client {
                 agent_subject = engram_access::perms::query_subject(tenant, agent, op);
                 agent_subject.as_str()
             }
-            None => subject,
+            None => {
+                // The admin and the services route too, on a form no agent's key reaches.
+                if let Some(scopes) = scopes {
+                    let op = subject.rsplit('.').next().unwrap_or(subject);
+                    let routed = engram_access::perms::privileged_routed_subject(
+                        op,
+                        &scopes.tenant,
+                        &scopes.scope,
+                    );
+                    match self.ask(&routed, request, wait_ms).await {
+                        Err(RpcError::NoResponders { .. }) => {}
+                        other => return other,
+                    }
+                }
+                subject
+            }
         };
         self.ask(subject, request, wait_ms).await
     }
