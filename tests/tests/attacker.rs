@@ -257,10 +257,30 @@ fn may_publish(role: &Role, subject: &str) -> bool {
 /// The concrete subjects `role` would send `endpoint` (a pattern) to: an agent's own
 /// tokens in an agent subject, a name in any other wildcard.
 fn instantiate(endpoint: &str, role: &Role) -> String {
-    if let Role::Agent { tenant, agent, .. } = role
-        && let Some(op) = endpoint.strip_prefix(&format!("{}.*.*.", perms::QUERY_PREFIX))
-    {
-        return perms::query_subject(tenant, agent, op);
+    if let Role::Agent { tenant, agent, .. } = role {
+        // A routed query about a scope of its own (the server maps it to the owner), or a
+        // node's routed subject of that scope's form.
+        let own = engram_schema::Scope::new(engram_schema::ScopeKind::Task, "mallory-task")
+            .expect("a valid scope");
+        if let Some(rest) = endpoint.strip_prefix(&format!("{}.*.*.", perms::QUERY_PREFIX)) {
+            return match rest.strip_suffix(".*.*") {
+                Some(op) => perms::routed_query_subject(tenant, agent, op, &own),
+                None => perms::query_subject(tenant, agent, rest),
+            };
+        }
+        if let Some(rest) = endpoint.strip_prefix(&format!("{}.", perms::NODE_PREFIX))
+            && let Some((partition, rest)) = rest.split_once('.')
+            && let Some(op) = rest
+                .strip_prefix("*.*.")
+                .and_then(|r| r.strip_suffix(".*.*"))
+        {
+            return format!(
+                "{}.{partition}.{tenant}.{agent}.{op}.{}.{}",
+                perms::NODE_PREFIX,
+                own.kind,
+                own.id
+            );
+        }
     }
     endpoint.replace(['*', '>'], "x")
 }

@@ -472,6 +472,82 @@ async fn a_full_endpoint_answers_busy_and_abandoned_work_frees_its_slot() {
     engram.stop().await;
 }
 
+/// A memory node's routed queries of one op share one in-flight bound over every partition
+/// it owns: requests spread over many partitions fill `query.max_in_flight` slots in all,
+/// and the rest are answered busy at once, as on the query service's own subject. (Per
+/// partition, a node of many partitions would hold that many times more.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn routed_queries_share_one_in_flight_bound_over_every_partition() {
+    let _shared = MEASURED.read().await;
+    let nats = TestNats::start().await;
+    let query = QueryConfig {
+        max_in_flight: 4,
+        ..QueryConfig::default()
+    };
+    let engram = Engram::start_with(&nats, frozen_keyword(), query).await;
+    freeze_keyword(&nats).await;
+    // Eight tasks on eight partitions, each with a memory the frozen keyword model has not
+    // applied: a keyword retrieval of each waits for it.
+    let partitions = nats.bus().await.config().stream.partitions;
+    let mut tasks: Vec<Scope> = Vec::new();
+    let mut seen = std::collections::BTreeSet::new();
+    for i in 0.. {
+        let task = Scope::new(ScopeKind::Task, &format!("t-{i}")).unwrap();
+        if seen.insert(ScopeKey::new(ident("acme"), task.clone()).partition(partitions)) {
+            tasks.push(task);
+        }
+        if tasks.len() == 8 {
+            break;
+        }
+    }
+    let mut seq = 0;
+    for task in &tasks {
+        let mut e = memory("pending words");
+        e.scope = task.clone();
+        seq = engram.client.append(&e).await.unwrap().seq;
+    }
+    let client = nats.bus().await.client().clone();
+    let callers = tasks.iter().map(|task| {
+        let mut r = retrieve("pending");
+        r.scopes.scope = task.clone();
+        r.mode = RetrievalMode::Keyword;
+        r.consistency = Consistency {
+            min_seq: Some(seq),
+            wait_ms: Some(limits::MAX_WAIT_MS),
+        };
+        // The routed subject of the task: the server takes it to the partition's owner.
+        let subject =
+            engram_access::perms::privileged_routed_subject("retrieve", &ident("acme"), task);
+        let client = client.clone();
+        tokio::spawn(async move {
+            engram_rpc::call::<_, proto::RetrieveResponse>(
+                &client,
+                &subject,
+                &r,
+                Duration::from_secs(5),
+            )
+            .await
+        })
+    });
+    let callers: Vec<_> = callers.collect();
+    let (mut busy, mut waited) = (0, 0);
+    for caller in callers {
+        match caller.await.unwrap() {
+            Err(e) if e.code() == ErrorCode::Busy => busy += 1,
+            Err(RpcError::Timeout { .. }) => waited += 1,
+            Err(e)
+                if e.code() == ErrorCode::Unavailable
+                    && e.to_string().contains("ran past its deadline") =>
+            {
+                waited += 1
+            }
+            other => panic!("a routed request ended otherwise: {other:?}"),
+        }
+    }
+    assert_eq!((busy, waited), (4, 4));
+    engram.stop().await;
+}
+
 /// How long after its callers' deadline an endpoint may take to free the slots their
 /// abandoned requests held: the service's timer for each request starts when it arrives, a
 /// little after the caller's, and the answer to the next request needs a moment on a busy

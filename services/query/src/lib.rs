@@ -164,6 +164,10 @@ pub struct Query {
     /// The read models' endpoints hosted in this process (a memory node's partitions),
     /// asked without NATS; unset when none are.
     local: std::sync::OnceLock<engram_rpc::LocalRoutes>,
+    /// Each routed op's in-flight slots, shared by its subjects of every partition: a node
+    /// owning many partitions holds `query.max_in_flight` requests of an op at once, not
+    /// that many per partition.
+    routed_permits: std::collections::BTreeMap<&'static str, Arc<tokio::sync::Semaphore>>,
 }
 
 impl Query {
@@ -171,6 +175,13 @@ impl Query {
     /// `bus` is used for projector requests and working memory.
     pub async fn new(bus: Bus, config: QueryConfig) -> Result<Arc<Self>, engram_embed::EmbedError> {
         let tokens = tokio::task::spawn_blocking(TokenCounter::load_default).await??;
+        let routed_permits = ROUTED_OPS
+            .iter()
+            .map(|op| {
+                let slots = tokio::sync::Semaphore::new(config.max_in_flight.max(1));
+                (*op, Arc::new(slots))
+            })
+            .collect();
         Ok(Arc::new(Self {
             client: bus.client().clone(),
             head: StreamHead::new(bus.clone()),
@@ -187,6 +198,7 @@ impl Query {
             snapshots: tokio::sync::OnceCell::new(),
             replay_shares: replay::Shares::default(),
             local: std::sync::OnceLock::new(),
+            routed_permits,
         }))
     }
 
@@ -471,7 +483,14 @@ impl Query {
         stop: Option<CancellationToken>,
     ) -> Result<(), engram_rpc::RpcError> {
         let limits = self.config.endpoint_limits();
-        let routes = engram_rpc::Routes::until(stop.unwrap_or_default());
+        let stop = stop.unwrap_or_default();
+        let routes = |op: &str| {
+            let routes = engram_rpc::Routes::until(stop.clone());
+            match self.routed_permits.get(op) {
+                Some(permits) => routes.sharing(permits.clone()),
+                None => routes,
+            }
+        };
         let subjects = |op: &str| match partition {
             Some(p) => engram_access::perms::node_subjects_any(p, op),
             None => engram_access::perms::routed_subjects_any(op),
@@ -484,7 +503,7 @@ impl Query {
                     let q = self.clone();
                     engram_rpc::serve_from_with(
                         service,
-                        &routes,
+                        &routes($op),
                         &subject,
                         $op,
                         limits,
@@ -1288,6 +1307,9 @@ impl Query {
         &self.usage
     }
 }
+
+/// The ops a query about one scope is routed for, to the memory node owning the scope.
+const ROUTED_OPS: [&str; 5] = ["retrieve", "context", "facts", "skills", "doc"];
 
 /// How deep the keyword side ranks to give BM25 scores of dense-only candidates: memories
 /// beyond it score as absent, which is what they are to BM25.

@@ -401,7 +401,9 @@ where
         })?;
     let handler = Arc::new(handler);
     let subject = subject.to_owned();
-    let permits = Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1)));
+    let permits = routes
+        .and_then(|r| r.permits.clone())
+        .unwrap_or_else(|| Arc::new(tokio::sync::Semaphore::new(limits.max_in_flight.max(1))));
     if let Some(local) = routes.and_then(|r| r.local.as_ref()) {
         local.insert(
             &subject,

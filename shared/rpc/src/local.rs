@@ -124,6 +124,10 @@ impl LocalRoute {
 pub struct Routes {
     pub local: Option<LocalRoutes>,
     pub stop: CancellationToken,
+    /// The in-flight slots, when shared with other endpoints (one op served on many
+    /// subjects, such as each partition's routed queries): their requests together are
+    /// bounded by the limits' `max_in_flight`, not each subject's alone.
+    pub permits: Option<Arc<tokio::sync::Semaphore>>,
 }
 
 impl Routes {
@@ -132,12 +136,25 @@ impl Routes {
         Self {
             local: Some(local),
             stop,
+            permits: None,
         }
     }
 
     /// Over NATS only, until `stop`.
     pub fn until(stop: CancellationToken) -> Self {
-        Self { local: None, stop }
+        Self {
+            local: None,
+            stop,
+            permits: None,
+        }
+    }
+
+    /// With in-flight slots shared with the other endpoints given the same.
+    pub fn sharing(self, permits: Arc<tokio::sync::Semaphore>) -> Self {
+        Self {
+            permits: Some(permits),
+            ..self
+        }
     }
 }
 
