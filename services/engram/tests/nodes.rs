@@ -38,9 +38,9 @@ model = "hash-32"
 dim = 32
 
 [node]
-lease_ttl = "2s"
+lease_ttl = "3s"
 "#;
-const LEASE_TTL: Duration = Duration::from_secs(2);
+const LEASE_TTL: Duration = Duration::from_secs(3);
 const SCOPES: usize = 24;
 const MODELS: [&str; 5] = ["vector", "keyword", "facts", "skills", "docs"];
 

@@ -68,7 +68,7 @@ impl Default for NodeConfig {
     fn default() -> Self {
         Self {
             name: None,
-            lease_ttl: Duration::from_secs(6),
+            lease_ttl: Duration::from_secs(10),
             bucket: "ENGRAM_NODES".into(),
             restart_after: Duration::from_secs(1),
         }
@@ -233,11 +233,11 @@ pub async fn start(
         shutdown: shutdown.clone(),
         members: BTreeSet::new(),
     };
-    let (lost_tx, lost_rx) = mpsc::unbounded_channel();
+    let (news_tx, news_rx) = mpsc::unbounded_channel();
     let keeper = tokio::spawn(keep(
         node.ownership.clone(),
         node.leases.clone(),
-        lost_tx,
+        news_tx,
         shutdown.clone(),
     ));
     // The partitions free now are taken before start returns, and answer by then: a node
@@ -252,7 +252,7 @@ pub async fn start(
     }
     let serving_now = node.serving.borrow().clone();
     tracing::info!(node = %name, partitions = ?serving_now, "memory node up");
-    let task = tokio::spawn(node.run(lost_rx, keeper));
+    let task = tokio::spawn(node.run(news_rx, keeper));
     Ok(RunningNode {
         name,
         serving,
@@ -261,11 +261,13 @@ pub async fn start(
     })
 }
 
-/// A lease this node holds: its revision, and when it was last renewed.
+/// A lease this node holds: its revision, when the write that made it so was sent, and
+/// whether it went unconfirmed for too long (its partition not answering meanwhile).
 #[derive(Clone, Copy, Debug)]
 struct Lease {
     revision: u64,
-    renewed: Instant,
+    sent: Instant,
+    unconfirmed: bool,
 }
 
 /// A partition held: when it was taken, and what ends its routed endpoints.
@@ -298,7 +300,7 @@ struct Node {
 impl Node {
     async fn run(
         mut self,
-        mut lost: mpsc::UnboundedReceiver<u32>,
+        mut news: mpsc::UnboundedReceiver<LeaseNews>,
         keeper: tokio::task::JoinHandle<()>,
     ) -> RunningProjectors {
         let mut tick = tokio::time::interval(self.ownership.ttl / 4);
@@ -319,7 +321,11 @@ impl Node {
                     }
                     self.round().await;
                 }
-                Some(p) = lost.recv() => self.lose(p).await,
+                Some(news) = news.recv() => match news {
+                    LeaseNews::Lost(p) => self.lose(p).await,
+                    LeaseNews::Unconfirmed(p) => self.answer(p, false).await,
+                    LeaseNews::Confirmed(p) => self.answer(p, true).await,
+                },
                 Some((p, at)) = self.ready_rx.recv() => self.ready(p, at).await,
                 Some(change) = async { changes.as_mut()?.next().await }, if changes.is_some() => {
                     if let Ok(entry) = change && self.matters(&entry) {
@@ -388,6 +394,7 @@ impl Node {
     }
 
     async fn take(&mut self, p: u32) {
+        let sent = Instant::now();
         let revision = match self.ownership.take(p).await {
             Ok(Take::Taken(revision)) => revision,
             Ok(Take::Held) => return,
@@ -401,7 +408,8 @@ impl Node {
             p,
             Lease {
                 revision,
-                renewed: taken,
+                sent,
+                unconfirmed: false,
             },
         );
         let catch_up = match self.projectors.take_partition(p).await {
@@ -481,7 +489,29 @@ impl Node {
         tracing::info!(node = %self.ownership.me.node, partition = p, "partition handed over");
     }
 
-    /// `p`'s lease is no longer certainly this node's: stop at once.
+    /// Lets `p`'s instances answer queries, or not, while the node keeps it (its lease
+    /// unconfirmed, then confirmed again).
+    async fn answer(&mut self, p: u32, answering: bool) {
+        if !self.held.contains_key(&p) {
+            return;
+        }
+        self.projectors.set_answering(p, answering);
+        if answering {
+            tracing::info!(node = %self.ownership.me.node, partition = p, "partition lease confirmed again; answering");
+        } else {
+            tracing::warn!(node = %self.ownership.me.node, partition = p, "partition lease not confirmed in time; not answering until it is");
+        }
+        self.serving.send_modify(|s| {
+            if answering {
+                s.insert(p);
+            } else {
+                s.remove(&p);
+            }
+        });
+        self.announce_serving().await;
+    }
+
+    /// `p`'s lease is another node's now: stop at once.
     async fn lose(&mut self, p: u32) {
         if !self.held.contains_key(&p) {
             return;
@@ -516,18 +546,33 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// Renews every held lease each quarter of the TTL, apart from the node's loop (which may
-/// be busy stopping or starting a partition). A lease not renewed, or not renewed for half
-/// the TTL (the server unreachable), is reported lost at once: the node stops serving it
-/// well before it can expire and another node take it.
+/// What the keeper learnt of a lease.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum LeaseNews {
+    /// Another node holds it now (or it expired and was taken): stop and let go.
+    Lost(u32),
+    /// Not confirmed for most of its TTL (the server unreachable or slow, this process
+    /// starved or frozen): it may expire before a renewal lands, so stop answering until one
+    /// does. The models keep applying meanwhile, so answering resumes with nothing to catch up.
+    Unconfirmed(u32),
+    /// Renewed after it was unconfirmed: answer again.
+    Confirmed(u32),
+}
+
+/// Renews every held lease each quarter of the TTL, all at once and apart from the node's
+/// loop (which may be busy stopping or starting a partition). A lease lives one TTL from
+/// the server's write of its last renewal, which is after that renewal was sent: so a lease
+/// not confirmed within nine tenths of the TTL from the last successful renewal's sending is
+/// reported unconfirmed, and stops answering before it could have expired; one another node
+/// holds is reported lost.
 async fn keep(
     ownership: Ownership,
     leases: Arc<Mutex<BTreeMap<u32, Lease>>>,
-    lost: mpsc::UnboundedSender<u32>,
+    news: mpsc::UnboundedSender<LeaseNews>,
     stop: CancellationToken,
 ) {
     let every = ownership.ttl / 4;
-    let overdue = ownership.ttl * 3 / 4;
+    let unconfirmed_after = ownership.ttl * 9 / 10;
     let mut tick = tokio::time::interval(every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -536,32 +581,41 @@ async fn keep(
             _ = tick.tick() => {}
         }
         let held: Vec<(u32, Lease)> = lock(&leases).iter().map(|(p, l)| (*p, *l)).collect();
-        for (p, lease) in held {
-            // Frozen past it (SIGSTOP, a long pause): whatever the server says now, another
-            // node may have taken the partition meanwhile.
-            if lease.renewed.elapsed() > overdue {
-                lock(&leases).remove(&p);
-                let _ = lost.send(p);
-                continue;
-            }
-            match ownership.renew(p, lease.revision).await {
-                Ok(Some(revision)) => {
-                    if let Some(l) = lock(&leases).get_mut(&p)
-                        && l.revision == lease.revision
-                    {
-                        *l = Lease {
-                            revision,
-                            renewed: Instant::now(),
-                        };
+        let renewals = held.into_iter().map(|(p, lease)| {
+            let (ownership, leases, news) = (&ownership, &leases, &news);
+            async move {
+                if !lease.unconfirmed && lease.sent.elapsed() > unconfirmed_after {
+                    if let Some(l) = lock(leases).get_mut(&p) {
+                        l.unconfirmed = true;
                     }
+                    let _ = news.send(LeaseNews::Unconfirmed(p));
                 }
-                Ok(None) => {
-                    lock(&leases).remove(&p);
-                    let _ = lost.send(p);
+                let sent = Instant::now();
+                match ownership.renew(p, lease.revision).await {
+                    Ok(Some(revision)) => {
+                        let mut leases = lock(leases);
+                        if let Some(l) = leases.get_mut(&p)
+                            && l.revision == lease.revision
+                        {
+                            if l.unconfirmed {
+                                let _ = news.send(LeaseNews::Confirmed(p));
+                            }
+                            *l = Lease {
+                                revision,
+                                sent,
+                                unconfirmed: false,
+                            };
+                        }
+                    }
+                    Ok(None) => {
+                        lock(leases).remove(&p);
+                        let _ = news.send(LeaseNews::Lost(p));
+                    }
+                    // Not reached the server: tried again next tick.
+                    Err(e) => tracing::debug!(partition = p, error = %e, "lease not renewed"),
                 }
-                // Not reached the server: tried again next tick, lost once overdue.
-                Err(e) => tracing::debug!(partition = p, error = %e, "lease not renewed"),
             }
-        }
+        });
+        futures::future::join_all(renewals).await;
     }
 }

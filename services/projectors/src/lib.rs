@@ -30,6 +30,8 @@ pub mod skills;
 pub mod vector;
 
 use std::collections::BTreeMap;
+
+use futures::{StreamExt, TryStreamExt};
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -445,6 +447,14 @@ impl RunningProjectors {
             .collect()
     }
 
+    /// Lets every model's instance of partition `index` answer queries, or not (they answer
+    /// `unavailable`); their loops go on either way. Nothing if it is not hosted.
+    pub fn set_answering(&self, index: u32, answering: bool) {
+        for (part, _) in self.instances_of(index) {
+            part.set_ready(answering);
+        }
+    }
+
     /// Stops every model's instance of partition `index`: its endpoints first (queries of
     /// it go elsewhere or are `unavailable`), then its loops, each checkpointing; returns
     /// once they have. Nothing happens if it is not hosted.
@@ -642,7 +652,7 @@ impl Part {
         Failure::new(
             ErrorCode::Unavailable,
             format!(
-                "partition {} is being taken over by this memory node and is not caught up yet; retry shortly",
+                "partition {} is not answering on this memory node now (being taken over and not caught up yet, or its lease unconfirmed); retry shortly",
                 self.index
             ),
         )
@@ -1451,35 +1461,43 @@ pub async fn rebuild(
 }
 
 /// [`rebuild`], answering each partition's sequence and state hash, in partition order.
+/// Partitions are rebuilt [`PARTITIONS_AT_ONCE`] at a time, as [`rebuild_from_snapshot`]
+/// bootstraps them, so that the two compare alike.
 pub async fn rebuild_partitions(
     name: ProjectorName,
     config: &ProjectorsConfig,
     dir: &Path,
     bus: Bus,
-    mut progress: impl FnMut(Seq, Seq) + Send,
+    progress: impl FnMut(Seq, Seq) + Send,
 ) -> Result<Vec<(Seq, [u8; 32])>, StartError> {
     let shared = Shared::new(dir);
     let head = Arc::new(StreamHead::new(bus.clone()));
-    let mut reached = Vec::new();
-    for index in 0..bus.config().stream.partitions {
-        let part = Part::new(name.as_str(), index, bus.clone(), head.clone());
-        let part_dir = part.dir(dir);
-        let _lock = lock_state(&part_dir, name.as_str())?;
-        reached.push(
+    let progress = std::sync::Mutex::new(progress);
+    let one = |index: u32| {
+        let (bus, head, shared, progress) = (bus.clone(), head.clone(), &shared, &progress);
+        async move {
+            let part = Part::new(name.as_str(), index, bus.clone(), head);
+            let part_dir = part.dir(dir);
+            let _lock = lock_state(&part_dir, name.as_str())?;
+            let mut report = |applied: Seq, target: Seq| {
+                (progress.lock().unwrap_or_else(|p| p.into_inner()))(applied, target)
+            };
             name.model()
-                .rebuild(
-                    config,
-                    &part_dir,
-                    bus.clone(),
-                    &part,
-                    &shared,
-                    &mut progress,
-                )
-                .await?,
-        );
-    }
-    Ok(reached)
+                .rebuild(config, &part_dir, bus, &part, shared, &mut report)
+                .await
+        }
+    };
+    futures::stream::iter(0..bus.config().stream.partitions)
+        .map(one)
+        .buffered(PARTITIONS_AT_ONCE)
+        .try_collect()
+        .await
 }
+
+/// Partitions a rebuild or a bootstrap works on at once: one partition's loading (a snapshot
+/// fetched and decoded, a consumer created) overlaps another's applying, which one alone
+/// leaves the cores idle through.
+pub const PARTITIONS_AT_ONCE: usize = 4;
 
 /// The furthest sequence and the model's hash of its partitions' `(seq, hash)`, in order:
 /// the hash is [`ProjectorStatus::merge`]'s.
@@ -1531,7 +1549,7 @@ pub async fn rebuild_from_snapshot(
     dir: &Path,
     bus: Bus,
     version: Option<u64>,
-    mut progress: impl FnMut(Seq, Seq) + Send,
+    progress: impl FnMut(Seq, Seq) + Send,
 ) -> Result<Bootstrapped, StartError> {
     let projector = name.as_str();
     let store = SnapshotStore::open(&bus, config.snapshots.clone())
@@ -1539,57 +1557,58 @@ pub async fn rebuild_from_snapshot(
         .map_err(|source| StartError::Snapshots { projector, source })?;
     let shared = Shared::new(dir);
     let head = Arc::new(StreamHead::new(bus.clone()));
-    let (mut reached, mut partitions) = (Vec::new(), Vec::new());
-    for index in 0..bus.config().stream.partitions {
-        let part = Part::new(projector, index, bus.clone(), head.clone());
-        let part_dir = part.dir(dir);
-        let _lock = lock_state(&part_dir, projector)?;
-        let check = move |bytes: &[u8]| {
-            engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
-                .map(drop)
-                .map_err(|e| e.to_string())
-        };
-        let selection = store
-            .load_latest_good(part.instance, version, check)
-            .await
-            .map_err(|source| StartError::Snapshots { projector, source })?;
-        let model = name.model();
-        let (snapshot, at) = match selection.chosen {
-            Some((meta, bytes)) => {
-                let at = model
-                    .bootstrap(
-                        config,
-                        &part_dir,
-                        bus.clone(),
-                        &part,
-                        &shared,
-                        &bytes,
-                        &mut progress,
-                    )
-                    .await?;
-                (Some(meta), at)
-            }
-            None => (
-                None,
-                model
-                    .rebuild(
-                        config,
-                        &part_dir,
-                        bus.clone(),
-                        &part,
-                        &shared,
-                        &mut progress,
-                    )
-                    .await?,
-            ),
-        };
-        reached.push(at);
-        partitions.push(PartitionBooted {
-            partition: index,
-            snapshot,
-            skipped: selection.skipped,
-        });
-    }
+    let progress = std::sync::Mutex::new(progress);
+    let one = |index: u32| {
+        let (bus, head, shared, progress, store) =
+            (bus.clone(), head.clone(), &shared, &progress, &store);
+        async move {
+            let part = Part::new(projector, index, bus.clone(), head);
+            let part_dir = part.dir(dir);
+            let _lock = lock_state(&part_dir, projector)?;
+            let check = move |bytes: &[u8]| {
+                engram_projection_runtime::snapshot::check(bytes, "the snapshot", projector)
+                    .map(drop)
+                    .map_err(|e| e.to_string())
+            };
+            let selection = store
+                .load_latest_good(part.instance, version, check)
+                .await
+                .map_err(|source| StartError::Snapshots { projector, source })?;
+            let mut report = |applied: Seq, target: Seq| {
+                (progress.lock().unwrap_or_else(|p| p.into_inner()))(applied, target)
+            };
+            let model = name.model();
+            let (snapshot, at) = match selection.chosen {
+                Some((meta, bytes)) => {
+                    let at = model
+                        .bootstrap(config, &part_dir, bus, &part, shared, &bytes, &mut report)
+                        .await?;
+                    (Some(meta), at)
+                }
+                None => (
+                    None,
+                    model
+                        .rebuild(config, &part_dir, bus, &part, shared, &mut report)
+                        .await?,
+                ),
+            };
+            Ok::<_, StartError>((
+                at,
+                PartitionBooted {
+                    partition: index,
+                    snapshot,
+                    skipped: selection.skipped,
+                },
+            ))
+        }
+    };
+    let booted: Vec<((Seq, [u8; 32]), PartitionBooted)> =
+        futures::stream::iter(0..bus.config().stream.partitions)
+            .map(one)
+            .buffered(PARTITIONS_AT_ONCE)
+            .try_collect()
+            .await?;
+    let (reached, partitions): (Vec<_>, Vec<_>) = booted.into_iter().unzip();
     let (seq, hash) = merged(&reached);
     Ok(Bootstrapped {
         projector: name,

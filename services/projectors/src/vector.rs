@@ -89,6 +89,23 @@ struct Snapshot {
     withdrawn: Withdrawn,
     #[serde(default)]
     id_scopes: BTreeMap<EventId, ScopeKey>,
+    /// An exported snapshot's graphs, as hnsw_rs dumps them: the importing replica loads
+    /// them instead of building them from the vectors. Empty in a checkpoint, whose graphs
+    /// are files in the state dir.
+    #[serde(default)]
+    graph_dumps: Vec<GraphDump>,
+}
+
+/// One scope's graph, as hnsw_rs dumps it, carried in an exported snapshot: a build takes
+/// minutes per hundred thousand vectors on two cores, reading a dump back seconds.
+#[derive(Serialize, Deserialize)]
+struct GraphDump {
+    /// The scope's place in [`Snapshot::scopes`].
+    scope: usize,
+    #[serde(with = "serde_bytes")]
+    graph: Vec<u8>,
+    #[serde(with = "serde_bytes")]
+    data: Vec<u8>,
 }
 
 /// [`Snapshot`] as it is written: borrowed from the state, so that a checkpoint or an export
@@ -105,6 +122,7 @@ struct SnapshotOut<'a> {
     distrusted: &'a std::collections::BTreeSet<EventId>,
     withdrawn: &'a Withdrawn,
     id_scopes: &'a BTreeMap<EventId, ScopeKey>,
+    graph_dumps: &'a [GraphDump],
 }
 
 /// Every memory with its vector (empty when it has none), in sequence order:
@@ -142,7 +160,7 @@ impl State {
         params: HnswParams,
         dir: Option<&std::path::Path>,
         what: &str,
-    ) -> Result<Self, ProjectionError> {
+    ) -> Result<(Self, (usize, usize)), ProjectionError> {
         let dim = snap.dim;
         let corrupt =
             |e: engram_vector::VectorError| ProjectionError::Fatal(format!("{what}: {e}"));
@@ -223,7 +241,7 @@ impl State {
             elapsed_ms = started.elapsed().as_millis() as u64,
             "{what} restored"
         );
-        Ok(state)
+        Ok((state, (loaded, built)))
     }
 
     /// The state with `applied` in the checkpoint format: a checkpoint (with the graphs it
@@ -235,6 +253,7 @@ impl State {
         dim: usize,
         scopes: Vec<SavedScope>,
         graphs: Option<&str>,
+        graph_dumps: &[GraphDump],
     ) -> Result<Vec<u8>, ProjectionError> {
         snapshot::encode(
             applied,
@@ -248,9 +267,36 @@ impl State {
                 distrusted: self.text.distrusted(),
                 withdrawn: self.text.withdrawn(),
                 id_scopes: self.text.id_scopes(),
+                graph_dumps,
             },
         )
     }
+}
+
+/// Writes a snapshot's graph dumps into a fresh graphs directory of `dir`, each scope's in
+/// the subdirectory a checkpoint would use; its name, or `None` when there are none.
+fn write_graph_dumps(
+    dir: &std::path::Path,
+    seq: Seq,
+    dumps: Vec<GraphDump>,
+) -> Result<Option<String>, ProjectionError> {
+    if dumps.is_empty() {
+        return Ok(None);
+    }
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos());
+    let name = format!("{GRAPHS_PREFIX}{seq}-{nanos}");
+    for dump in dumps {
+        let sub = dir.join(&name).join(dump.scope.to_string());
+        let io = |e: std::io::Error| {
+            ProjectionError::Transient(format!("vector import: writing {}: {e}", sub.display()))
+        };
+        std::fs::create_dir_all(&sub).map_err(io)?;
+        std::fs::write(sub.join("graph.hnsw.graph"), &dump.graph).map_err(io)?;
+        std::fs::write(sub.join("graph.hnsw.data"), &dump.data).map_err(io)?;
+    }
+    Ok(Some(name))
 }
 
 /// Graph directories are named by the checkpoint: `vector-graphs-<seq>-<unix nanos>`.
@@ -263,9 +309,20 @@ pub struct VectorProjection {
     params: HnswParams,
     state: Arc<RwLock<State>>,
     linker: Arc<Linker>,
+    /// Graphs the last restore or import loaded from dumps and built from vectors.
+    graphs_restored: Arc<std::sync::Mutex<(usize, usize)>>,
 }
 
 impl VectorProjection {
+    /// How many graphs the last restore or import loaded from dumps, and how many it built
+    /// from the vectors (minutes per hundred thousand).
+    pub fn graphs_restored(&self) -> (usize, usize) {
+        *self
+            .graphs_restored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+    }
+
     pub fn new(dir: impl Into<PathBuf>, embedder: Arc<dyn Embedder>, params: HnswParams) -> Self {
         let dir = dir.into();
         let state: Arc<RwLock<State>> = Arc::default();
@@ -276,6 +333,7 @@ impl VectorProjection {
             params,
             linker: Arc::new(Linker::start(state.clone())),
             state,
+            graphs_restored: Arc::default(),
         }
     }
 
@@ -516,7 +574,12 @@ impl Projection for VectorProjection {
         })
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        let (state, graphs) = state;
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        *self
+            .graphs_restored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = graphs;
         Ok(ledger)
     }
 
@@ -714,7 +777,10 @@ impl Projection for VectorProjection {
                     });
                 }
                 let saved = graphs.exists().then_some(graphs_name.as_str());
-                (state.encode(&applied, &model, dim, scopes, saved)?, saved)
+                (
+                    state.encode(&applied, &model, dim, scopes, saved, &[])?,
+                    saved,
+                )
             };
             if saved.is_some() {
                 std::fs::File::open(&graphs)
@@ -731,10 +797,10 @@ impl Projection for VectorProjection {
         .map_err(|e| ProjectionError::Fatal(e.to_string()))?
     }
 
-    /// The checkpoint's content without the graphs, which stay local: the importing replica
-    /// builds them from the vectors, and what it saves is re-embedding every memory, the
-    /// slow part of a replay. Encoded straight from the state, under its read lock, so the
-    /// only copy is the blob: about 2 GB for a million 384-dimensional memories.
+    /// The checkpoint's content with every scope's graph as hnsw_rs dumps it: the importing
+    /// replica neither embeds the memories again nor builds their graphs, the two slow parts
+    /// of a replay. Encoded from the state under its read lock; the graphs are dumped
+    /// through a scratch directory first.
     async fn export(&self, applied: &ApplyLedger) -> Result<Option<Vec<u8>>, ProjectionError> {
         let (state, model, dim, applied) = (
             self.state.clone(),
@@ -743,17 +809,39 @@ impl Projection for VectorProjection {
             *applied,
         );
         tokio::task::spawn_blocking(move || {
+            let io = |what: &str, e: std::io::Error| {
+                ProjectionError::Transient(format!("vector export: {what}: {e}"))
+            };
+            let scratch = tempfile::tempdir().map_err(|e| io("a scratch dir", e))?;
             let state = state.read().unwrap_or_else(|p| p.into_inner());
-            let scopes = state
-                .scopes
-                .iter()
-                .map(|(scope, index)| SavedScope {
+            let (mut scopes, mut dumps) = (Vec::new(), Vec::new());
+            for (i, (scope, index)) in state.scopes.iter().enumerate() {
+                let mut graph = None;
+                if index.has_graph() {
+                    let sub = scratch.path().join(i.to_string());
+                    std::fs::create_dir_all(&sub).map_err(|e| io("a scratch dir", e))?;
+                    if index.save_graph(&sub).map_err(|e| io("dump a graph", e))? {
+                        let read = |suffix: &str| {
+                            std::fs::read(sub.join(format!("graph.{suffix}")))
+                                .map_err(|e| io("read a graph dump", e))
+                        };
+                        dumps.push(GraphDump {
+                            scope: i,
+                            graph: read("hnsw.graph")?,
+                            data: read("hnsw.data")?,
+                        });
+                        graph = Some(i);
+                    }
+                }
+                scopes.push(SavedScope {
                     scope: scope.clone(),
                     layout: index.layout(),
-                    graph: None,
-                })
-                .collect();
-            state.encode(&applied, &model, dim, scopes, None).map(Some)
+                    graph,
+                });
+            }
+            state
+                .encode(&applied, &model, dim, scopes, None, &dumps)
+                .map(Some)
         })
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))?
@@ -771,15 +859,27 @@ impl Projection for VectorProjection {
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
         self.check_embedder(&snap, "the vector snapshot")?;
-        // Graph directories are another replica's, never ours.
-        snap.graphs = None;
-        let params = self.params.clone();
+        let (params, dir) = (self.params.clone(), self.dir.clone());
         let state = tokio::task::spawn_blocking(move || {
-            State::restore(snap, &ledger, params, None, "vector snapshot")
+            // The graphs it carries, written where a checkpoint's would be, and loaded from
+            // there; a directory it names is another replica's, never ours.
+            snap.graphs =
+                write_graph_dumps(&dir, ledger.seq, std::mem::take(&mut snap.graph_dumps))?;
+            if snap.graphs.is_none() {
+                for scope in &mut snap.scopes {
+                    scope.graph = None;
+                }
+            }
+            State::restore(snap, &ledger, params, Some(&dir), "vector snapshot")
         })
         .await
         .map_err(|e| ProjectionError::Fatal(e.to_string()))??;
+        let (state, graphs) = state;
         *self.state.write().unwrap_or_else(|p| p.into_inner()) = state;
+        *self
+            .graphs_restored
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = graphs;
         self.checkpoint(&ledger).await?;
         Ok(ledger)
     }
@@ -1391,6 +1491,49 @@ mod tests {
         );
         assert_eq!(restarted.erase(&[erased]).await.unwrap(), 0);
         assert_eq!(restarted.traces(&[kept, other_tenant]).await, 5);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_exported_snapshot_carries_its_graphs_and_an_import_loads_them() {
+        // Given a scope with a graph (exact below 2), linked
+        let dir = tempfile::tempdir().unwrap();
+        let vector = projection(dir.path());
+        vector.restore().await.unwrap();
+        let events: Vec<Envelope> = (0..200)
+            .map(|i| memory("acme", "t1", &format!("memory {i} of the vault")))
+            .collect();
+        let batch = stored(&events, 1);
+        assert!(vector.apply(&batch).await.unwrap().is_empty());
+        let ledger = ApplyLedger {
+            seq: 200,
+            ..ApplyLedger::default()
+        };
+        vector.publish(&ledger).await.unwrap();
+        engram_testkit::wait_until(
+            "the linker to finish",
+            std::time::Duration::from_secs(60),
+            || {
+                let n = vector.unlinked();
+                async move { n == 0 }
+            },
+        )
+        .await;
+        // When it is exported and imported by a replica with nothing on disk
+        let export = vector.export(&ledger).await.unwrap().unwrap();
+        let replica_dir = tempfile::tempdir().unwrap();
+        let replica = projection(replica_dir.path());
+        replica.restore().await.unwrap();
+        assert_eq!(replica.import(&export).await.unwrap(), ledger);
+        // Then the replica loaded the graph it carried rather than building one, and answers
+        // as the original does
+        assert_eq!(replica.graphs_restored(), (1, 0));
+        assert_eq!(replica.state_hash().await, vector.state_hash().await);
+        let scope = key("acme", "t1");
+        assert_eq!(found(&replica, &scope).await, found(&vector, &scope).await);
+        // And its own checkpoint, restarted from, loads the graph too.
+        let restarted = projection(replica_dir.path());
+        assert_eq!(restarted.restore().await.unwrap(), ledger);
+        assert_eq!(restarted.graphs_restored(), (1, 0));
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -371,16 +371,8 @@ fn pack(tokens: &engram_embed::TokenCounter, candidates: Vec<Candidate>, budget:
             }
         }
     }
-    // Verify with the tokenizer on the final text; drop the lowest-priority items until it fits.
     chosen.sort_by_key(|c| CAPS.iter().position(|(s, _)| *s == c.section));
-    // Each rendering is new text, so it bypasses the count cache rather than evict from it.
-    let mut rendered = render(&chosen);
-    let mut count = tokens.count_uncached(&rendered);
-    while count > budget && !chosen.is_empty() {
-        chosen.pop();
-        rendered = render(&chosen);
-        count = tokens.count_uncached(&rendered);
-    }
+    let (chosen, rendered, count) = fit_rendering(tokens, chosen, budget);
     let items: Vec<ContextItem> = chosen.into_iter().map(|c| c.item).collect();
     Context {
         dropped: total - items.len(),
@@ -389,6 +381,38 @@ fn pack(tokens: &engram_embed::TokenCounter, candidates: Vec<Candidate>, budget:
         token_budget: budget,
         rendered,
     }
+}
+
+/// Verifies the rendering of `chosen` (in priority order) with the tokenizer, and drops the
+/// lowest-priority items until it fits `budget`: the longest prefix whose rendering fits,
+/// found by halving (a rendering's tokens grow with the prefix), so a few tokenizations
+/// rather than one per dropped item. Returns the items kept, their rendering and its tokens.
+fn fit_rendering(
+    tokens: &engram_embed::TokenCounter,
+    mut chosen: Vec<Candidate>,
+    budget: usize,
+) -> (Vec<Candidate>, String, usize) {
+    // Each rendering is new text, so it bypasses the count cache rather than evict from it.
+    let rendered = render(&chosen);
+    let count = tokens.count_uncached(&rendered);
+    if count <= budget || chosen.is_empty() {
+        return (chosen, rendered, count);
+    }
+    // The empty rendering counts as it does; the whole does not fit.
+    let (mut fits, mut over) = (0, chosen.len());
+    let (mut fit_text, mut fit_count) = (String::new(), tokens.count_uncached(""));
+    while over - fits > 1 {
+        let mid = fits + (over - fits) / 2;
+        let text = render(&chosen[..mid]);
+        let n = tokens.count_uncached(&text);
+        if n <= budget {
+            (fits, fit_text, fit_count) = (mid, text, n);
+        } else {
+            over = mid;
+        }
+    }
+    chosen.truncate(fits);
+    (chosen, fit_text, fit_count)
 }
 
 fn render(chosen: &[Candidate]) -> String {
@@ -407,4 +431,52 @@ fn render(chosen: &[Candidate]) -> String {
         out.push('\n');
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_rendering_keeps_the_longest_prefix_that_fits_as_dropping_one_by_one_finds() {
+        let tokens = engram_embed::TokenCounter::load_default().unwrap();
+        let sections = [Section::Working, Section::Facts, Section::Memories];
+        let candidate = |i: usize| Candidate {
+            section: sections[i % 3],
+            item: ContextItem {
+                layer: Layer::Episodic,
+                // What the greedy pass estimated; the rendering adds headers and bullets.
+                tokens: 1,
+                source: format!("s{i}"),
+                score: 1.0,
+                text: format!("item {i} {}", "word ".repeat(i % 7 + 1)),
+            },
+        };
+        for budget in [0, 1, 5, 17, 40, 90, 200, 10_000] {
+            for n in [0, 1, 2, 7, 40] {
+                let mut chosen: Vec<Candidate> = (0..n).map(candidate).collect();
+                chosen.sort_by_key(|c| CAPS.iter().position(|(s, _)| *s == c.section));
+                let expected = one_by_one(&tokens, &chosen, budget);
+                let (kept, rendered, count) = fit_rendering(&tokens, chosen, budget);
+                assert_eq!((kept.len(), count), expected, "budget {budget}, {n} items");
+                assert_eq!(count, tokens.count_uncached(&rendered));
+                assert!(count <= budget || kept.is_empty());
+            }
+        }
+    }
+
+    /// What `pack` did before it halved: drop the last item until the rendering fits.
+    fn one_by_one(
+        tokens: &engram_embed::TokenCounter,
+        sorted: &[Candidate],
+        budget: usize,
+    ) -> (usize, usize) {
+        let mut n = sorted.len();
+        let mut count = tokens.count_uncached(&render(&sorted[..n]));
+        while count > budget && n > 0 {
+            n -= 1;
+            count = tokens.count_uncached(&render(&sorted[..n]));
+        }
+        (n, count)
+    }
 }

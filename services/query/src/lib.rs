@@ -680,7 +680,11 @@ impl Query {
         request
             .validate(self.config.max_top_k)
             .map_err(Failure::from)?;
+        let checking = std::time::Instant::now();
         self.check_visible_token(&request.consistency).await?;
+        metrics::RETRIEVE_STAGE_SECONDS
+            .with_label_values(&["token"])
+            .observe(checking.elapsed().as_secs_f64());
         let ranking = request
             .ranking
             .clone()

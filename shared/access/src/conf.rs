@@ -199,6 +199,19 @@ mod tests {
 
 #[cfg(test)]
 mod routing_tests {
+    /// The shipped server config shows operators the block `engram up` writes: the same.
+    #[test]
+    fn the_deploy_config_shows_the_mapping_engram_writes() {
+        let shipped = include_str!("../../../deploy/nats-server.conf");
+        let written = super::query_routing(16);
+        for line in written.lines().filter(|l| l.trim_start().starts_with('"')) {
+            assert!(
+                shipped.contains(line.trim()),
+                "deploy/nats-server.conf lacks `{line}`"
+            );
+        }
+    }
+
     #[test]
     fn the_query_mapping_hashes_tenant_kind_and_id_as_the_stream_does() {
         let text = super::query_routing(16);

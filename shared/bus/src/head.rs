@@ -6,8 +6,9 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::{Bus, BusError};
 
 /// The highest sequence known to exist in the events stream. Asks the server only when a
-/// caller names a sequence above it, one request at a time, so a flood of impossible tokens
-/// costs one stream-info request each, queued, and never a wait.
+/// caller names a sequence above it: a direct get of the event there, and only when none is
+/// found a stream-info request, one at a time; so a flood of impossible tokens costs two
+/// requests each (the second queued), bounded by the caller's in-flight limit.
 #[derive(Debug)]
 pub struct StreamHead {
     bus: Bus,
@@ -33,6 +34,17 @@ impl StreamHead {
     /// sequences are never reused).
     pub async fn beyond(&self, seq: u64) -> Result<Option<u64>, BusError> {
         if seq <= self.known.load(Ordering::Relaxed) {
+            return Ok(None);
+        }
+        // A direct get of the first event at or after `seq`: found, `seq` exists (or did,
+        // and was erased). Answered apart from the JetStream API's queue, where a
+        // stream-info request waits under load; callers ask at once, not one at a time.
+        if let Ok(Some(found)) = self
+            .bus
+            .direct_next_seq(engram_schema::STORED_SUBJECTS, seq)
+            .await
+        {
+            self.observe(found);
             return Ok(None);
         }
         let _one_at_a_time = self.refresh.lock().await;

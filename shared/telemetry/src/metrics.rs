@@ -456,9 +456,10 @@ pub static QUERY_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         prometheus::exponential_buckets(0.0001, 2.0, 18).unwrap(),
     )
 });
-/// Where a retrieval's time goes inside the query service: `search` (the first requests to
-/// the projectors), `rescore` (hybrid score fusion asking each side to score the other's
-/// candidates), `fuse` (ranking in the service).
+/// Where a retrieval's time goes inside the query service: `token` (refusing a
+/// read-your-writes token no append returned), `keyword` and `vector` (each side's search of
+/// the partitions asked, the read-your-writes wait included), `fuse` (ranking in the
+/// service).
 pub static RETRIEVE_STAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
     histogram(
         "engram_retrieve_stage_seconds",
