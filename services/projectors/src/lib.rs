@@ -69,14 +69,15 @@ pub struct ProjectorsConfig {
     #[serde(with = "humantime_serde")]
     pub checkpoint_interval: Duration,
     pub checkpoint_every: u64,
-    /// While the keyword projector is behind, how often it commits (each commit is an fsync
-    /// and what makes new memories searchable). At the tail it commits every batch.
+    /// While the keyword projector is behind, how often it commits. A commit only makes what
+    /// was applied durable (memories are searchable from the in-memory tail as soon as they
+    /// are applied); each is a tantivy segment, fsyncs, and later merges, per partition.
     #[serde(with = "humantime_serde")]
     pub keyword_commit_interval: Duration,
-    /// Once the keyword projector has caught up, the least time between two commits. Under
-    /// a steady stream every small batch reaches the tail; committing each one made a new
-    /// tantivy segment per batch, and with it most of the keyword projector's CPU (segment
-    /// set-up and merges). New memories become searchable up to this much later.
+    /// Once the keyword projector has caught up, the least time between two commits: at most
+    /// this much applied work is replayed from the stream after a crash. Committing every
+    /// small batch made a segment per batch and per partition, and with their fsyncs and
+    /// merges most of the keyword projector's CPU.
     #[serde(with = "humantime_serde")]
     pub keyword_tail_commit_gap: Duration,
     /// Where vectors come from.
@@ -110,8 +111,8 @@ impl Default for ProjectorsConfig {
             batch: settings.batch,
             checkpoint_interval: settings.checkpoint_interval,
             checkpoint_every: settings.checkpoint_every,
-            keyword_commit_interval: Duration::from_millis(250),
-            keyword_tail_commit_gap: Duration::from_millis(100),
+            keyword_commit_interval: Duration::from_secs(1),
+            keyword_tail_commit_gap: Duration::from_secs(1),
             embedder: EmbedderConfig::default(),
             embed_cache_memory_mb: 64,
             embed_cache_disk_mb: 1024,
