@@ -23,6 +23,18 @@ use anyhow::Context as _;
 use engram::config::Config;
 use indicatif::{ProgressBar, ProgressStyle};
 
+/// The `engram` binary beside this one (cargo builds both into the same target dir): node
+/// processes are `engram node`.
+pub(crate) fn engram_bin_beside() -> anyhow::Result<std::path::PathBuf> {
+    let beside = std::env::current_exe()?.with_file_name("engram");
+    anyhow::ensure!(
+        beside.is_file(),
+        "memory node processes run the engram binary, and none is at {}: build it (`cargo build --release -p engram`)",
+        beside.display()
+    );
+    Ok(beside)
+}
+
 /// `config` moved into a new temporary home, with a managed nats-server and the HTTP
 /// listener on free ports, for a self-contained run. The home is removed when dropped.
 pub(crate) fn temporary_home(config: &Config) -> anyhow::Result<(tempfile::TempDir, Config)> {

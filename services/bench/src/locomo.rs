@@ -42,6 +42,11 @@ pub struct LocomoArgs {
     /// there too, as mode `hybrid-consolidated`: consolidation on and off in one run.
     #[arg(long)]
     pub consolidation: bool,
+    /// Memory nodes as processes of their own (`engram up --nodes N`, the `engram` binary
+    /// beside this one); 0 (the default) runs one in this process. The numbers must not
+    /// change with the number of nodes.
+    #[arg(long, default_value_t = 0)]
+    pub nodes: u16,
 }
 
 /// What an ingest stored: the turns each sequence stands for, the last sequence, and each
@@ -257,9 +262,12 @@ pub async fn run(config: &Config, args: LocomoArgs, json: bool) -> anyhow::Resul
             RetryPolicy::default(),
         )
     } else {
-        let (home, local) = crate::temporary_home(config)?;
+        let (home, mut local) = crate::temporary_home(config)?;
         eprintln!("starting an embedded engram in {}", home.path().display());
-        let up = engram::up::start(&local, 0).await?;
+        if args.nodes > 0 {
+            local.origin.node_bin = Some(crate::engram_bin_beside()?);
+        }
+        let up = engram::up::start(&local, usize::from(args.nodes)).await?;
         let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
         temp_home = Some(home);
         running = Some(up);

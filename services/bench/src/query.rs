@@ -181,6 +181,12 @@ struct Report {
 struct ModeFigures {
     mode: &'static str,
     latency: Latency,
+    /// Messages the client published per query, from its NATS client's statistics: its
+    /// requests (one round trip each).
+    client_requests_per_query: f64,
+    /// Messages the query service published per query on its own connection: requests to
+    /// read models it does not host, stream lookups. 0 when the node answers in process.
+    service_messages_per_query: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -213,8 +219,11 @@ pub async fn run(config: &Config, args: QueryArgs, json: bool) -> anyhow::Result
     };
     eprintln!("starting an embedded engram in {}", home.path().display());
     let up = engram::up::start(&local, 0).await?;
-    let client = Client::from_bus(up.bus.clone(), RetryPolicy::default());
-    let result = bench(&client, &args, &local.projectors.hnsw).await;
+    // A connection of the benchmark's own: its statistics count only its queries.
+    let bus = engram_bus::Bus::connect(up.bus.config().clone()).await?;
+    let client = Client::from_bus(bus, RetryPolicy::default());
+    let service_sent = || up.node.as_ref().map_or(0, |n| n.query_messages_sent());
+    let result = bench(&client, &args, &local.projectors.hnsw, &service_sent).await;
     up.shutdown().await;
     drop(home);
     let report = result?;
@@ -226,7 +235,20 @@ pub async fn run(config: &Config, args: QueryArgs, json: bool) -> anyhow::Result
     Ok(ExitCode::SUCCESS)
 }
 
-async fn bench(client: &Client, args: &QueryArgs, hnsw: &HnswParams) -> anyhow::Result<Report> {
+async fn bench(
+    client: &Client,
+    args: &QueryArgs,
+    hnsw: &HnswParams,
+    service_sent: &dyn Fn() -> u64,
+) -> anyhow::Result<Report> {
+    let client_sent = || {
+        client
+            .bus()
+            .client()
+            .statistics()
+            .out_messages
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
     let mixture = Mixture::new(
         MixtureSpec {
             dim: DIM,
@@ -327,6 +349,7 @@ async fn bench(client: &Client, args: &QueryArgs, hnsw: &HnswParams) -> anyhow::
     let bar = progress((args.queries * modes.len()) as u64, "querying the service");
     for (name, mode) in modes {
         let mut h = histogram();
+        let (client_before, service_before) = (client_sent(), service_sent());
         for (text, vector) in &queries {
             let started = Instant::now();
             let response = client
@@ -338,9 +361,12 @@ async fn bench(client: &Client, args: &QueryArgs, hnsw: &HnswParams) -> anyhow::
             }
             bar.inc(1);
         }
+        let per_query = |n: u64| n as f64 / queries.len().max(1) as f64;
         service.push(ModeFigures {
             mode: name,
             latency: Latency::of(&h),
+            client_requests_per_query: per_query(client_sent() - client_before),
+            service_messages_per_query: per_query(service_sent() - service_before),
         });
     }
     bar.finish_and_clear();
@@ -431,6 +457,12 @@ fn print(r: &Report) {
             &format!("retrieve via service, {}", m.mode),
             &m.latency,
             recall,
+        );
+    }
+    for m in &r.service {
+        println!(
+            "{}: {:.2} client requests and {:.2} service messages per query (NATS client statistics)",
+            m.mode, m.client_requests_per_query, m.service_messages_per_query
         );
     }
 }

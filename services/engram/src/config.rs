@@ -40,10 +40,27 @@ pub struct Config {
     /// keeps in `<home>/auth/` when they exist. Read from the file at load.
     #[serde(skip)]
     pub identity: Option<engram_bus::NkeyAuth>,
-    /// The TOML file this was read from, if any: the node processes `engram up --nodes`
-    /// starts read the same.
+    /// Where this configuration came from, and what starts node processes with it: no
+    /// part of its value (two configs alike from different files are equal).
     #[serde(skip)]
+    pub origin: Origin,
+}
+
+/// Where a [`Config`] came from; equal whatever it holds.
+#[derive(Clone, Debug, Default)]
+pub struct Origin {
+    /// The TOML file it was read from, if any: the node processes `engram up --nodes`
+    /// starts read the same.
     pub file: Option<PathBuf>,
+    /// The binary `engram up --nodes` starts its nodes with; `None`: this executable. Set by
+    /// a process that embeds `engram up` and is not `engram` (a benchmark).
+    pub node_bin: Option<PathBuf>,
+}
+
+impl PartialEq for Origin {
+    fn eq(&self, _: &Self) -> bool {
+        true
+    }
 }
 
 /// Which NATS to use.
@@ -110,7 +127,7 @@ impl Default for Config {
             gateway: engram_gateway::GatewayConfig::default(),
             mcp: engram_mcp::McpConfig::default(),
             identity: None,
-            file: None,
+            origin: Origin::default(),
         }
     }
 }
@@ -211,7 +228,7 @@ impl Config {
             .map_err(|e| ConfigError::Invalid(e.to_string()))
             .and_then(|c| c.validate().map(|()| c))?;
         config.identity = config.load_identity()?;
-        config.file = file;
+        config.origin.file = file;
         Ok(config)
     }
 

@@ -112,6 +112,21 @@ pub async fn start(
 }
 
 impl LocalNode {
+    /// Messages the query service has published on its own connection (its requests to read
+    /// models of other nodes, appends, stream lookups), from the NATS client's statistics:
+    /// what a benchmark counts the round trips of a query by.
+    pub fn query_messages_sent(&self) -> u64 {
+        self.connections
+            .iter()
+            .find(|b| b.config().client_name == "engram-query")
+            .map_or(0, |b| {
+                b.client()
+                    .statistics()
+                    .out_messages
+                    .load(std::sync::atomic::Ordering::Relaxed)
+            })
+    }
+
     /// What `/healthz` reads: every hosted instance's visible sequence.
     pub fn visible_seqs(&self) -> crate::http::VisibleSeqs {
         let instances = self.node.instances.clone();

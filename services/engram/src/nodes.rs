@@ -30,10 +30,15 @@ pub struct Children {
 impl Children {
     /// Starts `count` node processes against `nats_url`.
     pub fn spawn(config: &Config, nats_url: &str, count: usize) -> Result<Self, UpError> {
-        let exe = std::env::current_exe().map_err(|source| UpError::Home {
-            path: "the engram executable".into(),
-            source,
-        })?;
+        // `node_bin` for a process that embeds `engram up` but is not `engram` itself (a
+        // benchmark), else this executable.
+        let exe = match &config.origin.node_bin {
+            Some(bin) => bin.clone(),
+            None => std::env::current_exe().map_err(|source| UpError::Home {
+                path: "the engram executable".into(),
+                source,
+            })?,
+        };
         let stop = CancellationToken::new();
         let pids = Arc::new(Mutex::new(vec![None; count]));
         let mut tasks = Vec::new();
@@ -58,7 +63,7 @@ impl Children {
                 "127.0.0.1:0".into(),
             ];
             // The same configuration file as this process; the environment is inherited.
-            if let Some(path) = &config.file {
+            if let Some(path) = &config.origin.file {
                 args.splice(0..0, ["--config".to_owned(), path.display().to_string()]);
             }
             tasks.push(tokio::spawn(supervise(
