@@ -19,7 +19,6 @@ use std::time::Duration;
 use async_nats::jetstream::kv;
 use engram_bus::{Bus, BusError};
 use engram_projectors::PartitionSet;
-use futures::TryStreamExt;
 use serde::{Deserialize, Serialize};
 
 /// A node as its membership entry says.
@@ -115,21 +114,9 @@ pub async fn live_members(bus: &Bus, bucket: &str) -> Result<Vec<Member>, BusErr
 }
 
 async fn members_of(store: &kv::Store) -> Result<Vec<Member>, BusError> {
-    let prefix = format!("{}member.", store.prefix);
-    let subjects: Vec<(String, usize)> = store
-        .stream
-        .info_with_subjects(format!("{prefix}*"))
-        .await
-        .map_err(js_err)?
-        .try_collect()
-        .await
-        .map_err(js_err)?;
     let mut members = Vec::new();
-    for (subject, _) in subjects {
-        let Some(key) = subject.strip_prefix(&store.prefix) else {
-            continue;
-        };
-        if let Some(value) = store.get(key).await.map_err(js_err)?
+    for key in engram_bus::keys_with_prefix(store, "member.").await? {
+        if let Some(value) = store.get(&key).await.map_err(js_err)?
             && let Ok(member) = serde_json::from_slice::<Member>(&value)
         {
             members.push(member);
@@ -245,20 +232,10 @@ impl Ownership {
 
     /// Who holds each leased partition now, by partition.
     pub async fn holders(&self) -> Result<BTreeMap<u32, Holder>, BusError> {
-        let prefix = format!("{}owner.p", self.store.prefix);
-        let subjects: Vec<(String, usize)> = self
-            .store
-            .stream
-            .info_with_subjects(format!("{prefix}*"))
-            .await
-            .map_err(js_err)?
-            .try_collect()
-            .await
-            .map_err(js_err)?;
         let mut holders = BTreeMap::new();
-        for (subject, _) in subjects {
-            let Some(p) = subject
-                .strip_prefix(&prefix)
+        for key in engram_bus::keys_with_prefix(&self.store, "owner.p").await? {
+            let Some(p) = key
+                .strip_prefix("owner.p")
                 .and_then(|p| p.parse::<u32>().ok())
             else {
                 continue;

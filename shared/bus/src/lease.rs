@@ -95,3 +95,27 @@ impl Leases {
             .map(|v| String::from_utf8_lossy(&v).into_owned()))
     }
 }
+
+/// The keys of `store` that begin with `prefix` and hold or held a value, read from the
+/// subjects its stream holds: one stream-info request, not a consumer over every key, and
+/// no value read. A key deleted since is listed (its delete marker is a message); reading it
+/// says it is gone.
+pub async fn keys_with_prefix(store: &kv::Store, prefix: &str) -> Result<Vec<String>, BusError> {
+    use futures::TryStreamExt as _;
+    // A subject filter's `>` stands for whole tokens: filter on the prefix's last whole
+    // token, and on the rest by name.
+    let tokens = prefix.rfind('.').map_or("", |dot| &prefix[..=dot]);
+    let subjects: Vec<(String, usize)> = store
+        .stream
+        .info_with_subjects(format!("{}{tokens}>", store.prefix))
+        .await
+        .map_err(js_err)?
+        .try_collect()
+        .await
+        .map_err(js_err)?;
+    Ok(subjects
+        .into_iter()
+        .filter_map(|(subject, _)| subject.strip_prefix(&store.prefix).map(str::to_owned))
+        .filter(|key| key.starts_with(prefix))
+        .collect())
+}

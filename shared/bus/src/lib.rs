@@ -40,7 +40,7 @@ pub use direct::{DirectBatch, StreamPosition};
 pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};
 pub use head::StreamHead;
-pub use lease::Leases;
+pub use lease::{Leases, keys_with_prefix};
 pub use provision::{ConfigDiff, ProvisionReport};
 pub use read::{EventStream, StartAt, StoredEvent, StreamState};
 pub use working::{Entries, EntryBounds, WorkingMemory};

@@ -264,6 +264,37 @@ fn service_error(failure: &Failure) -> service::error::Error {
     }
 }
 
+/// A handler's answer, or `unavailable` once `deadline` has passed: dropping the handler's
+/// future cancels its waits and requests to other services.
+pub(crate) async fn within<T>(
+    deadline: Duration,
+    answer: impl Future<Output = Result<T, Failure>>,
+) -> Result<T, Failure> {
+    tokio::time::timeout(deadline, answer)
+        .await
+        .unwrap_or_else(|_| {
+            Err(Failure::new(
+                ErrorCode::Unavailable,
+                format!(
+                    "the request ran past its deadline of {} ms and was dropped; retry, or allow more time",
+                    deadline.as_millis()
+                ),
+            ))
+        })
+}
+
+/// Counts an answered request of `op` in the query metrics, by outcome, with its time.
+pub(crate) fn counted<T>(op: &str, started: Instant, result: &Result<T, Failure>) {
+    let outcome = match result {
+        Ok(_) => "ok",
+        Err(f) => outcome_label(f.code),
+    };
+    metrics::QUERIES.with_label_values(&[op, outcome]).inc();
+    metrics::QUERY_SECONDS
+        .with_label_values(&[op])
+        .observe(started.elapsed().as_secs_f64());
+}
+
 /// A request body as `Req`, or why not, naming the field where decoding stopped: a client in
 /// another language learns which of its fields to fix. Every request type refuses unknown
 /// fields (`engram_memory::proto`), so a misspelt one is named here too, and nothing may
@@ -472,32 +503,13 @@ where
                     let started = Instant::now();
                     let deadline = deadline(&request.message, limits.max_duration);
                     let result = match decode::<Req>(&request.message.payload) {
-                        // Dropping the handler's future at the deadline cancels its waits and
-                        // requests to other services.
-                        Ok(req) => tokio::time::timeout(
-                            deadline,
-                            handler(request.message.subject.as_str(), req),
-                        )
-                            .await
-                            .unwrap_or_else(|_| {
-                                Err(Failure::new(
-                                    ErrorCode::Unavailable,
-                                    format!(
-                                        "the request ran past its deadline of {} ms and was dropped; retry, or allow more time",
-                                        deadline.as_millis()
-                                    ),
-                                ))
-                            }),
+                        Ok(req) => {
+                            within(deadline, handler(request.message.subject.as_str(), req))
+                                .await
+                        }
                         Err(e) => Err(Failure::invalid(e)),
                     };
-                    let outcome = match &result {
-                        Ok(_) => "ok",
-                        Err(f) => outcome_label(f.code),
-                    };
-                    metrics::QUERIES.with_label_values(&[op, outcome]).inc();
-                    metrics::QUERY_SECONDS
-                        .with_label_values(&[op])
-                        .observe(started.elapsed().as_secs_f64());
+                    counted(op, started, &result);
                     let response = match result {
                         Ok(resp) => serde_json::to_vec(&resp)
                             .map(bytes::Bytes::from)

@@ -24,7 +24,7 @@ use engram_memory::proto::ErrorCode;
 use engram_telemetry::metrics;
 use tokio_util::sync::CancellationToken;
 
-use crate::{BUSY_RETRY_AFTER, EndpointLimits, Failure, outcome_label};
+use crate::{BUSY_RETRY_AFTER, EndpointLimits, Failure};
 
 type Erased = Box<dyn Any + Send>;
 type ErasedFuture = Pin<Box<dyn Future<Output = Result<Erased, Failure>> + Send>>;
@@ -203,25 +203,8 @@ where
         Box::pin(async move {
             let _permit = permit;
             let started = Instant::now();
-            let result = tokio::time::timeout(deadline, answer)
-                .await
-                .unwrap_or_else(|_| {
-                    Err(Failure::new(
-                        ErrorCode::Unavailable,
-                        format!(
-                            "the request ran past its deadline of {} ms and was dropped; retry, or allow more time",
-                            deadline.as_millis()
-                        ),
-                    ))
-                });
-            let outcome = match &result {
-                Ok(_) => "ok",
-                Err(f) => outcome_label(f.code),
-            };
-            metrics::QUERIES.with_label_values(&[op, outcome]).inc();
-            metrics::QUERY_SECONDS
-                .with_label_values(&[op])
-                .observe(started.elapsed().as_secs_f64());
+            let result = crate::within(deadline, answer).await;
+            crate::counted(op, started, &result);
             result.map(|r| Box::new(r) as Erased)
         })
     }

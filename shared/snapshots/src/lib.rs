@@ -337,24 +337,13 @@ impl SnapshotStore {
             // One projector's keys only, from the subjects the index stream holds: a node
             // asks this of each instance it starts, and every partition's instances share
             // the index.
-            Some(p) => {
-                let prefix = format!("{}{}.", self.index.prefix, p);
-                let subjects: Vec<(String, usize)> = self
-                    .index
-                    .stream
-                    .info_with_subjects(format!("{prefix}*"))
-                    .await
-                    .map_err(unavailable)?
-                    .try_collect()
-                    .await
-                    .map_err(unavailable)?;
-                subjects
-                    .into_iter()
-                    .filter_map(|(subject, _)| {
-                        subject.strip_prefix(&self.index.prefix).map(str::to_owned)
-                    })
-                    .collect()
-            }
+            // A label may hold dots: a key of projector `a.b` is not one of `a`'s.
+            Some(p) => engram_bus::keys_with_prefix(&self.index, &format!("{p}."))
+                .await
+                .map_err(unavailable)?
+                .into_iter()
+                .filter(|key| !key[p.len() + 1..].contains('.'))
+                .collect(),
             None => match self.index.keys().await {
                 Ok(keys) => keys.try_collect().await.map_err(unavailable)?,
                 Err(e) => return Err(unavailable(e)),
