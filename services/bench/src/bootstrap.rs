@@ -37,6 +37,9 @@ pub struct BootstrapArgs {
     pub scopes: usize,
     #[arg(long, default_value_t = 7)]
     pub seed: u64,
+    /// Only these models (comma-separated; default: every model a replica bootstraps).
+    #[arg(long, value_delimiter = ',')]
+    pub models: Vec<String>,
 }
 
 #[derive(Debug, Serialize)]
@@ -69,10 +72,16 @@ struct Report {
 /// Every read model a replica bootstraps from snapshots: the text models (whose full replay
 /// rebuilds an index and, with a real embedder, embeds every memory again) and those whose
 /// scopes start from slices. Not the consolidator, whose state is its schedule.
-fn snapshot_models() -> anyhow::Result<Vec<ProjectorName>> {
-    [read_models::VECTOR, read_models::KEYWORD]
+fn snapshot_models(only: &[String]) -> anyhow::Result<Vec<ProjectorName>> {
+    let all: Vec<&str> = [read_models::VECTOR, read_models::KEYWORD]
         .into_iter()
         .chain(read_models::with_scope_snapshots())
+        .collect();
+    if let Some(unknown) = only.iter().find(|m| !all.contains(&m.as_str())) {
+        anyhow::bail!("--models: {unknown} is none of {}", all.join(", "));
+    }
+    all.into_iter()
+        .filter(|name| only.is_empty() || only.iter().any(|m| m == name))
         .map(|name| name.parse().map_err(anyhow::Error::msg))
         .collect()
 }
@@ -215,6 +224,7 @@ pub async fn run(config: &Config, args: BootstrapArgs, json: bool) -> anyhow::Re
     if args.events == 0 || tail >= args.events || args.scopes == 0 {
         anyhow::bail!("--events must be at least 1, --tail below --events, --scopes at least 1");
     }
+    snapshot_models(&args.models)?;
     let (home, mut local) = crate::temporary_home(config)?;
     local.projectors.embedder = engram_embed::EmbedderConfig::ClientSupplied {
         model: MODEL.into(),
@@ -295,7 +305,7 @@ async fn bench(
     let stop = tokio_util::sync::CancellationToken::new();
     let running = engram_projectors::start(
         &engram_projectors::ProjectorsConfig {
-            run: snapshot_models()?,
+            run: snapshot_models(&args.models)?,
             ..config.projectors.clone()
         },
         &home.join("cut"),
@@ -304,8 +314,11 @@ async fn bench(
     )
     .await?;
     let partitions = bus.config().stream.partitions;
-    let bar = progress(snapshot_models()?.len() as u64, "cutting the snapshots");
-    for name in snapshot_models()? {
+    let bar = progress(
+        snapshot_models(&args.models)?.len() as u64,
+        "cutting the snapshots",
+    );
+    for name in snapshot_models(&args.models)? {
         // Waits of a minute (the longest a request may ask for), for up to an hour.
         let consistency = engram_memory::proto::Consistency {
             min_seq: Some(cut_at),
@@ -363,7 +376,7 @@ async fn bench(
     );
 
     let mut models = Vec::new();
-    for name in snapshot_models()? {
+    for name in snapshot_models(&args.models)? {
         let full_dir = home.join(format!("full-{name}"));
         let started = Instant::now();
         let (full_seq, full_hash) =

@@ -302,6 +302,9 @@ impl Projection for Consolidator {
     async fn import(&self, bytes: &[u8]) -> Result<ApplyLedger, ProjectionError> {
         self.memories.import(bytes).await
     }
+    fn import_is_checkpoint(&self) -> bool {
+        self.memories.import_is_checkpoint()
+    }
     async fn state_hash(&self) -> [u8; 32] {
         self.memories.state_hash().await
     }

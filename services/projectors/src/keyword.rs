@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, RwLock};
 
 use async_trait::async_trait;
 use engram_bus::StoredEvent;
-use engram_keyword::{KeywordIndex, KeywordReader};
+use engram_keyword::{IndexFiles, KeywordIndex, KeywordReader};
 use engram_memory::confidence::Withdrawn;
 use engram_memory::proto::{MemoryHit, SearchRequest, SearchResponse};
 use engram_memory::{ScopeKey, Seq};
@@ -64,6 +64,9 @@ pub struct KeywordProjection {
     visible: Arc<AtomicU64>,
     /// What the next commit makes durable besides the documents.
     staged: Mutex<Staged>,
+    /// Snapshot imports that installed the exporter's index files (rather than indexing
+    /// the memories again).
+    installed: AtomicU64,
 }
 
 /// Applied since the last commit.
@@ -95,6 +98,11 @@ struct Snapshot {
     /// The scopes of ids in `forgotten` and `distrusted`, where known.
     #[serde(default)]
     id_scopes: Vec<(EventId, ScopeKey)>,
+    /// The exporter's committed index, holding exactly `memories`: the importer installs it
+    /// instead of indexing them again. Absent when the exporter had uncommitted changes, or
+    /// could not read its files; then the importer indexes the memories.
+    #[serde(default)]
+    index: Option<IndexFiles>,
 }
 
 /// [`Snapshot`] as written, borrowed from the model: the memories are encoded where they
@@ -106,6 +114,7 @@ struct SnapshotOut<'a> {
     distrusted: &'a BTreeSet<EventId>,
     withdrawn: &'a Withdrawn,
     id_scopes: Vec<(&'a EventId, &'a ScopeKey)>,
+    index: Option<&'a IndexFiles>,
 }
 
 struct MemoriesOut<'a>(&'a TextMemories);
@@ -461,6 +470,67 @@ fn open_index(dir: &std::path::Path) -> Result<KeywordIndex, ProjectionError> {
     }
 }
 
+/// Replaces `index` (in `dir`) with the snapshot's: its committed files when it ships them
+/// and they hold exactly `memories`, else `memories` indexed again; in one commit carrying
+/// `seq` and `note` either way. Returns the index to keep using (`None` only when it could
+/// not be opened again), and whether the files were installed, or why the replacement
+/// failed: then the index is its last commit before.
+fn import_index(
+    index: KeywordIndex,
+    dir: &std::path::Path,
+    files: Option<&IndexFiles>,
+    memories: &[Memory],
+    seq: Seq,
+    note: &str,
+) -> (Option<KeywordIndex>, Result<bool, String>) {
+    let mut index = index;
+    if let Some(files) = files {
+        // The writer's lock goes with it, once its merges have ended; installing takes it
+        // again.
+        if let Err(e) = index.close() {
+            tracing::warn!(error = %e, "keyword index closed with a failed merge");
+        }
+        let installed = engram_keyword::install_files(dir, files, seq, note);
+        index = match KeywordIndex::open(dir) {
+            Ok(index) => index,
+            Err(e) => return (None, Err(format!("reopening the index: {e}"))),
+        };
+        match installed {
+            Ok(())
+                if index.committed_seq() == seq && index.doc_count() == memories.len() as u64 =>
+            {
+                if let Err(e) = index.collect_garbage() {
+                    tracing::warn!(error = %e, "the replaced keyword index's files stay until the next commit collects them");
+                }
+                tracing::debug!(
+                    files = files.files.len(),
+                    bytes = files.len(),
+                    "keyword index installed from a snapshot"
+                );
+                return (Some(index), Ok(true));
+            }
+            Ok(()) => tracing::warn!(
+                documents = index.doc_count(),
+                memories = memories.len(),
+                "the snapshot's index files do not hold its memories; indexing them instead"
+            ),
+            Err(e) => tracing::warn!(
+                error = %e,
+                "the snapshot's index files do not install; indexing its memories instead"
+            ),
+        }
+    }
+    let result = index
+        .replace(
+            memories.iter().map(|m| (&m.meta, m.text.as_str())),
+            seq,
+            note,
+        )
+        .map(|()| false)
+        .map_err(|e| e.to_string());
+    (Some(index), result)
+}
+
 /// What the ids log holds.
 #[derive(Default)]
 struct Logged {
@@ -487,7 +557,13 @@ impl KeywordProjection {
             text: Arc::default(),
             visible: Arc::default(),
             staged: Mutex::default(),
+            installed: AtomicU64::new(0),
         }
+    }
+
+    /// How many snapshot imports installed the exporter's index files, for status and tests.
+    pub fn indexes_installed(&self) -> u64 {
+        self.installed.load(Ordering::Relaxed)
     }
 
     /// Memories held (applied, committed or not).
@@ -729,6 +805,11 @@ impl Projection for KeywordProjection {
         true
     }
 
+    /// The import is a commit, and a commit is the checkpoint.
+    fn import_is_checkpoint(&self) -> bool {
+        true
+    }
+
     async fn publish(&self, applied: &ApplyLedger) -> Result<(), ProjectionError> {
         let ledger = *applied;
         let applied = applied.seq;
@@ -832,11 +913,27 @@ impl Projection for KeywordProjection {
         Ok(())
     }
 
-    /// The model at `applied` (a cut publishes first, so the last commit holds it too), in
-    /// sequence order.
+    /// The model at `applied`, in sequence order, with the committed index's files when
+    /// nothing is staged since that commit (a cut publishes first, so normally nothing is):
+    /// the commit then holds exactly the model's memories.
     async fn export(&self, applied: &ApplyLedger) -> Result<Option<Vec<u8>>, ProjectionError> {
+        let handle = {
+            let writer = self.writer.lock().unwrap_or_else(|p| p.into_inner());
+            let staged = self.staged.lock().unwrap_or_else(|p| p.into_inner());
+            writer
+                .as_ref()
+                .filter(|_| !staged.changed)
+                .map(KeywordIndex::handle)
+        };
         let (text, applied) = (self.text.clone(), *applied);
         tokio::task::spawn_blocking(move || {
+            let files = handle.and_then(|handle| match handle.committed_files() {
+                Ok(files) => Some(files),
+                Err(e) => {
+                    tracing::warn!(error = %e, "keyword snapshot without its index files: the importer indexes its memories");
+                    None
+                }
+            });
             let text = text.read().unwrap_or_else(|p| p.into_inner());
             let out = SnapshotOut {
                 memories: MemoriesOut(&text),
@@ -844,6 +941,7 @@ impl Projection for KeywordProjection {
                 distrusted: text.distrusted(),
                 withdrawn: text.withdrawn(),
                 id_scopes: text.id_scopes().iter().collect(),
+                index: files.as_ref(),
             };
             snapshot::encode(&applied, &out).map(Some)
         })
@@ -901,13 +999,17 @@ impl Projection for KeywordProjection {
             }
         };
         let note = note(&ledger, logged)?;
-        // Thousands of documents per second, and an fsync: off the async threads.
+        // Files to write, or thousands of documents per second, and fsyncs: off the async
+        // threads.
+        let dir = self.dir.clone();
         let (index, memories, result) = tokio::task::spawn_blocking(move || {
-            let mut index = index;
             let mut memories = snap.memories;
             memories.sort_by_key(|m| m.meta.seq);
-            let result = index.replace(
-                memories.iter().map(|m| (&m.meta, m.text.as_str())),
+            let (index, result) = import_index(
+                index,
+                &dir,
+                snap.index.as_ref(),
+                &memories,
                 ledger.seq,
                 &note,
             );
@@ -915,15 +1017,27 @@ impl Projection for KeywordProjection {
         })
         .await
         .map_err(fatal)?;
-        if let Err(e) = result {
-            // The old commit stands, with its log and model.
-            *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
-            *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
-            self.ids.set_generation(previous);
-            return Err(ProjectionError::Transient(format!(
-                "keyword snapshot import: {e}"
-            )));
-        }
+        let index = match (index, result) {
+            (Some(index), Ok(installed)) => {
+                self.installed
+                    .fetch_add(u64::from(installed), Ordering::Relaxed);
+                index
+            }
+            (index, result) => {
+                // The old commit stands, with its log and model.
+                if let Some(index) = index {
+                    *self.reader.write().unwrap_or_else(|p| p.into_inner()) = Some(index.reader());
+                    *self.writer.lock().unwrap_or_else(|p| p.into_inner()) = Some(index);
+                }
+                self.ids.set_generation(previous);
+                let why = result
+                    .err()
+                    .unwrap_or_else(|| "the index did not reopen".into());
+                return Err(ProjectionError::Transient(format!(
+                    "keyword snapshot import: {why}"
+                )));
+            }
+        };
         std::fs::rename(&replacement, &self.ids.path).map_err(|e| {
             self.ids
                 .broken(format_args!("cannot put the imported log in place: {e}"))

@@ -1486,18 +1486,24 @@ pub async fn rebuild_partitions(
             name.model()
                 .rebuild(config, &part_dir, bus, &part, shared, &mut report)
                 .await
+                .map(|reached| (index, reached))
         }
     };
-    futures::stream::iter(0..bus.config().stream.partitions)
-        .map(one)
-        .buffered(PARTITIONS_AT_ONCE)
-        .try_collect()
-        .await
+    let mut rebuilt: Vec<(u32, (Seq, [u8; 32]))> =
+        futures::stream::iter(0..bus.config().stream.partitions)
+            .map(one)
+            .buffer_unordered(PARTITIONS_AT_ONCE)
+            .try_collect()
+            .await?;
+    rebuilt.sort_by_key(|(index, _)| *index);
+    Ok(rebuilt.into_iter().map(|(_, reached)| reached).collect())
 }
 
 /// Partitions a rebuild or a bootstrap works on at once: one partition's loading (a snapshot
 /// fetched and decoded, a consumer created) overlaps another's applying, which one alone
-/// leaves the cores idle through.
+/// leaves the cores idle through. A partition starts as soon as any other is done, not when
+/// the oldest is: partitions differ in size, and waiting for the largest of each group of
+/// four left the cores idle.
 pub const PARTITIONS_AT_ONCE: usize = 4;
 
 /// The furthest sequence and the model's hash of its partitions' `(seq, hash)`, in order:
@@ -1571,10 +1577,16 @@ pub async fn rebuild_from_snapshot(
                     .map(drop)
                     .map_err(|e| e.to_string())
             };
+            let started = std::time::Instant::now();
             let selection = store
                 .load_latest_good(part.instance, version, check)
                 .await
                 .map_err(|source| StartError::Snapshots { projector, source })?;
+            tracing::debug!(
+                projector = part.instance,
+                load_ms = started.elapsed().as_millis() as u64,
+                "snapshot loaded"
+            );
             let mut report = |applied: Seq, target: Seq| {
                 (progress.lock().unwrap_or_else(|p| p.into_inner()))(applied, target)
             };
@@ -1603,12 +1615,13 @@ pub async fn rebuild_from_snapshot(
             ))
         }
     };
-    let booted: Vec<((Seq, [u8; 32]), PartitionBooted)> =
+    let mut booted: Vec<((Seq, [u8; 32]), PartitionBooted)> =
         futures::stream::iter(0..bus.config().stream.partitions)
             .map(one)
-            .buffered(PARTITIONS_AT_ONCE)
+            .buffer_unordered(PARTITIONS_AT_ONCE)
             .try_collect()
             .await?;
+    booted.sort_by_key(|(_, booted)| booted.partition);
     let (reached, partitions): (Vec<_>, Vec<_>) = booted.into_iter().unzip();
     let (seq, hash) = merged(&reached);
     Ok(Bootstrapped {

@@ -32,6 +32,7 @@
 //! - [`KeywordIndex`] (here): writer, checkpoint and lifecycle; [`KeywordReader`]: searches.
 
 mod error;
+mod files;
 mod query;
 pub mod schema;
 mod tail;
@@ -53,6 +54,7 @@ use tantivy::tokenizer::TextAnalyzer;
 use tantivy::{Index, IndexBuilder, IndexReader, IndexWriter, ReloadPolicy, TantivyError};
 
 pub use crate::error::KeywordError;
+pub use crate::files::{IndexFile, IndexFiles, IndexHandle, install as install_files};
 pub use crate::query::MAX_QUERY_TERMS;
 use crate::schema::{DIGEST_HI, DIGEST_LO, Fields, SEQ, seq_term};
 use crate::tail::{TailSegment, WithTail};
@@ -75,6 +77,16 @@ const PURGE_RETRY_PAUSE: std::time::Duration = std::time::Duration::from_millis(
 /// How the checkpoint is written into a commit's payload: this prefix and the sequence, then
 /// optionally a newline and the caller's note.
 const PAYLOAD_PREFIX: &str = "engram-keyword applied_seq=";
+
+/// A commit's payload: the checkpoint, then optionally a newline and the caller's note.
+fn payload(applied_seq: Seq, note: Option<&str>) -> String {
+    let mut payload = format!("{PAYLOAD_PREFIX}{applied_seq}");
+    if let Some(note) = note {
+        payload.push('\n');
+        payload.push_str(note);
+    }
+    payload
+}
 
 /// The writable keyword index, owned by the projector.
 pub struct KeywordIndex {
@@ -346,13 +358,8 @@ impl KeywordIndex {
     }
 
     fn durable_commit(&mut self, applied_seq: Seq, note: Option<&str>) -> Result<(), KeywordError> {
-        let mut payload = format!("{PAYLOAD_PREFIX}{applied_seq}");
-        if let Some(note) = note {
-            payload.push('\n');
-            payload.push_str(note);
-        }
         let mut prepared = self.writer.prepare_commit()?;
-        prepared.set_payload(&payload);
+        prepared.set_payload(&payload(applied_seq, note));
         prepared.commit()?;
         self.committed_note = note.map(str::to_owned);
         // Under the tail's lock: a search sees the tail's documents either in the tail or in
@@ -453,6 +460,26 @@ impl KeywordIndex {
     /// See [`KeywordReader::state_hash`].
     pub fn state_hash(&self) -> Result<[u8; 32], KeywordError> {
         self.reader.state_hash()
+    }
+
+    /// A handle that reads the last commit's files ([`IndexFiles`]) off this thread.
+    pub fn handle(&self) -> IndexHandle {
+        IndexHandle(self.writer.index().clone())
+    }
+
+    /// Closes the index once its background merges have ended: after this, nothing of this
+    /// writer touches the directory (a merge ending later would rewrite `meta.json`, which
+    /// [`install_files`](crate::install_files) replaces).
+    pub fn close(self) -> Result<(), KeywordError> {
+        self.writer.wait_merging_threads()?;
+        Ok(())
+    }
+
+    /// Removes files no commit or merge uses any more: after
+    /// [`install_files`](crate::install_files), the replaced commit's segments.
+    pub fn collect_garbage(&self) -> Result<(), KeywordError> {
+        self.writer.garbage_collect_files().wait()?;
+        Ok(())
     }
 
     /// The directory the index lives in; `None` for [`in_ram`](Self::in_ram).

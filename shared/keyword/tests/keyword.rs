@@ -974,3 +974,114 @@ fn a_query_of_thousands_of_words_searches_only_the_first_terms() {
         .unwrap();
     assert_eq!(seqs(&alone), vec![2]);
 }
+
+#[test]
+fn an_index_shipped_as_files_opens_elsewhere_with_the_importers_checkpoint() {
+    // given: an exporting index with a delete, committed; and an importing one holding
+    // other memories
+    let (from, to) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = team("a");
+    let mut source = KeywordIndex::open(from.path()).unwrap();
+    for seq in 1..=40 {
+        source
+            .add(&meta(seq, &a), &format!("shipped memory number {seq}"))
+            .unwrap();
+    }
+    source.commit(40).unwrap();
+    source.delete(7).unwrap();
+    source.commit_with_note(41, "exporter's note").unwrap();
+    let files = source.handle().committed_files().unwrap();
+    assert!(files.files.iter().any(|f| f.name.ends_with(".del")));
+    {
+        let mut old = KeywordIndex::open(to.path()).unwrap();
+        old.add(&meta(1, &a), "an older memory").unwrap();
+        old.commit(1).unwrap();
+        old.close().unwrap();
+    }
+    let old_files: BTreeSet<_> = std::fs::read_dir(to.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+
+    // when: the files are installed there with the importer's checkpoint and note
+    engram_keyword::install_files(to.path(), &files, 41, "importer's note").unwrap();
+    let imported = KeywordIndex::open(to.path()).unwrap();
+    imported.collect_garbage().unwrap();
+
+    // then: it answers as the exporter does, carries the importer's checkpoint, and the
+    // replaced commit's segments are gone
+    assert_eq!(imported.committed_seq(), 41);
+    assert_eq!(imported.committed_note(), Some("importer's note"));
+    assert_eq!(imported.doc_count(), 39);
+    assert_eq!(imported.state_hash().unwrap(), source.state_hash().unwrap());
+    let hits = |index: &KeywordIndex| {
+        seqs(
+            &index
+                .search("shipped number", from_ref(&a), &any(), 50)
+                .unwrap(),
+        )
+    };
+    assert_eq!(hits(&imported), hits(&source));
+    assert!(!hits(&imported).contains(&7));
+    let left: BTreeSet<_> = std::fs::read_dir(to.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    let segment = |n: &std::ffi::OsString| {
+        n.to_string_lossy().contains('.')
+            && !n.to_string_lossy().starts_with('.')
+            && n != "meta.json"
+    };
+    assert!(
+        old_files
+            .iter()
+            .filter(|n| segment(n))
+            .all(|n| !left.contains(n)),
+        "old segments left: {old_files:?} {left:?}"
+    );
+
+    // and installing the same files again (a replica importing its own snapshot) works
+    drop(imported);
+    engram_keyword::install_files(to.path(), &files, 42, "again").unwrap();
+    assert_eq!(KeywordIndex::open(to.path()).unwrap().doc_count(), 39);
+}
+
+#[test]
+fn shipped_files_that_would_escape_or_differ_are_refused_and_change_nothing() {
+    let (from, to) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let a = team("a");
+    let mut source = KeywordIndex::open(from.path()).unwrap();
+    source.add(&meta(1, &a), "shipped memory").unwrap();
+    source.commit(1).unwrap();
+    let files = source.handle().committed_files().unwrap();
+    {
+        let mut kept = KeywordIndex::open(to.path()).unwrap();
+        kept.add(&meta(1, &a), "kept memory").unwrap();
+        kept.commit(1).unwrap();
+    }
+    let mut escaping = files.clone();
+    escaping.files[0].name = "../outside.idx".into();
+    let mut meta_named = files.clone();
+    meta_named.files[0].name = "meta.json".into();
+    let mut twice = files.clone();
+    twice.files.push(files.files[0].clone());
+    for bad in [escaping, meta_named, twice] {
+        assert!(engram_keyword::install_files(to.path(), &bad, 2, "bad").is_err());
+    }
+    {
+        let kept = KeywordIndex::open(to.path()).unwrap();
+        assert_eq!(kept.committed_seq(), 1);
+        assert_eq!(
+            seqs(&kept.search("kept", from_ref(&a), &any(), 5).unwrap()),
+            vec![1]
+        );
+    }
+    // A file of the same name with other content.
+    engram_keyword::install_files(to.path(), &files, 2, "ok").unwrap();
+    let mut differing = files.clone();
+    differing.files[0].bytes.push(0);
+    assert!(engram_keyword::install_files(to.path(), &differing, 3, "bad").is_err());
+    let index = KeywordIndex::open(to.path()).unwrap();
+    assert_eq!(index.committed_seq(), 2);
+    assert!(!from.path().parent().unwrap().join("outside.idx").exists());
+}

@@ -147,9 +147,12 @@ pub trait Projection: Send + Sync + 'static {
         Ok(None)
     }
 
-    /// Replaces the model and its checkpoint with an [`export`](Self::export)ed blob, after
-    /// checking it; returns the ledger it holds. A blob that does not check is refused and
-    /// the model is unchanged.
+    /// Replaces the model with an [`export`](Self::export)ed blob, after checking it; returns
+    /// the ledger it holds. A blob that does not check is refused and the model is unchanged.
+    /// The checkpoint need not follow (see [`import_is_checkpoint`](Self::import_is_checkpoint)):
+    /// the runtime then makes one after the tail, and a restart before that restores the
+    /// previous checkpoint, a consistent state of its own, and imports the snapshot again or
+    /// replays after it.
     async fn import(&self, _bytes: &[u8]) -> Result<ApplyLedger, ProjectionError> {
         Err(ProjectionError::Fatal(format!(
             "projector {} cannot load snapshots; rebuild it from the stream",
@@ -186,6 +189,14 @@ pub trait Projection: Send + Sync + 'static {
     /// every change: one compressed change was inflated once per projector, and again by
     /// the model and by its dead letter.)
     fn applies_doc_changes(&self) -> bool {
+        false
+    }
+
+    /// Whether [`import`](Self::import) leaves the imported state as the model's checkpoint
+    /// (a restart restores it). A bootstrap of such a model ends without checkpointing again
+    /// while fewer than [`ProjectorSettings::checkpoint_every`] events followed the
+    /// snapshot, as a running projector would.
+    fn import_is_checkpoint(&self) -> bool {
         false
     }
 
@@ -559,7 +570,8 @@ impl<P: Projection> Projector<P> {
         snapshot: &[u8],
     ) -> Result<ApplyLedger, ProjectorError> {
         let name = self.name();
-        let held = match snapshot::check(snapshot, "the snapshot", name) {
+        // The import decodes it whole before it replaces anything.
+        let held = match snapshot::ledger(snapshot, "the snapshot", name) {
             Ok(held) if held.seq > restored.seq => held,
             Ok(_) => return Ok(restored),
             Err(e) => {
@@ -742,12 +754,15 @@ impl<P: Projection> Projector<P> {
                 projector: name,
                 source,
             })?;
-        self.replay_from(ApplyLedger::default(), progress).await
+        self.replay_from(ApplyLedger::default(), false, progress)
+            .await
     }
 
     /// Loads an exported snapshot (checked first: a blob that does not check changes
     /// nothing), then replays the stream after its sequence until caught up, calling
-    /// `progress` as [`Projector::rebuild`] does; checkpoints and returns the ledger saved.
+    /// `progress` as [`Projector::rebuild`] does; returns the ledger reached. Checkpoints at
+    /// the end unless the import is the checkpoint and the tail is shorter than
+    /// [`ProjectorSettings::checkpoint_every`] (see [`Projection::import_is_checkpoint`]).
     /// The stream must still hold every event after the snapshot: a tail that retention has
     /// cut is an error before anything is loaded, never a gap.
     pub async fn bootstrap(
@@ -760,18 +775,32 @@ impl<P: Projection> Projector<P> {
             projector: name,
             source,
         };
-        // The tail must be there before anything is replaced.
-        let held = snapshot::check(snapshot, "the snapshot", name).map_err(projection_err)?;
+        // The tail must be there before anything is replaced. The import decodes the blob
+        // whole before it replaces anything, so the ledger is all read here.
+        let held = snapshot::ledger(snapshot, "the snapshot", name).map_err(projection_err)?;
         self.check_tail(held.seq).await?;
         if let Err(e) = self.projection.restore().await {
             tracing::info!(projector = name, error = %e, "discarding unusable checkpoint");
         }
+        let started = std::time::Instant::now();
         let loaded = self
             .projection
             .import(snapshot)
             .await
             .map_err(projection_err)?;
-        self.replay_from(loaded, progress).await
+        let imported = started.elapsed();
+        let durable = self.projection.import_is_checkpoint();
+        let ledger = self.replay_from(loaded, durable, progress).await?;
+        tracing::debug!(
+            projector = name,
+            seq = held.seq,
+            bytes = snapshot.len(),
+            import_ms = imported.as_millis() as u64,
+            tail_ms = (started.elapsed() - imported).as_millis() as u64,
+            tail_events = ledger.seq.saturating_sub(held.seq),
+            "bootstrapped from a snapshot"
+        );
+        Ok(ledger)
     }
 
     /// Fails when the stream no longer holds every event after `seq` (retention removed
@@ -797,9 +826,11 @@ impl<P: Projection> Projector<P> {
     }
 
     /// Replays the stream after `from` into the model (which holds `from`), until caught up.
+    /// `durable`: `from` is the model's checkpoint already.
     async fn replay_from(
         &self,
         from: ApplyLedger,
+        durable: bool,
         mut progress: impl FnMut(Seq, Seq),
     ) -> Result<ApplyLedger, ProjectorError> {
         let name = self.name();
@@ -867,6 +898,18 @@ impl<P: Projection> Projector<P> {
                     break;
                 }
             }
+        }
+        if durable && state.unsaved() < self.settings.checkpoint_every {
+            // The checkpoint holds `from` (an imported snapshot), and a restart replays the
+            // few events after it, as it would for a running projector, rather than the
+            // bootstrap saving the whole model a second time. Dead letters go now all the same.
+            self.send_dead_letters(&mut state)
+                .await
+                .map_err(projection_err)?;
+            if state.unpublished() && !self.projection.searchable_when_applied() {
+                self.publish(&mut state).await.map_err(projection_err)?;
+            }
+            return Ok(state.ledger);
         }
         self.checkpoint(&mut state).await?;
         Ok(state.ledger)

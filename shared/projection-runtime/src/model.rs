@@ -116,6 +116,10 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
         self.doc_changes
     }
 
+    fn import_is_checkpoint(&self) -> bool {
+        true
+    }
+
     async fn restore(&self) -> Result<ApplyLedger, ProjectionError> {
         let (path, name) = (self.path.clone(), self.name);
         let loaded = tokio::task::spawn_blocking(move || snapshot::load::<M>(&path, name))
@@ -179,8 +183,8 @@ impl<M: SnapshotModel> Projection for SnapshotProjection<M> {
         let (path, name, bytes) = (self.path.clone(), self.name, bytes.to_vec());
         let (ledger, model) = tokio::task::spawn_blocking(move || {
             let (ledger, model) = snapshot::decode::<M>(&bytes, "the snapshot", name)?;
-            // The blob is already in the checkpoint format: it becomes the checkpoint, so a
-            // crash right after the import restarts from it.
+            // The blob is already in the checkpoint format: it becomes the checkpoint as it
+            // is (a file write, where encoding the model again took as long as decoding it).
             snapshot::write_atomic(&path, &bytes)?;
             Ok::<_, ProjectionError>((ledger, model))
         })

@@ -69,6 +69,36 @@ pub fn check(bytes: &[u8], what: &str, projector: &str) -> Result<ApplyLedger, P
     decode::<serde::de::IgnoredAny>(bytes, what, projector).map(|(ledger, _)| ledger)
 }
 
+/// The ledger bytes in the checkpoint format hold, after checking their magic and checksum
+/// but without reading the model: for bytes an import will decode whole before it replaces
+/// anything (a body that does not decode is refused there). [`check`] walks the whole body,
+/// which for a million events is a good part of a bootstrap.
+pub fn ledger(bytes: &[u8], what: &str, projector: &str) -> Result<ApplyLedger, ProjectionError> {
+    let corrupt = |why: &str| {
+        ProjectionError::Fatal(format!(
+            "{what} is corrupt ({why}); run `engram rebuild {projector}`"
+        ))
+    };
+    if bytes.starts_with(MAGIC_WITHOUT_LEDGER) {
+        return Err(ProjectionError::Fatal(format!(
+            "{what} is in an older format without an apply ledger; run `engram rebuild {projector}` to replace it"
+        )));
+    }
+    if bytes.len() < MAGIC.len() + 32 || !bytes.starts_with(MAGIC) {
+        return Err(corrupt("not a checkpoint file"));
+    }
+    let (body, hash) = bytes.split_at(bytes.len() - 32);
+    if blake3::hash(body).as_bytes() != hash {
+        return Err(corrupt("checksum mismatch"));
+    }
+    // `(ledger, model)`: a MessagePack array of two, the ledger first.
+    match &body[MAGIC.len()..] {
+        [0x92, rest @ ..] => rmp_serde::from_read(rest)
+            .map_err(|e| corrupt(&format!("its ledger does not decode: {e}"))),
+        _ => Err(corrupt("not a ledger and a model")),
+    }
+}
+
 /// Saves `model` with `ledger` at `path`, atomically.
 pub fn save<T: Serialize>(
     path: &Path,
@@ -129,6 +159,26 @@ fn transient(what: &str, path: &Path, e: std::io::Error) -> ProjectionError {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_ledger_reads_without_the_model_and_refuses_what_check_refuses() {
+        let mut ledger = ApplyLedger::default();
+        ledger.add(7, "evt-a");
+        let bytes = encode(&ledger, &vec!["model"; 3]).unwrap();
+        assert_eq!(super::ledger(&bytes, "s", "m").unwrap(), ledger);
+        assert_eq!(check(&bytes, "s", "m").unwrap(), ledger);
+        let mut flipped = bytes.clone();
+        let middle = flipped.len() / 2;
+        flipped[middle] ^= 0x55;
+        assert!(super::ledger(&flipped, "s", "m").is_err());
+        assert!(super::ledger(&bytes[..bytes.len() - 1], "s", "m").is_err());
+        // A body that is not `(ledger, model)` with a valid checksum.
+        let mut other = MAGIC.to_vec();
+        rmp_serde::encode::write(&mut other, &"not a pair").unwrap();
+        let hash = blake3::hash(&other);
+        other.extend_from_slice(hash.as_bytes());
+        assert!(super::ledger(&other, "s", "m").is_err());
+    }
 
     #[test]
     fn round_trips_and_refuses_corruption() {

@@ -112,9 +112,16 @@ pub struct SnapshotMeta {
     /// The model's state hash at the cut, hex: equal to a full replay's at this sequence.
     pub state_hash: String,
     pub created_at: DateTime<Utc>,
+    /// The snapshot's size; `content_hash` is of these bytes too.
     pub bytes: u64,
     /// Its Object Store name.
     pub object: String,
+    /// How the object is stored: absent as it is, `zstd` compressed (see [`stored_form`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub encoding: Option<String>,
+    /// The object's size as stored, when it is encoded.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub stored_bytes: Option<u64>,
 }
 
 impl SnapshotMeta {
@@ -173,6 +180,38 @@ pub struct SnapshotStore {
     objects: object_store::ObjectStore,
     index: kv::Store,
     config: SnapshotsConfig,
+    /// Bytes per Object Store message: see [`chunk_size`].
+    chunk_size: usize,
+}
+
+/// The one encoding a stored snapshot may have besides none.
+const ZSTD: &str = "zstd";
+
+/// How much of a snapshot [`stored_form`] compresses to see whether the rest is worth it.
+const COMPRESSION_SAMPLE: usize = 1 << 20;
+
+/// A snapshot as it is stored, and its encoding: zstd (level 1) when a sample of it shrinks
+/// to at most four fifths. The text models' and the fact table's snapshots shrink several
+/// times, and loading them from the Object Store was most of a bootstrap at a million
+/// events; vectors hardly shrink, and are stored as they are, without compressing them all
+/// to find that out.
+fn stored_form(bytes: &[u8]) -> (std::borrow::Cow<'_, [u8]>, Option<&'static str>) {
+    let sample = &bytes[..bytes.len().min(COMPRESSION_SAMPLE)];
+    let pays = zstd::bulk::compress(sample, 1).is_ok_and(|c| c.len() * 5 <= sample.len() * 4);
+    if pays && let Ok(compressed) = zstd::bulk::compress(bytes, 1) {
+        return (compressed.into(), Some(ZSTD));
+    }
+    (bytes.into(), None)
+}
+
+/// The Object Store's chunk size for snapshots: as large as the server's message limit
+/// allows (with room for headers), at most 1 MiB. A snapshot of a million events is hundreds
+/// of megabytes, and each chunk is one message through an ordered consumer when it is
+/// loaded: the client's default of 128 KiB made loading a large part of a bootstrap.
+fn chunk_size(max_payload: usize) -> usize {
+    const DEFAULT: usize = 128 * 1024;
+    const MAX: usize = 1024 * 1024;
+    max_payload.saturating_sub(16 * 1024).clamp(DEFAULT, MAX)
 }
 
 impl std::fmt::Debug for SnapshotStore {
@@ -230,6 +269,7 @@ impl SnapshotStore {
             objects,
             index,
             config,
+            chunk_size: chunk_size(bus.client().server_info().max_payload),
         })
     }
 
@@ -283,18 +323,42 @@ impl SnapshotStore {
             created_at: Utc::now(),
             bytes,
             object: object.clone(),
+            encoding: None,
+            stored_bytes: None,
         };
         let existing = self.meta(projector, version).await?;
         let same_object = existing
             .as_ref()
             .is_some_and(|m| m.content_hash == meta.content_hash);
-        if !same_object {
-            let mut reader = &cut.bytes[..];
+        let meta = match &existing {
+            // The object stays as it was stored.
+            Some(existing) if same_object => SnapshotMeta {
+                encoding: existing.encoding.clone(),
+                stored_bytes: existing.stored_bytes,
+                ..meta
+            },
+            _ => meta,
+        };
+        let meta = if same_object {
+            meta
+        } else {
+            let (stored, encoding) = stored_form(&cut.bytes);
+            let mut reader = &stored[..];
+            let chunked = object_store::ObjectMetadata {
+                name: object.clone(),
+                chunk_size: Some(self.chunk_size),
+                ..Default::default()
+            };
             self.objects
-                .put(object.as_str(), &mut reader)
+                .put(chunked, &mut reader)
                 .await
                 .map_err(unavailable)?;
-        }
+            SnapshotMeta {
+                encoding: encoding.map(str::to_owned),
+                stored_bytes: encoding.map(|_| stored.len() as u64),
+                ..meta
+            }
+        };
         // A second cut at one sequence keeps the first's label unless it brings its own.
         let meta = SnapshotMeta {
             label: meta.label.or(existing.and_then(|m| m.label)),
@@ -375,15 +439,32 @@ impl SnapshotStore {
             Ok(object) => object,
             Err(e) => return Err(corrupt(format!("cannot be read: {e}"))),
         };
-        let mut bytes = Vec::with_capacity(meta.bytes.min(self.config.max_bytes) as usize);
-        // Bounded by the size the index states: a longer object is not the one indexed.
-        let read = (&mut object)
-            .take(meta.bytes + 1)
-            .read_to_end(&mut bytes)
-            .await;
+        // Bounded by the sizes the index states: a longer object is not the one indexed, and
+        // nothing larger than a snapshot may be is read or inflated.
+        if meta.bytes > self.config.max_bytes {
+            return Err(corrupt(format!(
+                "the index says {} bytes, more than snapshots.max_bytes ({})",
+                meta.bytes, self.config.max_bytes
+            )));
+        }
+        let stored = meta.stored_bytes.unwrap_or(meta.bytes);
+        let mut bytes = Vec::with_capacity(stored.min(self.config.max_bytes) as usize);
+        let read = (&mut object).take(stored + 1).read_to_end(&mut bytes).await;
         if let Err(e) = read {
             return Err(corrupt(format!("truncated or unreadable: {e}")));
         }
+        if bytes.len() as u64 != stored {
+            return Err(corrupt(format!(
+                "{} bytes, the index says {stored}",
+                bytes.len(),
+            )));
+        }
+        let bytes = match meta.encoding.as_deref() {
+            None => bytes,
+            Some(ZSTD) => zstd::bulk::decompress(&bytes, meta.bytes as usize)
+                .map_err(|e| corrupt(format!("does not decompress: {e}")))?,
+            Some(other) => return Err(corrupt(format!("unknown encoding {other:?}"))),
+        };
         if bytes.len() as u64 != meta.bytes {
             return Err(corrupt(format!(
                 "{} bytes, the index says {}",
@@ -486,4 +567,42 @@ impl SnapshotStore {
 /// Hex of a 32-byte hash.
 pub fn hex(hash: &[u8; 32]) -> String {
     hash.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{ZSTD, chunk_size, stored_form};
+
+    #[test]
+    fn snapshots_that_shrink_are_compressed_and_others_stored_as_they_are() {
+        let text: Vec<u8> = (0..200_000u32)
+            .flat_map(|i| format!("memory {i} of scope team-{}\n", i % 100).into_bytes())
+            .collect();
+        let (stored, encoding) = stored_form(&text);
+        assert_eq!(encoding, Some(ZSTD));
+        assert!(stored.len() * 4 < text.len());
+        assert_eq!(zstd::bulk::decompress(&stored, text.len()).unwrap(), text);
+        // Noise (what float vectors look like to a compressor).
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        let noise: Vec<u8> = (0..300_000)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                x as u8
+            })
+            .collect();
+        let (stored, encoding) = stored_form(&noise);
+        assert_eq!(encoding, None);
+        assert_eq!(&stored[..], &noise[..]);
+    }
+
+    #[test]
+    fn chunks_fill_the_servers_message_limit_up_to_a_mebibyte() {
+        // nats-server's default limit (1 MB), leaving room for the chunk's headers.
+        assert_eq!(chunk_size(1024 * 1024), 1024 * 1024 - 16 * 1024);
+        assert_eq!(chunk_size(8 * 1024 * 1024), 1024 * 1024);
+        // Never below the client's own default.
+        assert_eq!(chunk_size(64 * 1024), 128 * 1024);
+    }
 }
