@@ -41,25 +41,37 @@ pub fn decode<T: DeserializeOwned>(
     what: &str,
     projector: &str,
 ) -> Result<(ApplyLedger, T), ProjectionError> {
-    let corrupt = |why: &str| {
-        ProjectionError::Fatal(format!(
-            "{what} is corrupt ({why}); run `engram rebuild {projector}`"
-        ))
-    };
+    let body = checked_body(bytes, what, projector)?;
+    rmp_serde::from_slice(body)
+        .map_err(|e| corrupt(what, projector, &format!("does not decode: {e}")))
+}
+
+/// The MessagePack body of bytes in the checkpoint format, once their magic and checksum
+/// check.
+fn checked_body<'a>(
+    bytes: &'a [u8],
+    what: &str,
+    projector: &str,
+) -> Result<&'a [u8], ProjectionError> {
     if bytes.starts_with(MAGIC_WITHOUT_LEDGER) {
         return Err(ProjectionError::Fatal(format!(
             "{what} is in an older format without an apply ledger; run `engram rebuild {projector}` to replace it"
         )));
     }
     if bytes.len() < MAGIC.len() + 32 || !bytes.starts_with(MAGIC) {
-        return Err(corrupt("not a checkpoint file"));
+        return Err(corrupt(what, projector, "not a checkpoint file"));
     }
     let (body, hash) = bytes.split_at(bytes.len() - 32);
     if blake3::hash(body).as_bytes() != hash {
-        return Err(corrupt("checksum mismatch"));
+        return Err(corrupt(what, projector, "checksum mismatch"));
     }
-    rmp_serde::from_slice(&body[MAGIC.len()..])
-        .map_err(|e| corrupt(&format!("does not decode: {e}")))
+    Ok(&body[MAGIC.len()..])
+}
+
+fn corrupt(what: &str, projector: &str, why: &str) -> ProjectionError {
+    ProjectionError::Fatal(format!(
+        "{what} is corrupt ({why}); run `engram rebuild {projector}`"
+    ))
 }
 
 /// Checks bytes in the checkpoint format (magic, checksum, a well-formed body) without
@@ -71,31 +83,14 @@ pub fn check(bytes: &[u8], what: &str, projector: &str) -> Result<ApplyLedger, P
 
 /// The ledger bytes in the checkpoint format hold, after checking their magic and checksum
 /// but without reading the model: for bytes an import will decode whole before it replaces
-/// anything (a body that does not decode is refused there). [`check`] walks the whole body,
-/// which for a million events is a good part of a bootstrap.
+/// anything (a body that does not decode is refused there), where [`check`] would walk the
+/// whole body once more.
 pub fn ledger(bytes: &[u8], what: &str, projector: &str) -> Result<ApplyLedger, ProjectionError> {
-    let corrupt = |why: &str| {
-        ProjectionError::Fatal(format!(
-            "{what} is corrupt ({why}); run `engram rebuild {projector}`"
-        ))
-    };
-    if bytes.starts_with(MAGIC_WITHOUT_LEDGER) {
-        return Err(ProjectionError::Fatal(format!(
-            "{what} is in an older format without an apply ledger; run `engram rebuild {projector}` to replace it"
-        )));
-    }
-    if bytes.len() < MAGIC.len() + 32 || !bytes.starts_with(MAGIC) {
-        return Err(corrupt("not a checkpoint file"));
-    }
-    let (body, hash) = bytes.split_at(bytes.len() - 32);
-    if blake3::hash(body).as_bytes() != hash {
-        return Err(corrupt("checksum mismatch"));
-    }
     // `(ledger, model)`: a MessagePack array of two, the ledger first.
-    match &body[MAGIC.len()..] {
+    match checked_body(bytes, what, projector)? {
         [0x92, rest @ ..] => rmp_serde::from_read(rest)
-            .map_err(|e| corrupt(&format!("its ledger does not decode: {e}"))),
-        _ => Err(corrupt("not a ledger and a model")),
+            .map_err(|e| corrupt(what, projector, &format!("its ledger does not decode: {e}"))),
+        _ => Err(corrupt(what, projector, "not a ledger and a model")),
     }
 }
 
