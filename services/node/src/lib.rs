@@ -456,8 +456,16 @@ impl Node {
             tracing::error!(partition = p, error = %e, "cannot serve the partition's routed queries");
             return;
         }
-        // Subscriptions reach the server on the next flush: answering means subscribed.
-        let _ = self.responder.flush().await;
+        // Answering means a request from any connection finds the endpoints.
+        if let Err(e) = engram_rpc::settle(
+            &self.responder,
+            self.bus.client(),
+            engram_rpc::SETTLE_WITHIN,
+        )
+        .await
+        {
+            tracing::warn!(partition = p, error = %e, "the server did not confirm the partition's endpoints");
+        }
         let took = at.duration_since(held.taken);
         metrics::NODE_TAKEOVER_SECONDS.observe(took.as_secs_f64());
         tracing::info!(node = %self.ownership.me.node, partition = p, took_ms = took.as_millis() as u64, "partition answering");

@@ -424,13 +424,15 @@ impl RunningProjectors {
             return Err(e);
         }
         write_instances(&self.instances).extend(started);
-        // Subscriptions reach the server on the next flush: until then another
-        // connection's request can find no responder. Added means answering.
+        // Added means answering: a request from any connection finds the endpoints.
         for host in &self.models {
-            host.responder
-                .flush()
-                .await
-                .map_err(|e| StartError::Flush(e.to_string()))?;
+            engram_rpc::settle(
+                &host.responder,
+                host.bus.client(),
+                engram_rpc::SETTLE_WITHIN,
+            )
+            .await
+            .map_err(|e| StartError::Flush(e.to_string()))?;
         }
         let catch_up = CatchUp {
             instances: self.instances_of(index),

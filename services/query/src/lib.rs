@@ -436,15 +436,8 @@ impl Query {
             },
         )
         .await?;
-        // Subscriptions reach the server on the next flush: until then another connection's
-        // request can find no responder. Served means answering.
-        responder
-            .flush()
-            .await
-            .map_err(|e| engram_rpc::RpcError::Transport {
-                subject: proto::QUERY_SERVICE.to_owned(),
-                reason: format!("flushing the endpoints' subscriptions: {e}"),
-            })?;
+        // Served means answering: a request from any connection finds the endpoints.
+        engram_rpc::settle(responder, &self.client, engram_rpc::SETTLE_WITHIN).await?;
         // The flusher stops after the endpoints, so that what they answered last is counted.
         let flusher_stop = CancellationToken::new();
         let flusher = (!self.config.usage_interval.is_zero()).then(|| {

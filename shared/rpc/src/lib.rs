@@ -207,6 +207,61 @@ pub async fn start_service(
         })
 }
 
+/// How long [`settle`] waits by default: the server answers in a round trip, so only a
+/// server that is down or overloaded takes this long.
+pub const SETTLE_WITHIN: Duration = Duration::from_secs(10);
+
+/// Returns once the server has taken every subscription `responder` sent before the call,
+/// so a request from any connection finds those endpoints. A flush is not enough: it only
+/// writes the buffer, and the server may still be reading it when another connection's
+/// request arrives (no responders). The server handles one connection's messages in order,
+/// so a message `responder` publishes after its subscriptions, seen arriving at `witness`,
+/// proves they are in place. The responder may publish only to inboxes, which is all this
+/// needs; it publishes again until one arrives, since `witness`'s own subscription is
+/// under the same race.
+pub async fn settle(
+    responder: &async_nats::Client,
+    witness: &async_nats::Client,
+    deadline: Duration,
+) -> Result<(), RpcError> {
+    let inbox = witness.new_inbox();
+    let failed = |reason: String| RpcError::Transport {
+        subject: inbox.clone(),
+        reason,
+    };
+    let mut seen = witness
+        .subscribe(inbox.clone())
+        .await
+        .map_err(|e| failed(format!("subscribing: {e}")))?;
+    let settled = async {
+        loop {
+            responder
+                .publish(inbox.clone(), bytes::Bytes::new())
+                .await
+                .map_err(|e| failed(format!("publishing: {e}")))?;
+            responder
+                .flush()
+                .await
+                .map_err(|e| failed(format!("flushing: {e}")))?;
+            match tokio::time::timeout(Duration::from_millis(20), seen.next()).await {
+                Ok(Some(_)) => return Ok(()),
+                Ok(None) => return Err(failed("the subscription ended".to_owned())),
+                Err(_) => continue,
+            }
+        }
+    };
+    let outcome = tokio::time::timeout(deadline, settled)
+        .await
+        .unwrap_or_else(|_| {
+            Err(RpcError::Timeout {
+                subject: inbox.clone(),
+                timeout: deadline,
+            })
+        });
+    let _ = seen.unsubscribe().await;
+    outcome
+}
+
 /// The header a caller sets to its own timeout in milliseconds (relative, so clocks need not
 /// agree). The server drops a request's work once it has passed: nobody waits for the answer.
 pub const TIMEOUT_HEADER: &str = "Engram-Timeout-Ms";
