@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from engram_client import Forbidden, NotFound, uuid7
-from engram_client.nats import connect
+from engram_client.nats import NatsTransport, connect
 
 from .conftest import Server
 
@@ -33,6 +33,10 @@ async def test_append_retrieve_and_facts_over_nats(server: Server, alice_key: st
         assert receipt["event_id"] not in [r["event_id"] for r in left["results"]]
         me = await mem.whoami()
         assert me["agent"] == "planner"
+        # Every query about the scope went to the node owning its partition on the routed
+        # subject: none fell back to the query service's subject.
+        transport = mem._transport.__self__
+        assert isinstance(transport, NatsTransport) and transport.unrouted == 0
     finally:
         await mem.aclose()
 

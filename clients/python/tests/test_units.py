@@ -112,3 +112,16 @@ def test_a_dropped_tail_resumes_after_the_last_event() -> None:
     client = Engram(api_key="egk.acme.web.SEED", scope="task:t1", http_client=http, retry=RetryPolicy(backoff=0))
     assert [item["seq"] for item in client.tail(after_seq=3)] == [4, 5, 6]
     assert asked == ["3", "5"]
+
+
+def test_queries_about_one_scope_take_the_routed_subject() -> None:
+    from engram_client.nats import routed_subject
+
+    who = Identity(tenant="acme", agent="planner", seed="")
+    body = {"scope": {"kind": "task", "id": "t-1"}, "query": "x"}
+    assert routed_subject(who, "retrieve", body) == "engram.q.acme.planner.retrieve.task.t-1"
+    assert routed_subject(who, "context", body) == "engram.q.acme.planner.context.task.t-1"
+    # Not routed: other ops, and a scope no subject token can carry (left to the service).
+    assert routed_subject(who, "replay", body) is None
+    for scope in ({"kind": "task", "id": "a.b"}, {"kind": "task", "id": "*"}, {"kind": "galaxy", "id": "x"}, "task:t1", None):
+        assert routed_subject(who, "retrieve", {"scope": scope}) is None

@@ -352,6 +352,46 @@ impl Instance {
             mode: RetrievalMode::Hybrid,
             ranking: None,
         };
+        if request.vector.is_none() {
+            // The server embeds: the keyword side can show the write before the embedding
+            // ends, so its visibility is measured on its own first.
+            let by_keyword = RetrieveRequest {
+                mode: RetrievalMode::Keyword,
+                ..request.clone()
+            };
+            let Some(response) = self
+                .until_answered("recall", Check::Recall, |client| {
+                    let request = by_keyword.clone();
+                    async move { client.retrieve(&request).await }
+                })
+                .await
+            else {
+                return;
+            };
+            let now = Instant::now();
+            if response
+                .results
+                .iter()
+                .any(|r| r.event_id.as_str() == event.event_id.as_str())
+            {
+                recorder.latency(Metric::KeywordVisibility, now - acked, now);
+            } else {
+                let projectors = self.visible_now().await;
+                recorder.invisible(
+                    Check::Recall,
+                    format!(
+                        "{} (seq {seq}, {}) missing from a keyword read-your-writes retrieve that returned {} results; query {:?}; text {:?}; the retrieve read {:?}; projectors' visible seqs just after: {projectors}",
+                        event.event_id,
+                        event.scope,
+                        response.results.len(),
+                        request.query,
+                        event.content.text,
+                        response.visible
+                    ),
+                );
+                return;
+            }
+        }
         let Some(response) = self
             .until_answered("recall", Check::Recall, |client| {
                 let request = request.clone();

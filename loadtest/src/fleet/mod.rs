@@ -599,6 +599,7 @@ fn metric_name(metric: Metric) -> &'static str {
         Metric::Ack => "ack",
         Metric::AckService => "ack_service",
         Metric::Visibility => "visibility",
+        Metric::KeywordVisibility => "visibility_keyword",
         Metric::Query => "query",
         Metric::Context => "context",
         Metric::Facts => "facts",

@@ -58,6 +58,10 @@ pub(crate) enum Metric {
     AckService,
     /// Ack until the writer's read-your-writes retrieve returned the write.
     Visibility,
+    /// Ack until a keyword-only read-your-writes retrieve returned the write: measured
+    /// (before the hybrid one) only where the server embeds, since a keyword search does
+    /// not wait for the embedding the hybrid one does.
+    KeywordVisibility,
     /// A retrieve without a consistency token.
     Query,
     /// `build_context` with the instance's latest token.
@@ -74,10 +78,11 @@ pub(crate) enum Metric {
 }
 
 impl Metric {
-    const ALL: [Metric; 9] = [
+    const ALL: [Metric; 10] = [
         Metric::Ack,
         Metric::AckService,
         Metric::Visibility,
+        Metric::KeywordVisibility,
         Metric::Query,
         Metric::Context,
         Metric::Facts,
@@ -89,7 +94,12 @@ impl Metric {
     fn is_query(self) -> bool {
         matches!(
             self,
-            Metric::Visibility | Metric::Query | Metric::Context | Metric::Facts | Metric::Skills
+            Metric::Visibility
+                | Metric::KeywordVisibility
+                | Metric::Query
+                | Metric::Context
+                | Metric::Facts
+                | Metric::Skills
         )
     }
 }

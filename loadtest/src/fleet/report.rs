@@ -599,6 +599,9 @@ impl FleetReport {
             "ack" => "append ack, open loop (step lateness + send to ack)",
             "ack_service" => "append ack, from when it was sent",
             "visibility" => "ack until the writer retrieves it",
+            "visibility_keyword" => {
+                "ack until the writer retrieves it by keyword (server-side embedding only)"
+            }
             "query" => "retrieve (no token)",
             "context" => "build_context (with token)",
             "facts" => "facts history (with token)",

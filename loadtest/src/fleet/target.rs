@@ -315,7 +315,7 @@ impl Target {
     }
 
     /// Processes to sample: (name, pid), the node processes of `engram up --nodes`
-    /// (`node-<i>`) included.
+    /// (`node-<i>`) and this one (`loadtest`) included.
     pub(crate) fn pids(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
         if let Some(pid) = self.nats.as_ref().and_then(NatsServer::pid) {
@@ -327,6 +327,8 @@ impl Target {
             }
         }
         out.extend(self.node_pids());
+        // The load generator shares the machine too: what it uses is what the others lack.
+        out.push(("loadtest".to_owned(), std::process::id()));
         out
     }
 

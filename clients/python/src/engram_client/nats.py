@@ -14,7 +14,10 @@ receive on. What each request becomes:
 - queries: JSON request/reply on ``engram.q.<tenant>.<agent>.<op>`` (retrieve, context,
   facts, skills, doc, replay, working, bootstrap, snapshots, whoami, scopes,
   dead_letters), with
-  ``Engram-Timeout-Ms``;
+  ``Engram-Timeout-Ms``; a query about one scope (retrieve, context, facts, skills, doc)
+  goes to ``engram.q.<tenant>.<agent>.<op>.<kind>.<id>``, which the server maps to the
+  memory node owning the scope's partition (one round trip), and to the unrouted subject
+  only when no node answers there;
   a failure is a reply with the ``Nats-Service-Error-Code`` header (an HTTP status) and
   ``Nats-Service-Error`` (the message), mapped to the same typed errors as HTTP.
 
@@ -31,7 +34,7 @@ import nats
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from ._core import LAYERS, Identity, Request, Response, RetryPolicy, Scope, ScopeLike, check_ident, rfc3339, uuid7
+from ._core import _IDENT, LAYERS, SCOPE_KINDS, Identity, Request, Response, RetryPolicy, Scope, ScopeLike, check_ident, rfc3339, uuid7
 from .client import AsyncEngram
 
 __all__ = ["connect", "NatsTransport"]
@@ -61,6 +64,28 @@ MAX_APPEND_EVENTS = 256
 _CODE_OF_STATUS = {400: "invalid", 403: "forbidden", 408: "not_yet_visible", 429: "busy", 503: "unavailable"}
 
 
+#: The queries about one scope a memory node answers directly (``ROUTED_OPS`` of the query
+#: service): sent on ``engram.q.<tenant>.<agent>.<op>.<kind>.<id>``, which the server maps
+#: to the node owning the scope's partition, one round trip.
+ROUTED_OPS = frozenset({"retrieve", "context", "facts", "skills", "doc"})
+
+
+def routed_subject(identity: Identity, op: str, body: Mapping[str, Any]) -> str | None:
+    """The routed subject of a query about the body's scope, or ``None`` for an op that is
+    not routed or a body without a well-formed scope (the unrouted subject then carries it,
+    and the service's own checks answer a bad one). Only the subject's first tokens name
+    who asks; the service checks the body's scope against the subject's."""
+    if op not in ROUTED_OPS:
+        return None
+    scope = body.get("scope")
+    if not isinstance(scope, Mapping):
+        return None
+    kind, ident = scope.get("kind"), scope.get("id")
+    if kind not in SCOPE_KINDS or not isinstance(ident, str) or not _IDENT.fullmatch(ident):
+        return None
+    return f"engram.q.{identity.tenant}.{identity.agent}.{op}.{kind}.{ident}"
+
+
 def _error(status: int, code: str, message: str, retry_after: float | None = None) -> Response:
     headers = {"retry-after": str(retry_after)} if retry_after is not None else {}
     return Response(status, {"error": {"code": code, "message": message}}, headers)
@@ -74,6 +99,9 @@ class NatsTransport:
         self.identity = identity
         self.instance_id = instance_id
         self.ack_timeout = ack_timeout
+        #: Queries about one scope sent on the unrouted subject because no node answered the
+        #: routed one (see :func:`routed_subject`).
+        self.unrouted = 0
 
     async def error_cb(self, e: Exception) -> None:
         """Server errors arrive here; every operation is a request with its own answer, so
@@ -182,12 +210,26 @@ class NatsTransport:
         wait_ms = wait if isinstance(wait, int) else 5000
         timeout = wait_ms / 1000 + 15.0
         headers = {"Engram-Timeout-Ms": str(int(timeout * 1000))}
-        try:
-            reply = await self.nc.request(subject, json.dumps(body).encode(), timeout=timeout, headers=headers)
-        except NoRespondersError:
-            return _error(503, "unavailable", f"no engram service answers on {subject}; is engram up running?")
-        except NatsTimeout:
-            return _error(503, "unavailable", f"request to {subject} timed out after {timeout} s")
+        payload = json.dumps(body).encode()
+        reply = None
+        routed = routed_subject(self.identity, op, body)
+        if routed is not None:
+            try:
+                reply = await self.nc.request(routed, payload, timeout=timeout, headers=headers)
+            except NoRespondersError:
+                # No node owns the scope's partition now (a move under way), or nothing
+                # serves routed queries: the query service answers instead, asking the
+                # partition's owner itself. One more request, only when routing failed.
+                self.unrouted += 1
+            except NatsTimeout:
+                return _error(503, "unavailable", f"request to {routed} timed out after {timeout} s")
+        if reply is None:
+            try:
+                reply = await self.nc.request(subject, payload, timeout=timeout, headers=headers)
+            except NoRespondersError:
+                return _error(503, "unavailable", f"no engram service answers on {subject}; is engram up running?")
+            except NatsTimeout:
+                return _error(503, "unavailable", f"request to {subject} timed out after {timeout} s")
         code = (reply.headers or {}).get("Nats-Service-Error-Code")
         if code:
             status = int(code) if code.isdigit() else 500
