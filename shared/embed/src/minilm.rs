@@ -237,10 +237,38 @@ pub struct TokenCounter {
     /// mostly from the same memories, and tokenising a memory costs a few microseconds per
     /// token (about 300 µs for 90 tokens) where a lookup costs under one.
     counts: foyer::Cache<[u8; 16], usize>,
+    /// See [`TokenCounter::is_additive`].
+    additive: bool,
 }
 
 /// Texts whose counts [`TokenCounter`] remembers; an entry is about 64 bytes.
 const COUNT_CACHE_ENTRIES: usize = 65_536;
+
+/// See [`TokenCounter::is_additive`]: only steps known to work within whitespace-separated
+/// words count; anything else (a sequence, a regex replace, a byte-level pre-tokeniser) does
+/// not.
+fn splits_only_at_whitespace(tokenizer: &Tokenizer) -> bool {
+    use tokenizers::normalizers::NormalizerWrapper;
+    use tokenizers::pre_tokenizers::PreTokenizerWrapper;
+    let per_char = matches!(
+        tokenizer.get_normalizer(),
+        None | Some(
+            NormalizerWrapper::BertNormalizer(_)
+                | NormalizerWrapper::Lowercase(_)
+                | NormalizerWrapper::NFD(_)
+                | NormalizerWrapper::StripAccents(_)
+        )
+    );
+    let at_whitespace = matches!(
+        tokenizer.get_pre_tokenizer(),
+        Some(
+            PreTokenizerWrapper::BertPreTokenizer(_)
+                | PreTokenizerWrapper::Whitespace(_)
+                | PreTokenizerWrapper::WhitespaceSplit(_)
+        )
+    );
+    per_char && at_whitespace
+}
 
 /// The count cache's key: 128 bits of blake3, so that a collision is not a practical concern.
 fn count_key(text: &str) -> [u8; 16] {
@@ -265,9 +293,20 @@ impl TokenCounter {
         let _ = tokenizer.with_truncation(None);
         tokenizer.with_padding(None);
         TokenCounter {
+            additive: splits_only_at_whitespace(&tokenizer),
             tokenizer: Arc::new(tokenizer),
             counts: foyer::CacheBuilder::new(COUNT_CACHE_ENTRIES).build(),
         }
+    }
+
+    /// Whether a text's count is the sum of the counts of its parts wherever it is cut at
+    /// whitespace, so that a text assembled from counted parts needs no tokenising of its
+    /// own. True for MiniLM's tokenizer (BERT normaliser, which maps one character at a time,
+    /// and BERT pre-tokeniser, which drops whitespace and splits there, so no token spans
+    /// it); false for any whose steps could join or split across whitespace, such as a
+    /// byte-level one that keeps the space in its tokens.
+    pub fn is_additive(&self) -> bool {
+        self.additive
     }
 
     /// The number of tokens in `text`, without special tokens.
@@ -334,6 +373,39 @@ mod tests {
 
     fn embed_one(text: &str) -> Vec<f32> {
         model().embed_blocking(&[text]).unwrap().remove(0)
+    }
+
+    #[test]
+    fn minilm_counts_add_up_over_whitespace() {
+        let counter = TokenCounter::load_default().unwrap();
+        assert!(counter.is_additive());
+        let long_word = "x".repeat(150);
+        let texts = [
+            "",
+            "- ",
+            "## Memories",
+            "The cache is cold after deploys; warm it (see runbook #42).",
+            "naïve café résumé Ångström",
+            "e\u{301}clair and a stray combining mark \u{301}",
+            "数据库迁移在周五失败了",
+            "emoji 🚀🔥 and symbols ©®™ ½",
+            "tabs\tand\u{0}control\u{7}chars\r\nand\u{a0}no-break spaces",
+            "CamelCaseWords snake_case kebab-case 3.14159 1,000,000",
+            &long_word,
+            "unaffable antidisestablishmentarianism",
+        ];
+        for a in texts {
+            for b in texts {
+                for sep in [" ", "\n", "\t", "\n\n", "\u{3000}"] {
+                    let joined = format!("{a}{sep}{b}");
+                    assert_eq!(
+                        counter.count_uncached(&joined),
+                        counter.count_uncached(a) + counter.count_uncached(b),
+                        "{joined:?}"
+                    );
+                }
+            }
+        }
     }
 
     #[test]
