@@ -390,7 +390,7 @@ fn pack(tokens: &engram_embed::TokenCounter, candidates: Vec<Candidate>, budget:
 /// rather than one per dropped item. Returns the items kept, their rendering and its tokens.
 fn fit_rendering(
     tokens: &engram_embed::TokenCounter,
-    mut chosen: Vec<Candidate>,
+    chosen: Vec<Candidate>,
     budget: usize,
 ) -> (Vec<Candidate>, String, usize) {
     if tokens.is_additive() {

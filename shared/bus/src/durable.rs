@@ -66,6 +66,11 @@ pub struct DurableReader {
     name: String,
     messages: pull::Stream,
     codec: std::sync::Arc<engram_schema::Codec>,
+    /// [`Bus::reconnections`]: after a reconnection the consumer, kept in the server's
+    /// memory, may be gone with a restarted server; the reader then ends with an error so
+    /// that its owner opens it again (recreating it at what it applied), rather than wait
+    /// for missed heartbeats.
+    reconnected: tokio::sync::watch::Receiver<u64>,
 }
 
 impl std::fmt::Debug for DurableReader {
@@ -101,6 +106,10 @@ impl Bus {
         checkpoint: u64,
         batch: usize,
     ) -> Result<DurableReader, BusError> {
+        // Watched from before the consumer is checked: a reconnection after this point
+        // makes the reader check again.
+        let mut reconnected = self.reconnections();
+        reconnected.mark_unchanged();
         let stream = self.events_stream().await?;
         let wanted = pull::Config {
             durable_name: Some(name.to_owned()),
@@ -116,6 +125,12 @@ impl Bus {
             ack_policy: AckPolicy::All,
             ack_wait: ACK_WAIT,
             max_ack_pending: MAX_ACK_PENDING,
+            // The server would otherwise write a consumer's state to a file about ten times a
+            // second while it delivers, for every model of every partition: a thousand file
+            // creations and renames a second at 600 appends/s, most of nats-server's CPU. The
+            // state is the projector's to keep (above), so one that a server restart loses
+            // is recreated at what the projector has applied.
+            memory_storage: true,
             ..Default::default()
         };
         match stream.get_consumer::<pull::Config>(name).await {
@@ -128,13 +143,16 @@ impl Bus {
                 // A consumer made by an older engram, or for another partition, filters on
                 // other subjects; it is recreated at the same point.
                 let stale_filter = info.config.filter_subject != filter;
-                if delivered > checkpoint || acked > checkpoint || stale_filter {
+                // One kept on disk (made by an older engram) cannot be switched in place.
+                let stale_storage = info.config.memory_storage != wanted.memory_storage;
+                if delivered > checkpoint || acked > checkpoint || stale_filter || stale_storage {
                     tracing::info!(
                         consumer = name,
                         checkpoint,
                         delivered,
                         acked,
                         stale_filter,
+                        stale_storage,
                         "repositioning projector consumer at its checkpoint"
                     );
                     stream.delete_consumer(name).await.map_err(js_err)?;
@@ -159,6 +177,7 @@ impl Bus {
             name: name.to_owned(),
             messages,
             codec: self.codec.clone(),
+            reconnected,
         })
     }
 
@@ -251,9 +270,17 @@ impl DurableReader {
     /// behind it (up to `max`): batches are large under load and single at the tail, so
     /// batching never adds latency. `None` means the consumer ended.
     pub async fn next_batch(&mut self, max: usize) -> Option<Result<Vec<Delivery>, BusError>> {
-        let first = match self.messages.next().await? {
-            Ok(m) => m,
-            Err(e) => return Some(Err(unavailable(e))),
+        let first = tokio::select! {
+            next = self.messages.next() => match next? {
+                Ok(m) => m,
+                Err(e) => return Some(Err(unavailable(e))),
+            },
+            Ok(()) = self.reconnected.changed() => {
+                return Some(Err(BusError::Unavailable(format!(
+                    "reconnected to nats: consumer {} is opened again, in case a restarted server lost it",
+                    self.name
+                ))));
+            }
         };
         let mut batch = Vec::with_capacity(max.min(1024));
         batch.push(self.delivery(first));

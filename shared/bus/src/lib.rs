@@ -58,6 +58,8 @@ pub struct Bus {
     /// is reported on the connection, not on the publish): an append waiting for its ack
     /// learns from it that no ack will come, and why.
     refused: tokio::sync::broadcast::Sender<String>,
+    /// Counts the connection's reconnections; see [`Bus::reconnections`].
+    reconnected: Arc<tokio::sync::watch::Sender<u64>>,
 }
 
 /// The subject of a `Permissions Violation for Publish to "<subject>"` server error.
@@ -77,6 +79,8 @@ impl Bus {
         let was_connected = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
         let (refused, _) = tokio::sync::broadcast::channel(64);
         let refused_tx = refused.clone();
+        let reconnected_tx = Arc::new(tokio::sync::watch::channel(0u64).0);
+        let reconnected_cb = reconnected_tx.clone();
         // Logs and errors show where, never with which credentials.
         let server = config::redact_url(&url);
         let server_shown = server.clone();
@@ -101,6 +105,7 @@ impl Bus {
                 let was_connected = was_connected.clone();
                 let server = server.clone();
                 let refused = refused_tx.clone();
+                let reconnected = reconnected_cb.clone();
                 async move {
                     match event {
                         async_nats::Event::ServerError(async_nats::ServerError::Other(e))
@@ -113,6 +118,7 @@ impl Bus {
                             metrics::NATS_CONNECTED.set(1);
                             if was_connected.swap(true, std::sync::atomic::Ordering::Relaxed) {
                                 tracing::info!(url = %server, "nats connection restored");
+                                reconnected.send_modify(|n| *n += 1);
                             } else {
                                 tracing::debug!("nats connection up");
                             }
@@ -146,6 +152,7 @@ impl Bus {
         metrics::NATS_CONNECTED.set(1);
         let mut bus = Self::from_client(client, config);
         bus.refused = refused;
+        bus.reconnected = reconnected_tx;
         Ok(bus)
     }
 
@@ -164,7 +171,16 @@ impl Bus {
             codec: Arc::new(codec),
             config: Arc::new(config),
             refused: tokio::sync::broadcast::channel(1).0,
+            reconnected: Arc::new(tokio::sync::watch::channel(0).0),
         }
+    }
+
+    /// Changes each time the connection is restored after a loss. Whatever the server kept
+    /// only in memory (a projector's consumer) may be gone then, if the server restarted:
+    /// a durable reader watches this to check its consumer at once instead of waiting for
+    /// missed heartbeats.
+    pub fn reconnections(&self) -> tokio::sync::watch::Receiver<u64> {
+        self.reconnected.subscribe()
     }
 
     pub fn client(&self) -> &async_nats::Client {

@@ -559,3 +559,53 @@ async fn a_trickle_at_the_tail_is_published_at_most_once_per_tail_gap() {
     stop.cancel();
     task.await.unwrap().unwrap();
 }
+
+/// The durable consumer keeps its state in the server's memory (writing it to a file ten
+/// times a second per consumer was most of nats-server's CPU under load): a server killed
+/// and restarted on its store loses it, and the projector recreates it at what it has
+/// applied. Nothing is skipped and nothing applied twice.
+#[tokio::test]
+async fn a_server_killed_and_restarted_under_a_running_projector_loses_no_event() {
+    // Given a projector that has applied a first run of events
+    let mut nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut applied = Vec::new();
+    let first = append_noted(&bus, &good("before the kill", 50), &mut applied).await;
+    let running = start(&bus, dir.path()).await;
+    running
+        .visibility
+        .wait_for(first, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let consumer = bus
+        .jetstream()
+        .get_stream(&bus.config().stream.name)
+        .await
+        .unwrap()
+        .consumer_info("ledger")
+        .await
+        .unwrap();
+    assert!(consumer.config.memory_storage, "{:?}", consumer.config);
+
+    // When the server is killed and restarted on the same store, and more events come
+    nats.kill().await;
+    nats.restart().await;
+    let bus = nats.bus().await;
+    let last = append_noted(&bus, &good("after the restart", 50), &mut applied).await;
+
+    // Then the projector applies them too, each once, and its ledger is the stream's
+    running
+        .visibility
+        .wait_for(last, Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(running.visibility.ledger(), ledger_of(&applied, last));
+    assert!(
+        running.projection.read().times.values().all(|&n| n == 1),
+        "an event applied twice"
+    );
+    assert_eq!(running.projection.read().times.len(), 100);
+    running.stop.cancel();
+    running.task.await.unwrap().unwrap();
+}
