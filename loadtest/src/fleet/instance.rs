@@ -28,7 +28,7 @@ use std::time::Duration;
 use engram_memory::MemoryFilter;
 use engram_memory::proto::{
     Consistency, ContextRequest, ErrorCode, FactsRequest, RetrievalMode, RetrieveRequest,
-    ScopeRequest, SkillsRequest,
+    RetrieveResponse, ScopeRequest, SkillsRequest,
 };
 use engram_rpc::RpcError;
 use engram_schema::{Embedding, Envelope, EventKind, Ident, Layer, SubjectFilter};
@@ -359,16 +359,9 @@ impl Instance {
                 mode: RetrievalMode::Keyword,
                 ..request.clone()
             };
-            let Some(response) = self
-                .until_answered("recall", Check::Recall, |client| {
-                    let request = by_keyword.clone();
-                    async move { client.retrieve(&request).await }
-                })
-                .await
-            else {
+            let Some((response, now)) = self.recall(&by_keyword).await else {
                 return;
             };
-            let now = Instant::now();
             if response
                 .results
                 .iter()
@@ -376,32 +369,18 @@ impl Instance {
             {
                 recorder.latency(Metric::KeywordVisibility, now - acked, now);
             } else {
-                let projectors = self.visible_now().await;
-                recorder.invisible(
-                    Check::Recall,
-                    format!(
-                        "{} (seq {seq}, {}) missing from a keyword read-your-writes retrieve that returned {} results; query {:?}; text {:?}; the retrieve read {:?}; projectors' visible seqs just after: {projectors}",
-                        event.event_id,
-                        event.scope,
-                        response.results.len(),
-                        request.query,
-                        event.content.text,
-                        response.visible
-                    ),
+                let what = format!(
+                    "missing from a keyword read-your-writes retrieve that returned {} results",
+                    response.results.len()
                 );
+                self.invisible(event, seq, &what, &by_keyword, &response)
+                    .await;
                 return;
             }
         }
-        let Some(response) = self
-            .until_answered("recall", Check::Recall, |client| {
-                let request = request.clone();
-                async move { client.retrieve(&request).await }
-            })
-            .await
-        else {
+        let Some((response, now)) = self.recall(&request).await else {
             return;
         };
-        let now = Instant::now();
         let found = response
             .results
             .iter()
@@ -421,8 +400,32 @@ impl Instance {
                 response.results.len()
             ),
         };
+        self.invisible(event, seq, &what, &request, &response).await;
+    }
+
+    /// A read-your-writes retrieve, asked until answered, with when its answer came.
+    async fn recall(&self, request: &RetrieveRequest) -> Option<(RetrieveResponse, Instant)> {
+        let response = self
+            .until_answered("recall", Check::Recall, |client| {
+                let request = request.clone();
+                async move { client.retrieve(&request).await }
+            })
+            .await?;
+        Some((response, Instant::now()))
+    }
+
+    /// Records the write as invisible to a read-your-writes retrieve: what went wrong, and
+    /// what each projector had made visible just after.
+    async fn invisible(
+        &self,
+        event: &Envelope,
+        seq: u64,
+        what: &str,
+        request: &RetrieveRequest,
+        response: &RetrieveResponse,
+    ) {
         let projectors = self.visible_now().await;
-        recorder.invisible(
+        self.shared.recorder.invisible(
             Check::Recall,
             format!(
                 "{} (seq {seq}, {}) {what}; query {:?}; text {:?}; the retrieve read {:?}; projectors' visible seqs just after: {projectors}",
