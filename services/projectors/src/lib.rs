@@ -213,7 +213,7 @@ pub enum StartError {
     },
     #[error(transparent)]
     Partitions(#[from] PartitionSetError),
-    #[error("cannot flush the projector endpoints' subscriptions to the server: {0}; is it up?")]
+    #[error("the server did not confirm the projector endpoints' subscriptions: {0}; is it up?")]
     Flush(String),
     #[error("cannot connect the {projector} projector: {source}")]
     Bus {

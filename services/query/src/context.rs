@@ -384,10 +384,9 @@ fn pack(tokens: &engram_embed::TokenCounter, candidates: Vec<Candidate>, budget:
     }
 }
 
-/// Verifies the rendering of `chosen` (in priority order) with the tokenizer, and drops the
-/// lowest-priority items until it fits `budget`: the longest prefix whose rendering fits,
-/// found by halving (a rendering's tokens grow with the prefix), so a few tokenizations
-/// rather than one per dropped item. Returns the items kept, their rendering and its tokens.
+/// Keeps the longest prefix of `chosen` (in priority order) whose rendering fits `budget`
+/// in the tokenizer's count, dropping the lowest-priority items. Returns the items kept,
+/// their rendering and its tokens.
 fn fit_rendering(
     tokens: &engram_embed::TokenCounter,
     chosen: Vec<Candidate>,
@@ -428,8 +427,9 @@ fn fit_by_parts(
     (chosen, rendered, count)
 }
 
-/// [`fit_rendering`] for any tokenizer: the rendering itself is counted, the prefixes
-/// halved.
+/// [`fit_rendering`] for any tokenizer: the rendering itself is counted, and the longest
+/// prefix that fits is found by halving (a rendering's tokens grow with the prefix), so a few
+/// tokenizations rather than one per dropped item.
 fn fit_by_halving(
     tokens: &engram_embed::TokenCounter,
     mut chosen: Vec<Candidate>,
