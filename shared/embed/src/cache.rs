@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use foyer::{
     BlockEngineConfig, Code, DeviceBuilder, FsDeviceBuilder, HybridCache, HybridCacheBuilder,
-    HybridCachePolicy, RecoverMode,
+    HybridCachePolicy, RecoverMode, Spawner,
 };
 
 use crate::{EmbedError, Embedder};
@@ -169,6 +169,17 @@ impl CachedEmbedder {
         // Blocks are foyer's unit of eviction; 16 of them keeps eviction fine-grained on small
         // disks, and 16 MiB (foyer's default) is plenty for 1.5 KB entries on large ones.
         let block_size = (config.disk_bytes / 16).clamp(MIB, 16 * MIB);
+        // foyer 0.22 spawns a disk fetch on its spawner while holding the shard's in-flight
+        // lock; a runtime that is shutting down cancels that task on the spot, and the task's
+        // drop takes the same lock: the thread deadlocks against itself and the process never
+        // exits (foyer-rs/foyer#1345, unmerged). A runtime of the cache's own lives exactly as
+        // long as the cache, so no get can meet it shutting down, whatever the caller's does.
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name("embed-cache")
+            .enable_all()
+            .build()
+            .map_err(|e| cache_error(format!("cannot start the cache's runtime: {e}")))?;
         let cache = HybridCacheBuilder::new()
             .with_name("engram-embeddings")
             // Embeddings cost milliseconds each and never change: write them through at once,
@@ -179,6 +190,7 @@ impl CachedEmbedder {
             .storage()
             .with_engine_config(BlockEngineConfig::new(device).with_block_size(block_size))
             .with_recover_mode(RecoverMode::Quiet)
+            .with_spawner(Spawner::from(runtime))
             .build()
             .await
             .map_err(|e| cache_error(format!("cannot open: {e}")))?;

@@ -202,3 +202,36 @@ async fn rejects_a_disk_too_small_to_work() {
     let result = CachedEmbedder::open(Counting::new("m"), &config).await;
     assert!(matches!(result, Err(EmbedError::Config(_))));
 }
+
+/// foyer 0.22 spawns a miss's disk fetch while holding a lock that the fetch's drop takes
+/// again; on a runtime that is shutting down the spawn drops the fetch at once and the thread
+/// deadlocks against itself (foyer-rs/foyer#1345). That hung a whole CI run at a test's end.
+/// Here the runtime the cache was opened on is gone before the lookup: with the cache's work
+/// on the caller's runtime this never returns; on the cache's own runtime it is a plain miss.
+#[test]
+fn a_lookup_after_the_opening_runtime_shut_down_returns() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = small(dir.path());
+    let runtime = || {
+        tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap()
+    };
+    let opening = runtime();
+    let cached = opening
+        .block_on(CachedEmbedder::open(Counting::new("m"), &config))
+        .unwrap();
+    opening.shutdown_background();
+
+    let (done, finished) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let vectors = runtime().block_on(cached.embed(&texts("late", 3)));
+        let _ = done.send(vectors.map(|v| v.len()));
+    });
+    let answered = finished
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a lookup on a cache whose opening runtime shut down deadlocked");
+    assert_eq!(answered.unwrap(), 3);
+}
