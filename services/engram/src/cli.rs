@@ -67,8 +67,14 @@ pub enum Command {
     Tail(FilterArgs),
     /// Print stored events from a point in the stream up to its current end.
     Replay(ReplayArgs),
-    /// Show the events stream and its consumers.
-    Streams,
+    /// Show the events stream and its consumers, and every stream kept on fewer servers
+    /// than `bus.stream.replicas`.
+    Streams {
+        /// Keep every stream, bucket and object store of Engram's account on N servers of
+        /// the cluster (admin). Raising it copies what they hold; nothing stored changes.
+        #[arg(long, value_name = "N", value_parser = clap::value_parser!(u16).range(1..=5))]
+        replicas: Option<u16>,
+    },
     /// Tenants: `add` creates one, `list` shows them (admin).
     #[command(subcommand)]
     Tenant(TenantCommand),
@@ -437,6 +443,10 @@ pub struct UpArgs {
     /// dies is started again.
     #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u16).range(0..=64))]
     pub nodes: u16,
+    /// Run N managed nats-servers forming one JetStream cluster (3 to 9; node i on
+    /// --nats-port + i), with every stream kept on 3 of them (`nats.cluster`).
+    #[arg(long, value_name = "N")]
+    pub cluster: Option<usize>,
     /// Run the managed nats-server without authentication. Anyone who reaches it can read
     /// and write every tenant's memory; refused unless everything listens on loopback.
     #[arg(long)]
@@ -710,6 +720,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         overrides.managed_port = up.nats_port;
         overrides.http_listen = up.http;
         overrides.insecure_no_auth = up.insecure_no_auth.then_some(true);
+        overrides.cluster = up.cluster;
     }
     let config = Config::load(cli.global.config.as_deref(), &overrides)?;
     engram_telemetry::init_logging(config.log.format, &config.log.filter)?;
@@ -732,7 +743,9 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Append(args) => commands::append::run(&config, args, json).await,
         Command::Tail(args) => commands::read::tail(&config, &args, json).await,
         Command::Replay(args) => commands::read::replay(&config, &args, json).await,
-        Command::Streams => commands::streams::run(&config, json).await,
+        Command::Streams { replicas } => {
+            commands::streams::run(&config, replicas.map(usize::from), json).await
+        }
         Command::Tenant(command) => commands::access::tenant(&config, command, json).await,
         Command::Agent(command) => commands::access::agent(&config, command, json).await,
         Command::Grant(command) => commands::access::grant(&config, command, json).await,

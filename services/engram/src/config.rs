@@ -80,6 +80,11 @@ pub struct NatsConfig {
     pub insecure_no_auth: bool,
     /// The credentials file to connect with (from `engram agent add`, or a service's).
     pub creds: Option<PathBuf>,
+    /// Managed servers forming one JetStream cluster on this machine (`engram up --cluster
+    /// 3`): 0 runs a single server. Node `i` listens on `managed_port + i`, and every
+    /// stream, bucket and object store is kept on 3 of them (`bus.stream.replicas`, unless
+    /// set to another count).
+    pub cluster: usize,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -140,6 +145,7 @@ impl Default for NatsConfig {
             managed_host: std::net::IpAddr::from([127, 0, 0, 1]),
             insecure_no_auth: false,
             creds: None,
+            cluster: 0,
         }
     }
 }
@@ -195,6 +201,8 @@ pub struct FlagOverrides {
     pub creds: Option<PathBuf>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub insecure_no_auth: Option<bool>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<usize>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -225,8 +233,13 @@ impl Config {
         let (figment, file) = Self::figment(file, flags)?;
         let mut config = figment
             .extract::<Config>()
-            .map_err(|e| ConfigError::Invalid(e.to_string()))
-            .and_then(|c| c.validate().map(|()| c))?;
+            .map_err(|e| ConfigError::Invalid(e.to_string()))?;
+        // A cluster keeps everything on 3 servers unless told otherwise: one on a single
+        // server (the default 1) would be lost with that server.
+        if config.nats.cluster >= 3 && config.bus.stream.replicas == 1 {
+            config.bus.stream.replicas = 3;
+        }
+        config.validate()?;
         config.identity = config.load_identity()?;
         config.origin.file = file;
         Ok(config)
@@ -293,6 +306,9 @@ impl Config {
         if let Some(insecure) = flags.insecure_no_auth {
             nats.insert("insecure_no_auth".into(), insecure.into());
         }
+        if let Some(cluster) = flags.cluster {
+            nats.insert("cluster".into(), cluster.into());
+        }
         if !nats.is_empty() {
             put("nats", nats.into());
         }
@@ -307,6 +323,18 @@ impl Config {
         {
             return Err(ConfigError::Invalid(format!(
                 "nats.url {url:?} is not a NATS URL; use e.g. nats://127.0.0.1:4222"
+            )));
+        }
+        if self.nats.cluster != 0 && !(3..=9).contains(&self.nats.cluster) {
+            return Err(ConfigError::Invalid(format!(
+                "nats.cluster is {}: a managed cluster has 3 to 9 servers (3 survives losing one, 5 losing two), or 0 for a single server",
+                self.nats.cluster
+            )));
+        }
+        if self.nats.cluster != 0 && self.bus.stream.replicas > self.nats.cluster {
+            return Err(ConfigError::Invalid(format!(
+                "bus.stream.replicas is {} but the managed cluster has {} servers; a stream cannot have more replicas than servers",
+                self.bus.stream.replicas, self.nats.cluster
             )));
         }
         self.projectors.validate().map_err(ConfigError::Invalid)?;
@@ -339,10 +367,14 @@ impl Config {
 
     /// The URL clients connect to: `nats.url`, else the managed server's address.
     pub fn client_url(&self) -> String {
-        self.nats
-            .url
-            .clone()
-            .unwrap_or_else(|| format!("nats://127.0.0.1:{}", self.nats.managed_port))
+        self.nats.url.clone().unwrap_or_else(|| {
+            let port = self.nats.managed_port;
+            // Every node of a managed cluster, so the client fails over between them.
+            (0..self.nats.cluster.max(1) as u16)
+                .map(|i| format!("nats://127.0.0.1:{}", port.saturating_add(i)))
+                .collect::<Vec<_>>()
+                .join(",")
+        })
     }
 
     /// The bus config with the URL resolved, connecting as this process's identity.

@@ -70,6 +70,7 @@ impl Children {
                 i,
                 (exe.clone(), args),
                 dir.clone(),
+                config.bus.stream.replicas,
                 config.node.restart_after,
                 pids.clone(),
                 stop.clone(),
@@ -126,6 +127,7 @@ async fn supervise(
     i: usize,
     (exe, args): (PathBuf, Vec<String>),
     dir: PathBuf,
+    replicas: usize,
     restart_after: Duration,
     pids: Arc<Mutex<Vec<Option<u32>>>>,
     stop: CancellationToken,
@@ -145,6 +147,8 @@ async fn supervise(
         let mut command = tokio::process::Command::new(&exe);
         command
             .args(&args)
+            // Whatever `--cluster` made of the replicas, the nodes make theirs the same.
+            .env("ENGRAM_BUS__STREAM__REPLICAS", replicas.to_string())
             .stdin(std::process::Stdio::null())
             .stdout(
                 log.try_clone()

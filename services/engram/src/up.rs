@@ -53,8 +53,8 @@ pub struct Running {
     pub nats_url: String,
     pub http_addr: SocketAddr,
     pub bus: Bus,
-    /// The managed server; `None` when `--nats` pointed at an external one.
-    server: Option<NatsServer>,
+    /// The managed server or cluster; `None` when `--nats` pointed at an external one.
+    server: Option<Managed>,
     /// This process's memory node: every read model of the partitions it owns, and the
     /// query service; `None` with `--nodes N`.
     pub node: Option<crate::node::LocalNode>,
@@ -70,6 +70,65 @@ pub struct Running {
     /// How far the managed server's authorization has caught up with the registry; `None`
     /// without a managed server that authenticates.
     pub access_enforced: Option<engram_access::conf::Enforced>,
+}
+
+/// What `engram up` runs of NATS itself: one server, or the nodes of a cluster.
+pub enum Managed {
+    Single(NatsServer),
+    Cluster(engram_natsd::Cluster),
+}
+
+impl Managed {
+    /// Every node's client URL, comma-separated.
+    pub fn url(&self) -> String {
+        match self {
+            Managed::Single(server) => server.url(),
+            Managed::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    fn servers(&self) -> Vec<&NatsServer> {
+        match self {
+            Managed::Single(server) => vec![server],
+            Managed::Cluster(cluster) => cluster.nodes().iter().collect(),
+        }
+    }
+
+    /// Makes every node read the rendered authorization again: a key revoked is refused on
+    /// all of them, whichever one its connection is on.
+    fn reload(&self) -> Result<engram_access::conf::Reload, NatsdError> {
+        let reloaders = self
+            .servers()
+            .into_iter()
+            .map(NatsServer::reloader)
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Box::new(move || {
+            let reloaders = reloaders.clone();
+            Box::pin(async move {
+                let results = futures::future::join_all(
+                    reloaders.iter().map(|r| r.reload(Duration::from_secs(10))),
+                )
+                .await;
+                let failed: Vec<String> = results
+                    .iter()
+                    .enumerate()
+                    .filter_map(|(i, r)| r.as_ref().err().map(|e| format!("node {i}: {e}")))
+                    .collect();
+                if failed.is_empty() {
+                    Ok(results.into_iter().flatten().max().unwrap_or_default())
+                } else {
+                    Err(failed.join("; "))
+                }
+            })
+        }))
+    }
+
+    async fn shutdown(&mut self, grace: Duration) {
+        match self {
+            Managed::Single(server) => server.shutdown(grace).await,
+            Managed::Cluster(cluster) => cluster.shutdown(grace).await,
+        }
+    }
 }
 
 /// The identities of a managed server with authentication, from `<home>/auth/`.
@@ -160,6 +219,8 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
         c
     };
     let bus = Bus::connect(bus_as(RoleName::Admin, "engram".into())).await?;
+    // A cluster's nodes find each other and elect a meta leader after they listen.
+    bus.wait_for_jetstream(Duration::from_secs(60)).await?;
     let report = bus.provision().await?;
     tracing::info!(
         stream = %config.bus.stream.name,
@@ -167,9 +228,10 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
         "events stream ready"
     );
     let access_log = engram_access::AccessLog::new(bus.client().clone());
-    if let Err(e) = access_log.provision(config.bus.stream.replicas).await {
+    if let Err(e) = access_log.provision(bus.replicas()).await {
         tracing::warn!(error = %e, "cannot provision the access registry stream");
     }
+    warn_replica_shortfalls(&bus).await;
     let access_stop = CancellationToken::new();
     // One memory node in this process owning every partition it may (all, by default),
     // which takes them before it returns, each answering once caught up; or, with
@@ -203,16 +265,7 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
                 registry
             }
         };
-        let reloader = server.reloader()?;
-        let reload: engram_access::conf::Reload = Box::new(move || {
-            let reloader = reloader.clone();
-            Box::pin(async move {
-                reloader
-                    .reload(Duration::from_secs(10))
-                    .await
-                    .map_err(|e| e.to_string())
-            })
-        });
+        let reload = server.reload()?;
         access_enforced = Some(engram_access::conf::enforce(
             registry,
             identities.fixed(),
@@ -278,6 +331,25 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
     })
 }
 
+/// Says which streams are kept on fewer servers than configured, and the command that
+/// fixes them. Checked once the node or nodes have made their buckets.
+async fn warn_replica_shortfalls(bus: &Bus) {
+    match bus.replica_shortfalls().await {
+        Ok(short) => {
+            for s in short {
+                tracing::warn!(
+                    stream = %s.stream,
+                    replicas = s.replicas,
+                    wanted = s.wanted,
+                    "a stream has fewer replicas than bus.stream.replicas, so losing one server can lose it; fix: engram streams --replicas {}",
+                    s.wanted
+                );
+            }
+        }
+        Err(e) => tracing::warn!(error = %e, "cannot check the streams' replicas"),
+    }
+}
+
 /// The identity and client name of one of a service's two connections.
 pub(crate) fn service_link(
     worker: engram_access::RoleName,
@@ -293,7 +365,7 @@ pub(crate) fn service_link(
 async fn start_managed_server(
     config: &Config,
     identities: Option<&Identities>,
-) -> Result<NatsServer, UpError> {
+) -> Result<Managed, UpError> {
     let home = &config.home;
     let nats_dir = home.join("nats");
     let home_err = |source| UpError::Home {
@@ -318,13 +390,35 @@ async fn start_managed_server(
     }
     std::fs::write(&conf, text).map_err(home_err)?;
     let port = config.nats.managed_port;
-    if port != 0 && std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-        return Err(UpError::PortInUse { port });
+    let size = config.nats.cluster.max(1) as u16;
+    for port in (0..size).filter_map(|i| (port != 0).then(|| port.saturating_add(i))) {
+        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+            return Err(UpError::PortInUse { port });
+        }
     }
     let bin = tokio::task::spawn_blocking(engram_natsd::locate)
         .await
         .expect("locate task panicked")?;
     let version = engram_natsd::server_version(&bin).unwrap_or_default();
+    if config.nats.cluster > 0 {
+        let mut opts = engram_natsd::ClusterOptions::new(
+            bin,
+            nats_dir.join("cluster"),
+            config.nats.cluster,
+        );
+        opts.ports = (port != 0).then(|| (0..size).map(|i| port + i).collect());
+        opts.config_file = Some(conf);
+        opts.host = config.nats.managed_host;
+        let cluster = engram_natsd::Cluster::start(opts).await?;
+        tracing::info!(
+            version = %format!("{}.{}.{}", version.0, version.1, version.2),
+            nodes = cluster.len(),
+            urls = %cluster.url(),
+            store = %nats_dir.join("cluster").display(),
+            "managed nats-server cluster started"
+        );
+        return Ok(Managed::Cluster(cluster));
+    }
     let mut opts = ServerOptions::new(bin, nats_dir.join("store"), nats_dir.clone());
     opts.port = (port != 0).then_some(port);
     opts.config_file = Some(conf);
@@ -337,7 +431,7 @@ async fn start_managed_server(
         log = %server.log_path().display(),
         "managed nats-server started"
     );
-    Ok(server)
+    Ok(Managed::Single(server))
 }
 
 impl Running {

@@ -168,7 +168,7 @@ impl Ownership {
                     description: "engram memory nodes and the stream partitions they own".into(),
                     history: 1,
                     max_age: ttl,
-                    num_replicas: bus.config().stream.replicas,
+                    num_replicas: bus.replicas(),
                     ..Default::default()
                 })
                 .await

@@ -225,6 +225,25 @@ impl BusConfig {
     }
 }
 
+/// The servers of `urls` (one NATS URL or several, comma-separated: a cluster's nodes, which
+/// the client fails over between). Credentials in a URL stay in it for the connection's
+/// options ([`url_credentials`]).
+pub fn server_addrs(urls: &str) -> Result<Vec<async_nats::ServerAddr>, String> {
+    let addrs = urls
+        .split(',')
+        .map(str::trim)
+        .filter(|u| !u.is_empty())
+        .map(|u| {
+            u.parse::<async_nats::ServerAddr>()
+                .map_err(|e| format!("{} is not a nats url: {e}", redact_url(u)))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    if addrs.is_empty() {
+        return Err("no nats url given".into());
+    }
+    Ok(addrs)
+}
+
 /// `urls` (one NATS URL or several, comma-separated) with any user info replaced by `***`:
 /// `nats://user:pass@host:4222` becomes `nats://***@host:4222`, `token@host` becomes
 /// `***@host`. Scheme, host and port stay, so the result still says where Engram connects.
@@ -323,7 +342,18 @@ fn percent_decode(text: &str) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{UrlCredentials, redact_url, url_credentials};
+    use super::{UrlCredentials, redact_url, server_addrs, url_credentials};
+
+    #[test]
+    fn several_urls_are_several_servers_and_a_bad_one_is_named() {
+        let addrs = server_addrs("nats://127.0.0.1:4222, nats://127.0.0.1:4223,").unwrap();
+        assert_eq!(addrs.len(), 2);
+        assert_eq!(addrs[1].port(), 4223);
+        let error = server_addrs("nats://127.0.0.1:4222,nats://u:secret@[::1").unwrap_err();
+        assert!(error.contains("is not a nats url"), "{error}");
+        assert!(!error.contains("secret"), "{error}");
+        assert!(server_addrs(" , ").is_err());
+    }
 
     #[test]
     fn reads_credentials_from_the_first_url_that_has_them() {

@@ -42,6 +42,7 @@ impl Leases {
                     description: "engram leases: which replica does which work".into(),
                     history: 1,
                     max_age: ttl,
+                    num_replicas: bus.replicas(),
                     ..Default::default()
                 })
                 .await

@@ -41,7 +41,7 @@ pub use durable::{DLQ_STREAM, DLQ_SUBJECT_PREFIX, Delivery, DurableReader};
 pub use error::{AppendError, BusError, ReadError};
 pub use head::StreamHead;
 pub use lease::{Leases, keys_with_prefix};
-pub use provision::{ConfigDiff, ProvisionReport};
+pub use provision::{ConfigDiff, ProvisionReport, ReplicaShortfall};
 pub use read::{EventStream, StartAt, StoredEvent, StreamState};
 pub use working::{Entries, EntryBounds, WorkingMemory};
 
@@ -131,7 +131,10 @@ impl Bus {
                     }
                 }
             })
-            .connect(&url)
+            .connect(config::server_addrs(&url).map_err(|reason| BusError::Connect {
+                url: server_shown.clone(),
+                reason,
+            })?)
             .await
             .map_err(|source| {
                 let reason = source.to_string();

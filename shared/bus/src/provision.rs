@@ -46,7 +46,7 @@ impl Bus {
                 }
             }),
             storage: stream::StorageType::File,
-            num_replicas: s.replicas,
+            num_replicas: self.replicas(),
             duplicate_window: s.duplicate_window,
             max_message_size: s.max_msg_size,
             max_age: s.max_age,
@@ -72,7 +72,7 @@ impl Bus {
             history: 1,
             max_value_size: w.max_value_size,
             storage: stream::StorageType::File,
-            num_replicas: self.config.stream.replicas,
+            num_replicas: self.replicas(),
             // Enables per-message TTL (server 2.11+); the value is how long delete markers
             // left by expiry stay visible to watchers.
             limit_markers: Some(Duration::from_secs(60)),
@@ -88,7 +88,7 @@ impl Bus {
             description: Some("engram events that a projector could not apply".into()),
             subjects: vec![format!("{}.>", crate::DLQ_SUBJECT_PREFIX)],
             storage: stream::StorageType::File,
-            num_replicas: self.config.stream.replicas,
+            num_replicas: self.replicas(),
             max_age: Duration::from_secs(30 * 24 * 3600),
             max_bytes: self.config.dead_letters.max_bytes,
             discard: stream::DiscardPolicy::Old,
@@ -206,12 +206,6 @@ impl Bus {
                     c.max_message_size,
                     wanted_kv.max_value_size,
                 );
-                diff(
-                    &mut diffs,
-                    "replicas",
-                    c.num_replicas,
-                    wanted_kv.num_replicas,
-                );
                 diff(&mut diffs, "allow_msg_ttl", c.allow_message_ttl, true);
                 if !diffs.is_empty() {
                     return Err(BusError::ConfigDrift {
@@ -236,6 +230,91 @@ impl Bus {
             stream_created,
             bucket_created,
         })
+    }
+}
+
+/// A stream (an events stream, a key-value bucket's or an object store's) kept on fewer
+/// servers than the configured `bus.stream.replicas`: losing one server can lose it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReplicaShortfall {
+    pub stream: String,
+    pub replicas: usize,
+    pub wanted: usize,
+}
+
+impl fmt::Display for ReplicaShortfall {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "{} has {} replica{} of {}",
+            self.stream,
+            self.replicas,
+            if self.replicas == 1 { "" } else { "s" },
+            self.wanted
+        )
+    }
+}
+
+impl Bus {
+    /// The replicas every stream, bucket and object store Engram makes is given: one setting
+    /// (`bus.stream.replicas`) for all of them, so none is left on one server of a cluster.
+    pub fn replicas(&self) -> usize {
+        self.config.stream.replicas.max(1)
+    }
+
+    /// Every stream of this account kept on fewer servers than [`Bus::replicas`]. Engram's
+    /// account holds only Engram's streams (events, dead letters, the access registry, and the
+    /// buckets and object stores behind working memory, leases, memory nodes and snapshots).
+    pub async fn replica_shortfalls(&self) -> Result<Vec<ReplicaShortfall>, BusError> {
+        use futures::TryStreamExt as _;
+        let wanted = self.replicas();
+        let mut out = Vec::new();
+        let mut streams = self.js.streams();
+        while let Some(info) = streams.try_next().await.map_err(js_err)? {
+            if info.config.num_replicas < wanted {
+                out.push(ReplicaShortfall {
+                    stream: info.config.name.clone(),
+                    replicas: info.config.num_replicas,
+                    wanted,
+                });
+            }
+        }
+        out.sort_by(|a, b| a.stream.cmp(&b.stream));
+        Ok(out)
+    }
+
+    /// Keeps `stream` on `replicas` servers. The cluster copies what it holds to the new
+    /// replicas in the background; nothing stored changes.
+    pub async fn set_replicas(&self, stream: &str, replicas: usize) -> Result<(), BusError> {
+        let mut existing = self.js.get_stream(stream).await.map_err(js_err)?;
+        let config = stream::Config {
+            num_replicas: replicas,
+            ..existing.info().await.map_err(js_err)?.config.clone()
+        };
+        self.js.update_stream(&config).await.map_err(|e| {
+            BusError::JetStream(format!(
+                "cannot keep {stream} on {replicas} servers: {e}; a stream cannot have more replicas than the cluster has JetStream servers"
+            ))
+        })?;
+        Ok(())
+    }
+
+    /// Waits until JetStream answers: on a cluster, until its nodes have found each other and
+    /// elected a meta leader; a single server answers at once.
+    pub async fn wait_for_jetstream(&self, within: Duration) -> Result<(), BusError> {
+        let deadline = tokio::time::Instant::now() + within;
+        loop {
+            let error = match self.js.query_account().await {
+                Ok(_) => return Ok(()),
+                Err(e) => e.to_string(),
+            };
+            if tokio::time::Instant::now() >= deadline {
+                return Err(BusError::Unavailable(format!(
+                    "jetstream did not answer within {within:?} ({error}); on a cluster, check that a majority of its servers are up and reach each other's routes"
+                )));
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
     }
 }
 
@@ -292,12 +371,8 @@ fn stream_diffs(existing: &stream::Config, wanted: &stream::Config) -> Vec<Confi
     let mut d = Vec::new();
     diff(&mut d, "subjects", &existing.subjects, &wanted.subjects);
     diff(&mut d, "storage", existing.storage, wanted.storage);
-    diff(
-        &mut d,
-        "replicas",
-        existing.num_replicas,
-        wanted.num_replicas,
-    );
+    // Replicas are not compared: more than configured is an operator's choice, and fewer is
+    // reported with its fix by [`Bus::replica_shortfalls`] for every stream at once.
     diff(
         &mut d,
         "duplicate_window",

@@ -7,18 +7,22 @@
 //! - [`NatsServer`]: a child nats-server with JetStream on a chosen or leased port and its own
 //!   store dir. It can be killed with SIGKILL and restarted on the same port and store, which is
 //!   what crash tests need. Dropping it kills the process.
+//! - [`Cluster`]: several of them on loopback forming one JetStream cluster, each node on
+//!   leased client and route ports, so that any one can be killed, frozen and brought back.
 //! - [`PortLease`]: a loopback port nobody else takes while it is held, even while nothing
 //!   listens on it: what a restart on the same port, or a port kept closed, needs.
 //!
 //! This crate never talks NATS protocol; connecting is the bus's job.
 
+mod cluster;
 mod locate;
 mod port;
 mod server;
 
 pub use locate::{MIN_VERSION, PINNED_VERSION, cache_dir, locate, server_version};
 pub use port::PortLease;
-pub use server::{NatsServer, Reloader, ServerOptions};
+pub use cluster::{Cluster, ClusterOptions};
+pub use server::{ClusterMembership, NatsServer, Reloader, ServerOptions};
 
 use std::path::PathBuf;
 

@@ -24,6 +24,23 @@ pub struct ServerOptions {
     pub host: std::net::IpAddr,
     /// How long to wait for the server to listen.
     pub start_timeout: Duration,
+    /// `server_name`, which JetStream clustering needs unique per node; `None` keeps the
+    /// config file's.
+    pub server_name: Option<String>,
+    /// Membership of a cluster; `None` runs a server of its own.
+    pub cluster: Option<ClusterMembership>,
+}
+
+/// How one server joins a cluster: passed as flags, so every node can share one config file.
+#[derive(Clone, Debug)]
+pub struct ClusterMembership {
+    /// The cluster's name, the same on every node.
+    pub name: String,
+    /// This node's route port on the server's host.
+    pub port: u16,
+    /// Every node's route URL (`nats-route://host:port`), this one's included: the server
+    /// ignores a route to itself, and one list for all keeps the nodes' configs alike.
+    pub routes: Vec<String>,
 }
 
 impl ServerOptions {
@@ -36,6 +53,8 @@ impl ServerOptions {
             config_file: None,
             host: std::net::IpAddr::from([127, 0, 0, 1]),
             start_timeout: Duration::from_secs(30),
+            server_name: None,
+            cluster: None,
         }
     }
 }
@@ -102,6 +121,24 @@ impl NatsServer {
         }
     }
 
+    /// Freezes the process (SIGSTOP): it keeps its sockets but answers nothing, as a node
+    /// that hangs or is partitioned away would. [`NatsServer::resume`] continues it.
+    pub fn pause(&self) {
+        self.signal(libc::SIGSTOP);
+    }
+
+    /// Continues a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal(libc::SIGCONT);
+    }
+
+    fn signal(&self, signal: libc::c_int) {
+        if let Some(pid) = self.pid() {
+            // SAFETY: plain kill(2) on our own child's pid, which is not yet reaped.
+            unsafe { libc::kill(pid as libc::pid_t, signal) };
+        }
+    }
+
     /// Starts the server again on the same port and store.
     pub async fn restart(&mut self) -> Result<(), NatsdError> {
         self.kill().await;
@@ -149,6 +186,47 @@ impl NatsServer {
             .is_some_and(|c| matches!(c.try_wait(), Ok(None)))
     }
 
+    /// The file the server reads: the given one, or with a name or cluster membership, one of
+    /// this node's own that includes it and adds them. They go in a file rather than flags
+    /// because a reload (SIGHUP) re-reads only the file: a cluster given by flags makes every
+    /// reload fail ("jetstream cluster requires `cluster.name` to be set").
+    fn config_file(&self) -> Result<Option<PathBuf>, NatsdError> {
+        let opts = &self.opts;
+        if opts.server_name.is_none() && opts.cluster.is_none() {
+            return Ok(opts.config_file.clone());
+        }
+        let mut text = String::from("# Written by engram for this node; edit the file it includes.\n");
+        // Beside the shared file, since nats-server resolves includes from the including
+        // file's directory (and the shared file's own includes from there too).
+        let dir = match &opts.config_file {
+            Some(shared) => {
+                let name = shared.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                text.push_str(&format!("include \"{name}\"\n"));
+                shared.parent().map_or_else(|| opts.run_dir.clone(), Path::to_path_buf)
+            }
+            None => opts.run_dir.clone(),
+        };
+        let name = opts
+            .server_name
+            .clone()
+            .unwrap_or_else(|| format!("nats-{}", self.port));
+        text.push_str(&format!("server_name: \"{name}\"\n"));
+        if let Some(cluster) = &opts.cluster {
+            let routes: Vec<String> = cluster.routes.iter().map(|r| format!("\"{r}\"")).collect();
+            text.push_str(&format!(
+                "cluster {{\n  name: \"{}\"\n  listen: \"{}:{}\"\n  routes: [{}]\n}}\n",
+                cluster.name,
+                opts.host,
+                cluster.port,
+                routes.join(", ")
+            ));
+        }
+        let path = dir.join(format!("{name}.conf"));
+        std::fs::write(&path, text)
+            .map_err(NatsdError::io(format!("writing {}", path.display())))?;
+        Ok(Some(path))
+    }
+
     async fn spawn(&mut self) -> Result<(), NatsdError> {
         let opts = &self.opts;
         for dir in [&opts.store_dir, &opts.run_dir] {
@@ -169,7 +247,7 @@ impl NatsServer {
             .map_err(NatsdError::io("cloning log handle"))?;
 
         let mut cmd = Command::new(&opts.bin);
-        if let Some(config) = &opts.config_file {
+        if let Some(config) = self.config_file()? {
             cmd.arg("-c").arg(config);
         }
         let port = self.port.to_string();
@@ -179,8 +257,8 @@ impl NatsServer {
             .arg(&opts.store_dir)
             .args(["-a", &host, "-p", &port])
             .arg("--ports_file_dir")
-            .arg(&ports_dir)
-            .stdin(Stdio::null())
+            .arg(&ports_dir);
+        cmd.stdin(Stdio::null())
             .stdout(log)
             .stderr(log_err)
             .kill_on_drop(true);

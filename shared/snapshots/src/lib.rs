@@ -248,6 +248,8 @@ impl SnapshotStore {
                 .create_object_store(object_store::Config {
                     bucket: config.bucket.clone(),
                     description: Some("engram read-model snapshots".into()),
+                    storage: async_nats::jetstream::stream::StorageType::File,
+                    num_replicas: bus.replicas(),
                     ..Default::default()
                 })
                 .await
@@ -260,6 +262,7 @@ impl SnapshotStore {
                     bucket: config.index.clone(),
                     description: "engram snapshot index".into(),
                     history: 1,
+                    num_replicas: bus.replicas(),
                     ..Default::default()
                 })
                 .await
