@@ -401,11 +401,8 @@ async fn start_managed_server(
         .expect("locate task panicked")?;
     let version = engram_natsd::server_version(&bin).unwrap_or_default();
     if config.nats.cluster > 0 {
-        let mut opts = engram_natsd::ClusterOptions::new(
-            bin,
-            nats_dir.join("cluster"),
-            config.nats.cluster,
-        );
+        let mut opts =
+            engram_natsd::ClusterOptions::new(bin, nats_dir.join("cluster"), config.nats.cluster);
         opts.ports = (port != 0).then(|| (0..size).map(|i| port + i).collect());
         opts.config_file = Some(conf);
         opts.host = config.nats.managed_host;

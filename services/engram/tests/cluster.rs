@@ -90,7 +90,11 @@ async fn a_cluster_keeps_every_stream_on_three_servers_and_every_node_enforces_o
     let streams: serde_json::Value =
         serde_json::from_str(&ok(cli(h).args(["--nats", &nats, "--json", "streams"]))).unwrap();
     assert_eq!(streams["replicas"], 3, "{streams}");
-    assert_eq!(streams["replica_shortfalls"], serde_json::json!([]), "{streams}");
+    assert_eq!(
+        streams["replica_shortfalls"],
+        serde_json::json!([]),
+        "{streams}"
+    );
 
     // An agent added while the cluster runs reaches every node: each one read the new
     // authorization.

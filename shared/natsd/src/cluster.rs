@@ -64,11 +64,7 @@ impl Cluster {
             && ports.len() != opts.size
         {
             return Err(NatsdError::StartFailed {
-                reason: format!(
-                    "{} client ports given for {} nodes",
-                    ports.len(),
-                    opts.size
-                ),
+                reason: format!("{} client ports given for {} nodes", ports.len(), opts.size),
                 log_tail: String::new(),
             });
         }

@@ -19,9 +19,9 @@ mod locate;
 mod port;
 mod server;
 
+pub use cluster::{Cluster, ClusterOptions};
 pub use locate::{MIN_VERSION, PINNED_VERSION, cache_dir, locate, server_version};
 pub use port::PortLease;
-pub use cluster::{Cluster, ClusterOptions};
 pub use server::{ClusterMembership, NatsServer, Reloader, ServerOptions};
 
 use std::path::PathBuf;

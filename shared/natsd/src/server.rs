@@ -195,14 +195,20 @@ impl NatsServer {
         if opts.server_name.is_none() && opts.cluster.is_none() {
             return Ok(opts.config_file.clone());
         }
-        let mut text = String::from("# Written by engram for this node; edit the file it includes.\n");
+        let mut text =
+            String::from("# Written by engram for this node; edit the file it includes.\n");
         // Beside the shared file, since nats-server resolves includes from the including
         // file's directory (and the shared file's own includes from there too).
         let dir = match &opts.config_file {
             Some(shared) => {
-                let name = shared.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+                let name = shared
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or_default();
                 text.push_str(&format!("include \"{name}\"\n"));
-                shared.parent().map_or_else(|| opts.run_dir.clone(), Path::to_path_buf)
+                shared
+                    .parent()
+                    .map_or_else(|| opts.run_dir.clone(), Path::to_path_buf)
             }
             None => opts.run_dir.clone(),
         };

@@ -4,11 +4,7 @@ use std::process::ExitCode;
 
 use crate::config::Config;
 
-pub async fn run(
-    config: &Config,
-    replicas: Option<usize>,
-    json: bool,
-) -> anyhow::Result<ExitCode> {
+pub async fn run(config: &Config, replicas: Option<usize>, json: bool) -> anyhow::Result<ExitCode> {
     let client = super::connect(config).await?;
     let bus = client.bus();
     if let Some(replicas) = replicas {
@@ -19,11 +15,17 @@ pub async fn run(
         for s in &short {
             bus.set_replicas(&s.stream, replicas).await?;
             if !json {
-                println!("{} now has {replicas} replicas (had {})", s.stream, s.replicas);
+                println!(
+                    "{} now has {replicas} replicas (had {})",
+                    s.stream, s.replicas
+                );
             }
         }
         if json {
-            println!("{}", serde_json::json!({ "raised": short.iter().map(|s| &s.stream).collect::<Vec<_>>(), "replicas": replicas }));
+            println!(
+                "{}",
+                serde_json::json!({ "raised": short.iter().map(|s| &s.stream).collect::<Vec<_>>(), "replicas": replicas })
+            );
         } else if short.is_empty() {
             println!("every stream already has {replicas} replicas or more");
         }
