@@ -11,6 +11,16 @@ use clap::Parser;
 use engram_loadtest::fleet::target::EmbedderChoice;
 use engram_loadtest::fleet::{self, FleetConfig};
 
+/// Which faults `--chaos` injects.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum ChaosKind {
+    /// A projector or memory node, then nats-server (`--chaos` alone).
+    #[value(alias = "true")]
+    Processes,
+    /// Every fault a NATS cluster must survive.
+    Cluster,
+}
+
 #[derive(Debug, Parser)]
 #[command(
     name = "loadtest",
@@ -117,12 +127,25 @@ struct Cli {
     #[arg(long, env = "ENGRAM_LOADTEST_CONNECTIONS")]
     connections: Option<usize>,
 
-    /// Run the projectors as processes of their own; kill -9 one and then nats-server during
-    /// the run, restart them, and report the recovery. With --nodes, kill -9 a memory node
-    /// instead of a projector: its partitions move to the others, and back once it is
-    /// started again.
-    #[arg(long, env = "ENGRAM_LOADTEST_CHAOS")]
-    chaos: bool,
+    /// Faults during the run, each timed until the system recovered. `--chaos` (processes):
+    /// the projectors run as processes of their own; kill -9 one and then nats-server,
+    /// restart them (with --nodes, a memory node instead of a projector: its partitions move
+    /// to the others, and back once it is started again). `--chaos cluster` (needs
+    /// --cluster 3 --nodes 2): kill -9 a follower NATS node, then the events stream's leader,
+    /// then a memory node; restart every process one after another; freeze a node (SIGSTOP)
+    /// past its routes' timeout.
+    #[arg(long, env = "ENGRAM_LOADTEST_CHAOS", num_args = 0..=1, default_missing_value = "processes", value_enum)]
+    chaos: Option<ChaosKind>,
+
+    /// Run N NATS servers as one JetStream cluster, every stream on 3 of them. [default: 0,
+    /// one server]
+    #[arg(long, env = "ENGRAM_LOADTEST_CLUSTER")]
+    cluster: Option<usize>,
+
+    /// Written-to-readable p99 that a fault's recovery is timed back under, in seconds.
+    /// [default: 1]
+    #[arg(long, env = "ENGRAM_LOADTEST_VISIBILITY_GOAL", value_parser = engram_loadtest::parse_secs)]
+    visibility_goal: Option<Duration>,
 
     /// Run N memory nodes as processes of their own (`engram up --nodes N`), sharing the
     /// stream's partitions. [default: 0, one node inside engram up]
@@ -234,12 +257,15 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
         wait,
         connections,
         nodes,
+        cluster,
+        visibility_goal,
         embedder,
         drain_limit,
         reference,
         out
     );
-    config.chaos |= cli.chaos;
+    config.chaos |= cli.chaos == Some(ChaosKind::Processes);
+    config.chaos_cluster |= cli.chaos == Some(ChaosKind::Cluster);
     config.allow_overload |= cli.allow_overload;
     if cli.nats.is_some() {
         config.nats = cli.nats;

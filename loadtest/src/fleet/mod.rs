@@ -126,6 +126,14 @@ pub struct FleetConfig {
     #[serde(with = "humantime_serde")]
     pub node_restart_after: Duration,
     pub chaos: bool,
+    /// NATS servers forming one JetStream cluster (every stream on 3 of them); 0 runs one.
+    pub cluster: usize,
+    /// Chaos for a cluster (`--chaos cluster`): kill -9 a follower NATS node, then the events
+    /// stream's leader, then a memory node; a rolling restart of every process; a frozen node.
+    pub chaos_cluster: bool,
+    /// Written-to-readable p99 a fault's recovery is timed back under.
+    #[serde(with = "humantime_serde")]
+    pub visibility_goal: Duration,
     /// Accept a run that did not sustain its target rate: its report still says so, but the
     /// binary exits 0 (given correctness passed) instead of 3. For exploring where a machine
     /// tops out, not for a check that the target holds.
@@ -173,6 +181,9 @@ impl Default for FleetConfig {
             nodes: 0,
             node_restart_after: Duration::from_secs(15),
             chaos: false,
+            cluster: 0,
+            chaos_cluster: false,
+            visibility_goal: Duration::from_secs(1),
             allow_overload: false,
             drain_limit: Duration::from_secs(120),
             reference: Duration::from_secs(30),
@@ -247,6 +258,23 @@ impl FleetConfig {
                 "--chaos with --nodes kills one node and needs another to take its partitions: use --nodes 2 or more (or none)".into(),
             );
         }
+        if self.cluster != 0 && !(3..=9).contains(&self.cluster) {
+            return invalid(format!(
+                "--cluster is {}; a cluster has 3 to 9 nodes (or 0 for one server)",
+                self.cluster
+            ));
+        }
+        if self.cluster > 0 && self.nats.is_some() {
+            return invalid("--cluster starts the NATS cluster here; drop --nats".into());
+        }
+        if self.chaos_cluster && (self.cluster < 3 || self.nodes < 2) {
+            return invalid(
+                "--chaos cluster kills NATS nodes and memory nodes: it needs --cluster 3 (or more) and --nodes 2 (or more)".into(),
+            );
+        }
+        if self.chaos && self.cluster > 0 {
+            return invalid("with --cluster, use --chaos cluster".into());
+        }
         if self.chaos && self.nats.is_some() {
             return invalid(
                 "--chaos kills and restarts processes, so it needs the local target; drop --nats"
@@ -276,6 +304,10 @@ pub async fn run(
         "[setup] starting the system under test ({})",
         if config.nats.is_some() {
             "remote"
+        } else if config.cluster > 0 && config.nodes > 0 {
+            "engram up with memory node processes + a nats-server cluster"
+        } else if config.cluster > 0 {
+            "engram up + a nats-server cluster"
         } else if config.nodes > 0 {
             "engram up with memory node processes + nats-server"
         } else if config.chaos {
@@ -293,6 +325,7 @@ pub async fn run(
         consolidate_every: config.consolidate_every,
         nodes: config.nodes,
         node_restart_after: config.node_restart_after,
+        cluster: config.cluster,
     })
     .await?;
     if config.nodes > 0 {
@@ -402,20 +435,16 @@ async fn load_and_verify(
         .map(|i| tokio::spawn(instance::run(shared.clone(), i)))
         .collect();
 
-    let chaos_events = if config.chaos {
-        let victims: &[&str] = if config.nodes >= 2 {
-            &["node-1", "nats-server"]
-        } else {
-            &["vector", "nats-server"]
-        };
+    let chaos_events = if config.chaos || config.chaos_cluster {
         chaos(
             target,
-            victims,
+            &chaos_plan(config),
             &pids,
             &monitor,
             &recorder,
             start,
             config.duration,
+            config.visibility_goal,
         )
         .await
     } else {
@@ -469,6 +498,7 @@ async fn load_and_verify(
     let snapshots = cuts.finish(monitor.client()).await;
     let interrupted = *stop_rx.borrow();
     interrupt.abort();
+    let mut reference_r1 = None;
     let reference = if interrupted {
         None
     } else {
@@ -477,17 +507,40 @@ async fn load_and_verify(
         let secs = config.reference.max(config.period()).min(config.duration);
         eprintln!("[reference] raw JetStream publishes of the same sizes, same schedule, {secs:?}");
         let sizes: Vec<u32> = recorded.ledger.iter().map(|a| a.bytes).collect();
-        Some(
-            reference::run(
-                &monitor,
-                config.instances,
-                config.period(),
-                secs,
-                &sizes,
-                config.seed,
-            )
-            .await?,
+        let with_replicas = |replicas: usize| {
+            let mut bus_config = monitor.config().clone();
+            bus_config.stream.replicas = replicas;
+            Bus::from_client(monitor.client().clone(), bus_config)
+        };
+        let replicas = if config.cluster > 0 {
+            config.cluster.min(3)
+        } else {
+            1
+        };
+        let main = reference::run(
+            &with_replicas(replicas),
+            config.instances,
+            config.period(),
+            secs,
+            &sizes,
+            config.seed,
         )
+        .await?;
+        if replicas > 1 {
+            eprintln!("[reference] the same on a stream with one replica, for what R3 costs");
+            reference_r1 = Some(
+                reference::run(
+                    &with_replicas(1),
+                    config.instances,
+                    config.period(),
+                    secs,
+                    &sizes,
+                    config.seed,
+                )
+                .await?,
+            );
+        }
+        Some(main)
     };
     let _ = sampler_stop.send(true);
     let _ = sampler.await;
@@ -586,6 +639,7 @@ async fn load_and_verify(
         chaos: chaos_events,
         nodes,
         reference,
+        reference_r1,
         ratios,
         resources: report::resources(&timeline),
         timeline,
@@ -714,44 +768,162 @@ async fn wait_node_back(monitor: &Bus, name: &str, within: Duration) -> Option<f
     None
 }
 
-/// Chaos mode, run alongside the load: at 30% of it, `kill -9` the first victim (the vector
-/// projector, the one with the most state to restore, or with memory nodes the node
-/// `node-1`), and restart it; at 60%, `kill -9` nats-server and restart it on the same store.
-/// Each is timed until the system has recovered; a killed node is started again by `engram
-/// up` after `node.restart_after`, and its partitions are timed as they move away and back.
+/// One fault of chaos mode, at a share of the load's duration.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Fault {
+    /// `kill -9` of a named process (a projector, a node `node-<i>`, "nats-server"), which
+    /// is started again (a node by `engram up`, after `node.restart_after`).
+    Kill(&'static str),
+    /// `kill -9` of the cluster node leading the events stream, or of one following it.
+    KillLeader,
+    KillFollower,
+    /// SIGTERM, start and catch-up of every NATS node, then of every memory node, one after
+    /// another.
+    RollingRestart,
+    /// SIGSTOP of a follower for longer than its routes' ping timeout, then SIGCONT.
+    Freeze,
+}
+
+/// What chaos mode does: with `--chaos` (processes), a projector or memory node and then
+/// the one nats-server; with `--chaos cluster`, every fault a cluster must survive.
+fn chaos_plan(config: &FleetConfig) -> Vec<(f64, Fault)> {
+    if config.chaos_cluster {
+        return vec![
+            (0.10, Fault::KillFollower),
+            (0.25, Fault::KillLeader),
+            (0.40, Fault::Kill("node-1")),
+            (0.55, Fault::RollingRestart),
+            (0.80, Fault::Freeze),
+        ];
+    }
+    let first = if config.nodes >= 2 {
+        "node-1"
+    } else {
+        "vector"
+    };
+    vec![(0.3, Fault::Kill(first)), (0.6, Fault::Kill("nats-server"))]
+}
+
+/// How long a frozen node stays stopped: past the loadtest cluster's route ping timeout
+/// (ping_interval 2 s x ping_max 2) and JetStream's leader election timeouts.
+const FREEZE: Duration = Duration::from_secs(10);
+
+/// The events stream's leader as the load test names NATS servers ("nats-<i>").
+async fn stream_leader(monitor: &Bus) -> Option<String> {
+    let mut stream = monitor
+        .jetstream()
+        .get_stream(&monitor.config().stream.name)
+        .await
+        .ok()?;
+    let leader = stream.info().await.ok()?.cluster.clone()?.leader?;
+    Some(format!("nats-{}", leader.rsplit_once('-')?.1))
+}
+
+/// Until the server `victim` ("nats-<i>") holds a current replica of the events stream
+/// (or leads it); how long that took.
+async fn wait_replica_current(monitor: &Bus, victim: &str, within: Duration) -> Option<f64> {
+    let started = Instant::now();
+    let name = format!("engram-{}", victim.strip_prefix("nats-")?);
+    while started.elapsed() < within {
+        if let Ok(mut stream) = monitor
+            .jetstream()
+            .get_stream(&monitor.config().stream.name)
+            .await
+            && let Ok(info) = stream.info().await
+            && let Some(cluster) = &info.cluster
+        {
+            let current = cluster.leader.as_deref() == Some(name.as_str())
+                || cluster
+                    .replicas
+                    .iter()
+                    .any(|r| r.name == name && r.current && r.lag.unwrap_or(0) == 0);
+            if current {
+                return Some(started.elapsed().as_secs_f64());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Chaos mode, run alongside the load: each fault of [`chaos_plan`] at its share of the
+/// load, timed until the system has recovered: appends resumed, a NATS node's replica
+/// current again, a memory node's partitions moved away and back, every projector caught
+/// up, and written-to-readable back under the goal.
+#[allow(clippy::too_many_arguments)]
 async fn chaos(
     target: &mut Target,
-    victims: &[&str],
+    plan: &[(f64, Fault)],
     pids: &Arc<Mutex<Vec<(String, u32)>>>,
     monitor: &Bus,
     recorder: &Recorder,
     start: Instant,
     duration: Duration,
+    visibility_goal: Duration,
 ) -> Vec<ChaosEvent> {
     let mut events = Vec::new();
-    for (share, victim) in [0.3, 0.6].into_iter().zip(victims.iter().copied()) {
+    let clustered = target.nats_names().len() > 1;
+    for &(share, fault) in plan {
         tokio::time::sleep_until(start + duration.mul_f64(share)).await;
-        let stream_seq_at_kill = monitor.stream_state().await.ok().map(|s| s.last_seq);
-        let killed = Instant::now();
-        eprintln!("[chaos] kill -9 {victim}");
-        recorder.outage(true);
-        target.kill(victim).await;
-        // A dead projector does not stop appends, so they are watched from the kill; a dead
-        // server does, and an ack that raced the kill must not count as a resumption.
-        let appends_before = recorder.acked_count();
-        let watch_appends = victim != "nats-server";
-        let node = victim.starts_with("node-");
-        // A node's partitions move to the others: timed from the kill.
-        let taken_over = if node {
-            wait_nodes_serving(monitor, Some(victim), Duration::from_secs(120)).await
+        let leader_before = if clustered {
+            stream_leader(monitor).await
         } else {
-            // Long enough for clients to notice and start retrying.
-            tokio::time::sleep(Duration::from_secs(2)).await;
             None
         };
-        let restart = target.restart(victim).await;
+        let follower = || {
+            target
+                .nats_names()
+                .into_iter()
+                .find(|n| Some(n) != leader_before.as_ref())
+        };
+        let (victim, action) = match fault {
+            Fault::Kill(name) => (name.to_owned(), "kill -9"),
+            Fault::KillLeader => (leader_before.clone().unwrap_or_default(), "kill -9"),
+            Fault::KillFollower => (follower().unwrap_or_default(), "kill -9"),
+            Fault::RollingRestart => ("every process".to_owned(), "rolling restart"),
+            Fault::Freeze => (follower().unwrap_or_default(), "sigstop"),
+        };
+        let stream_seq_at_kill = monitor.stream_state().await.ok().map(|s| s.last_seq);
+        let killed = Instant::now();
+        eprintln!("[chaos] {action} {victim}");
+        recorder.outage(true);
+        let appends_before = recorder.acked_count();
+        let nats = victim.starts_with("nats-");
+        let node = victim.starts_with("node-");
+        // Appends go on through a dead projector, node or cluster follower, and resume
+        // after a new leader is elected: watched from the fault. A single server's restart
+        // is waited for first, so that an ack that raced the kill is no resumption.
+        let watch_appends = victim != "nats-server";
+        let mut taken_over = None;
+        let mut replica_caught_up = None;
+        let restart = match fault {
+            Fault::RollingRestart => rolling_restart(target, monitor, &mut replica_caught_up).await,
+            Fault::Freeze => {
+                target.freeze(&victim, true);
+                tokio::time::sleep(FREEZE).await;
+                target.freeze(&victim, false);
+                Ok(())
+            }
+            _ => {
+                target.kill(&victim).await;
+                // A node's partitions move to the others: timed from the kill.
+                if node {
+                    taken_over =
+                        wait_nodes_serving(monitor, Some(&victim), Duration::from_secs(120)).await;
+                } else {
+                    // Long enough for clients to notice and start retrying.
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                }
+                target.restart(&victim).await
+            }
+        };
+        if nats && clustered {
+            replica_caught_up = wait_replica_current(monitor, &victim, Duration::from_secs(120))
+                .await
+                .map(|_| killed.elapsed().as_secs_f64());
+        }
         let returned = if node {
-            wait_node_back(monitor, victim, Duration::from_secs(300))
+            wait_node_back(monitor, &victim, Duration::from_secs(300))
                 .await
                 .map(|_| killed.elapsed().as_secs_f64())
         } else {
@@ -762,7 +934,7 @@ async fn chaos(
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner) = target.pids();
         let mut event = ChaosEvent {
-            victim: victim.to_owned(),
+            victim: victim.clone(),
             at_secs: (killed - start).as_secs_f64(),
             down_secs: (serving - killed).as_secs_f64(),
             stream_seq_at_kill,
@@ -773,6 +945,11 @@ async fn chaos(
             taken_over_secs: taken_over,
             returned_secs: returned,
             visibility_max_ms: None,
+            action: Some(action.to_owned()),
+            ack_gap_max_ms: None,
+            replica_caught_up_secs: replica_caught_up,
+            visibility_back_secs: None,
+            leader_change: None,
             error: restart.err().map(|e| e.to_string()),
         };
         if event.error.is_none() {
@@ -816,8 +993,23 @@ async fn chaos(
                 }
             }
         }
+        // Written-to-readable is measured by instances whose checks end up to `wait` later:
+        // a few seconds past the recovery show whether it stays under the goal.
+        tokio::time::sleep(Duration::from_secs(3)).await;
         recorder.outage(false);
-        event.visibility_max_ms = recorder.visibility_max_ms(killed, Instant::now());
+        let now = Instant::now();
+        event.visibility_max_ms = recorder.visibility_max_ms(killed, now);
+        event.ack_gap_max_ms = Some(recorder.longest_ack_gap_ms(killed, now));
+        event.visibility_back_secs =
+            recorder.visibility_back_secs(killed, now, visibility_goal.as_secs_f64() * 1000.0);
+        if clustered {
+            let after = stream_leader(monitor).await;
+            if let (Some(before), Some(after)) = (&leader_before, &after)
+                && before != after
+            {
+                event.leader_change = Some((before.clone(), after.clone()));
+            }
+        }
         if node {
             eprintln!(
                 "[chaos] {victim}: its partitions served by the others after {}, it served again after {}, longest written-to-readable {} ms",
@@ -829,14 +1021,67 @@ async fn chaos(
             );
         }
         eprintln!(
-            "[chaos] {victim}: back after {:.2}s, appends resumed after {}, projectors caught up after {}",
+            "[chaos] {action} {victim}: back after {:.2}s, appends resumed after {}, longest gap without acks {:.0} ms, replica current after {}, projectors caught up after {}, visibility under goal after {}",
             event.down_secs,
             secs(event.appends_resumed_secs),
-            secs(event.caught_up_secs)
+            event.ack_gap_max_ms.unwrap_or_default(),
+            secs(event.replica_caught_up_secs),
+            secs(event.caught_up_secs),
+            secs(event.visibility_back_secs),
         );
         events.push(event);
     }
     events
+}
+
+/// SIGTERM each NATS node in turn, start it again and wait until its replica is current;
+/// then each memory node, waiting until it serves again. Sets `slowest` to the longest
+/// replica catch-up.
+async fn rolling_restart(
+    target: &mut Target,
+    monitor: &Bus,
+    slowest: &mut Option<f64>,
+) -> Result<(), FleetError> {
+    for name in target.nats_names() {
+        let began = Instant::now();
+        eprintln!("[chaos] rolling restart: {name}");
+        target.stop_nats(&name).await;
+        target.restart(&name).await?;
+        let took = wait_replica_current(monitor, &name, Duration::from_secs(120))
+            .await
+            .ok_or_else(|| {
+                FleetError::Setup(format!("{name} never caught up after its restart"))
+            })?;
+        let _ = took;
+        let whole = began.elapsed().as_secs_f64();
+        *slowest = Some(slowest.map_or(whole, |s: f64| s.max(whole)));
+    }
+    for (name, _) in target.node_pids() {
+        eprintln!("[chaos] rolling restart: {name}");
+        target.stop_node(&name);
+        // Gone from the members first, so that "back" is its new life, not its old one.
+        let gone = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < gone {
+            let still = engram_node::ownership::live_members(
+                monitor,
+                &engram_node::NodeConfig::default().bucket,
+            )
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .any(|m| m.node == name && !m.serving.is_empty());
+            if !still {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        wait_node_back(monitor, &name, Duration::from_secs(300))
+            .await
+            .ok_or_else(|| {
+                FleetError::Setup(format!("{name} never served again after its restart"))
+            })?;
+    }
+    Ok(())
 }
 
 fn secs(value: Option<f64>) -> String {

@@ -497,6 +497,57 @@ impl Recorder {
             .reduce(f64::max)
     }
 
+    /// The longest time from `from` to `to` without an acknowledged append: an outage's
+    /// gap as an appending client saw it.
+    pub(crate) fn longest_ack_gap_ms(&self, from: Instant, to: Instant) -> f64 {
+        let mut times: Vec<Instant> = self
+            .lock()
+            .ack_times
+            .iter()
+            .copied()
+            .filter(|t| *t >= from && *t <= to)
+            .collect();
+        times.push(from);
+        times.push(to);
+        times.sort_unstable();
+        times
+            .windows(2)
+            .map(|w| (w[1] - w[0]).as_secs_f64() * 1000.0)
+            .fold(0.0, f64::max)
+    }
+
+    /// Seconds from `from` until written-to-readable p99 was back under `goal_ms` for good
+    /// (every second with measurements from then up to `to`); `None` if it never was.
+    pub(crate) fn visibility_back_secs(
+        &self,
+        from: Instant,
+        to: Instant,
+        goal_ms: f64,
+    ) -> Option<f64> {
+        let (first, last) = (self.second(from), self.second(to));
+        let inner = self.lock();
+        let p99 = |s: usize| {
+            inner
+                .per_second
+                .get(s)
+                .and_then(|m| m.get(&Metric::Visibility))
+                .filter(|h| !h.is_empty())
+                .map(|h| h.value_at_quantile(0.99) as f64 / 1000.0)
+        };
+        let mut back = None;
+        for s in first..=last {
+            match p99(s) {
+                Some(ms) if ms > goal_ms => back = None,
+                Some(_) if back.is_none() => back = Some(s),
+                _ => {}
+            }
+        }
+        back.map(|s| {
+            let at = self.started + std::time::Duration::from_secs(s as u64);
+            at.saturating_duration_since(from).as_secs_f64()
+        })
+    }
+
     pub(crate) fn acked_count(&self) -> usize {
         self.lock().ledger.len()
     }

@@ -59,6 +59,10 @@ pub struct FleetReport {
     #[serde(default)]
     pub nodes: Vec<NodeShare>,
     pub reference: Option<Reference>,
+    /// On a cluster: the same raw reference on a stream with one replica, in the same run,
+    /// for what R3 costs.
+    #[serde(default)]
+    pub reference_r1: Option<Reference>,
     pub ratios: Option<Ratios>,
     /// Peak and mean CPU and memory per process over the run.
     pub resources: BTreeMap<String, Resources>,
@@ -164,6 +168,21 @@ pub struct ChaosEvent {
     /// timed: the visibility gap the outage caused.
     #[serde(default)]
     pub visibility_max_ms: Option<f64>,
+    /// What was done: "kill -9" (the default), "sigterm" (a rolling restart), "sigstop".
+    #[serde(default)]
+    pub action: Option<String>,
+    /// The longest time without an acknowledged append from the fault to the recovery.
+    #[serde(default)]
+    pub ack_gap_max_ms: Option<f64>,
+    /// A NATS server: fault until its replica of the events stream was current again.
+    #[serde(default)]
+    pub replica_caught_up_secs: Option<f64>,
+    /// Fault until written-to-readable p99 was back under the run's goal for good.
+    #[serde(default)]
+    pub visibility_back_secs: Option<f64>,
+    /// The events stream's leader before and after the fault, when it changed.
+    #[serde(default)]
+    pub leader_change: Option<(String, String)>,
     pub error: Option<String>,
 }
 
@@ -459,6 +478,10 @@ impl FleetReport {
                 (0, false) => String::new(),
                 (n, true) => format!(", {n} memory node processes, chaos (one node killed)"),
                 (n, false) => format!(", {n} memory node processes"),
+            } + &match (c.cluster, c.chaos_cluster) {
+                (0, _) => String::new(),
+                (n, false) => format!(", a {n}-node NATS cluster (R3)"),
+                (n, true) => format!(", a {n}-node NATS cluster (R3), cluster chaos"),
             },
             c.seed,
             self.nats_server_version,
@@ -666,6 +689,25 @@ impl FleetReport {
                 "| raw replay of the events stream, events/s | | {:.0} | |",
                 r.replay_events_per_sec
             );
+            if let Some(r1) = &self.reference_r1 {
+                let _ = writeln!(
+                    out,
+                    "\n### What three replicas cost (raw JetStream, same run)\n"
+                );
+                let _ = writeln!(
+                    out,
+                    "| figure | R3 | R1 | R3 / R1 |\n|---|---|---|---|\n| appends/s | {:.1} | {:.1} | {:.2} |\n| ack p50 ms | {:.2} | {:.2} | {:.2} |\n| ack p99 ms | {:.2} | {:.2} | {:.2} |",
+                    r.publishes_per_sec,
+                    r1.publishes_per_sec,
+                    r.publishes_per_sec / r1.publishes_per_sec.max(1e-9),
+                    r.ack_ms.p50,
+                    r1.ack_ms.p50,
+                    r.ack_ms.p50 / r1.ack_ms.p50.max(1e-9),
+                    r.ack_ms.p99,
+                    r1.ack_ms.p99,
+                    r.ack_ms.p99 / r1.ack_ms.p99.max(1e-9),
+                );
+            }
         }
         self.takeover_markdown(&mut out);
         self.consolidation_markdown(&mut out);
@@ -674,19 +716,27 @@ impl FleetReport {
             let _ = writeln!(out, "\n## Chaos\n");
             let _ = writeln!(
                 out,
-                "| kill -9 | at s | back s | appends while down | appends resumed s | projectors caught up s | caught up after the restart s | stream seq at the kill, caught up to | partitions taken over s | node serving again s | longest written-to-readable ms |\n|---|---|---|---|---|---|---|---|---|---|---|"
+                "| fault | at s | back s | appends while down | appends resumed s | longest gap without acks ms | replica current s | leader change | projectors caught up s | caught up after the restart s | stream seq at the kill, caught up to | partitions taken over s | node serving again s | longest written-to-readable ms | visibility p99 under goal s |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
             );
             let opt = |v: Option<f64>| v.map_or_else(|| "never".to_owned(), |v| format!("{v:.2}"));
             for e in &self.chaos {
                 let seq = |v: Option<u64>| v.map_or_else(|| "?".to_owned(), |v| v.to_string());
                 let _ = writeln!(
                     out,
-                    "| {} | {:.1} | {:.2} | {} | {} | {} | {} | {}, {} | {} | {} | {} |",
+                    "| {} {} | {:.1} | {:.2} | {} | {} | {} | {} | {} | {} | {} | {}, {} | {} | {} | {} | {} |",
+                    e.action.as_deref().unwrap_or("kill -9"),
                     e.victim,
                     e.at_secs,
                     e.down_secs,
                     e.appends_while_down,
                     opt(e.appends_resumed_secs),
+                    e.ack_gap_max_ms
+                        .map_or_else(|| "?".to_owned(), |v| format!("{v:.0}")),
+                    e.replica_caught_up_secs
+                        .map_or_else(|| "-".to_owned(), |v| format!("{v:.2}")),
+                    e.leader_change
+                        .as_ref()
+                        .map_or_else(|| "-".to_owned(), |(a, b)| format!("{a} → {b}")),
                     opt(e.caught_up_secs),
                     opt(e.caught_up_secs.map(|c| c - e.down_secs)),
                     seq(e.stream_seq_at_kill),
@@ -697,6 +747,7 @@ impl FleetReport {
                         .map_or_else(|| "-".to_owned(), |v| format!("{v:.2}")),
                     e.visibility_max_ms
                         .map_or_else(|| "?".to_owned(), |v| format!("{v:.0}")),
+                    opt(e.visibility_back_secs),
                 );
             }
         }

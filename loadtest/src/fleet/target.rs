@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
 
-use engram_natsd::{NatsServer, ServerOptions};
+use engram_natsd::{Cluster, ClusterOptions, NatsServer, ServerOptions};
 use tokio::io::{AsyncBufReadExt, BufReader};
 use tokio::process::{Child, Command};
 
@@ -58,10 +58,49 @@ impl Proc {
     }
 }
 
+/// The NATS under test: one server, or the nodes of a cluster.
+enum Nats {
+    Single(Box<NatsServer>),
+    Cluster(Cluster),
+}
+
+impl Nats {
+    fn url(&self) -> String {
+        match self {
+            Nats::Single(server) => server.url(),
+            Nats::Cluster(cluster) => cluster.url(),
+        }
+    }
+
+    /// Each server by the name chaos and the samples use: "nats-server" alone, "nats-<i>"
+    /// for node `i` of a cluster (its `server_name` is `engram-<i>`).
+    fn servers(&self) -> Vec<(String, &NatsServer)> {
+        match self {
+            Nats::Single(server) => vec![("nats-server".to_owned(), server)],
+            Nats::Cluster(cluster) => cluster
+                .nodes()
+                .iter()
+                .enumerate()
+                .map(|(i, s)| (format!("nats-{i}"), s))
+                .collect(),
+        }
+    }
+
+    fn server_mut(&mut self, name: &str) -> Option<&mut NatsServer> {
+        match self {
+            Nats::Single(server) => (name == "nats-server").then_some(server),
+            Nats::Cluster(cluster) => {
+                let i: usize = name.strip_prefix("nats-")?.parse().ok()?;
+                (i < cluster.len()).then(|| cluster.node_mut(i))
+            }
+        }
+    }
+}
+
 /// The running system under test.
 pub struct Target {
     pub url: String,
-    nats: Option<NatsServer>,
+    nats: Option<Nats>,
     /// `engram up`, then in chaos mode one `engram projector <name>` per projector.
     procs: Vec<Proc>,
     bin: Option<PathBuf>,
@@ -83,6 +122,8 @@ pub(crate) struct TargetOptions {
     pub(crate) nodes: usize,
     /// With nodes: how long a killed node stays down before `engram up` starts it again.
     pub(crate) node_restart_after: Duration,
+    /// NATS servers forming one JetStream cluster (every stream on 3 of them); 0 runs one.
+    pub(crate) cluster: usize,
 }
 
 impl Target {
@@ -106,21 +147,39 @@ impl Target {
             .await
             .map_err(|e| FleetError::Setup(format!("locating nats-server panicked: {e}")))?
             .map_err(|e| FleetError::Setup(e.to_string()))?;
-        let mut server_opts = ServerOptions::new(
-            nats_bin,
-            dir.path().join("nats/store"),
-            dir.path().join("nats"),
-        );
         // The same config `engram up` writes for its managed server: the shipped file, and
         // the routing of queries to the memory nodes that own their partitions.
-        let conf = format!(
+        let mut conf = format!(
             "{NATS_CONF}\n{}",
             engram_access::conf::query_routing(engram_bus::BusConfig::default().stream.partitions)
         );
-        server_opts.config_file = Some(write(&dir.path().join("nats/nats-server.conf"), &conf)?);
-        let nats = NatsServer::start(server_opts)
-            .await
-            .map_err(|e| FleetError::Setup(format!("nats-server: {e}")))?;
+        if opts.cluster > 0 {
+            // A frozen node's routes are found dead after ping_interval x ping_max instead
+            // of the default 2 minutes x 2, so the freeze of chaos mode outlasts that.
+            conf.push_str("\nping_interval: \"2s\"\nping_max: 2\n");
+        }
+        let conf = write(&dir.path().join("nats/nats-server.conf"), &conf)?;
+        let nats = if opts.cluster > 0 {
+            let mut cluster_opts =
+                ClusterOptions::new(nats_bin, dir.path().join("nats"), opts.cluster);
+            cluster_opts.config_file = Some(conf);
+            let cluster = Cluster::start(cluster_opts)
+                .await
+                .map_err(|e| FleetError::Setup(format!("nats-server cluster: {e}")))?;
+            Nats::Cluster(cluster)
+        } else {
+            let mut server_opts = ServerOptions::new(
+                nats_bin,
+                dir.path().join("nats/store"),
+                dir.path().join("nats"),
+            );
+            server_opts.config_file = Some(conf);
+            Nats::Single(Box::new(
+                NatsServer::start(server_opts)
+                    .await
+                    .map_err(|e| FleetError::Setup(format!("nats-server: {e}")))?,
+            ))
+        };
         let url = nats.url();
         let mut target = Self {
             url,
@@ -130,7 +189,13 @@ impl Target {
             dir: Some(dir),
             keep: false,
         };
-        let base = config_toml(opts.embedder, opts.consolidate_every);
+        let mut base = config_toml(opts.embedder, opts.consolidate_every);
+        if opts.cluster > 0 {
+            base.push_str(&format!(
+                "\n[bus.stream]\nreplicas = {}\n",
+                opts.cluster.min(3)
+            ));
+        }
         let extra = match &opts.extra_config {
             Some(path) => std::fs::read_to_string(path)
                 .map_err(|e| FleetError::Setup(format!("cannot read {}: {e}", path.display())))?,
@@ -318,8 +383,10 @@ impl Target {
     /// (`node-<i>`) and this one (`loadtest`) included.
     pub(crate) fn pids(&self) -> Vec<(String, u32)> {
         let mut out = Vec::new();
-        if let Some(pid) = self.nats.as_ref().and_then(NatsServer::pid) {
-            out.push(("nats-server".to_owned(), pid));
+        for (name, server) in self.nats.iter().flat_map(Nats::servers) {
+            if let Some(pid) = server.pid() {
+                out.push((name, pid));
+            }
         }
         for proc in &self.procs {
             if let Some(pid) = proc.pid() {
@@ -352,13 +419,48 @@ impl Target {
         out
     }
 
-    /// `kill -9` of the named process (a projector, a node `node-<i>`, or "nats-server").
+    /// The NATS servers' names ("nats-server", or "nats-<i>" for a cluster's nodes).
+    pub(crate) fn nats_names(&self) -> Vec<String> {
+        self.nats
+            .iter()
+            .flat_map(Nats::servers)
+            .map(|(name, _)| name)
+            .collect()
+    }
+
+    /// SIGSTOP (`freeze`) or SIGCONT of a NATS server by name.
+    pub(crate) fn freeze(&mut self, name: &str, freeze: bool) {
+        if let Some(server) = self.nats.as_mut().and_then(|n| n.server_mut(name)) {
+            if freeze {
+                server.pause();
+            } else {
+                server.resume();
+            }
+        }
+    }
+
+    /// SIGTERM to a NATS server by name, waiting for it to exit (a rolling restart's stop).
+    pub(crate) async fn stop_nats(&mut self, name: &str) {
+        if let Some(server) = self.nats.as_mut().and_then(|n| n.server_mut(name)) {
+            server.shutdown(Duration::from_secs(30)).await;
+        }
+    }
+
+    /// SIGTERM to a node `node-<i>` of `engram up --nodes`, which starts it again after
+    /// `node.restart_after` (a rolling restart's stop).
+    pub(crate) fn stop_node(&self, name: &str) {
+        if let Some((_, pid)) = self.node_pids().into_iter().find(|(n, _)| n == name) {
+            // SAFETY: kill(2) on a process of this run's (a grandchild), by the pid its
+            // supervisor wrote.
+            unsafe { libc::kill(pid as libc::pid_t, libc::SIGTERM) };
+        }
+    }
+
+    /// `kill -9` of the named process (a projector, a node `node-<i>`, or a NATS server).
     /// A node is not started again here: `engram up` does, after `node.restart_after`.
     pub(crate) async fn kill(&mut self, name: &str) {
-        if name == "nats-server" {
-            if let Some(nats) = self.nats.as_mut() {
-                nats.kill().await;
-            }
+        if let Some(server) = self.nats.as_mut().and_then(|n| n.server_mut(name)) {
+            server.kill().await;
             return;
         }
         if let Some((_, pid)) = self.node_pids().into_iter().find(|(n, _)| n == name) {
@@ -377,14 +479,11 @@ impl Target {
 
     /// Starts a killed process again, on the same store (nats-server) or home (engram).
     pub(crate) async fn restart(&mut self, name: &str) -> Result<(), FleetError> {
-        if name == "nats-server" {
-            return match self.nats.as_mut() {
-                Some(nats) => nats
-                    .restart()
-                    .await
-                    .map_err(|e| FleetError::Setup(format!("nats-server restart: {e}"))),
-                None => Ok(()),
-            };
+        if let Some(server) = self.nats.as_mut().and_then(|n| n.server_mut(name)) {
+            return server
+                .restart()
+                .await
+                .map_err(|e| FleetError::Setup(format!("{name} restart: {e}")));
         }
         // A node is started again by `engram up`; a name not of this crate's is nothing.
         let Some(index) = self.procs.iter().position(|p| p.name == name) else {
@@ -420,8 +519,10 @@ impl Target {
                 }
             }
         }
-        if let Some(mut nats) = self.nats.take() {
-            nats.shutdown(Duration::from_secs(10)).await;
+        match self.nats.take() {
+            Some(Nats::Single(mut server)) => server.shutdown(Duration::from_secs(10)).await,
+            Some(Nats::Cluster(mut cluster)) => cluster.shutdown(Duration::from_secs(10)).await,
+            None => {}
         }
         if let Some(dir) = self.dir.take() {
             if self.keep {

@@ -225,6 +225,7 @@ const ENV_KEYS: &[&str] = &[
     "query",
     "gateway",
     "mcp",
+    "node",
 ];
 
 impl Config {

@@ -158,6 +158,13 @@ pub async fn run(
     state_dir: Option<&Path>,
     http: Option<std::net::SocketAddr>,
 ) -> anyhow::Result<std::process::ExitCode> {
+    // Every series from the start, as `engram up` has them: a dashboard or an alert on a
+    // node finds zeros, not nothing, before its first event.
+    let layers: Vec<&str> = engram_schema::Layer::ALL
+        .iter()
+        .map(|l| l.as_str())
+        .collect();
+    engram_telemetry::metrics::touch_all(&layers);
     let url = config.client_url();
     let service = |role: RoleName| {
         if config.nats.creds.is_some() {

@@ -74,7 +74,7 @@ pub struct Running {
 
 /// What `engram up` runs of NATS itself: one server, or the nodes of a cluster.
 pub enum Managed {
-    Single(NatsServer),
+    Single(Box<NatsServer>),
     Cluster(engram_natsd::Cluster),
 }
 
@@ -391,9 +391,11 @@ async fn start_managed_server(
     std::fs::write(&conf, text).map_err(home_err)?;
     let port = config.nats.managed_port;
     let size = config.nats.cluster.max(1) as u16;
-    for port in (0..size).filter_map(|i| (port != 0).then(|| port.saturating_add(i))) {
-        if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
-            return Err(UpError::PortInUse { port });
+    if port != 0 {
+        for port in (0..size).map(|i| port.saturating_add(i)) {
+            if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
+                return Err(UpError::PortInUse { port });
+            }
         }
     }
     let bin = tokio::task::spawn_blocking(engram_natsd::locate)
@@ -428,7 +430,7 @@ async fn start_managed_server(
         log = %server.log_path().display(),
         "managed nats-server started"
     );
-    Ok(Managed::Single(server))
+    Ok(Managed::Single(Box::new(server)))
 }
 
 impl Running {

@@ -51,9 +51,35 @@ impl StreamHead {
         if seq <= self.known.load(Ordering::Relaxed) {
             return Ok(None);
         }
-        // Read after the caller's append was acknowledged, so its sequence is in here.
-        let last = self.bus.stream_state().await?.last_seq;
+        // Read after the caller's append was acknowledged, so its sequence is in here, as
+        // the leader holds it.
+        let mut last = self.leader_last_seq().await?;
+        if seq > last && self.bus.replicas() > 1 {
+            // On a cluster, a server that was cut off or frozen and has just come back may
+            // answer from its stale copy before it learns of the new leader: an append
+            // acknowledged meanwhile would look impossible. Asked again a moment later.
+            tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+            last = last.max(self.leader_last_seq().await?);
+        }
         self.observe(last);
         Ok((seq > last).then_some(last))
+    }
+
+    /// The events stream's last sequence from a server that knows the stream's leader; a
+    /// replicated stream without one (an election) is `unavailable`, never an answer.
+    async fn leader_last_seq(&self) -> Result<u64, BusError> {
+        let stream = self.bus.events_stream().await?;
+        let info = stream.cached_info();
+        if self.bus.replicas() > 1
+            && info
+                .cluster
+                .as_ref()
+                .is_some_and(|c| c.leader.as_deref().unwrap_or_default().is_empty())
+        {
+            return Err(BusError::Unavailable(
+                "the events stream is electing a leader; retry in a moment".into(),
+            ));
+        }
+        Ok(info.state.last_sequence)
     }
 }
