@@ -271,9 +271,7 @@ impl Ownership {
         let Some(entry) = self.store.entry(&key).await.map_err(js_err)? else {
             return Ok(Take::Held);
         };
-        let ours = serde_json::from_slice::<Holder>(&entry.value)
-            .is_ok_and(|h| h.node == self.me.node && h.state == self.me.state);
-        if entry.operation != kv::Operation::Put || !ours {
+        if entry.operation != kv::Operation::Put || !self.is_ours(&entry.value) {
             return Ok(Take::Held);
         }
         match self
@@ -295,9 +293,28 @@ impl Ownership {
             .await
         {
             Ok(revision) => Ok(Some(revision)),
-            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => Ok(None),
+            Err(e) if e.kind() == kv::UpdateErrorKind::WrongLastRevision => {
+                // A renewal the server applied whose answer was lost (a timeout across a
+                // leader change, say) moved the revision on: still this node's, at that
+                // revision. Only another holder's value, or none, is a lost lease.
+                match self.store.entry(lease_key(partition)).await {
+                    Ok(Some(entry))
+                        if entry.operation == kv::Operation::Put && self.is_ours(&entry.value) =>
+                    {
+                        Ok(Some(entry.revision))
+                    }
+                    Ok(_) => Ok(None),
+                    Err(e) => Err(js_err(e)),
+                }
+            }
             Err(e) => Err(js_err(e)),
         }
+    }
+
+    /// Whether a lease's value names this node, in this life.
+    fn is_ours(&self, value: &[u8]) -> bool {
+        serde_json::from_slice::<Holder>(value)
+            .is_ok_and(|h| h.node == self.me.node && h.state == self.me.state)
     }
 
     /// Gives a held lease up (after the partition stopped here), so the next owner takes it
@@ -314,9 +331,7 @@ impl Ownership {
                     return;
                 }
             };
-            let ours = serde_json::from_slice::<Holder>(&entry.value)
-                .is_ok_and(|h| h.node == self.me.node && h.state == self.me.state);
-            if !ours {
+            if !self.is_ours(&entry.value) {
                 return;
             }
             match self

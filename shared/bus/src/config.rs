@@ -20,6 +20,12 @@ pub struct BusConfig {
     pub client_name: String,
     #[serde(with = "humantime_serde")]
     pub connect_timeout: Duration,
+    /// How often the client pings a server that has sent nothing; three unanswered pings
+    /// close the connection and the client moves to another server. A server that hangs (or
+    /// is cut off) keeps its sockets open, so this is how long a client stays with it:
+    /// about three times this.
+    #[serde(with = "humantime_serde")]
+    pub ping_interval: Duration,
     /// How long an append waits for its ack before it fails as retryable.
     #[serde(with = "humantime_serde")]
     pub ack_timeout: Duration,
@@ -41,6 +47,7 @@ impl Default for BusConfig {
             nkey: None,
             client_name: "engram".into(),
             connect_timeout: Duration::from_secs(5),
+            ping_interval: Duration::from_secs(5),
             ack_timeout: Duration::from_secs(5),
             request_timeout: Duration::from_secs(10),
             max_inflight: 1024,
@@ -173,6 +180,12 @@ impl BusConfig {
             return Err(format!(
                 "limits.max_event_bytes ({}) plus {HEADER_ROOM} bytes of headers exceeds stream.max_msg_size ({}); lower the first or raise the second",
                 self.limits.max_event_bytes, self.stream.max_msg_size
+            ));
+        }
+        if self.ping_interval < Duration::from_millis(100) {
+            return Err(format!(
+                "bus.ping_interval is {:?}; at least 100ms",
+                self.ping_interval
             ));
         }
         if self.stream.replicas == 0 || self.stream.replicas > 5 {

@@ -71,6 +71,15 @@ pub struct DurableReader {
     /// that its owner opens it again (recreating it at what it applied), rather than wait
     /// for missed heartbeats.
     reconnected: tokio::sync::watch::Receiver<u64>,
+    /// The consumer sequence of the last delivery received. The server numbers every
+    /// delivery of a consumer (redeliveries too) one after another, so a jump means
+    /// deliveries were made that never arrived: on a cluster, sent by a consumer leader that
+    /// died with them in flight, and counted as delivered by the leader after it. Acking
+    /// past them (`AckPolicy::All`) would lose their events, so the reader ends instead and
+    /// is opened again at what was applied.
+    last_delivery: u64,
+    /// A jump seen inside a batch, reported by the next call.
+    gap: Option<(u64, u64)>,
 }
 
 impl std::fmt::Debug for DurableReader {
@@ -133,10 +142,12 @@ impl Bus {
             memory_storage: true,
             ..Default::default()
         };
+        let mut last_delivery = 0;
         match stream.get_consumer::<pull::Config>(name).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(js_err)?;
                 let delivered = info.delivered.stream_sequence;
+                last_delivery = info.delivered.consumer_sequence;
                 let acked = info.ack_floor.stream_sequence;
                 // Ahead of the checkpoint: unacked deliveries would come back out of order.
                 // Behind it is fine: the projector skips what it has already applied.
@@ -157,6 +168,7 @@ impl Bus {
                     );
                     stream.delete_consumer(name).await.map_err(js_err)?;
                     stream.create_consumer(wanted).await.map_err(js_err)?;
+                    last_delivery = 0;
                 }
             }
             Err(_) => {
@@ -178,6 +190,8 @@ impl Bus {
             messages,
             codec: self.codec.clone(),
             reconnected,
+            last_delivery,
+            gap: None,
         })
     }
 
@@ -270,6 +284,9 @@ impl DurableReader {
     /// behind it (up to `max`): batches are large under load and single at the tail, so
     /// batching never adds latency. `None` means the consumer ended.
     pub async fn next_batch(&mut self, max: usize) -> Option<Result<Vec<Delivery>, BusError>> {
+        if let Some(gap) = self.gap {
+            return Some(Err(self.gap_error(gap)));
+        }
         let first = tokio::select! {
             next = self.messages.next() => match next? {
                 Ok(m) => m,
@@ -282,11 +299,21 @@ impl DurableReader {
                 ))));
             }
         };
+        if let Err(gap) = self.in_sequence(&first) {
+            return Some(Err(self.gap_error(gap)));
+        }
         let mut batch = Vec::with_capacity(max.min(1024));
         batch.push(self.delivery(first));
         while batch.len() < max {
             match futures::FutureExt::now_or_never(self.messages.next()) {
-                Some(Some(Ok(m))) => batch.push(self.delivery(m)),
+                Some(Some(Ok(m))) => {
+                    if let Err(gap) = self.in_sequence(&m) {
+                        // What came before the jump is in order; the rest is not applied.
+                        self.gap = Some(gap);
+                        break;
+                    }
+                    batch.push(self.delivery(m));
+                }
                 Some(Some(Err(e))) => {
                     tracing::warn!(consumer = %self.name, error = %e, "consumer hiccup inside a batch");
                     break;
@@ -295,6 +322,35 @@ impl DurableReader {
             }
         }
         Some(Ok(batch))
+    }
+
+    /// Checks that `message` is the delivery after the last one received (or an earlier
+    /// one again, from a consumer leader that had not heard of the later ones); the missing
+    /// consumer sequences if it is not.
+    fn in_sequence(&mut self, message: &jetstream::Message) -> Result<(), (u64, u64)> {
+        let Ok(info) = message.info() else {
+            return Ok(());
+        };
+        let delivery = info.consumer_sequence;
+        if delivery > self.last_delivery + 1 {
+            return Err((self.last_delivery + 1, delivery - 1));
+        }
+        self.last_delivery = delivery;
+        Ok(())
+    }
+
+    fn gap_error(&self, (from, to): (u64, u64)) -> BusError {
+        engram_telemetry::metrics::CONSUMER_GAPS.inc();
+        tracing::warn!(
+            consumer = %self.name,
+            from,
+            to,
+            "deliveries of a projector consumer never arrived (its leader changed); opening it again at what was applied"
+        );
+        BusError::Unavailable(format!(
+            "consumer {} skipped deliveries {from}..={to}; it is opened again at what was applied",
+            self.name
+        ))
     }
 
     fn delivery(&self, message: jetstream::Message) -> Delivery {

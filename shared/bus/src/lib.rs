@@ -98,6 +98,7 @@ impl Bus {
         let client = options
             .name(&config.client_name)
             .connection_timeout(config.connect_timeout)
+            .ping_interval(config.ping_interval)
             // Appends wait for their ack; the client keeps reconnecting forever in the
             // background so that a restarted server is picked up without user action.
             .max_reconnects(None)

@@ -254,3 +254,75 @@ async fn the_dead_letter_stream_is_bounded_and_drops_the_oldest() {
     })
     .await;
 }
+
+/// Deliveries that the server counts as made but that never reached the reader (on a
+/// cluster: sent by a consumer leader that died with them in flight) must not be acked past
+/// by `AckPolicy::All`: the reader stops at the jump in consumer sequence, and opened again
+/// at what it applied it gets them all. Here another client of the same durable takes three
+/// deliveries, which is the same jump seen from the reader.
+#[tokio::test]
+async fn deliveries_that_never_reached_the_reader_end_it_and_a_reopen_gets_them() {
+    use async_nats::jetstream::consumer::pull;
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    for i in 0..10 {
+        bus.append(&event("acme", "t1", &format!("n{i}")), Default::default())
+            .await
+            .unwrap();
+    }
+    let mut reader = bus.durable_reader("gappy", 0, 2).await.unwrap();
+    let first = tokio::time::timeout(Duration::from_secs(10), reader.next_batch(2))
+        .await
+        .unwrap()
+        .unwrap()
+        .unwrap();
+    let applied = first.last().unwrap().seq;
+    assert_eq!(applied, first.len() as u64);
+
+    // Another client of the same durable takes the next three deliveries away.
+    let stream = bus.jetstream().get_stream("ENGRAM_EVENTS").await.unwrap();
+    let thief: async_nats::jetstream::consumer::Consumer<pull::Config> =
+        stream.get_consumer("gappy").await.unwrap();
+    let mut stolen = thief.fetch().max_messages(3).messages().await.unwrap();
+    let mut taken = 0;
+    while let Some(m) = stolen.next().await {
+        m.unwrap();
+        taken += 1;
+    }
+    assert_eq!(taken, 3);
+
+    // The reader hands over what it received in order (deliveries it had pulled before the
+    // theft), never an event after the jump...
+    let mut handed = applied;
+    let after = loop {
+        let next = tokio::time::timeout(Duration::from_secs(10), reader.next_batch(100))
+            .await
+            .unwrap()
+            .unwrap();
+        match next {
+            Ok(batch) => {
+                for d in &batch {
+                    assert_eq!(d.seq, handed + 1, "an event after skipped deliveries");
+                    handed = d.seq;
+                }
+            }
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(after, BusError::Unavailable(_)), "{after}");
+    assert!(after.to_string().contains("skipped deliveries"), "{after}");
+    assert!(handed < 10, "the jump was never seen");
+
+    // ...and opened again at what it applied, it gets every event after it, in order.
+    let mut reader = bus.durable_reader("gappy", handed, 100).await.unwrap();
+    let mut seqs = Vec::new();
+    while seqs.len() < 10 - handed as usize {
+        let batch = tokio::time::timeout(Duration::from_secs(10), reader.next_batch(100))
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        seqs.extend(batch.iter().map(|d| d.seq));
+    }
+    assert_eq!(seqs, ((handed + 1)..=10).collect::<Vec<_>>());
+}

@@ -7,8 +7,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounterVec, IntGauge, IntGaugeVec, Opts, Registry,
-    TextEncoder,
+    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
+    Registry, TextEncoder,
 };
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
@@ -111,6 +111,18 @@ pub static REPLAY_SCOPE_READS: LazyLock<IntCounterVec> = LazyLock::new(|| {
 /// 1 while the process holds a live NATS connection.
 pub static NATS_CONNECTED: LazyLock<IntGauge> = LazyLock::new(|| {
     register(IntGauge::new("engram_nats_connected", "1 if the nats connection is up").unwrap())
+});
+
+/// Projector consumers reopened because deliveries never arrived (a consumer leader of a
+/// cluster died with them in flight): each is a loss avoided, and a sign of leader churn.
+pub static CONSUMER_GAPS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "engram_consumer_delivery_gaps_total",
+            "projector consumers reopened because deliveries were skipped",
+        )
+        .unwrap(),
+    )
 });
 
 /// The Prometheus text exposition of every registered metric.
@@ -562,6 +574,7 @@ pub fn touch_all(layers: &[&str]) {
         USAGE_RETRIEVALS.with_label_values(&[outcome]);
     }
     LazyLock::force(&NATS_CONNECTED);
+    LazyLock::force(&CONSUMER_GAPS);
     LazyLock::force(&STREAM_MESSAGES);
     LazyLock::force(&STREAM_BYTES);
     LazyLock::force(&STREAM_LAST_SEQ);
