@@ -750,6 +750,41 @@ async fn wait_nodes_serving(monitor: &Bus, but: Option<&str>, within: Duration) 
     None
 }
 
+/// Until every partition is served and which node serves which has not changed for 3 s
+/// (moves back to a returned node included); how long that took.
+async fn wait_partitions_settled(monitor: &Bus, within: Duration) -> Option<f64> {
+    let started = Instant::now();
+    let partitions = monitor.config().stream.partitions as usize;
+    let bucket = engram_node::NodeConfig::default().bucket;
+    let mut last: Option<(Vec<(String, Vec<u32>)>, Instant)> = None;
+    while started.elapsed() < within {
+        let mut now: Vec<(String, Vec<u32>)> =
+            engram_node::ownership::live_members(monitor, &bucket)
+                .await
+                .unwrap_or_default()
+                .into_iter()
+                .map(|m| (m.node, m.serving.into_iter().collect()))
+                .collect();
+        now.sort();
+        let served: std::collections::BTreeSet<u32> =
+            now.iter().flat_map(|(_, s)| s.iter().copied()).collect();
+        if served.len() == partitions {
+            match &last {
+                Some((seen, since)) if *seen == now => {
+                    if since.elapsed() >= Duration::from_secs(3) {
+                        return Some(started.elapsed().as_secs_f64());
+                    }
+                }
+                _ => last = Some((now, Instant::now())),
+            }
+        } else {
+            last = None;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    None
+}
+
 /// Until the node `name` serves some partition again; how long that took.
 async fn wait_node_back(monitor: &Bus, name: &str, within: Duration) -> Option<f64> {
     let started = Instant::now();
@@ -993,13 +1028,30 @@ async fn chaos(
                 }
             }
         }
+        // Partitions that moved away move back once their node is up again: the outage
+        // lasts until every partition is served and none has moved for a while.
+        if target.node_pids().len() > 1 {
+            wait_partitions_settled(monitor, Duration::from_secs(120)).await;
+        }
         // Written-to-readable is measured by instances whose checks end up to `wait` later:
-        // a few seconds past the recovery show whether it stays under the goal.
-        tokio::time::sleep(Duration::from_secs(3)).await;
+        // recovered once it has been under the goal for a few seconds (at most a minute).
+        let goal_ms = visibility_goal.as_secs_f64() * 1000.0;
+        let settle_deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            let now = Instant::now();
+            let back = recorder.visibility_back_secs(killed, now, goal_ms);
+            let steady = back.is_some_and(|b| (now - killed).as_secs_f64() - b >= 3.0);
+            if steady || now >= settle_deadline {
+                break;
+            }
+        }
         recorder.outage(false);
         let now = Instant::now();
         event.visibility_max_ms = recorder.visibility_max_ms(killed, now);
-        event.ack_gap_max_ms = Some(recorder.longest_ack_gap_ms(killed, now));
+        // Appends stop when the load does: a gap is measured up to its end at most.
+        let load_end = (start + duration).max(killed);
+        event.ack_gap_max_ms = Some(recorder.longest_ack_gap_ms(killed, now.min(load_end)));
         event.visibility_back_secs =
             recorder.visibility_back_secs(killed, now, visibility_goal.as_secs_f64() * 1000.0);
         if clustered {

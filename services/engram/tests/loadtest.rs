@@ -282,6 +282,68 @@ async fn a_chaos_run_kills_a_projector_and_the_server_and_still_loses_nothing() 
     assert!(v.projectors.iter().all(|p| p.digest_matches), "{v:?}");
 }
 
+/// `--cluster 3 --nodes 2 --chaos cluster`: under load, a follower NATS node and then the
+/// events stream's leader are killed with SIGKILL, then a memory node; every NATS node and
+/// then every memory node is restarted in turn; a follower is frozen (SIGSTOP) past its
+/// routes' timeout. Nothing acknowledged is lost or counted twice, every read model holds
+/// exactly the stream, and each fault's recovery was timed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_chaos_run_survives_every_fault_and_loses_nothing() {
+    let out = tempfile::tempdir().unwrap();
+    let config = FleetConfig {
+        cluster: 3,
+        nodes: 2,
+        chaos_cluster: true,
+        node_restart_after: Duration::from_secs(2),
+        ..config(out.path(), 40)
+    };
+    let report = fleet::run(config, std::future::pending())
+        .await
+        .expect("the run completes");
+    assert!(report.passed(), "{}", report.markdown());
+    assert_eq!(
+        (report.lost(), report.duplicated(), report.invisible()),
+        (0, 0, 0)
+    );
+    let v = report.verification.as_ref().unwrap();
+    assert!(v.projectors.iter().all(|p| p.digest_matches), "{v:?}");
+    let faults: Vec<&str> = report
+        .chaos
+        .iter()
+        .map(|e| e.action.as_deref().unwrap_or_default())
+        .collect();
+    assert_eq!(
+        faults,
+        [
+            "kill -9",
+            "kill -9",
+            "kill -9",
+            "rolling restart",
+            "sigstop"
+        ]
+    );
+    for event in &report.chaos {
+        assert!(event.error.is_none(), "{event:?}");
+        assert!(event.appends_resumed_secs.is_some(), "{event:?}");
+        assert!(event.caught_up_secs.is_some(), "{event:?}");
+        assert!(event.ack_gap_max_ms.is_some(), "{event:?}");
+    }
+    let (follower, leader, node) = (&report.chaos[0], &report.chaos[1], &report.chaos[2]);
+    // The follower and the leader were NATS nodes, each back with a current replica; the
+    // leader's death elected another.
+    for nats in [follower, leader] {
+        assert!(nats.victim.starts_with("nats-"), "{nats:?}");
+        assert!(nats.replica_caught_up_secs.is_some(), "{nats:?}");
+    }
+    let (before, after) = leader.leader_change.clone().expect("a new leader");
+    assert_eq!(before, leader.victim);
+    assert_ne!(after, leader.victim);
+    assert_eq!(node.victim, "node-1");
+    assert!(node.taken_over_secs.is_some(), "{node:?}");
+    // What three replicas cost, measured in the same run.
+    assert!(report.reference_r1.is_some());
+}
+
 /// A query service that refuses every retrieve (its `max_top_k` is below what the load test
 /// asks for) fails the run: the refusals are errors no retry can fix, and the recalls they
 /// refused never got an answer. The ledger itself is clean, so only these checks can fail it.

@@ -32,6 +32,13 @@ const ACK_WAIT: Duration = Duration::from_secs(10 * 60);
 /// Events a projector may hold between checkpoints.
 pub const MAX_ACK_PENDING: i64 = 1_000_000;
 
+/// Whether `e` (from getting a consumer) says the server has no such consumer, as opposed
+/// to not answering.
+fn is_consumer_not_found(e: &async_nats::Error) -> bool {
+    let text = e.to_string();
+    text.contains("consumer not found") || text.contains("10014")
+}
+
 /// One delivered message of a durable consumer.
 #[derive(Debug)]
 pub struct Delivery {
@@ -142,38 +149,61 @@ impl Bus {
             memory_storage: true,
             ..Default::default()
         };
+        // The consumer used is one seen to have delivered nothing past the checkpoint:
+        // checked on every path, since a creation the server answers with an identical
+        // existing consumer (its answer to a repeated create) may be ahead, and a request that
+        // timed out may have been carried out.
         let mut last_delivery = 0;
-        match stream.get_consumer::<pull::Config>(name).await {
-            Ok(mut existing) => {
-                let info = existing.info().await.map_err(js_err)?;
-                let delivered = info.delivered.stream_sequence;
-                last_delivery = info.delivered.consumer_sequence;
-                let acked = info.ack_floor.stream_sequence;
-                // Ahead of the checkpoint: unacked deliveries would come back out of order.
-                // Behind it is fine: the projector skips what it has already applied.
-                // A consumer made by an older engram, or for another partition, filters on
-                // other subjects; it is recreated at the same point.
-                let stale_filter = info.config.filter_subject != filter;
-                // One kept on disk (made by an older engram) cannot be switched in place.
-                let stale_storage = info.config.memory_storage != wanted.memory_storage;
-                if delivered > checkpoint || acked > checkpoint || stale_filter || stale_storage {
-                    tracing::info!(
-                        consumer = name,
-                        checkpoint,
-                        delivered,
-                        acked,
-                        stale_filter,
-                        stale_storage,
-                        "repositioning projector consumer at its checkpoint"
-                    );
-                    stream.delete_consumer(name).await.map_err(js_err)?;
-                    stream.create_consumer(wanted).await.map_err(js_err)?;
-                    last_delivery = 0;
+        let mut positioned = false;
+        // At most: delete one ahead, create, check.
+        for _ in 0..4 {
+            let mut existing = match stream.get_consumer::<pull::Config>(name).await {
+                Ok(existing) => existing,
+                Err(e) if is_consumer_not_found(&e) => {
+                    stream
+                        .create_consumer(wanted.clone())
+                        .await
+                        .map_err(js_err)?;
+                    continue;
                 }
+                // Not knowing is no reason to create one: that could skip events.
+                Err(e) => return Err(unavailable(e)),
+            };
+            let info = existing.info().await.map_err(js_err)?;
+            let delivered = info.delivered.stream_sequence;
+            let acked = info.ack_floor.stream_sequence;
+            // Ahead of the checkpoint: unacked deliveries would come back out of order, and
+            // ones that never arrived would be skipped. Behind it is fine: the projector
+            // skips what it has already applied. A consumer made by an older engram, or for
+            // another partition, filters on other subjects; it is recreated at the same point.
+            let stale_filter = info.config.filter_subject != filter;
+            // One kept on disk (made by an older engram) cannot be switched in place.
+            let stale_storage = info.config.memory_storage != wanted.memory_storage;
+            if delivered > checkpoint || acked > checkpoint || stale_filter || stale_storage {
+                tracing::info!(
+                    consumer = name,
+                    checkpoint,
+                    delivered,
+                    acked,
+                    stale_filter,
+                    stale_storage,
+                    "repositioning projector consumer at its checkpoint"
+                );
+                match stream.delete_consumer(name).await {
+                    Ok(_) => {}
+                    Err(e) if e.to_string().contains("not found") => {}
+                    Err(e) => return Err(js_err(e)),
+                }
+                continue;
             }
-            Err(_) => {
-                stream.create_consumer(wanted).await.map_err(js_err)?;
-            }
+            last_delivery = info.delivered.consumer_sequence;
+            positioned = true;
+            break;
+        }
+        if !positioned {
+            return Err(BusError::Unavailable(format!(
+                "consumer {name} could not be positioned at {checkpoint} (it kept being ahead of it); retrying"
+            )));
         }
         let consumer: jetstream::consumer::Consumer<pull::Config> =
             stream.get_consumer(name).await.map_err(js_err)?;
