@@ -940,11 +940,33 @@ async fn chaos(
                 Ok(())
             }
             _ => {
+                let old_pid = target
+                    .node_pids()
+                    .into_iter()
+                    .find(|(n, _)| *n == victim)
+                    .map(|(_, pid)| pid);
                 target.kill(&victim).await;
-                // A node's partitions move to the others: timed from the kill.
+                // A node's partitions move to the others: timed from the kill, unless
+                // `engram up` has started it again before they all had.
                 if node {
-                    taken_over =
-                        wait_nodes_serving(monitor, Some(&victim), Duration::from_secs(120)).await;
+                    let deadline = Instant::now() + Duration::from_secs(120);
+                    while Instant::now() < deadline {
+                        let step = Duration::from_millis(500);
+                        if wait_nodes_serving(monitor, Some(&victim), step)
+                            .await
+                            .is_some()
+                        {
+                            taken_over = Some(killed.elapsed().as_secs_f64());
+                            break;
+                        }
+                        let restarted = target
+                            .node_pids()
+                            .into_iter()
+                            .any(|(n, pid)| n == victim && Some(pid) != old_pid);
+                        if restarted {
+                            break;
+                        }
+                    }
                 } else {
                     // Long enough for clients to notice and start retrying.
                     tokio::time::sleep(Duration::from_secs(2)).await;

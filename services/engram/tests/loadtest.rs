@@ -294,7 +294,6 @@ async fn a_cluster_chaos_run_survives_every_fault_and_loses_nothing() {
         cluster: 3,
         nodes: 2,
         chaos_cluster: true,
-        node_restart_after: Duration::from_secs(2),
         ..config(out.path(), 40)
     };
     let report = fleet::run(config, std::future::pending())
