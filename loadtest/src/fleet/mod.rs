@@ -756,15 +756,16 @@ async fn wait_partitions_settled(monitor: &Bus, within: Duration) -> Option<f64>
     let started = Instant::now();
     let partitions = monitor.config().stream.partitions as usize;
     let bucket = engram_node::NodeConfig::default().bucket;
-    let mut last: Option<(Vec<(String, Vec<u32>)>, Instant)> = None;
+    // Who served what, and since when it has been so.
+    type Serving = Vec<(String, Vec<u32>)>;
+    let mut last: Option<(Serving, Instant)> = None;
     while started.elapsed() < within {
-        let mut now: Vec<(String, Vec<u32>)> =
-            engram_node::ownership::live_members(monitor, &bucket)
-                .await
-                .unwrap_or_default()
-                .into_iter()
-                .map(|m| (m.node, m.serving.into_iter().collect()))
-                .collect();
+        let mut now: Serving = engram_node::ownership::live_members(monitor, &bucket)
+            .await
+            .unwrap_or_default()
+            .into_iter()
+            .map(|m| (m.node, m.serving.into_iter().collect()))
+            .collect();
         now.sort();
         let served: std::collections::BTreeSet<u32> =
             now.iter().flat_map(|(_, s)| s.iter().copied()).collect();

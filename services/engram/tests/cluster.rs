@@ -3,40 +3,10 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{KillOnDrop, Lines, cli, ok, token};
+use common::{cli, ok, spawn_up, token};
 use futures::TryStreamExt as _;
-
-const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
-
-/// `engram up --cluster 3` with its data in `home`; the child and its "engram is up" line.
-fn spawn_cluster(home: &std::path::Path) -> (KillOnDrop, String) {
-    let mut child = KillOnDrop(
-        Command::new(ENGRAM)
-            .args([
-                "up",
-                "--cluster",
-                "3",
-                "--nats-port",
-                "0",
-                "--http",
-                "127.0.0.1:0",
-            ])
-            .env("ENGRAM_HOME", home)
-            .env_remove("ENGRAM_CONFIG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut stdout = Lines::of(child.0.stdout.take().unwrap());
-    let ready = stdout
-        .until("engram is up", Duration::from_secs(180))
-        .unwrap_or_else(|e| panic!("engram up --cluster 3: {e}"));
-    (child, ready)
-}
 
 /// A connection to the one server `url` as the identity in `creds`.
 async fn connect(url: &str, creds: &std::path::Path) -> Result<engram_bus::Bus, String> {
@@ -56,7 +26,11 @@ async fn connect(url: &str, creds: &std::path::Path) -> Result<engram_bus::Bus, 
 async fn a_cluster_keeps_every_stream_on_three_servers_and_every_node_enforces_one_registry() {
     let home = tempfile::tempdir().unwrap();
     let h = home.path();
-    let (_up, ready) = spawn_cluster(h);
+    let (_up, ready) = spawn_up(
+        h,
+        &["--cluster", "3", "--nats-port", "0"],
+        Duration::from_secs(180),
+    );
     let nats = token(&ready, "nats=").to_owned();
     let nodes: Vec<&str> = nats.split(',').collect();
     assert_eq!(nodes.len(), 3, "clients are given every node: {ready}");

@@ -9,12 +9,9 @@ mod common;
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{KillOnDrop, Lines, cli, http_exchange, ok, token};
-
-const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
+use common::{cli, http_exchange, ok, spawn_up, token};
 
 fn repo() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
@@ -280,26 +277,6 @@ fn the_expression_parsers_find_metrics_and_nothing_else() {
     assert_eq!(exported("engram_no_such_metric", &families), None);
 }
 
-/// Starts `engram up` with its data in `home`, a managed nats-server on a free port, and
-/// returns it with its "engram is up" line.
-fn spawn_up(home: &Path) -> (KillOnDrop, String) {
-    let mut child = KillOnDrop(
-        Command::new(ENGRAM)
-            .args(["up", "--nats-port", "0", "--http", "127.0.0.1:0"])
-            .env("ENGRAM_HOME", home)
-            .env_remove("ENGRAM_CONFIG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut stdout = Lines::of(child.0.stdout.take().unwrap());
-    let ready = stdout
-        .until("engram is up", Duration::from_secs(120))
-        .unwrap_or_else(|e| panic!("engram up: {e}"));
-    (child, ready)
-}
-
 #[test]
 fn every_metric_the_dashboard_and_the_alerts_query_is_one_engram_exports() {
     // Given every expression of the dashboard and the alert rules
@@ -345,7 +322,7 @@ fn every_metric_the_dashboard_and_the_alerts_query_is_one_engram_exports() {
     // When engram up runs and has appended, applied, answered a query and cut a snapshot
     // (labelled series appear at their first use: the query, stage and snapshot ones)
     let home = tempfile::tempdir().unwrap();
-    let (_up, ready) = spawn_up(home.path());
+    let (_up, ready) = spawn_up(home.path(), &["--nats-port", "0"], Duration::from_secs(120));
     let http = token(&ready, "http=http://").to_owned();
     let nats = token(&ready, "nats=").to_owned();
     let mut seq = String::new();

@@ -36,28 +36,11 @@ fn http_post(
 
 /// Starts `engram up` with its data in `home` and returns it with its "engram is up" line.
 fn spawn_up(home: &std::path::Path, nats_port: u16) -> (KillOnDrop, String) {
-    const READY: Duration = Duration::from_secs(120);
-    let mut child = KillOnDrop(
-        Command::new(ENGRAM)
-            .args([
-                "up",
-                "--nats-port",
-                &nats_port.to_string(),
-                "--http",
-                "127.0.0.1:0",
-            ])
-            .env("ENGRAM_HOME", home)
-            .env_remove("ENGRAM_CONFIG")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut stdout = Lines::of(child.0.stdout.take().unwrap());
-    let ready = stdout
-        .until("engram is up", READY)
-        .unwrap_or_else(|e| panic!("engram up: {e}"));
-    (child, ready)
+    common::spawn_up(
+        home,
+        &["--nats-port", &nats_port.to_string()],
+        Duration::from_secs(120),
+    )
 }
 
 #[test]

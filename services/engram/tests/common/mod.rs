@@ -127,3 +127,30 @@ pub fn http_exchange(addr: &str, host: &str, head: &str, body: &str) -> (u16, St
         .unwrap_or_default();
     (status, body)
 }
+
+/// `engram up <args>` with its data in `home` and none of the caller's config, its HTTP on
+/// a free port; the child (killed on drop) and its "engram is up" line, waited for at most
+/// `ready_within` (a first start may fetch the model; a cluster elects its meta leader).
+pub fn spawn_up(
+    home: &std::path::Path,
+    args: &[&str],
+    ready_within: Duration,
+) -> (KillOnDrop, String) {
+    let mut child = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_engram"))
+            .arg("up")
+            .args(args)
+            .args(["--http", "127.0.0.1:0"])
+            .env("ENGRAM_HOME", home)
+            .env_remove("ENGRAM_CONFIG")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = Lines::of(child.0.stdout.take().unwrap());
+    let ready = stdout
+        .until("engram is up", ready_within)
+        .unwrap_or_else(|e| panic!("engram up {args:?}: {e}"));
+    (child, ready)
+}
