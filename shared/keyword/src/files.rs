@@ -125,11 +125,14 @@ pub fn install(
     let directory = MmapDirectory::open(dir).map_err(|e| open_error(e.into()))?;
     let index = Index::open(directory).map_err(open_error)?;
     let managed = index.directory();
-    let _lock = managed
-        .acquire_lock(&INDEX_WRITER_LOCK)
-        .map_err(|_| KeywordError::Locked {
-            dir: dir.to_path_buf(),
-        })?;
+    let _lock = crate::with_lock_wait(|| {
+        managed
+            .acquire_lock(&INDEX_WRITER_LOCK)
+            .map_err(|e| TantivyError::LockFailure(e, None))
+    })
+    .map_err(|_| KeywordError::Locked {
+        dir: dir.to_path_buf(),
+    })?;
     let mut meta: serde_json::Value = serde_json::from_str(&files.meta)
         .map_err(|e| refused(format!("meta.json does not parse: {e}")))?;
     let ours: serde_json::Value = serde_json::from_str(&read_meta(managed)?)

@@ -164,14 +164,14 @@ impl KeywordIndex {
             .num_worker_threads(WRITER_THREADS)
             .num_merge_threads(MERGE_THREADS)
             .build();
-        let writer = index
-            .writer_with_options(options)
-            .map_err(|err| match err {
+        let writer = with_lock_wait(|| index.writer_with_options(options.clone())).map_err(
+            |err| match err {
                 TantivyError::LockFailure(..) => KeywordError::Locked {
                     dir: dir.clone().unwrap_or_default(),
                 },
                 other => KeywordError::Index(other),
-            })?;
+            },
+        )?;
         let (committed, committed_note) = parse_payload(index.load_metas()?.payload)?;
         let reader = index
             .reader_builder()
@@ -670,5 +670,26 @@ fn parse_payload(payload: Option<String>) -> Result<(Seq, Option<String>), Keywo
     match checkpoint.strip_prefix(PAYLOAD_PREFIX).map(str::parse) {
         Some(Ok(seq)) => Ok((seq, note)),
         _ => Err(KeywordError::ForeignPayload { payload }),
+    }
+}
+
+/// How long opening an index waits for its writer lock. The same process may still be
+/// letting go of it: a memory node that lost a partition's lease and takes it back at once
+/// starts the model again while the old instance's writer is being dropped. Another process
+/// holding it for longer than this is refused ([`KeywordError::Locked`]).
+pub(crate) const LOCK_WAIT: std::time::Duration = std::time::Duration::from_secs(30);
+
+/// Runs `acquire` until it stops failing on the writer lock, for at most [`LOCK_WAIT`].
+pub(crate) fn with_lock_wait<T>(
+    mut acquire: impl FnMut() -> Result<T, TantivyError>,
+) -> Result<T, TantivyError> {
+    let deadline = std::time::Instant::now() + LOCK_WAIT;
+    loop {
+        match acquire() {
+            Err(TantivyError::LockFailure(..)) if std::time::Instant::now() < deadline => {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            other => return other,
+        }
     }
 }

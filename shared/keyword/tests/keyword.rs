@@ -559,6 +559,22 @@ fn a_second_writer_on_the_same_directory_is_refused() {
     assert!(matches!(second, Err(KeywordError::Locked { .. })));
 }
 
+/// A memory node that loses a partition's lease and takes it back at once opens the index
+/// again while the old instance's writer is still being dropped: the open waits for it
+/// instead of failing (which left the partition's keyword model without an index).
+#[test]
+fn an_index_released_while_another_open_waits_is_opened() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = KeywordIndex::open(dir.path()).unwrap();
+    let releaser = std::thread::spawn(move || {
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        drop(first);
+    });
+    let second = KeywordIndex::open(dir.path());
+    releaser.join().unwrap();
+    assert!(second.is_ok(), "{:?}", second.err());
+}
+
 #[test]
 fn an_index_of_another_schema_is_refused() {
     let dir = tempfile::tempdir().unwrap();
