@@ -368,10 +368,14 @@ impl Recorder {
             &mut problems.errors
         };
         *counts.entry(key.clone()).or_default() += 1;
+        // When it happened, so that one outside an outage can be placed on the timeline.
+        let at = Instant::now()
+            .saturating_duration_since(self.started)
+            .as_secs_f64();
         problems
             .first_errors
             .entry(key)
-            .or_insert_with(|| message.to_owned());
+            .or_insert_with(|| format!("at {at:.1}s: {message}"));
     }
 
     /// A step was due before the end of the load.

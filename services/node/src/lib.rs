@@ -361,13 +361,20 @@ impl Node {
     /// Takes the free partitions assigned to this node and hands over those assigned to
     /// another live member.
     async fn round(&mut self) {
-        let members = match self.ownership.members().await {
+        let mut members = match self.ownership.members().await {
             Ok(members) => members,
             Err(e) => {
                 tracing::debug!(error = %e, "members unknown; no moves this round");
                 return;
             }
         };
+        // This node is alive whatever the bucket says: its own announcement may have lapsed
+        // (its server frozen or cut off for longer than the TTL), and reading itself as gone
+        // would hand every partition it serves away and take them back a round later.
+        // Whether it may go on serving is its leases' business.
+        if !members.iter().any(|m| m.node == self.ownership.me.node) {
+            members.push(self.ownership.me.clone());
+        }
         self.members = members.iter().map(|m| m.node.clone()).collect();
         let eligible: Vec<(String, PartitionSet)> = members
             .iter()
