@@ -332,7 +332,20 @@ pub async fn run(
         let monitor = connect_pool(&target.url, 1, "engram-loadtest-nodes")
             .await?
             .remove(0);
-        wait_nodes_serving(&monitor, None, Duration::from_secs(300)).await;
+        // Until the nodes have shared the partitions out, not only served them all: the
+        // first to start takes every partition and hands some over as the others join.
+        let bucket = engram_node::NodeConfig::default().bucket;
+        let deadline = Instant::now() + Duration::from_secs(300);
+        while Instant::now() < deadline {
+            let members = engram_node::ownership::live_members(&monitor, &bucket)
+                .await
+                .unwrap_or_default();
+            if members.iter().filter(|m| !m.serving.is_empty()).count() >= config.nodes {
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        wait_partitions_settled(&monitor, Duration::from_secs(300)).await;
         close_pool(&[monitor]).await;
     }
     let result = load_and_verify(&config, &mut target, machine, started_at, shutdown).await;
