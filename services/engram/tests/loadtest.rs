@@ -294,6 +294,9 @@ async fn a_cluster_chaos_run_survives_every_fault_and_loses_nothing() {
         cluster: 3,
         nodes: 2,
         chaos_cluster: true,
+        // Down for longer than its leases (10 s) and the takeover, so that the others are
+        // seen to take its partitions before it is back.
+        node_restart_after: Duration::from_secs(30),
         ..config(out.path(), 40)
     };
     let report = fleet::run(config, std::future::pending())
