@@ -296,8 +296,11 @@ async fn a_cluster_chaos_run_survives_every_fault_and_loses_nothing() {
         chaos_cluster: true,
         // Down for longer than its leases (10 s) and the takeover, so that the others are
         // seen to take its partitions before it is back.
-        node_restart_after: Duration::from_secs(30),
-        ..config(out.path(), 40)
+        node_restart_after: Duration::from_secs(20),
+        // Each fault comes at its share of the load and is timed while the load goes on.
+        // Recoveries take 10 to 80 s here (a rolling restart waits out each node's restart),
+        // so the load outlasts the last one with a minute to spare.
+        ..config(out.path(), 300)
     };
     let report = fleet::run(config, std::future::pending())
         .await
