@@ -30,13 +30,8 @@ async fn cluster(dir: &std::path::Path) -> Cluster {
 async fn leader(bus: &Bus, cluster: &Cluster) -> usize {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let info = bus
-            .jetstream()
-            .get_stream(&bus.config().stream.name)
-            .await
-            .ok()
-            .and_then(|s| s.cached_info().cluster.clone());
-        if let Some(leader) = info.and_then(|c| c.leader)
+        let info = bus.events_cluster().await.ok().flatten();
+        if let Some(leader) = info.and_then(|(c, _)| c.leader)
             && let Some(i) = cluster.index_of(&leader)
         {
             return i;
@@ -128,28 +123,14 @@ async fn a_killed_stream_leader_loses_no_acknowledged_append_and_a_retry_counts_
     let victim_name = format!("engram-{victim}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
     loop {
-        let info = bus
-            .jetstream()
-            .get_stream(&bus.config().stream.name)
-            .await
-            .unwrap()
-            .info()
-            .await
-            .unwrap()
-            .clone();
-        let caught_up = info.cluster.as_ref().is_some_and(|c| {
-            c.leader.as_deref() == Some(victim_name.as_str())
-                || c.replicas
-                    .iter()
-                    .any(|r| r.name == victim_name && r.current && r.lag.unwrap_or(0) == 0)
-        });
-        if caught_up && info.state.messages == EVENTS as u64 {
+        let (raft, messages) = bus.events_cluster().await.unwrap().expect("replicated");
+        let caught_up = Bus::holds_current_copy(&raft, &victim_name);
+        if caught_up && messages == EVENTS as u64 {
             break;
         }
         assert!(
             tokio::time::Instant::now() < deadline,
-            "the restarted node never caught up: {:?}",
-            info.cluster
+            "the restarted node never caught up: {raft:?}"
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

@@ -859,13 +859,8 @@ const FREEZE: Duration = Duration::from_secs(10);
 
 /// The events stream's leader as the load test names NATS servers ("nats-<i>").
 async fn stream_leader(monitor: &Bus) -> Option<String> {
-    let mut stream = monitor
-        .jetstream()
-        .get_stream(&monitor.config().stream.name)
-        .await
-        .ok()?;
-    let leader = stream.info().await.ok()?.cluster.clone()?.leader?;
-    Some(format!("nats-{}", leader.rsplit_once('-')?.1))
+    let (raft, _) = monitor.events_cluster().await.ok()??;
+    Some(format!("nats-{}", raft.leader?.rsplit_once('-')?.1))
 }
 
 /// Until the server `victim` ("nats-<i>") holds a current replica of the events stream
@@ -874,21 +869,10 @@ async fn wait_replica_current(monitor: &Bus, victim: &str, within: Duration) -> 
     let started = Instant::now();
     let name = format!("engram-{}", victim.strip_prefix("nats-")?);
     while started.elapsed() < within {
-        if let Ok(mut stream) = monitor
-            .jetstream()
-            .get_stream(&monitor.config().stream.name)
-            .await
-            && let Ok(info) = stream.info().await
-            && let Some(cluster) = &info.cluster
+        if let Ok(Some((cluster, _))) = monitor.events_cluster().await
+            && Bus::holds_current_copy(&cluster, &name)
         {
-            let current = cluster.leader.as_deref() == Some(name.as_str())
-                || cluster
-                    .replicas
-                    .iter()
-                    .any(|r| r.name == name && r.current && r.lag.unwrap_or(0) == 0);
-            if current {
-                return Some(started.elapsed().as_secs_f64());
-            }
+            return Some(started.elapsed().as_secs_f64());
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -151,6 +151,30 @@ impl Bus {
             })
     }
 
+    /// The events stream's replication as the server reports it now (its leader and each
+    /// replica's state), with its message count: one stream-info request. `None` on a
+    /// stream kept on one server.
+    pub async fn events_cluster(
+        &self,
+    ) -> Result<Option<(async_nats::jetstream::stream::ClusterInfo, u64)>, BusError> {
+        let stream = self.events_stream().await?;
+        let info = stream.cached_info();
+        Ok(info.cluster.clone().map(|c| (c, info.state.messages)))
+    }
+
+    /// Whether `server` (a `server_name`) holds a current copy of the stream `raft` describes:
+    /// it leads it, or follows it with nothing left to catch up.
+    pub fn holds_current_copy(
+        raft: &async_nats::jetstream::stream::ClusterInfo,
+        server: &str,
+    ) -> bool {
+        raft.leader.as_deref() == Some(server)
+            || raft
+                .replicas
+                .iter()
+                .any(|r| r.name == server && r.current && r.lag.unwrap_or(0) == 0)
+    }
+
     /// The events stream's last sequence: one stream-info request, for lag samplers.
     pub async fn stream_last_seq(&self) -> Result<u64, BusError> {
         let stream = self.events_stream().await?;
