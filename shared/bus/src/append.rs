@@ -276,6 +276,26 @@ fn publish_error(
         | PublishErrorKind::BrokenPipe
         | PublishErrorKind::StreamNotFound
         | PublishErrorKind::MaxAckPending => AppendError::Unavailable(e.to_string()),
+        // The stream cannot decide now, and will: an earlier attempt with this event id is
+        // still being replicated (a retry that overtook it, typically while the leader has
+        // lost its quorum), or the cluster has no leader for the stream yet. Another try
+        // with the same id either finds it stored (a duplicate) or stores it once.
+        _ if server_code.is_some_and(|code| {
+            [
+                jetstream::ErrorCode::STREAM_DUPLICATE_MESSAGE_CONFLICT,
+                jetstream::ErrorCode::CLUSTER_NOT_AVAILABLE,
+                jetstream::ErrorCode::CLUSTER_NOT_LEADER,
+                jetstream::ErrorCode::CLUSTER_NOT_ACTIVE,
+                jetstream::ErrorCode::STREAM_OFFLINE,
+            ]
+            .contains(&code)
+        }) =>
+        {
+            AppendError::Unavailable(match e.source() {
+                Some(source) => format!("{e}: {source}"),
+                None => e.to_string(),
+            })
+        }
         _ if server_code == Some(jetstream::ErrorCode::STREAM_MESSAGE_EXCEEDS_MAXIMUM) => {
             AppendError::TooLarge {
                 size: p.payload_len,

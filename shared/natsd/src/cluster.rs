@@ -26,6 +26,17 @@ pub struct ClusterOptions {
     /// Client ports, one per node; `None` leases them.
     pub ports: Option<Vec<u16>>,
     pub host: std::net::IpAddr,
+    /// Where each node runs, one per node: its own address and network namespace, so that
+    /// one can be cut off the network. `None` runs every node on `host` in ours.
+    pub placement: Option<Vec<Placement>>,
+}
+
+/// One node's own address and the network namespace it runs in.
+#[derive(Clone, Debug)]
+pub struct Placement {
+    pub host: std::net::IpAddr,
+    /// A network namespace's path, such as `/run/netns/<name>`.
+    pub netns: PathBuf,
 }
 
 impl ClusterOptions {
@@ -38,6 +49,7 @@ impl ClusterOptions {
             config_file: None,
             ports: None,
             host: std::net::IpAddr::from([127, 0, 0, 1]),
+            placement: None,
         }
     }
 }
@@ -68,12 +80,35 @@ impl Cluster {
                 log_tail: String::new(),
             });
         }
+        if let Some(placement) = &opts.placement
+            && placement.len() != opts.size
+        {
+            return Err(NatsdError::StartFailed {
+                reason: format!(
+                    "{} placements given for {} nodes",
+                    placement.len(),
+                    opts.size
+                ),
+                log_tail: String::new(),
+            });
+        }
+        let host = |i: usize| {
+            opts.placement
+                .as_ref()
+                .map_or(opts.host, |placement| placement[i].host)
+        };
         let routes = (0..opts.size)
             .map(|_| PortLease::acquire())
             .collect::<Result<Vec<_>, _>>()?;
         let route_urls: Vec<String> = routes
             .iter()
-            .map(|l| format!("nats-route://{}:{}", opts.host, l.port()))
+            .enumerate()
+            .map(|(i, l)| {
+                format!(
+                    "nats-route://{}",
+                    std::net::SocketAddr::new(host(i), l.port())
+                )
+            })
             .collect();
         let mut nodes = Vec::with_capacity(opts.size);
         for (i, route) in routes.iter().enumerate() {
@@ -81,7 +116,8 @@ impl Cluster {
             let mut server = ServerOptions::new(opts.bin.clone(), dir.join("store"), dir);
             server.port = opts.ports.as_ref().map(|p| p[i]);
             server.config_file = opts.config_file.clone();
-            server.host = opts.host;
+            server.host = host(i);
+            server.netns = opts.placement.as_ref().map(|p| p[i].netns.clone());
             server.server_name = Some(format!("{}-{i}", opts.name));
             server.cluster = Some(ClusterMembership {
                 name: opts.name.clone(),

@@ -19,7 +19,7 @@ mod locate;
 mod port;
 mod server;
 
-pub use cluster::{Cluster, ClusterOptions};
+pub use cluster::{Cluster, ClusterOptions, Placement};
 pub use locate::{MIN_VERSION, PINNED_VERSION, cache_dir, locate, server_version};
 pub use port::PortLease;
 pub use server::{ClusterMembership, NatsServer, Reloader, ServerOptions};

@@ -29,6 +29,9 @@ pub struct ServerOptions {
     pub server_name: Option<String>,
     /// Membership of a cluster; `None` runs a server of its own.
     pub cluster: Option<ClusterMembership>,
+    /// A network namespace to run the server in (a path such as `/run/netns/<name>`), so
+    /// that a test can cut this one node off the network; `None` runs it in ours.
+    pub netns: Option<PathBuf>,
 }
 
 /// How one server joins a cluster: passed as flags, so every node can share one config file.
@@ -55,6 +58,7 @@ impl ServerOptions {
             start_timeout: Duration::from_secs(30),
             server_name: None,
             cluster: None,
+            netns: None,
         }
     }
 }
@@ -94,7 +98,10 @@ impl NatsServer {
     }
 
     pub fn url(&self) -> String {
-        format!("nats://127.0.0.1:{}", self.port)
+        format!(
+            "nats://{}",
+            std::net::SocketAddr::new(self.opts.host, self.port)
+        )
     }
 
     pub fn port(&self) -> u16 {
@@ -268,19 +275,36 @@ impl NatsServer {
             .stdout(log)
             .stderr(log_err)
             .kill_on_drop(true);
-        // SAFETY: prctl is async-signal-safe and touches no memory of the parent.
-        // Why: if the engram process is killed outright, its nats-server must not outlive it
-        // and keep the store locked. The signal fires when the spawning *thread* exits, so this
-        // must be called from a long-lived runtime thread, never from the blocking pool.
+        // Opened here, before the fork: the child only enters it.
+        let netns = match &opts.netns {
+            Some(path) => Some(
+                std::fs::File::open(path)
+                    .map_err(NatsdError::io(format!("opening {}", path.display())))?,
+            ),
+            None => None,
+        };
+        let netns_fd = netns.as_ref().map(std::os::fd::AsRawFd::as_raw_fd);
+        // SAFETY: prctl and setns are async-signal-safe syscalls and touch no memory of the
+        // parent; the namespace's fd stays open in the parent until after the spawn.
+        // Why PDEATHSIG: if the engram process is killed outright, its nats-server must not
+        // outlive it and keep the store locked. The signal fires when the spawning *thread*
+        // exits, so this must be called from a long-lived runtime thread, never from the
+        // blocking pool.
         unsafe {
-            cmd.pre_exec(|| {
+            cmd.pre_exec(move || {
                 libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                if let Some(fd) = netns_fd
+                    && libc::setns(fd, libc::CLONE_NEWNET) != 0
+                {
+                    return Err(std::io::Error::last_os_error());
+                }
                 Ok(())
             });
         }
         let mut child = cmd
             .spawn()
             .map_err(NatsdError::io(format!("spawning {}", opts.bin.display())))?;
+        drop(netns);
         let pid = child.id().unwrap_or_default();
 
         let deadline = Instant::now() + opts.start_timeout;
