@@ -1,16 +1,22 @@
-//! A private nats-server for a run without `--nats`: a fresh store in a temp dir, so that both
-//! phases start from empty streams and nothing is left behind.
+//! A private nats-server (or a local cluster of them) for a run without `--nats`: fresh stores
+//! in a temp dir, so that both phases start from empty streams and nothing is left behind.
 
 use std::time::Duration;
 
-use engram_natsd::{NatsServer, ServerOptions};
+use engram_natsd::{Cluster, ClusterOptions, NatsServer, ServerOptions};
 
 use crate::BenchError;
 
-/// A running nats-server and the temp dir holding its store.
+#[derive(Debug)]
+enum Servers {
+    One(Box<NatsServer>),
+    Cluster(Cluster),
+}
+
+/// A running nats-server or cluster and the temp dir holding its stores.
 #[derive(Debug)]
 pub struct EmbeddedNats {
-    server: NatsServer,
+    servers: Servers,
     /// Store and run dirs; deleted after the server stops.
     dir: tempfile::TempDir,
     /// `major.minor.patch` of the binary, as `nats-server --version` reports it.
@@ -23,6 +29,12 @@ impl EmbeddedNats {
     /// Call it from the runtime's main thread: the child is tied to the spawning thread's life
     /// (see `engram_natsd`), and that thread must outlive the run.
     pub async fn start() -> Result<Self, BenchError> {
+        Self::start_cluster(1).await
+    }
+
+    /// [`EmbeddedNats::start`], or with `size` above 1 that many servers on loopback forming
+    /// one JetStream cluster (whose meta leader the run waits for before it provisions).
+    pub async fn start_cluster(size: usize) -> Result<Self, BenchError> {
         let bin = tokio::task::spawn_blocking(engram_natsd::locate)
             .await
             .map_err(|e| BenchError::Server(format!("locating nats-server panicked: {e}")))?
@@ -33,23 +45,42 @@ impl EmbeddedNats {
             .prefix("engram-bench-")
             .tempdir()
             .map_err(|e| BenchError::Server(format!("cannot create a temp dir: {e}")))?;
-        let opts = ServerOptions::new(bin, dir.path().join("store"), dir.path().join("run"));
-        let server = NatsServer::start(opts)
-            .await
-            .map_err(|e| BenchError::Server(e.to_string()))?;
+        let servers = if size > 1 {
+            let opts = ClusterOptions::new(bin, dir.path().join("cluster"), size);
+            Servers::Cluster(
+                Cluster::start(opts)
+                    .await
+                    .map_err(|e| BenchError::Server(e.to_string()))?,
+            )
+        } else {
+            let opts = ServerOptions::new(bin, dir.path().join("store"), dir.path().join("run"));
+            Servers::One(Box::new(
+                NatsServer::start(opts)
+                    .await
+                    .map_err(|e| BenchError::Server(e.to_string()))?,
+            ))
+        };
         Ok(Self {
-            server,
+            servers,
             dir,
             version: format!("{major}.{minor}.{patch}"),
         })
     }
 
+    /// Every server's URL, comma-separated.
     pub fn url(&self) -> String {
-        self.server.url()
+        match &self.servers {
+            Servers::One(server) => server.url(),
+            Servers::Cluster(cluster) => cluster.url(),
+        }
     }
 
+    /// The pid whose CPU the report counts: the only server, or a cluster's first node.
     pub fn pid(&self) -> Option<u32> {
-        self.server.pid()
+        match &self.servers {
+            Servers::One(server) => server.pid(),
+            Servers::Cluster(cluster) => cluster.node(0).pid(),
+        }
     }
 
     pub fn version(&self) -> &str {
@@ -62,7 +93,10 @@ impl EmbeddedNats {
 
     /// Stops the server gracefully, then deletes its store.
     pub async fn stop(mut self) {
-        self.server.shutdown(Duration::from_secs(5)).await;
+        match &mut self.servers {
+            Servers::One(server) => server.shutdown(Duration::from_secs(5)).await,
+            Servers::Cluster(cluster) => cluster.shutdown(Duration::from_secs(5)).await,
+        }
         if let Err(e) = self.dir.close() {
             tracing::warn!(error = %e, "cannot delete the embedded server's temp dir");
         }

@@ -70,6 +70,9 @@ pub struct BenchConfig {
     pub embedded_server: bool,
     /// The local nats-server's pid, when known, so its CPU per event can be reported.
     pub server_pid: Option<u32>,
+    /// Replicas of the events stream and of the raw reference stream alike (1 on a single
+    /// server; up to the cluster's size on a cluster).
+    pub replicas: usize,
 }
 
 /// Parses a flag given in seconds, fractions allowed (`0.5`, `10`).
@@ -106,6 +109,9 @@ impl BenchConfig {
         }
         if self.team_size == 0 {
             return invalid("--team-size must be at least 1");
+        }
+        if !(1..=5).contains(&self.replicas) {
+            return invalid("--replicas must be 1 to 5 (JetStream's limit)");
         }
         match self.stop {
             StopRule::Duration(d) if d.is_zero() => invalid("--duration must be positive"),
@@ -160,6 +166,8 @@ async fn run_phases(
 ) -> Result<Phases, BenchError> {
     // Phase 1: engram.
     let pool = connect_pool(config, "engram").await?;
+    // A cluster just started elects its meta leader first; a single server answers at once.
+    pool[0].wait_for_jetstream(Duration::from_secs(60)).await?;
     pool[0].provision().await?;
     let server_version = pool[0].client().server_info().version;
     // Retries as the SDK does them, but bounded well inside the driver's grace period.
@@ -222,11 +230,13 @@ async fn run_phases(
 async fn connect_pool(config: &BenchConfig, phase: &str) -> Result<Vec<Bus>, BusError> {
     let connections = config.connections.min(config.agents);
     try_join_all((0..connections).map(|i| {
-        Bus::connect(BusConfig {
+        let mut bus = BusConfig {
             url: config.url.clone(),
             client_name: format!("engram-bench-{phase}-{i}"),
             ..BusConfig::default()
-        })
+        };
+        bus.stream.replicas = config.replicas;
+        Bus::connect(bus)
     }))
     .await
 }
@@ -290,5 +300,6 @@ fn params(config: &BenchConfig) -> Params {
         time_limit_secs,
         seed: config.seed,
         embedded_server: config.embedded_server,
+        replicas: config.replicas,
     }
 }

@@ -36,6 +36,8 @@ pub struct Params {
     /// True when the bench started its own nats-server on this machine, competing with the
     /// agents for the same cores.
     pub embedded_server: bool,
+    /// Replicas of both phases' streams.
+    pub replicas: usize,
 }
 
 #[derive(Clone, Debug, Serialize)]
@@ -161,13 +163,15 @@ impl Report {
         );
         let _ = writeln!(
             out,
-            "nats-server {}{}",
+            "nats-server {}{}, streams with {} replica{}",
             self.nats_server_version,
             if p.embedded_server {
                 ", embedded on this machine (it shares the cpus with the agents)"
             } else {
                 ", external"
-            }
+            },
+            p.replicas,
+            if p.replicas == 1 { "" } else { "s" }
         );
         let s = &self.payload_sizes;
         let _ = writeln!(

@@ -276,9 +276,10 @@ pub async fn board_with_item(
     board.push().await.unwrap().unwrap().seq
 }
 
-/// The HTTP API (and `/mcp`, when `mcp` is given) served the way `engram up` serves it
-/// ([`engram_gateway::serve`], within `limits`) on a random loopback port, against `nats`,
-/// until `stop` completes. Returns the address it listens on.
+/// The HTTP API (and `/mcp`, when `mcp` is given) served the way `engram gateway` serves it
+/// ([`engram_gateway::serve`], within `limits`, with its `/healthz` and `/metrics`) on a
+/// random loopback port, against `nats`, until `stop` completes. Returns the address it
+/// listens on.
 pub async fn serve_http_with(
     nats: &engram_testkit::SecureNats,
     config: engram_gateway::GatewayConfig,
@@ -293,7 +294,7 @@ pub async fn serve_http_with(
     );
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    let mut app = engram_gateway::router(gateway.clone());
+    let mut app = engram_gateway::router(gateway.clone(), engram_gateway::Probes::Gateway);
     if let Some(mcp) = mcp {
         let mut mcp = mcp.http(addr);
         mcp.shutdown = stop.clone();

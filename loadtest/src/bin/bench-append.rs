@@ -21,6 +21,16 @@ struct Cli {
     #[arg(long, env = "ENGRAM_BENCH_NATS")]
     nats: Option<String>,
 
+    /// Without --nats: start N nats-servers on loopback as one JetStream cluster instead of
+    /// one server.
+    #[arg(long, env = "ENGRAM_BENCH_CLUSTER", conflicts_with = "nats")]
+    cluster: Option<usize>,
+
+    /// Replicas of the events stream and the raw stream (what R3 costs against R1: run it
+    /// with 3, then 1, on the same cluster size and seed). [default: 3 with --cluster, else 1]
+    #[arg(long, env = "ENGRAM_BENCH_REPLICAS")]
+    replicas: Option<usize>,
+
     /// Concurrent simulated agent instances, each awaiting its own acks.
     #[arg(long, env = "ENGRAM_BENCH_AGENTS", default_value_t = 200)]
     agents: usize,
@@ -75,7 +85,7 @@ async fn main() -> anyhow::Result<()> {
     let embedded = match &cli.nats {
         Some(_) => None,
         None => {
-            let server = EmbeddedNats::start()
+            let server = EmbeddedNats::start_cluster(cli.cluster.unwrap_or(1))
                 .await
                 .context("failed to start an embedded nats-server (or pass --nats <url>)")?;
             eprintln!(
@@ -102,6 +112,9 @@ async fn main() -> anyhow::Result<()> {
         seed: cli.seed.unwrap_or_else(rand::random),
         embedded_server: embedded.is_some(),
         server_pid: embedded.as_ref().and_then(EmbeddedNats::pid),
+        replicas: cli
+            .replicas
+            .unwrap_or(if cli.cluster.unwrap_or(1) > 1 { 3 } else { 1 }),
     };
 
     let result = engram_loadtest::run(config, interrupted()).await;

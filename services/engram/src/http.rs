@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use axum::Router;
 use axum::extract::State;
-use axum::http::{StatusCode, header};
+use axum::http::StatusCode;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use engram_bus::Bus;
@@ -62,18 +62,29 @@ impl LagCheck {
 
     /// Samples the lag every quarter of the grace period (between 100 ms and 5 s) until the
     /// returned task is aborted, so that a stall is seen even when nobody asks `/healthz`.
+    /// The same stream-info request shows the events stream's leader, whose moves it counts
+    /// in `engram_stream_leader_changes_total`.
     pub fn spawn_sampler(self: &Arc<Self>, bus: Bus) -> tokio::task::JoinHandle<()> {
         let check = self.clone();
         let every =
             (self.limits.grace / 4).clamp(Duration::from_millis(100), Duration::from_secs(5));
+        let stream = bus.config().stream.name.clone();
+        // Created at 0 now: a dashboard sees no move rather than no series.
+        let leader_changes =
+            engram_telemetry::metrics::STREAM_LEADER_CHANGES.with_label_values(&[&stream]);
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(every);
             tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            let mut leader = LeaderWatch::default();
             loop {
                 tick.tick().await;
-                match bus.stream_last_seq().await {
-                    Ok(last) => {
-                        check.observe(last);
+                match bus.stream_state().await {
+                    Ok(state) => {
+                        check.observe(state.last_seq);
+                        if let Some(from) = leader.moved(state.leader) {
+                            leader_changes.inc();
+                            tracing::info!(stream = %stream, from = %from, to = ?leader.current(), "events stream leader moved");
+                        }
                     }
                     Err(e) => tracing::debug!(error = %e, "lag sample failed"),
                 }
@@ -107,6 +118,31 @@ impl LagCheck {
                 }
             })
             .collect()
+    }
+}
+
+/// The last leader of a stream seen by a sampler, to tell when it moved.
+#[derive(Debug, Default)]
+struct LeaderWatch {
+    last: Option<String>,
+}
+
+impl LeaderWatch {
+    /// Takes the leader seen now; returns the previous one if the leader moved. A sample
+    /// without a leader (an election under way, or a server that does not know yet) is no
+    /// move: the next leader is compared with the last one seen, so an election that puts
+    /// the same server back counts nothing, and one that picks another counts once.
+    fn moved(&mut self, seen: Option<String>) -> Option<String> {
+        let seen = seen.filter(|l| !l.is_empty())?;
+        if self.last.as_ref() == Some(&seen) {
+            return None;
+        }
+        // The first leader seen is no move: there was none before it to move from.
+        self.last.replace(seen)
+    }
+
+    fn current(&self) -> Option<&str> {
+        self.last.as_deref()
     }
 }
 
@@ -223,7 +259,7 @@ async fn healthz(State(state): State<AppState>) -> impl IntoResponse {
     (status, axum::Json(body))
 }
 
-async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
+async fn metrics(State(state): State<AppState>) -> axum::response::Response {
     use engram_telemetry::metrics as m;
     // Stream gauges are read from the server at scrape time: it is the source of truth, and
     // a scrape every few seconds costs one request.
@@ -232,8 +268,28 @@ async fn metrics(State(state): State<AppState>) -> impl IntoResponse {
         m::STREAM_BYTES.set(i64::try_from(s.bytes).unwrap_or(i64::MAX));
         m::STREAM_LAST_SEQ.set(i64::try_from(s.last_seq).unwrap_or(i64::MAX));
     }
-    (
-        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
-        engram_telemetry::metrics::render(),
-    )
+    engram_gateway::ops::metrics().await
+}
+
+#[cfg(test)]
+mod tests {
+    use super::LeaderWatch;
+
+    #[test]
+    fn a_leader_moves_when_another_server_leads_not_during_an_election() {
+        let mut watch = LeaderWatch::default();
+        let seen = |l: &str| (!l.is_empty()).then(|| l.to_owned());
+        // The first leader seen is no move, nor is the same one again.
+        assert_eq!(watch.moved(seen("n1")), None);
+        assert_eq!(watch.moved(seen("n1")), None);
+        // No leader (an election), then another: one move, from the last one seen.
+        assert_eq!(watch.moved(None), None);
+        assert_eq!(watch.moved(seen("")), None);
+        assert_eq!(watch.moved(seen("n2")), Some("n1".to_owned()));
+        assert_eq!(watch.current(), Some("n2"));
+        // An election that puts the same server back is no move.
+        assert_eq!(watch.moved(None), None);
+        assert_eq!(watch.moved(seen("n2")), None);
+        assert_eq!(watch.moved(seen("n3")), Some("n2".to_owned()));
+    }
 }

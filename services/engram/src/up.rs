@@ -308,7 +308,10 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
     let mut mcp = config.mcp.http(http_addr);
     mcp.shutdown = http_stop.clone();
     let app = crate::http::router(bus.clone(), nats_url.clone(), lag)
-        .merge(engram_gateway::router(gateway.clone()))
+        .merge(engram_gateway::router(
+            gateway.clone(),
+            engram_gateway::Probes::Host,
+        ))
         .merge(engram_mcp::router(gateway, mcp));
     let limits = config.serve_limits();
     let http_task = tokio::spawn(async move {
@@ -532,7 +535,8 @@ pub async fn run_until_signalled(config: Config, demo: bool, nodes: usize) -> Re
     run(config, demo, nodes, shutdown).await
 }
 
-/// `engram gateway`: the HTTP API as its own process, until SIGINT or SIGTERM.
+/// `engram gateway`: the HTTP API as its own process, with its own `/healthz` and
+/// `/metrics` (no key needed), until SIGINT or SIGTERM.
 pub async fn run_gateway(
     config: &Config,
     listen: SocketAddr,
@@ -552,7 +556,8 @@ pub async fn run_gateway(
     let gateway = config.gateway(url);
     let mcp = config.mcp.http(addr);
     let mcp_stop = mcp.shutdown.clone();
-    let app = engram_gateway::router(gateway.clone()).merge(engram_mcp::router(gateway, mcp));
+    let app = engram_gateway::router(gateway.clone(), engram_gateway::Probes::Gateway)
+        .merge(engram_mcp::router(gateway, mcp));
     engram_gateway::serve(listener, app, config.serve_limits(), async move {
         wait_for_signal().await;
         mcp_stop.cancel();

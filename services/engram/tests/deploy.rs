@@ -236,9 +236,8 @@ fn exported<'a>(name: &str, families: &'a BTreeMap<String, String>) -> Option<&'
 
 /// Whether a series comes from somewhere else than engram, and so is not checked here:
 /// `nats_*` is the NATS Prometheus exporter's (its `-prefix=nats`, which the Helm chart
-/// passes and compose copies; engram exports nothing by that prefix, and promtool's unit tests
-/// in deploy/prometheus/alerts.test.yml exercise the rules that read them); `up` is written by
-/// Prometheus for every target it scrapes.
+/// passes and compose copies; engram exports nothing by that prefix, and only the dashboard's
+/// NATS panels read them); `up` is written by Prometheus for every target it scrapes.
 fn from_elsewhere(name: &str) -> bool {
     name.starts_with("nats_") || name == "up"
 }
@@ -315,12 +314,20 @@ fn every_metric_the_dashboard_and_the_alerts_query_is_one_engram_exports() {
         "engram_projector_dead_lettered_total",
         "engram_node_partitions_owned",
         "engram_snapshot_seconds_count",
+        "engram_projector_visibility_seconds_bucket",
+        "engram_snapshot_last_timestamp_seconds",
+        "engram_snapshot_last_seq",
+        "engram_projector_redelivered_total",
+        "engram_stream_leader_changes_total",
+        "engram_node_partition_owned",
     ] {
         assert!(used.contains_key(signal), "nothing reads {signal}");
     }
 
     // When engram up runs and has appended, applied, answered a query and cut a snapshot
-    // (labelled series appear at their first use: the query, stage and snapshot ones)
+    // (labelled series appear at their first use: the query, stage and snapshot ones, and
+    // written-to-readable once an event written while it runs is visible, which the query
+    // waits for)
     let home = tempfile::tempdir().unwrap();
     let (_up, ready) = spawn_up(home.path(), &["--nats-port", "0"], Duration::from_secs(120));
     let http = token(&ready, "http=http://").to_owned();

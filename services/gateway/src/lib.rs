@@ -16,6 +16,8 @@
 //!   protocol's JSON Schema.
 //! - [`serve`]: the HTTP server loop, with header and body read timeouts and a connection
 //!   limit ([`ServeLimits`]).
+//! - [`ops`]: `/healthz` and `/metrics`, when the gateway runs as its own process
+//!   ([`Probes`]).
 //!
 //! **A key is exactly one identity.** The tenant and agent tokens of an API key are claims;
 //! the seed is the proof of its public key only. So a new connection is verified before it
@@ -26,6 +28,7 @@
 
 pub mod inspector;
 pub mod openapi;
+pub mod ops;
 pub mod routes;
 pub mod serve;
 pub mod tail;
@@ -96,6 +99,23 @@ impl GatewayConfig {
         Ok(())
     }
 }
+
+/// Every code the gateway's own routes answer an error with: the body's `code`, and the
+/// `code` label of `engram_gateway_errors_total`.
+pub const ERROR_CODES: [&str; 12] = [
+    "invalid",
+    "unauthenticated",
+    "forbidden",
+    "not_yet_visible",
+    "busy",
+    "rate_limited",
+    "too_large",
+    "conflict",
+    "unavailable",
+    "internal",
+    "timeout",
+    "too_many_connections",
+];
 
 /// A failed request, as the caller sees it: a status, a stable code and a message.
 #[derive(Clone, Debug, PartialEq)]
@@ -222,6 +242,8 @@ pub struct Gateway {
     /// wait for one connection, and the identities one seed can claim (any tokens) cost
     /// one verification slot at a time, not one of [`MAX_CONNECTING`] each.
     verifying: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    /// The last check of whether a NATS server answers, for `/healthz` ([`ops`]).
+    nats_check: ops::NatsCheck,
 }
 
 /// New connections made at once, at most.
@@ -270,6 +292,11 @@ impl Gateway {
         config: GatewayConfig,
         scrub: engram_scrub::ScrubConfig,
     ) -> Arc<Self> {
+        // Every code's series from the start: a dashboard or an alert on the gateway finds
+        // zeros before its first error, not nothing.
+        for code in ERROR_CODES {
+            engram_telemetry::metrics::GATEWAY_ERRORS.with_label_values(&[code]);
+        }
         Arc::new(Self {
             bus,
             config,
@@ -279,6 +306,7 @@ impl Gateway {
             connecting: tokio::sync::Semaphore::new(MAX_CONNECTING),
             tails: Arc::default(),
             verifying: Mutex::default(),
+            nats_check: ops::NatsCheck::default(),
         })
     }
 
@@ -555,10 +583,21 @@ pub async fn authenticate(
     }
 }
 
-/// The `/v1` routes and `/openapi.json`, with the body limit applied.
-pub fn router(gateway: Arc<Gateway>) -> axum::Router {
+/// Who answers `/healthz` and `/metrics` on the gateway's port.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Probes {
+    /// The gateway ([`ops`]): it runs as its own process (`engram gateway`).
+    Gateway,
+    /// The process the gateway is part of (`engram up`), whose `/healthz` also reports its
+    /// projectors; a path has one handler, so the gateway adds neither.
+    Host,
+}
+
+/// The `/v1` routes, `/openapi.json` and, as `probes` says, `/healthz` and `/metrics`, with
+/// the body limit applied.
+pub fn router(gateway: Arc<Gateway>, probes: Probes) -> axum::Router {
     let limit = gateway.config.max_body_bytes;
-    routes::routes(&gateway)
+    routes::routes(&gateway, probes)
         .layer(axum::extract::DefaultBodyLimit::max(limit))
         .with_state(gateway)
 }

@@ -4,6 +4,8 @@
 //!
 //! The caller comes from [`crate::authenticate`], which runs before the handler's body
 //! extractor: a request without a valid key is answered 401 with its body unread.
+//!
+//! `routes()` is the one list of the gateway's paths, the keyless ones included.
 
 use std::sync::Arc;
 
@@ -16,14 +18,14 @@ use bytes::Bytes;
 use engram_memory::proto;
 use serde::de::DeserializeOwned;
 
-use crate::{ApiError, Caller, Gateway};
+use crate::{ApiError, Caller, Gateway, Probes};
 
 /// Most events one append request carries.
 pub const MAX_BATCH: usize = 1_000;
 
 type Result<T> = std::result::Result<Json<T>, ApiError>;
 
-pub(crate) fn routes(gateway: &Arc<Gateway>) -> Router<Arc<Gateway>> {
+pub(crate) fn routes(gateway: &Arc<Gateway>, probes: Probes) -> Router<Arc<Gateway>> {
     // Every `/v1` route but the tail (which authenticates itself and reads no body) takes
     // its caller from the middleware; `route_layer`, so an unknown path is a 404 unasked.
     let authenticated = Router::new()
@@ -48,11 +50,19 @@ pub(crate) fn routes(gateway: &Arc<Gateway>) -> Router<Arc<Gateway>> {
             gateway.clone(),
             crate::authenticate,
         ));
-    authenticated
+    let open = authenticated
         .route("/v1/tail", get(crate::tail::tail))
         .route("/reference", get(crate::openapi::reference))
         .route("/openapi.json", get(openapi))
-        .merge(crate::inspector::routes())
+        .merge(crate::inspector::routes());
+    match probes {
+        // Outside the authenticating layer: probes and scrapers hold no key. Neither handler
+        // takes a body extractor, so a body sent with them is never read.
+        Probes::Gateway => open
+            .route("/healthz", get(crate::ops::healthz))
+            .route("/metrics", get(crate::ops::metrics)),
+        Probes::Host => open,
+    }
 }
 
 /// The body, or why not: too large is 413, as the limit layer decided; not sent in time is

@@ -431,7 +431,7 @@ impl Node {
             }
         };
         tracing::info!(node = %self.ownership.me.node, partition = p, "partition taken; catching up");
-        metrics::NODE_PARTITIONS_OWNED.inc();
+        owned(p, true);
         metrics::NODE_PARTITION_MOVES
             .with_label_values(&["in"])
             .inc();
@@ -550,10 +550,28 @@ impl Node {
         if !self.shutdown.is_cancelled() {
             self.announce_serving().await;
         }
-        metrics::NODE_PARTITIONS_OWNED.dec();
+        owned(p, false);
         if let Err(e) = self.projectors.remove_partition(p).await {
             tracing::warn!(partition = p, error = %e, "a model of the partition stopped with an error");
         }
+    }
+}
+
+/// The ownership metrics of partition `p`, taken (`true`) or let go: how many this node owns,
+/// and which. A partition let go loses its series rather than reading 0, so that across
+/// nodes there is one series per owned partition: `count by (partition)` counts its owners,
+/// and a node that never owned it adds nothing.
+fn owned(p: u32, owned: bool) {
+    let partition = p.to_string();
+    if owned {
+        metrics::NODE_PARTITIONS_OWNED.inc();
+        metrics::NODE_PARTITION_OWNED
+            .with_label_values(&[&partition])
+            .set(1);
+    } else {
+        metrics::NODE_PARTITIONS_OWNED.dec();
+        // Absent only if it was never set, which `held` rules out.
+        let _ = metrics::NODE_PARTITION_OWNED.remove_label_values(&[&partition]);
     }
 }
 

@@ -470,7 +470,12 @@ impl RunningProjectors {
         };
         write_instances(&self.instances).retain(|(_, p), _| *p != index);
         hosted.stop.cancel();
-        stop_hosted(hosted).await
+        let stopped = stop_hosted(hosted).await;
+        // After the loops stopped: none of them cuts one more snapshot and sets them again.
+        for host in &self.models {
+            snapshot_forgotten(instance_name(host.name.as_str(), index));
+        }
+        stopped
     }
 
     /// Waits for every projector to stop (after the shutdown signal); returns the first error.
@@ -1228,6 +1233,7 @@ async fn cut_and_store(
     engram_telemetry::metrics::SNAPSHOT_BYTES
         .with_label_values(&[cutter.projector()])
         .set(i64::try_from(meta.bytes).unwrap_or(i64::MAX));
+    snapshot_known(cutter.projector(), &meta);
     tracing::info!(
         projector = cutter.projector(),
         version = meta.version,
@@ -1237,6 +1243,30 @@ async fn cut_and_store(
     );
     newest.keep(&meta, cut.bytes);
     Ok(meta)
+}
+
+/// Records `meta` as the newest snapshot of `instance`: when it was cut and the sequence it
+/// holds, for its age and the events a takeover would replay after it. Set when the instance
+/// starts (from the index, whether or not it loads that snapshot) and whenever it cuts one.
+fn snapshot_known(instance: &str, meta: &SnapshotMeta) {
+    use engram_telemetry::metrics;
+    let cut_at = meta.created_at.timestamp_millis() as f64 / 1000.0;
+    metrics::SNAPSHOT_LAST_TIMESTAMP
+        .with_label_values(&[instance])
+        .set(cut_at);
+    metrics::SNAPSHOT_LAST_SEQ
+        .with_label_values(&[instance])
+        .set(i64::try_from(meta.version).unwrap_or(i64::MAX));
+}
+
+/// Removes `instance`'s snapshot gauges once its partition has left this process: another
+/// process cuts its snapshots now, and the age of the last one seen here would grow (and
+/// alert) forever.
+fn snapshot_forgotten(instance: &str) {
+    use engram_telemetry::metrics;
+    // Absent when the instance never had a snapshot: nothing to remove.
+    let _ = metrics::SNAPSHOT_LAST_TIMESTAMP.remove_label_values(&[instance]);
+    let _ = metrics::SNAPSHOT_LAST_SEQ.remove_label_values(&[instance]);
 }
 
 /// Bytes of the newest snapshot kept in memory for bootstrap slices, at most.
@@ -1828,6 +1858,7 @@ pub(crate) async fn newer_snapshot(
     held: Seq,
 ) -> Option<Vec<u8>> {
     let newest = store.list(Some(instance)).await.ok()?.pop()?;
+    snapshot_known(instance, &newest);
     if newest.version <= held {
         return None;
     }

@@ -267,3 +267,111 @@ async fn a_keyword_index_committed_without_a_ledger_asks_for_a_rebuild() {
         "{err:?}"
     );
 }
+
+/// An instance's snapshot gauges in the registry's text exposition, as `/metrics` serves
+/// them: when its newest snapshot was cut (Unix seconds) and the sequence it holds.
+fn snapshot_gauges(instance: &str) -> (Option<f64>, Option<f64>) {
+    let text = engram_telemetry::metrics::render();
+    let value = |name: &str| {
+        let series = format!("{name}{{projector=\"{instance}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+    };
+    (
+        value("engram_snapshot_last_timestamp_seconds"),
+        value("engram_snapshot_last_seq"),
+    )
+}
+
+#[tokio::test]
+async fn an_instance_reports_the_snapshot_it_cut_or_loaded_while_it_hosts_the_partition() {
+    // Given the facts projector over events of one scope, all applied
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let events = events();
+    let mut last: Seq = 0;
+    for receipt in bus.append_batch(&events, 64).await {
+        last = receipt.unwrap().seq;
+    }
+    let partitions = bus.config().stream.partitions;
+    let holder = engram_memory::ScopeKey::of(&events[0]).partition(partitions);
+    let instance = engram_projectors::instance_name("facts", holder);
+    let config = ProjectorsConfig {
+        run: vec![ProjectorName::FACTS],
+        ..config()
+    };
+    let start = |dir: std::path::PathBuf, stop: tokio_util::sync::CancellationToken| {
+        let (config, bus_config) = (config.clone(), nats.bus_config());
+        async move {
+            engram_projectors::start(
+                &config,
+                &dir,
+                move |_, _| Bus::connect(bus_config.clone()),
+                stop,
+            )
+            .await
+            .unwrap()
+        }
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let mut running = start(dir.path().to_owned(), stop.clone()).await;
+    let wait = Consistency {
+        min_seq: Some(last),
+        wait_ms: Some(10_000),
+    };
+    engram_projectors::ledger_of(
+        bus.client(),
+        "facts",
+        partitions,
+        &wait,
+        Duration::from_secs(15),
+    )
+    .await
+    .unwrap();
+    // (an instance without a snapshot has no series: a zero would read as one from 1970)
+    assert_eq!(snapshot_gauges(instance), (None, None));
+
+    // When the scope's instance cuts a snapshot
+    let meta: engram_snapshots::SnapshotMeta = engram_rpc::call(
+        bus.client(),
+        &partition_subject("facts", "snapshot", holder),
+        &engram_projectors::SnapshotRequest::default(),
+        Duration::from_secs(60),
+    )
+    .await
+    .unwrap();
+    assert_eq!(meta.version, last);
+
+    // Then it reports when that snapshot was cut and the sequence it holds
+    let cut_at = meta.created_at.timestamp_millis() as f64 / 1000.0;
+    let (at, seq) = snapshot_gauges(instance);
+    assert_eq!(seq, Some(last as f64));
+    assert!(
+        at.is_some_and(|at| (at - cut_at).abs() < 0.001),
+        "cut at {cut_at}, reported {at:?}"
+    );
+
+    // And once the partition leaves this process, its series go with it (another process
+    // cuts its snapshots now, and this one's would only age)
+    running.remove_partition(holder).await.unwrap();
+    assert_eq!(snapshot_gauges(instance), (None, None));
+    stop.cancel();
+    running.join().await.unwrap();
+
+    // When a process holding nothing of the partition takes it, it loads that snapshot
+    // and reports it
+    let fresh = tempfile::tempdir().unwrap();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let running = start(fresh.path().to_owned(), stop.clone()).await;
+    engram_testkit::wait_until(
+        "the loaded snapshot to be reported",
+        Duration::from_secs(15),
+        || async { snapshot_gauges(instance).1 == Some(last as f64) },
+    )
+    .await;
+    let (at, _) = snapshot_gauges(instance);
+    assert!(at.is_some_and(|at| (at - cut_at).abs() < 0.001), "{at:?}");
+    stop.cancel();
+    running.join().await.unwrap();
+}

@@ -45,6 +45,10 @@ pub struct Delivery {
     pub seq: u64,
     /// Messages after this one that the consumer has still to deliver.
     pub pending: u64,
+    /// Times the server has delivered this message to the consumer, this time included:
+    /// above 1 it is a redelivery (unacknowledged past the ack wait, or sent again by a new
+    /// consumer leader).
+    pub delivered: u64,
     /// The decoded event, or why it does not decode (a poison message).
     pub event: Result<StoredEvent, ReadError>,
     message: jetstream::Message,
@@ -385,14 +389,19 @@ impl DurableReader {
 
     fn delivery(&self, message: jetstream::Message) -> Delivery {
         let (pending, event) = decode_message(&self.codec, "project", &message);
+        let info = message.info().ok();
         let seq = match &event {
             Ok(e) => e.seq,
             Err(ReadError::Decode { seq, .. }) => *seq,
-            Err(ReadError::Consumer(_)) => message.info().map(|i| i.stream_sequence).unwrap_or(0),
+            Err(ReadError::Consumer(_)) => info.as_ref().map_or(0, |i| i.stream_sequence),
         };
+        // A message without JetStream info reads as a first delivery: it is no redelivery
+        // anyone could act on.
+        let delivered = info.map_or(1, |i| u64::try_from(i.delivered).unwrap_or(1));
         Delivery {
             seq,
             pending,
+            delivered,
             event,
             message,
         }

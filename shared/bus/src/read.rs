@@ -278,12 +278,18 @@ impl Bus {
     /// most of the server's work under load.
     pub async fn stream_state(&self) -> Result<StreamState, BusError> {
         let stream = self.events_stream().await?;
-        let state = &stream.cached_info().state;
+        let info = stream.cached_info();
+        let state = &info.state;
         Ok(StreamState {
             first_seq: state.first_sequence,
             last_seq: state.last_sequence,
             messages: state.messages,
             bytes: state.bytes,
+            leader: info
+                .cluster
+                .as_ref()
+                .and_then(|c| c.leader.clone())
+                .filter(|l| !l.is_empty()),
         })
     }
 
@@ -318,13 +324,16 @@ impl Bus {
     }
 }
 
-/// The events stream's sequences and size ([`Bus::stream_state`]).
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+/// The events stream's sequences, size and leader ([`Bus::stream_state`]).
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
 pub struct StreamState {
     pub first_seq: u64,
     pub last_seq: u64,
     pub messages: u64,
     pub bytes: u64,
+    /// The server leading the stream (its `server_name`), as the server that answered knows
+    /// it: the one server of a stream kept on one; `None` while an election is under way.
+    pub leader: Option<String>,
 }
 
 /// What `engram streams` shows (its consumer list is costly: see [`Bus::stream_state`]).

@@ -24,7 +24,7 @@ pub mod snapshot;
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::{Duration, Instant, SystemTime};
 
 use async_trait::async_trait;
 use engram_bus::{Bus, BusError, Delivery, StoredEvent};
@@ -623,7 +623,7 @@ impl<P: Projection> Projector<P> {
         let key = self.dead_letter_key()?;
         let mut state = LoopState::new(restored, key);
         self.ledger.send_replace(restored);
-        self.publish_visible(restored.seq);
+        self.publish_visible(&mut state);
         let _sampler = self.spawn_lag_sampler();
         let mut cuts = self.cuts.1.lock().unwrap_or_else(|p| p.into_inner()).take();
         tokio::pin!(shutdown);
@@ -695,6 +695,7 @@ impl<P: Projection> Projector<P> {
                     }
                     None => continue 'connect,
                 };
+                self.count_redelivered(&batch);
                 loop {
                     match self.apply_batch(&mut state, &batch).await {
                         Ok(()) => {
@@ -863,7 +864,7 @@ impl<P: Projection> Projector<P> {
             .map_err(bus_err)?;
         let mut state = LoopState::new(from, self.dead_letter_key()?);
         self.ledger.send_replace(state.ledger);
-        self.publish_visible(from.seq);
+        self.publish_visible(&mut state);
         if target > from.seq {
             let mut reader = self
                 .bus
@@ -885,6 +886,7 @@ impl<P: Projection> Projector<P> {
                         )));
                     }
                 };
+                self.count_redelivered(&batch);
                 self.apply_batch(&mut state, &batch)
                     .await
                     .map_err(projection_err)?;
@@ -988,7 +990,7 @@ impl<P: Projection> Projector<P> {
     ) -> Result<(), ProjectionError> {
         self.apply_fresh(state, batch).await?;
         if self.projection.searchable_when_applied() {
-            self.publish_visible(state.applied());
+            self.publish_visible(state);
         }
         state.caught_up = batch.last().is_some_and(|d| d.pending == 0);
         if state.unpublished() && state.last_publish.elapsed() >= state.publish_gap(&self.settings)
@@ -1005,7 +1007,7 @@ impl<P: Projection> Projector<P> {
         self.projection.publish(&state.ledger).await?;
         state.published = state.applied();
         state.last_publish = Instant::now();
-        self.publish_visible(state.applied());
+        self.publish_visible(state);
         Ok(())
     }
 
@@ -1066,6 +1068,10 @@ impl<P: Projection> Projector<P> {
             .filter(|(_, refused)| !**refused)
         {
             ledger.add(stored.seq, stored.event.event_id.as_str());
+            let stored_at = SystemTime::from(stored.stored_at);
+            if stored_at >= state.started {
+                state.becoming_visible.push(stored_at);
+            }
         }
         let applied_count = ledger.events - state.ledger.events;
         // A batch ending in poison still moves the sequence past it.
@@ -1355,11 +1361,41 @@ impl<P: Projection> Projector<P> {
         Ok(())
     }
 
-    fn publish_visible(&self, seq: Seq) {
+    /// Makes everything applied visible to queries' waits, and measures how long the events
+    /// that became visible waited since the stream stored them.
+    fn publish_visible(&self, state: &mut LoopState) {
+        let seq = state.applied();
         metrics::PROJECTOR_VISIBLE_SEQ
             .with_label_values(&[self.name()])
             .set(seq as i64);
         self.visible.send_replace(seq);
+        if state.becoming_visible.is_empty() {
+            // No series for an instance that has shown nothing new since it started.
+            return;
+        }
+        // Every event, not only a batch's last: a read-your-writes wait is an event's, and
+        // under a backlog the first events of a batch waited longest; the last one would show
+        // the newest event's wait and hide the backlog. An observation is a few atomic adds.
+        let now = SystemTime::now();
+        let seconds = metrics::PROJECTOR_VISIBILITY_SECONDS.with_label_values(&[self.name()]);
+        for stored_at in state.becoming_visible.drain(..) {
+            seconds.observe(
+                now.duration_since(stored_at)
+                    .unwrap_or_default()
+                    .as_secs_f64(),
+            );
+        }
+    }
+
+    /// Counts the messages of a batch that JetStream had delivered before. Counted as they
+    /// arrive, not as they are applied, so that a batch retried after a failure counts once.
+    fn count_redelivered(&self, batch: &[Delivery]) {
+        let again = batch.iter().filter(|d| d.delivered > 1).count() as u64;
+        if again > 0 {
+            metrics::PROJECTOR_REDELIVERED
+                .with_label_values(&[self.name()])
+                .inc_by(again);
+        }
     }
 }
 
@@ -1381,6 +1417,15 @@ struct LoopState {
     last_publish: Instant,
     /// Whether the last batch reached the tail of the stream.
     caught_up: bool,
+    /// When this loop started: of the events it applies, those stored since are measured in
+    /// `engram_projector_visibility_seconds`; older ones are a backlog from before it ran.
+    started: SystemTime,
+    /// When the stream stored each applied event that queries cannot see yet (of those
+    /// measured); emptied whenever visibility moves. That is after every batch for models
+    /// that publish each, and for the keyword index, searchable as it applies; a model with
+    /// a publish interval holds what it applies in one, and never more than a checkpoint's
+    /// worth, since a checkpoint publishes.
+    becoming_visible: Vec<SystemTime>,
 }
 
 /// A poison message waiting to be dead-lettered, owned so that it outlives its batch.
@@ -1471,6 +1516,8 @@ impl LoopState {
             published: restored.seq,
             last_publish: Instant::now(),
             caught_up: false,
+            started: SystemTime::now(),
+            becoming_visible: Vec::new(),
         }
     }
 

@@ -609,3 +609,128 @@ async fn a_server_killed_and_restarted_under_a_running_projector_loses_no_event(
     running.stop.cancel();
     running.task.await.unwrap().unwrap();
 }
+
+/// One series' value in the registry's text exposition, as `/metrics` serves it (`series` is
+/// its name and labels, `name{label="value"}`); `None` when the registry has no such series.
+fn scraped(series: &str) -> Option<f64> {
+    engram_telemetry::metrics::render()
+        .lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+}
+
+#[tokio::test]
+async fn events_written_while_a_projector_runs_are_measured_from_stored_to_visible() {
+    // Given a projector started over 5 events already in the stream, once it has applied them
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    // Its own name: the histogram counts this test's events and no other's.
+    const NAME: &str = "visible";
+    let backlog = append_n(&bus, 5, "backlog").await;
+    let running = start_named(&bus, dir.path(), NAME).await;
+    running
+        .visibility
+        .wait_for(backlog, Duration::from_secs(10))
+        .await
+        .unwrap();
+    let series = |suffix: &str| {
+        scraped(&format!(
+            "engram_projector_visibility_seconds{suffix}{{projector=\"{NAME}\"}}"
+        ))
+    };
+    // Then the backlog, written before it ran, is not measured
+    assert_eq!(series("_count"), None, "the backlog was measured");
+
+    // When 10 more are written while it runs and become visible
+    let last = append_n(&bus, 10, "live").await;
+    running
+        .visibility
+        .wait_for(last, Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    // Then each of them is measured once, in well under a minute
+    assert_eq!(series("_count"), Some(10.0));
+    let le_minute = scraped(&format!(
+        "engram_projector_visibility_seconds_bucket{{projector=\"{NAME}\",le=\"60\"}}"
+    ));
+    assert_eq!(le_minute, Some(10.0));
+    let sum = series("_sum").expect("a sum");
+    assert!(sum > 0.0 && sum < 600.0, "sum of waits {sum}");
+    running.stop.cancel();
+    running.task.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn messages_jetstream_delivers_again_are_counted_and_applied_once() {
+    use async_nats::jetstream::consumer::{AckPolicy, pull};
+
+    let nats = TestNats::start().await;
+    let bus = nats.bus().await;
+    let dir = tempfile::tempdir().unwrap();
+    const NAME: &str = "redelivered";
+    // Given the projector's consumer made with an ack wait of one second (the runtime makes
+    // it with ten minutes, and reuses one whose filter and storage match): what a
+    // checkpoint that takes longer than the ack wait looks like, in a second
+    bus.jetstream()
+        .get_stream(&bus.config().stream.name)
+        .await
+        .unwrap()
+        .create_consumer(pull::Config {
+            durable_name: Some(NAME.to_owned()),
+            filter_subject: engram_schema::STORED_SUBJECTS.to_owned(),
+            ack_policy: AckPolicy::All,
+            ack_wait: Duration::from_secs(1),
+            memory_storage: true,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    // And a projector that checkpoints, and so acks, only when it stops
+    let projection = Arc::new(SnapshotProjection::<Ledger>::new(NAME, dir.path()));
+    let projector = Projector::new(
+        projection.clone(),
+        bus.clone(),
+        ProjectorSettings {
+            checkpoint_interval: Duration::from_secs(3_600),
+            checkpoint_every: 1_000_000,
+            ..settings()
+        },
+    );
+    let visibility = projector.visibility();
+    let stop = tokio_util::sync::CancellationToken::new();
+    let task = tokio::spawn(projector.run(stop.clone()));
+    let redelivered = || {
+        scraped(&format!(
+            "engram_projector_redelivered_total{{projector=\"{NAME}\"}}"
+        ))
+    };
+    // (created at 0 with the projector's other series)
+    assert_eq!(redelivered(), Some(0.0));
+
+    // When three events are delivered and left unacknowledged past the ack wait
+    let last = append_n(&bus, 3, "again").await;
+    visibility
+        .wait_for(last, Duration::from_secs(10))
+        .await
+        .unwrap();
+
+    // Then the server delivers them again, and each arrival is counted
+    wait_until(
+        "redeliveries to be counted",
+        Duration::from_secs(20),
+        || async { redelivered().unwrap_or_default() >= 3.0 },
+    )
+    .await;
+    // And none is applied twice
+    {
+        let ledger = projection.read();
+        assert_eq!(ledger.applied.len(), 3);
+        assert!(
+            ledger.times.values().all(|&n| n == 1),
+            "an event applied twice"
+        );
+    }
+    stop.cancel();
+    task.await.unwrap().unwrap();
+}

@@ -7,8 +7,8 @@
 use std::sync::LazyLock;
 
 use prometheus::{
-    Encoder, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec, Opts,
-    Registry, TextEncoder,
+    Encoder, GaugeVec, HistogramOpts, HistogramVec, IntCounter, IntCounterVec, IntGauge,
+    IntGaugeVec, Opts, Registry, TextEncoder,
 };
 
 pub static REGISTRY: LazyLock<Registry> = LazyLock::new(Registry::new);
@@ -156,6 +156,19 @@ pub static STREAM_LAST_SEQ: LazyLock<IntGauge> = LazyLock::new(|| {
         .unwrap(),
     )
 });
+/// Times the events stream's leader was seen to move, by stream: the leader the server names
+/// differs from the last one seen (an election in progress, with no leader, is no move).
+/// Sampled by the process's health sampler every few seconds, so two moves between samples
+/// count as one, and a move back and forth may count as none. A stream on one server counts
+/// a restart of it when the server has no `server_name` (it comes back under a new one).
+/// Each process that samples counts on its own: aggregate with `max by (stream)`, not `sum`.
+pub static STREAM_LEADER_CHANGES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_stream_leader_changes_total",
+        "times the stream's leader was seen to move to another server",
+        &["stream"],
+    )
+});
 
 fn counter(name: &str, help: &str, labels: &[&str]) -> IntCounterVec {
     register(IntCounterVec::new(Opts::new(name, help), labels).unwrap())
@@ -225,6 +238,18 @@ pub static NODE_PARTITIONS_OWNED: LazyLock<IntGauge> = LazyLock::new(|| {
             "stream partitions whose lease this memory node holds",
         )
         .unwrap(),
+    )
+});
+
+/// 1 for each partition whose lease this memory node holds; the series is removed when the
+/// node lets the partition go, so a deployment has one series per owned partition and
+/// `count by (partition)` is its number of owners. Process-wide, like every metric: right
+/// for one node per process, which is how nodes run (`engram up`, `engram node`).
+pub static NODE_PARTITION_OWNED: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge(
+        "engram_node_partition_owned",
+        "1 for each stream partition whose lease this memory node holds",
+        &["partition"],
     )
 });
 
@@ -407,6 +432,32 @@ pub static SNAPSHOT_BYTES: LazyLock<IntGaugeVec> = LazyLock::new(|| {
         &["projector"],
     )
 });
+/// When the newest snapshot of each instance hosted here was cut (Unix seconds, from the
+/// snapshot index), and the stream sequence it holds everything up to: set from the index
+/// when the instance starts (the snapshot it loads, or would load had it less of its own) and
+/// whenever it cuts one. `time() - …` is its age, and `engram_stream_last_seq -
+/// engram_snapshot_last_seq` the events a takeover would replay after it. An instance with no
+/// snapshot has no series (a zero would read as one cut in 1970); the series go when the
+/// instance's partition leaves the process.
+pub static SNAPSHOT_LAST_TIMESTAMP: LazyLock<GaugeVec> = LazyLock::new(|| {
+    register(
+        GaugeVec::new(
+            Opts::new(
+                "engram_snapshot_last_timestamp_seconds",
+                "when the newest snapshot of the read-model instance was cut, in unix seconds",
+            ),
+            &["projector"],
+        )
+        .unwrap(),
+    )
+});
+pub static SNAPSHOT_LAST_SEQ: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    gauge(
+        "engram_snapshot_last_seq",
+        "stream sequence the newest snapshot of the read-model instance holds everything up to",
+        &["projector"],
+    )
+});
 /// Dead letters given up after repeated failures to store them (the dead-letter stream gone
 /// and not recreatable, full, or refusing): the event was skipped without a record in
 /// `ENGRAM_DLQ`, and is still in the events stream.
@@ -433,6 +484,36 @@ pub static PROJECTOR_VISIBLE_SEQ: LazyLock<IntGaugeVec> = LazyLock::new(|| {
     gauge(
         "engram_projector_visible_seq",
         "last stream sequence visible to queries",
+        &["projector"],
+    )
+});
+/// From the stream storing an event to queries seeing it on an instance: written-to-readable,
+/// what a `min_seq` query waits on. Observed for each event that becomes visible, of those
+/// stored after the instance's loop started: a restart's or a takeover's backlog was written
+/// before (and was often readable on another node), so its age would drown the steady state;
+/// `engram_node_takeover_seconds` measures that wait. The stored time is the server's clock
+/// and now is this process's: skew between them shifts every value (a negative one counts
+/// as 0).
+pub static PROJECTOR_VISIBILITY_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
+    histogram(
+        "engram_projector_visibility_seconds",
+        "time from the stream storing an event to queries seeing it on the instance",
+        &["projector"],
+        // Up to a minute; 5 s is the default read-your-writes wait, which alerts compare with.
+        vec![
+            0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+            60.0,
+        ],
+    )
+});
+/// Messages an instance received that JetStream had delivered before (its delivery count
+/// above 1): unacknowledged past the consumer's ack wait, or sent again by a new consumer
+/// leader. The instance skips them by sequence; many mean it is slow to checkpoint and ack,
+/// or its consumer's leader keeps changing.
+pub static PROJECTOR_REDELIVERED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_projector_redelivered_total",
+        "messages an instance received that jetstream had delivered before",
         &["projector"],
     )
 });
@@ -526,7 +607,9 @@ pub static EMBEDDER_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
-/// Creates a projector's series up front (see [`touch_all`]).
+/// Creates a projector's series up front (see [`touch_all`]). Not its snapshot gauges (an
+/// instance with no snapshot has none: [`SNAPSHOT_LAST_TIMESTAMP`]) nor its histograms, which
+/// appear at their first observation like every histogram here.
 pub fn touch_projector(projector: &str) {
     PROJECTOR_APPLIED.with_label_values(&[projector]);
     PROJECTOR_DEAD_LETTERED.with_label_values(&[projector]);
@@ -534,6 +617,7 @@ pub fn touch_projector(projector: &str) {
     PROJECTOR_FORGOTTEN.with_label_values(&[projector]);
     PROJECTOR_LAG.with_label_values(&[projector]);
     PROJECTOR_VISIBLE_SEQ.with_label_values(&[projector]);
+    PROJECTOR_REDELIVERED.with_label_values(&[projector]);
     for kind in ["bus", "apply", "checkpoint", "publish"] {
         PROJECTOR_ERRORS.with_label_values(&[projector, kind]);
     }
