@@ -205,8 +205,7 @@ pub async fn start(
         http,
         serving: Vec::new(),
     };
-    let ownership = Ownership::open(&parts.bus, &config.bucket, config.lease_ttl, me).await?;
-    ownership.announce().await?;
+    let ownership = join(&parts.bus, config, me).await?;
     let service = engram_rpc::start_service(
         &parts.responder,
         "engram-node",
@@ -572,6 +571,35 @@ fn owned(p: u32, owned: bool) {
         metrics::NODE_PARTITIONS_OWNED.dec();
         // Absent only if it was never set, which `held` rules out.
         let _ = metrics::NODE_PARTITION_OWNED.remove_label_values(&[&partition]);
+    }
+}
+
+/// How long a node starting tries to join while the nodes bucket does not answer.
+const JOIN_WITHIN: Duration = Duration::from_secs(60);
+
+/// Opens the nodes bucket and announces this node. A bucket just created, by this node or one
+/// starting beside it, answers reads only once its stream has a leader (moments, on a
+/// cluster just formed): until then they find no responders. That is retried, for
+/// [`JOIN_WITHIN`]; a name held by another node is not.
+async fn join(bus: &Bus, config: &NodeConfig, me: Member) -> Result<Ownership, NodeError> {
+    let deadline = Instant::now() + JOIN_WITHIN;
+    let mut backoff = Duration::from_millis(100);
+    loop {
+        let attempt = async {
+            let ownership =
+                Ownership::open(bus, &config.bucket, config.lease_ttl, me.clone()).await?;
+            ownership.announce().await?;
+            Ok::<_, OwnershipError>(ownership)
+        };
+        match attempt.await {
+            Ok(ownership) => return Ok(ownership),
+            Err(OwnershipError::Bus(e)) if e.is_retryable() && Instant::now() < deadline => {
+                tracing::info!(error = %e, bucket = %config.bucket, "nodes bucket not answering yet; trying again");
+                tokio::time::sleep(backoff).await;
+                backoff = (backoff * 2).min(Duration::from_secs(2));
+            }
+            Err(e) => return Err(e.into()),
+        }
     }
 }
 
