@@ -85,11 +85,16 @@ pub enum Command {
     /// Grants: which agents may read which wider scopes (admin).
     #[command(subcommand)]
     Grant(GrantCommand),
+    /// The access registry as a nats-server sees it: `render` writes the `authorization`
+    /// block for servers `engram up` does not run, once or following every change (admin).
+    #[command(subcommand)]
+    Access(commands::access_render::AccessCommand),
     /// API keys for the HTTP API: `add` issues an agent key and prints it as one line
     /// (admin). Revoke it like any agent key: `engram agent revoke --key <public key>`.
     #[command(subcommand)]
     Key(KeyCommand),
-    /// Run the HTTP API (`/v1`, `/openapi.json`) as its own process against --nats.
+    /// Run the HTTP API (`/v1`, `/openapi.json`) as its own process against --nats, with
+    /// /healthz (200 while a NATS server answers, 503 with the reason) and /metrics.
     Gateway {
         /// Address to serve on.
         #[arg(long, default_value = "127.0.0.1:7078")]
@@ -750,6 +755,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent(command) => commands::access::agent(&config, command, json).await,
         Command::Grant(command) => commands::access::grant(&config, command, json).await,
         Command::Key(command) => commands::access::key(&config, command, json).await,
+        Command::Access(command) => commands::access_render::run(&config, command, json).await,
         Command::Gateway { listen } => crate::up::run_gateway(&config, listen).await,
         Command::Erase(args) => commands::erase::run(&config, args, json).await,
         Command::Retrieve(args) => commands::query::retrieve(&config, args, json).await,

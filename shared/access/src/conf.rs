@@ -9,6 +9,7 @@ use serde::Serialize;
 
 use crate::AccessError;
 use crate::perms::{Names, Permissions, Role, permissions};
+use crate::registry::Registry;
 
 #[derive(Serialize)]
 struct User {
@@ -31,6 +32,15 @@ pub fn render(keys: &[(String, Role)], names: &Names) -> String {
         "# Written by engram from the access registry; edits are overwritten.\nauthorization: {}\n",
         serde_json::to_string_pretty(&block).expect("json values serialize")
     )
+}
+
+/// The keys the server admits: `fixed` (the admin and service keys) first, then every live
+/// agent key of `registry`. What [`enforce`] renders, and what `engram access render` prints
+/// for a server Engram does not run: one list, so both write the same block.
+pub fn keys_in_force(fixed: &[(String, Role)], registry: &Registry) -> Vec<(String, Role)> {
+    let mut keys = fixed.to_vec();
+    keys.extend(registry.live_keys());
+    keys
 }
 
 /// The server's subject mapping that routes an agent's query about its own scope to the
@@ -102,8 +112,9 @@ impl Enforced {
 
 /// Keeps the server's `authorization` block (`path`) in step with the registry: after each
 /// change it renders `fixed` (the admin and service keys) plus the registry's live agent
-/// keys, writes the file if it changed, and reloads the server. A failed reload is retried
-/// on the next change and every 5 s, so a revocation is never left unenforced silently.
+/// keys, writes the file if it changed, and reloads the server. A failed write or reload is
+/// retried on the next change and every 5 s, so a revocation is never left unenforced
+/// silently.
 /// Returns how far the server has caught up.
 pub fn enforce(
     shared: crate::SharedRegistry,
@@ -113,26 +124,49 @@ pub fn enforce(
     reload: Reload,
     stop: tokio_util::sync::CancellationToken,
 ) -> Enforced {
+    keep_in_step(shared, fixed, names, path, Some(reload), false, stop)
+}
+
+/// [`enforce`], for whoever writes the block of a server it does not run
+/// (`engram access render --follow`): `reload` may be `None` (the server is told some
+/// other way), and with `reload_at_start` it runs once at start even when the file already
+/// holds the block, because an earlier writer may have stopped between writing the file and
+/// reloading the server, which would leave a revoked key admitted until the next change.
+pub fn keep_in_step(
+    shared: crate::SharedRegistry,
+    fixed: Vec<(String, Role)>,
+    names: Names,
+    path: std::path::PathBuf,
+    reload: Option<Reload>,
+    reload_at_start: bool,
+    stop: tokio_util::sync::CancellationToken,
+) -> Enforced {
     use engram_telemetry::metrics;
     let (enforced, watched) = tokio::sync::watch::channel(0);
     tokio::spawn(async move {
         let mut changes = shared.changes();
-        let mut pending = false;
+        let mut pending = reload_at_start && reload.is_some();
         loop {
+            // Only ever a fold of records read without error: a lost connection leaves the
+            // registry as it was, so the block never shrinks to the fixed keys by accident.
             let (keys, applied) = {
                 let state = shared.read().await;
-                let mut keys = fixed.clone();
-                keys.extend(state.live_keys());
-                (keys, state.applied)
+                (keys_in_force(&fixed, &state), state.applied)
             };
             let seen = std::time::Instant::now();
             let text = render(&keys, &names);
-            match write_if_changed(&path, &text) {
-                Ok(changed) => pending |= changed,
-                Err(e) => tracing::error!(error = %e, "cannot write the server's authorization"),
-            }
-            if pending {
-                match reload().await {
+            // A failed write is tried again like a failed reload: the file may still admit a
+            // revoked key.
+            let (written, unwritten) = match write_if_changed(&path, &text) {
+                Ok(changed) => (changed, false),
+                Err(e) => {
+                    tracing::error!(error = %e, "cannot write the server's authorization; retrying");
+                    (false, true)
+                }
+            };
+            pending |= written;
+            match &reload {
+                Some(reload) if pending => match reload().await {
                     Ok(took) => {
                         pending = false;
                         metrics::ACCESS_RELOADS.with_label_values(&["ok"]).inc();
@@ -148,16 +182,28 @@ pub fn enforce(
                         metrics::ACCESS_RELOADS.with_label_values(&["error"]).inc();
                         tracing::error!(error = %e, "server authorization reload failed; retrying");
                     }
+                },
+                Some(_) => {}
+                None => {
+                    pending = false;
+                    if written {
+                        tracing::info!(
+                            keys = keys.len(),
+                            registry_seq = applied,
+                            path = %path.display(),
+                            "server authorization written"
+                        );
+                    }
                 }
             }
-            if !pending {
+            if !pending && !unwritten {
                 // Written and reloaded, or nothing to change: the server enforces `applied`.
                 enforced.send_replace(applied);
             }
             tokio::select! {
                 _ = stop.cancelled() => return,
                 changed = changes.changed() => if changed.is_err() { return },
-                _ = tokio::time::sleep(std::time::Duration::from_secs(5)), if pending => {}
+                _ = tokio::time::sleep(std::time::Duration::from_secs(5)), if pending || unwritten => {}
             }
         }
     });

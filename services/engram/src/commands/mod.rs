@@ -1,6 +1,7 @@
 //! One module per subcommand that talks to a running Engram.
 
 pub mod access;
+pub mod access_render;
 pub mod append;
 pub mod consolidate;
 pub mod dlq;
