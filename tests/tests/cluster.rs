@@ -172,7 +172,7 @@ const CUT_FOR: Duration = Duration::from_secs(15);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_cut_off_the_network_acknowledges_nothing_that_is_later_lost() {
-    let lan = match engram_testkit::lan::Lan::create(3) {
+    let lan = match engram_natsd::lan::Lan::create(3) {
         Ok(lan) => lan,
         Err(why) => {
             eprintln!("skipped: this machine cannot make network namespaces ({why})");
@@ -230,7 +230,7 @@ async fn a_leader_cut_off_the_network_acknowledges_nothing_that_is_later_lost() 
         let healed = healed.clone();
         let event = event.clone();
         move || {
-            engram_testkit::lan::enter(&netns);
+            engram_natsd::lan::enter(&netns);
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
                 .build()

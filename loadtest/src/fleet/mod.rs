@@ -328,6 +328,7 @@ pub async fn run(
         nodes: config.nodes,
         node_restart_after: config.node_restart_after,
         cluster: config.cluster,
+        partitionable: config.chaos_cluster,
     })
     .await?;
     if config.nodes > 0 {
@@ -833,6 +834,10 @@ enum Fault {
     RollingRestart,
     /// SIGSTOP of a follower for longer than its routes' ping timeout, then SIGCONT.
     Freeze,
+    /// The events stream's leader cut off the network (its link down) for [`CUT_FOR`], then
+    /// healed: the majority elects another and goes on; what the cut-off side acknowledged,
+    /// if anything, must survive (the ledger checks every acknowledged append).
+    Partition,
 }
 
 /// What chaos mode does: with `--chaos` (processes), a projector or memory node and then
@@ -840,11 +845,15 @@ enum Fault {
 fn chaos_plan(config: &FleetConfig) -> Vec<(f64, Fault)> {
     if config.chaos_cluster {
         return vec![
-            (0.10, Fault::KillFollower),
-            (0.25, Fault::KillLeader),
-            (0.40, Fault::Kill("node-1")),
-            (0.55, Fault::RollingRestart),
-            (0.80, Fault::Freeze),
+            // Recoveries take 10 to 75 s (a memory node waits out its leases, a rolling
+            // restart each process's restart), so the later faults start when the earlier
+            // ones have recovered: at 300 s of load the last still has a minute left.
+            (0.08, Fault::KillFollower),
+            (0.18, Fault::KillLeader),
+            (0.30, Fault::Kill("node-1")),
+            (0.46, Fault::RollingRestart),
+            (0.70, Fault::Freeze),
+            (0.82, Fault::Partition),
         ];
     }
     let first = if config.nodes >= 2 {
@@ -854,6 +863,14 @@ fn chaos_plan(config: &FleetConfig) -> Vec<(f64, Fault)> {
     };
     vec![(0.3, Fault::Kill(first)), (0.6, Fault::Kill("nats-server"))]
 }
+
+/// How long a partitioned node stays cut off: past its routes' ping timeout (2 s x 2), the
+/// clients' (`bus.ping_interval` 5 s x 3 pings) and the majority's election of a leader.
+const CUT_FOR: Duration = Duration::from_secs(20);
+
+/// The load a fault needs left when it is due, to be timed: a leader election (about 5 s)
+/// and a memory node's takeover (its leases, 10 s) with room to see appends resume.
+const MIN_LOAD_LEFT: Duration = Duration::from_secs(30);
 
 /// How long a frozen node stays stopped: past the loadtest cluster's route ping timeout
 /// (ping_interval 2 s x ping_max 2) and JetStream's leader election timeouts.
@@ -898,8 +915,55 @@ async fn chaos(
 ) -> Vec<ChaosEvent> {
     let mut events = Vec::new();
     let clustered = target.nats_names().len() > 1;
+    let load_end = start + duration;
     for &(share, fault) in plan {
         tokio::time::sleep_until(start + duration.mul_f64(share)).await;
+        // An earlier fault's recovery can run past this one's share: one due with too little
+        // load left could not be timed (nothing appends after the load), so it is reported
+        // as not run rather than waited on for minutes.
+        let left = load_end.saturating_duration_since(Instant::now());
+        if left < MIN_LOAD_LEFT {
+            let what = match fault {
+                Fault::Kill(name) => format!("kill -9 {name}"),
+                Fault::KillLeader => "kill -9 the stream leader".to_owned(),
+                Fault::KillFollower => "kill -9 a follower".to_owned(),
+                Fault::RollingRestart => "rolling restart".to_owned(),
+                Fault::Freeze => "sigstop".to_owned(),
+                Fault::Partition => "partition".to_owned(),
+            };
+            eprintln!(
+                "[chaos] {what}: not run, {:.0}s of load left",
+                left.as_secs_f64()
+            );
+            events.push(ChaosEvent {
+                victim: what,
+                at_secs: start.elapsed().as_secs_f64(),
+                down_secs: 0.0,
+                stream_seq_at_kill: None,
+                appends_while_down: 0,
+                appends_resumed_secs: None,
+                caught_up_secs: None,
+                caught_up_to_seq: None,
+                taken_over_secs: None,
+                returned_secs: None,
+                visibility_max_ms: None,
+                action: None,
+                ack_gap_max_ms: None,
+                replica_caught_up_secs: None,
+                visibility_back_secs: None,
+                leader_change: None,
+                error: Some(format!(
+                    "not run: the faults before it recovered with {:.0} s of load left, and a fault needs {} s of load to be timed; run longer (--duration)",
+                    left.as_secs_f64(),
+                    MIN_LOAD_LEFT.as_secs()
+                )),
+            });
+            continue;
+        }
+        if let (Fault::Partition, Err(why)) = (fault, target.partitionable()) {
+            eprintln!("[chaos] network partition: not run, this machine cannot ({why})");
+            continue;
+        }
         let leader_before = if clustered {
             stream_leader(monitor).await
         } else {
@@ -917,6 +981,7 @@ async fn chaos(
             Fault::KillFollower => (follower().unwrap_or_default(), "kill -9"),
             Fault::RollingRestart => ("every process".to_owned(), "rolling restart"),
             Fault::Freeze => (follower().unwrap_or_default(), "sigstop"),
+            Fault::Partition => (leader_before.clone().unwrap_or_default(), "partition"),
         };
         let stream_seq_at_kill = monitor.stream_state().await.ok().map(|s| s.last_seq);
         let killed = Instant::now();
@@ -937,6 +1002,12 @@ async fn chaos(
                 target.freeze(&victim, true);
                 tokio::time::sleep(FREEZE).await;
                 target.freeze(&victim, false);
+                Ok(())
+            }
+            Fault::Partition => {
+                target.cut(&victim, true);
+                tokio::time::sleep(CUT_FOR).await;
+                target.cut(&victim, false);
                 Ok(())
             }
             _ => {
@@ -1015,8 +1086,9 @@ async fn chaos(
             } else {
                 recorder.acked_count()
             };
-            let deadline = Instant::now() + Duration::from_secs(120);
-            while recorder.acked_count() <= baseline && Instant::now() < deadline {
+            // Nothing appends after the load: resumption is looked for until then.
+            let resume_by = (Instant::now() + Duration::from_secs(120)).min(load_end);
+            while recorder.acked_count() <= baseline && Instant::now() < resume_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
             if recorder.acked_count() > baseline {
@@ -1031,6 +1103,7 @@ async fn chaos(
                 });
             }
             // Caught up: every projector has applied what the stream held once appends resumed.
+            let deadline = Instant::now() + Duration::from_secs(120);
             if let Ok(summary) = monitor.stream_state().await {
                 let wanted = summary.last_seq;
                 while Instant::now() < deadline {
@@ -1072,8 +1145,8 @@ async fn chaos(
         let now = Instant::now();
         event.visibility_max_ms = recorder.visibility_max_ms(killed, now);
         // Appends stop when the load does: a gap is measured up to its end at most.
-        let load_end = (start + duration).max(killed);
-        event.ack_gap_max_ms = Some(recorder.longest_ack_gap_ms(killed, now.min(load_end)));
+        let gap_end = now.min(load_end.max(killed));
+        event.ack_gap_max_ms = Some(recorder.longest_ack_gap_ms(killed, gap_end));
         event.visibility_back_secs =
             recorder.visibility_back_secs(killed, now, visibility_goal.as_secs_f64() * 1000.0);
         if clustered {

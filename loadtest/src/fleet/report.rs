@@ -396,7 +396,8 @@ impl FleetReport {
         }
         for event in self.chaos.iter().filter(|e| e.error.is_some()) {
             out.push(format!(
-                "restart of {} failed: {}",
+                "chaos, {} {}: {}",
+                event.action.as_deref().unwrap_or("fault"),
                 event.victim,
                 event.error.as_deref().unwrap_or_default()
             ));

@@ -107,6 +107,9 @@ pub struct Target {
     dir: Option<tempfile::TempDir>,
     /// Kept when the run failed, for the logs.
     keep: bool,
+    /// Each cluster node behind a link of its own, for cutting it off (network partition
+    /// chaos); `Err` says why this machine cannot. Last, so that it goes after the servers.
+    lan: Result<engram_natsd::lan::Lan, String>,
 }
 
 pub(crate) struct TargetOptions {
@@ -124,6 +127,9 @@ pub(crate) struct TargetOptions {
     pub(crate) node_restart_after: Duration,
     /// NATS servers forming one JetStream cluster (every stream on 3 of them); 0 runs one.
     pub(crate) cluster: usize,
+    /// Run each cluster node in a network namespace of its own, so that chaos can cut one
+    /// off the network (where the machine allows it: root and iproute2).
+    pub(crate) partitionable: bool,
 }
 
 impl Target {
@@ -136,6 +142,7 @@ impl Target {
                 bin: None,
                 dir: None,
                 keep: false,
+                lan: Err("the deployment is not this run's".into()),
             });
         }
         let bin = locate_engram(opts.engram_bin.as_deref())?;
@@ -159,10 +166,21 @@ impl Target {
             conf.push_str("\nping_interval: \"2s\"\nping_max: 2\n");
         }
         let conf = write(&dir.path().join("nats/nats-server.conf"), &conf)?;
+        let lan = if opts.cluster > 0 && opts.partitionable {
+            engram_natsd::lan::Lan::create(opts.cluster)
+        } else {
+            Err("not asked for".to_owned())
+        };
+        if opts.partitionable
+            && let Err(why) = &lan
+        {
+            eprintln!("[setup] the cluster runs on loopback; no network partition ({why})");
+        }
         let nats = if opts.cluster > 0 {
             let mut cluster_opts =
                 ClusterOptions::new(nats_bin, dir.path().join("nats"), opts.cluster);
             cluster_opts.config_file = Some(conf);
+            cluster_opts.placement = lan.as_ref().ok().map(engram_natsd::lan::Lan::placement);
             let cluster = Cluster::start(cluster_opts)
                 .await
                 .map_err(|e| FleetError::Setup(format!("nats-server cluster: {e}")))?;
@@ -188,6 +206,7 @@ impl Target {
             bin: Some(bin),
             dir: Some(dir),
             keep: false,
+            lan,
         };
         let mut base = config_toml(opts.embedder, opts.consolidate_every);
         if opts.cluster > 0 {
@@ -435,6 +454,23 @@ impl Target {
                 server.pause();
             } else {
                 server.resume();
+            }
+        }
+    }
+
+    /// Whether a NATS server can be cut off the network here; `Err` says why not.
+    pub(crate) fn partitionable(&self) -> Result<(), String> {
+        self.lan.as_ref().map(drop).map_err(Clone::clone)
+    }
+
+    /// Cuts the NATS server `name` ("nats-<i>") off the network (`cut`), or heals it.
+    pub(crate) fn cut(&self, name: &str, cut: bool) {
+        let index = name.strip_prefix("nats-").and_then(|i| i.parse().ok());
+        if let (Ok(lan), Some(i)) = (&self.lan, index) {
+            if cut {
+                lan.cut(i);
+            } else {
+                lan.heal(i);
             }
         }
     }

@@ -9,12 +9,15 @@
 //!   what crash tests need. Dropping it kills the process.
 //! - [`Cluster`]: several of them on loopback forming one JetStream cluster, each node on
 //!   leased client and route ports, so that any one can be killed, frozen and brought back.
+//! - [`lan`]: a private network of network namespaces, so that a test or the load test can
+//!   run each node of a [`Cluster`] behind a link of its own and cut it off.
 //! - [`PortLease`]: a loopback port nobody else takes while it is held, even while nothing
 //!   listens on it: what a restart on the same port, or a port kept closed, needs.
 //!
 //! This crate never talks NATS protocol; connecting is the bus's job.
 
 mod cluster;
+pub mod lan;
 mod locate;
 mod port;
 mod server;

@@ -3,8 +3,6 @@
 //!
 //! Helpers panic with a readable message instead of returning errors: they run only in tests.
 
-pub mod lan;
-
 use std::future::Future;
 use std::path::Path;
 use std::time::{Duration, Instant};

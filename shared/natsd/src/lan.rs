@@ -106,9 +106,9 @@ impl Lan {
     }
 
     /// Where each member runs a cluster node: its address and namespace.
-    pub fn placement(&self) -> Vec<engram_natsd::Placement> {
+    pub fn placement(&self) -> Vec<crate::Placement> {
         (0..self.members.len())
-            .map(|i| engram_natsd::Placement {
+            .map(|i| crate::Placement {
                 host: self.addr(i),
                 netns: self.netns(i),
             })
