@@ -3,6 +3,8 @@
 //! by more than the configured number of events for longer than the grace period; an
 //! embedder that keeps failing is named, with why, after the same grace.
 
+mod common;
+
 use std::time::Duration;
 
 use engram::config::{Config, HttpConfig, NatsConfig};
@@ -165,22 +167,7 @@ async fn a_lost_nats_connection_turns_healthz_503_with_the_reason_and_it_recover
     // Given engram up against a server of its own, healthy
     let mut nats = TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
-    let config = Config {
-        home: home.path().to_owned(),
-        nats: NatsConfig {
-            url: Some(nats.url()),
-            ..NatsConfig::default()
-        },
-        http: HttpConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..HttpConfig::default()
-        },
-        projectors: ProjectorsConfig {
-            run: Vec::new(),
-            ..ProjectorsConfig::default()
-        },
-        ..Config::default()
-    };
+    let config = common::in_process_up(home.path(), &nats.url());
     let running = engram::up::start(&config, 0).await.unwrap();
     let addr = running.http_addr;
     let (status, body) = http_get(addr, "/healthz").await;

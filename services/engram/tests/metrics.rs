@@ -5,13 +5,13 @@
 //! A file of its own: metrics are process-wide, and a second in-process node (as the
 //! `engram up` tests of health.rs start) would set and remove the same partitions' series.
 
+mod common;
+
 use std::time::Duration;
 
-use engram::config::{Config, HttpConfig, NatsConfig};
 use engram::http::{LagCheck, LagLimits};
 use engram_bus::{Bus, BusConfig};
 use engram_natsd::{Cluster, ClusterOptions};
-use engram_projectors::ProjectorsConfig;
 use engram_testkit::{TestNats, wait_until};
 
 /// One series' value in the registry's text exposition, as `/metrics` serves it (`series` is
@@ -39,22 +39,7 @@ async fn a_node_reports_each_partition_it_owns_and_drops_the_series_when_it_lets
     // Given engram up, whose one memory node takes every partition
     let nats = TestNats::start().await;
     let home = tempfile::tempdir().unwrap();
-    let config = Config {
-        home: home.path().to_owned(),
-        nats: NatsConfig {
-            url: Some(nats.url()),
-            ..NatsConfig::default()
-        },
-        http: HttpConfig {
-            listen: "127.0.0.1:0".parse().unwrap(),
-            ..HttpConfig::default()
-        },
-        projectors: ProjectorsConfig {
-            run: Vec::new(),
-            ..ProjectorsConfig::default()
-        },
-        ..Config::default()
-    };
+    let config = common::in_process_up(home.path(), &nats.url());
     assert!(owned_series().is_empty(), "{:?}", owned_series());
     let running = engram::up::start(&config, 0).await.unwrap();
 

@@ -12,7 +12,7 @@
 //! made where they are missing, so that a test can skip with that reason. Dropping it deletes
 //! the namespaces (which deletes their links) and the bridge.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::net::{IpAddr, Ipv4Addr};
 use std::path::PathBuf;
 use std::process::Command;
@@ -206,13 +206,9 @@ fn reserve_subnet() -> Result<(u8, File), String> {
             continue;
         }
         let path = dir.join(format!("{subnet}.lock"));
-        let lock = OpenOptions::new()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(|e| format!("opening {}: {e}", path.display()))?;
-        if lock.try_lock().is_ok() {
+        if let Some(lock) =
+            crate::port::try_lock(&path).map_err(|e| format!("opening {}: {e}", path.display()))?
+        {
             return Ok((subnet, lock));
         }
     }

@@ -37,15 +37,11 @@ impl PortLease {
         for i in 0..ATTEMPTS as u32 {
             let port = low + ((start + i * 7919) % span) as u16;
             let path = dir.join(format!("{port}.lock"));
-            let lock = OpenOptions::new()
-                .create(true)
-                .truncate(false)
-                .write(true)
-                .open(&path)
-                .map_err(NatsdError::io(format!("opening {}", path.display())))?;
-            if lock.try_lock().is_err() {
+            let Some(lock) =
+                try_lock(&path).map_err(NatsdError::io(format!("opening {}", path.display())))?
+            else {
                 continue;
-            }
+            };
             // Held by something that takes no lease (a fixed port of some other program).
             if std::net::TcpListener::bind(("127.0.0.1", port)).is_err() {
                 continue;
@@ -64,6 +60,17 @@ impl PortLease {
     pub fn port(&self) -> u16 {
         self.port
     }
+}
+
+/// The file at `path`, created if need be, locked exclusively: `None` while another holder
+/// (in any process on the machine) has it. The lock lasts as long as the returned file.
+pub(crate) fn try_lock(path: &std::path::Path) -> std::io::Result<Option<File>> {
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(path)?;
+    Ok(file.try_lock().is_ok().then_some(file))
 }
 
 /// Below the kernel's ephemeral range when there is room there, else above it; when the

@@ -154,3 +154,25 @@ pub fn spawn_up(
         .unwrap_or_else(|e| panic!("engram up {args:?}: {e}"));
     (child, ready)
 }
+
+/// `engram up` in the test's process (`engram::up::start`) against `url`: no projectors of
+/// its own, HTTP on a free loopback port, state in `home`.
+pub fn in_process_up(home: &std::path::Path, url: &str) -> engram::config::Config {
+    use engram::config::{Config, HttpConfig, NatsConfig};
+    Config {
+        home: home.to_owned(),
+        nats: NatsConfig {
+            url: Some(url.to_owned()),
+            ..NatsConfig::default()
+        },
+        http: HttpConfig {
+            listen: "127.0.0.1:0".parse().unwrap(),
+            ..HttpConfig::default()
+        },
+        projectors: engram_projectors::ProjectorsConfig {
+            run: Vec::new(),
+            ..engram_projectors::ProjectorsConfig::default()
+        },
+        ..Config::default()
+    }
+}
