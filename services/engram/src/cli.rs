@@ -89,6 +89,11 @@ pub enum Command {
     /// block for servers `engram up` does not run, once or following every change (admin).
     #[command(subcommand)]
     Access(commands::access_render::AccessCommand),
+    /// Leaf nodes of this hub: `add` registers one and writes the credentials its
+    /// `engram up --leaf` runs with, `list` shows them and their sync, `remove` ends one
+    /// (admin). `status` on a leaf shows its link and what waits to sync.
+    #[command(subcommand)]
+    Leaf(LeafCommand),
     /// API keys for the HTTP API: `add` issues an agent key and prints it as one line
     /// (admin). Revoke it like any agent key: `engram agent revoke --key <public key>`.
     #[command(subcommand)]
@@ -456,6 +461,14 @@ pub struct UpArgs {
     /// and write every tenant's memory; refused unless everything listens on loopback.
     #[arg(long)]
     pub insecure_no_auth: bool,
+    /// Run as a leaf node of the hub at this leafnode URL (`nats-leaf://host:7422`), with
+    /// the leaf credentials given by --creds (from `engram leaf add` on the hub). Local
+    /// agents append and query here, online or not; the tenant's scopes sync both ways.
+    #[arg(long, value_name = "URL", requires = "creds")]
+    pub leaf: Option<String>,
+    /// Accept leaf node connections on this address (the hub's side), e.g. 0.0.0.0:7422.
+    #[arg(long, value_name = "ADDR")]
+    pub leaf_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Args)]
@@ -502,6 +515,38 @@ pub struct EraseTarget {
     /// A user: their `user:<id>` scope.
     #[arg(long)]
     pub user: Option<String>,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum LeafCommand {
+    /// Register leaf NAME of a tenant and write its credentials file (keep it secret: it
+    /// syncs the tenant's scopes). Its events stream sources the leaf's from then on.
+    Add {
+        /// The leaf's name, which is also its JetStream domain (unique on this hub).
+        name: String,
+        #[arg(long)]
+        tenant: String,
+        /// Scopes it syncs both ways: kind:id or kind:* (repeatable; default task:* and
+        /// session:*). What is granted to every agent of the tenant comes down too.
+        #[arg(long)]
+        scope: Vec<String>,
+        /// Where to write the credentials (default <home>/leaves/<name>.creds).
+        #[arg(long, value_name = "FILE")]
+        out: Option<PathBuf>,
+    },
+    /// The tenant's leaves (every tenant's without --tenant), with each one's sync lag.
+    List {
+        #[arg(long)]
+        tenant: Option<String>,
+    },
+    /// End leaf NAME: its key is refused and its events are no longer sourced.
+    Remove {
+        name: String,
+        #[arg(long)]
+        tenant: String,
+    },
+    /// On a leaf: whether the hub is reachable and how many events wait in each direction.
+    Status,
 }
 
 #[derive(Debug, Subcommand)]
@@ -726,6 +771,12 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         overrides.http_listen = up.http;
         overrides.insecure_no_auth = up.insecure_no_auth.then_some(true);
         overrides.cluster = up.cluster;
+        overrides.leafnodes_listen = up.leaf_listen;
+        if let Some(hub) = &up.leaf {
+            // With --leaf, --creds is the leaf's credentials, not a key to connect with.
+            overrides.leaf_hub = Some(hub.clone());
+            overrides.leaf_creds = overrides.creds.take();
+        }
     }
     let config = Config::load(cli.global.config.as_deref(), &overrides)?;
     engram_telemetry::init_logging(config.log.format, &config.log.filter)?;
@@ -755,6 +806,7 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Agent(command) => commands::access::agent(&config, command, json).await,
         Command::Grant(command) => commands::access::grant(&config, command, json).await,
         Command::Key(command) => commands::access::key(&config, command, json).await,
+        Command::Leaf(command) => commands::leaf::run(&config, command, json).await,
         Command::Access(command) => commands::access_render::run(&config, command, json).await,
         Command::Gateway { listen } => crate::up::run_gateway(&config, listen).await,
         Command::Erase(args) => commands::erase::run(&config, args, json).await,

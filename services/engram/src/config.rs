@@ -23,6 +23,7 @@ pub struct Config {
     /// Data dir: the managed nats-server's store and config live here.
     pub home: PathBuf,
     pub nats: NatsConfig,
+    pub leaf: LeafConfig,
     pub bus: BusConfig,
     pub http: HttpConfig,
     pub log: LogConfig,
@@ -85,6 +86,26 @@ pub struct NatsConfig {
     /// stream, bucket and object store is kept on 3 of them (`bus.stream.replicas`, unless
     /// set to another count).
     pub cluster: usize,
+    /// The managed server's JetStream domain: leaf nodes reach its API as
+    /// `$JS.<domain>.API`, and `engram leaf add` writes it into a leaf's credentials.
+    pub domain: String,
+    /// Accept leaf node connections here (`engram up --leaf-listen 0.0.0.0:7422`): laptops
+    /// running `engram up --leaf` sync through it. Unset: no leaf can connect.
+    pub leafnodes_listen: Option<SocketAddr>,
+}
+
+/// Running as a leaf node of a hub (`engram up --leaf <url> --creds <file>`).
+#[derive(Clone, Debug, Default, PartialEq, Serialize, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct LeafConfig {
+    /// The hub's leafnode URL (`nats-leaf://hub.example:7422`); unset: not a leaf.
+    pub hub: Option<String>,
+    /// The leaf credentials file `engram leaf add` wrote on the hub.
+    pub creds: Option<PathBuf>,
+    /// How long the outbox keeps an event the hub has not taken yet: the longest this leaf
+    /// may stay offline without losing what it wrote. Default 30 days.
+    #[serde(default, with = "humantime_serde::option")]
+    pub outbox_max_age: Option<std::time::Duration>,
 }
 
 #[derive(Clone, Debug, PartialEq, Serialize, Deserialize)]
@@ -123,6 +144,7 @@ impl Default for Config {
         Self {
             home: default_home(),
             nats: NatsConfig::default(),
+            leaf: LeafConfig::default(),
             bus: BusConfig::default(),
             http: HttpConfig::default(),
             log: LogConfig::default(),
@@ -146,6 +168,8 @@ impl Default for NatsConfig {
             insecure_no_auth: false,
             creds: None,
             cluster: 0,
+            domain: engram_access::leaf::DEFAULT_HUB_DOMAIN.into(),
+            leafnodes_listen: None,
         }
     }
 }
@@ -203,6 +227,12 @@ pub struct FlagOverrides {
     pub insecure_no_auth: Option<bool>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub cluster: Option<usize>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leaf_hub: Option<String>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leaf_creds: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub leafnodes_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -218,6 +248,7 @@ pub enum ConfigError {
 const ENV_KEYS: &[&str] = &[
     "home",
     "nats",
+    "leaf",
     "bus",
     "http",
     "log",
@@ -310,8 +341,21 @@ impl Config {
         if let Some(cluster) = flags.cluster {
             nats.insert("cluster".into(), cluster.into());
         }
+        if let Some(listen) = flags.leafnodes_listen {
+            nats.insert("leafnodes_listen".into(), listen.to_string().into());
+        }
         if !nats.is_empty() {
             put("nats", nats.into());
+        }
+        let mut leaf = figment::value::Dict::new();
+        if let Some(hub) = &flags.leaf_hub {
+            leaf.insert("hub".into(), hub.clone().into());
+        }
+        if let Some(creds) = &flags.leaf_creds {
+            leaf.insert("creds".into(), creds.display().to_string().into());
+        }
+        if !leaf.is_empty() {
+            put("leaf", leaf.into());
         }
         Ok((figment.merge(Serialized::globals(layer)), file))
     }

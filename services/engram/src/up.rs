@@ -40,6 +40,8 @@ pub enum UpError {
     },
     #[error("cannot set up authentication: {0}")]
     Access(#[from] engram_access::AccessError),
+    #[error("cannot run as a leaf node: {0}")]
+    Leaf(String),
     #[error("cannot prepare data dir {path}: {source}")]
     Home {
         path: String,
@@ -70,6 +72,86 @@ pub struct Running {
     /// How far the managed server's authorization has caught up with the registry; `None`
     /// without a managed server that authenticates.
     pub access_enforced: Option<engram_access::conf::Enforced>,
+    /// A leaf's relays (`--leaf`), stopped before the connection drains.
+    leaf: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
+}
+
+/// What `engram up --leaf` runs with: the credentials from the hub, and where the hub is.
+#[derive(Clone, Debug)]
+pub struct LeafMode {
+    pub hub: String,
+    pub creds: engram_access::leaf::LeafCredentials,
+    pub retention: engram_leaf::local::Retention,
+}
+
+impl LeafMode {
+    /// The leaf mode `config` asks for, checked; `None` when it is not a leaf.
+    pub fn of(config: &Config) -> Result<Option<Self>, UpError> {
+        let Some(hub) = config.leaf.hub.clone() else {
+            return Ok(None);
+        };
+        let path = config.leaf.creds.as_ref().ok_or_else(|| {
+            UpError::Leaf(
+                "--leaf needs the leaf's credentials: --creds <file from `engram leaf add`>".into(),
+            )
+        })?;
+        if config.nats.url.is_some() {
+            return Err(UpError::Leaf(
+                "a leaf runs its own nats-server; drop --nats / nats.url".into(),
+            ));
+        }
+        if config.nats.cluster > 0 || config.nats.leafnodes_listen.is_some() {
+            return Err(UpError::Leaf(
+                "a leaf is one server: drop --cluster and --leaf-listen".into(),
+            ));
+        }
+        if !(hub.starts_with("nats-leaf://")
+            || hub.starts_with("tls://")
+            || hub.starts_with("nats://"))
+        {
+            return Err(UpError::Leaf(format!(
+                "{hub:?} is not a leafnode URL; use nats-leaf://<hub host>:<its --leaf-listen port>"
+            )));
+        }
+        let creds = engram_access::leaf::LeafCredentials::load(path)?;
+        let mut retention = engram_leaf::local::Retention::default();
+        if let Some(age) = config.leaf.outbox_max_age {
+            retention.outbox_max_age = age;
+        }
+        Ok(Some(Self {
+            hub,
+            creds,
+            retention,
+        }))
+    }
+
+    /// `config` as a leaf runs it: the hub's partition count, so that an event's partition
+    /// is the same on both sides.
+    fn adjust(&self, config: &Config) -> Config {
+        let mut config = config.clone();
+        config.bus.stream.partitions = self.creds.partitions;
+        config
+    }
+}
+
+/// The managed server's JetStream domain: a leaf's name, else `nats.domain`.
+pub fn js_domain(config: &Config) -> String {
+    match (&config.leaf.hub, &config.leaf.creds) {
+        (Some(_), Some(path)) => engram_access::leaf::LeafCredentials::load(path)
+            .map(|c| c.leaf.to_string())
+            .unwrap_or_else(|_| config.nats.domain.clone()),
+        _ => config.nats.domain.clone(),
+    }
+}
+
+/// `conf` (the shipped config) with `domain` as its JetStream domain.
+fn with_domain(conf: &str, domain: &str) -> String {
+    // The shipped file has one `jetstream {` block; the domain goes first in it.
+    conf.replacen(
+        "jetstream {",
+        &format!("jetstream {{\n  # A leaf node reaches this server's JetStream API as $JS.{domain}.API.\n  domain: \"{domain}\""),
+        1,
+    )
 }
 
 /// What `engram up` runs of NATS itself: one server, or the nodes of a cluster.
@@ -157,12 +239,22 @@ pub fn access_names(config: &Config) -> engram_access::Names {
         working_bucket: config.bus.working_memory.bucket.clone(),
         snapshots_bucket: config.projectors.snapshots.bucket.clone(),
         snapshots_index: config.projectors.snapshots.index.clone(),
+        js_domain: js_domain(config),
         ..engram_access::Names::default()
     }
 }
 
 /// Starts every component and returns once all are ready.
 pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
+    let leaf_mode = LeafMode::of(config)?;
+    let adjusted;
+    let config = match &leaf_mode {
+        Some(leaf) => {
+            adjusted = leaf.adjust(config);
+            &adjusted
+        }
+        None => config,
+    };
     let layers: Vec<&str> = engram_schema::Layer::ALL
         .iter()
         .map(|l| l.as_str())
@@ -205,7 +297,8 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
     let (server, nats_url) = match &config.nats.url {
         Some(url) => (None, url.clone()),
         None => {
-            let server = start_managed_server(config, identities.as_ref()).await?;
+            let server =
+                start_managed_server(config, identities.as_ref(), leaf_mode.as_ref()).await?;
             let url = server.url();
             (Some(server), url)
         }
@@ -232,6 +325,13 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
         tracing::warn!(error = %e, "cannot provision the access registry stream");
     }
     warn_replica_shortfalls(&bus).await;
+    let leaf = match &leaf_mode {
+        Some(mode) => Some(start_leaf(&bus, &access_log, config, mode).await?),
+        None => {
+            reconcile_leaf_sources(&bus, &access_log, config).await;
+            None
+        }
+    };
     let access_stop = CancellationToken::new();
     // One memory node in this process owning every partition it may (all, by default),
     // which takes them before it returns, each answering once caught up; or, with
@@ -329,9 +429,74 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
         http_stop,
         http_task,
         lag_sampler,
+        leaf,
         access_stop,
         access_enforced,
     })
+}
+
+/// A leaf's own streams and relays; its tenant registered locally, so that the local admin
+/// can issue keys for it.
+async fn start_leaf(
+    bus: &Bus,
+    access_log: &engram_access::AccessLog,
+    config: &Config,
+    mode: &LeafMode,
+) -> Result<(CancellationToken, tokio::task::JoinHandle<()>), UpError> {
+    let leaf_err = |e: engram_leaf::LeafError| UpError::Leaf(e.to_string());
+    let tenant = &mode.creds.tenant;
+    let registry = access_log.load().await?;
+    if !registry.tenants.contains_key(tenant) {
+        match access_log
+            .append(
+                engram_access::Record::TenantAdded {
+                    tenant: tenant.clone(),
+                },
+                "engram up --leaf",
+            )
+            .await
+        {
+            Ok(_) | Err(engram_access::AccessError::TenantExists { .. }) => {}
+            Err(e) => return Err(e.into()),
+        }
+    }
+    engram_leaf::local::provision(bus.jetstream(), &mode.creds, &mode.retention)
+        .await
+        .map_err(leaf_err)?;
+    let stop = CancellationToken::new();
+    let task = engram_leaf::relay::spawn(
+        bus.jetstream().clone(),
+        config.bus.stream.name.clone(),
+        mode.creds.clone(),
+        stop.clone(),
+    );
+    tracing::info!(
+        leaf = %mode.creds.leaf,
+        tenant = %tenant,
+        hub = %mode.hub,
+        writes = mode.creds.writes.len(),
+        reads = mode.creds.reads.len(),
+        "running as a leaf node: the tenant's scopes sync with the hub whenever the link is up"
+    );
+    Ok((stop, task))
+}
+
+/// The hub's side: its events stream sources every live leaf's outbox. Done again by every
+/// `engram leaf add` and `remove`; here in case one of those could not reach the stream.
+async fn reconcile_leaf_sources(bus: &Bus, access_log: &engram_access::AccessLog, config: &Config) {
+    let registry = match access_log.load().await {
+        Ok(r) => r,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot read the access registry for leaf sources");
+            return;
+        }
+    };
+    let leaves: Vec<_> = registry.live_leaves().map(|(_, l)| l).collect();
+    if let Err(e) =
+        engram_leaf::hub::reconcile_sources(bus.jetstream(), &config.bus.stream.name, &leaves).await
+    {
+        tracing::warn!(error = %e, "cannot bring the events stream's leaf sources up to date");
+    }
 }
 
 /// Says which streams are kept on fewer servers than configured, and the command that
@@ -368,6 +533,7 @@ pub(crate) fn service_link(
 async fn start_managed_server(
     config: &Config,
     identities: Option<&Identities>,
+    leaf: Option<&LeafMode>,
 ) -> Result<Managed, UpError> {
     let home = &config.home;
     let nats_dir = home.join("nats");
@@ -377,8 +543,36 @@ async fn start_managed_server(
     };
     std::fs::create_dir_all(&nats_dir).map_err(home_err)?;
     let conf = nats_dir.join("nats-server.conf");
-    let mut text = NATS_CONF.to_owned();
+    let domain = match leaf {
+        Some(leaf) => leaf.creds.leaf.to_string(),
+        None => config.nats.domain.clone(),
+    };
+    let mut text = with_domain(NATS_CONF, &domain);
     text.push('\n');
+    if let Some(listen) = config.nats.leafnodes_listen {
+        text.push_str(&format!(
+            "\n# Leaf nodes (engram up --leaf) connect here with the keys `engram leaf add` issues.\nleafnodes {{\n  listen: \"{listen}\"\n}}\n"
+        ));
+    }
+    if let Some(leaf) = leaf {
+        // The seed is a secret: in a file of its own, mode 0600.
+        let remote = nats_dir.join("leaf.conf");
+        let block = serde_json::json!({
+            "remotes": [{ "url": leaf.hub, "nkey": leaf.creds.seed }],
+            // Retry a lost link every few seconds: the relays wait, nothing is lost.
+            "reconnect": 2,
+        });
+        engram_access::conf::write_if_changed(
+            &remote,
+            &format!(
+                "# Written by engram up --leaf: this server is a leaf node of the hub below.\nleafnodes: {}\n",
+                serde_json::to_string_pretty(&block).expect("json values serialize")
+            ),
+        )?;
+        text.push_str("\ninclude \"leaf.conf\"\n");
+    } else {
+        let _ = std::fs::remove_file(nats_dir.join("leaf.conf"));
+    }
     text.push_str(&engram_access::conf::query_routing(
         config.bus.stream.partitions,
     ));
@@ -448,9 +642,14 @@ impl Running {
             lag_sampler,
             bus,
             access_stop,
+            leaf,
             ..
         } = self;
         tracing::info!("shutting down");
+        if let Some((stop, task)) = leaf {
+            stop.cancel();
+            let _ = tokio::time::timeout(Duration::from_secs(5), task).await;
+        }
         lag_sampler.abort();
         http_stop.cancel();
         if tokio::time::timeout(Duration::from_secs(5), &mut http_task)

@@ -28,6 +28,8 @@ pub enum RoleName {
     ConsolidatorResponder,
     QueryResponder,
     Agent,
+    /// A leaf node's connection to its hub.
+    Leaf,
 }
 
 impl RoleName {
@@ -62,6 +64,7 @@ impl RoleName {
             Self::ConsolidatorResponder => "consolidator_responder",
             Self::QueryResponder => "query_responder",
             Self::Agent => "agent",
+            Self::Leaf => "leaf",
         }
     }
 
@@ -75,6 +78,7 @@ impl RoleName {
             Role::Responder(Service::Consolidator) => Self::ConsolidatorResponder,
             Role::Responder(Service::Query) => Self::QueryResponder,
             Role::Agent { .. } => Self::Agent,
+            Role::Leaf(_) => Self::Leaf,
         }
     }
 
@@ -88,7 +92,7 @@ impl RoleName {
             Self::ProjectorsResponder => Some(Role::Responder(Service::Projectors)),
             Self::ConsolidatorResponder => Some(Role::Responder(Service::Consolidator)),
             Self::QueryResponder => Some(Role::Responder(Service::Query)),
-            Self::Agent => None,
+            Self::Agent | Self::Leaf => None,
         }
     }
 }
@@ -219,18 +223,6 @@ impl Credentials {
 
     /// Writes the file with mode 0600 (its directory 0700), replacing any file there.
     pub fn save(&self, path: &Path) -> Result<(), AccessError> {
-        use std::os::unix::fs::DirBuilderExt as _;
-        let err = |e: std::io::Error| AccessError::File {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        };
-        if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-            std::fs::DirBuilder::new()
-                .recursive(true)
-                .mode(0o700)
-                .create(dir)
-                .map_err(err)?;
-        }
         let who = match self.agent_identity() {
             Some((t, a)) => format!("agent {a} of tenant {t}"),
             None => format!("the {} identity", self.role.as_str()),
@@ -243,41 +235,67 @@ impl Credentials {
             "# Engram credentials for {who} (public key {}).\n# Whoever holds this file acts as that identity: keep it secret.\n{body}",
             self.public_key()
         );
-        crate::write_private(path, &text)
+        save_private(path, &text)
     }
 
     /// Reads a credentials file, refusing one that other users can read.
     pub fn load(path: &Path) -> Result<Self, AccessError> {
-        use std::os::unix::fs::PermissionsExt as _;
+        let text = read_private(path)?;
         let bad = |reason: String| AccessError::BadCredentials {
             path: path.display().to_string(),
             reason,
         };
-        let meta = std::fs::metadata(path).map_err(|e| AccessError::File {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
-        if meta.permissions().mode() & 0o077 != 0 {
-            return Err(bad(format!(
-                "it is readable by other users (mode {:o}); run `chmod 600 {}`",
-                meta.permissions().mode() & 0o777,
-                path.display()
-            )));
-        }
-        if meta.len() > 64 * 1024 {
-            return Err(bad("it is larger than 64 KiB".into()));
-        }
-        let text = std::fs::read_to_string(path).map_err(|e| AccessError::File {
-            path: path.display().to_string(),
-            reason: e.to_string(),
-        })?;
         let creds: Self = toml::from_str(&text).map_err(|e| bad(e.to_string()))?;
         creds.validate().map_err(bad)?;
         Ok(creds)
     }
 }
 
-fn new_seed() -> String {
+/// The text of a secret file (at most 64 KiB), refusing one that other users can read, as
+/// ssh refuses a readable private key.
+pub fn read_private(path: &Path) -> Result<String, AccessError> {
+    use std::os::unix::fs::PermissionsExt as _;
+    let bad = |reason: String| AccessError::BadCredentials {
+        path: path.display().to_string(),
+        reason,
+    };
+    let meta = std::fs::metadata(path).map_err(|e| AccessError::File {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })?;
+    if meta.permissions().mode() & 0o077 != 0 {
+        return Err(bad(format!(
+            "it is readable by other users (mode {:o}); run `chmod 600 {}`",
+            meta.permissions().mode() & 0o777,
+            path.display()
+        )));
+    }
+    if meta.len() > 64 * 1024 {
+        return Err(bad("it is larger than 64 KiB".into()));
+    }
+    std::fs::read_to_string(path).map_err(|e| AccessError::File {
+        path: path.display().to_string(),
+        reason: e.to_string(),
+    })
+}
+
+/// Creates `path`'s directory (mode 0700) and writes `text` to it with mode 0600.
+pub fn save_private(path: &Path, text: &str) -> Result<(), AccessError> {
+    use std::os::unix::fs::DirBuilderExt as _;
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| AccessError::File {
+                path: path.display().to_string(),
+                reason: e.to_string(),
+            })?;
+    }
+    crate::write_private(path, text)
+}
+
+pub(crate) fn new_seed() -> String {
     nkeys::KeyPair::new_user()
         .seed()
         .expect("a generated key pair has a seed")

@@ -13,10 +13,12 @@
 //! - [`perms`]: role to NATS permissions, in one place.
 //! - [`registry`]: the access records (tenants, agents, grants) and the state they fold into.
 //! - [`log`]: the `ENGRAM_ACCESS` stream those records are appended to and read from.
+//! - [`leaf`]: what a hub and its leaf nodes share: streams, subjects, the leaf's permissions.
 //! - [`conf`]: the nats-server `authorization` block rendered from the registry.
 
 pub mod conf;
 pub mod creds;
+pub mod leaf;
 pub mod log;
 pub mod perms;
 pub mod registry;

@@ -27,6 +27,9 @@ pub struct Names {
     /// Memory nodes and the partitions they own (`engram_node`).
     pub nodes_bucket: String,
     pub access_stream: String,
+    /// The server's JetStream domain, which leaf nodes reach its API by
+    /// (`$JS.<domain>.API`).
+    pub js_domain: String,
 }
 
 impl Default for Names {
@@ -40,6 +43,7 @@ impl Default for Names {
             leases_bucket: "ENGRAM_LEASES".into(),
             nodes_bucket: "ENGRAM_NODES".into(),
             access_stream: crate::log::ACCESS_STREAM.into(),
+            js_domain: crate::leaf::DEFAULT_HUB_DOMAIN.into(),
         }
     }
 }
@@ -156,6 +160,9 @@ pub enum Role {
         agent: Ident,
         scopes: Vec<ScopePattern>,
     },
+    /// A leaf node's connection: its events go up and the hub's come down by JetStream
+    /// sourcing, for its scopes only ([`crate::leaf`]).
+    Leaf(crate::leaf::LeafSpec),
 }
 
 /// A service that answers requests: each has a worker identity ([`Role::Projectors`],
@@ -387,6 +394,8 @@ pub fn inbox_prefix(role: &Role) -> String {
     match role {
         Role::Admin => "_INBOX".into(),
         Role::Agent { tenant, agent, .. } => format!("{AGENT_INBOX_PREFIX}{tenant}.{agent}"),
+        // A leaf connection makes no requests of its own: the servers' sourcing does.
+        Role::Leaf(leaf) => format!("_INBOX.l.{}", leaf.name),
         service => format!("_INBOX.s.{}", RoleName::of(service).as_str()),
     }
 }
@@ -424,11 +433,13 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
         leases_bucket: leases,
         nodes_bucket: nodes,
         access_stream: access,
+        js_domain: _,
     } = names;
     let inbox = format!("{}.>", inbox_prefix(role));
     let s = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<_>>();
     match role {
         Role::Admin => None,
+        Role::Leaf(leaf) => Some(crate::leaf::permissions(leaf, names)),
         Role::Agent {
             tenant,
             agent,
@@ -537,7 +548,7 @@ pub fn permissions(role: &Role, names: &Names) -> Option<Permissions> {
                     // The query service reads the registry: it is the one that checks grants.
                     deny.retain(|d| !d.contains(access.as_str()));
                 }
-                Role::Admin | Role::Agent { .. } | Role::Responder(_) => {
+                Role::Admin | Role::Agent { .. } | Role::Leaf(_) | Role::Responder(_) => {
                     unreachable!("matched above")
                 }
             }

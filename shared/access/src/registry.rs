@@ -77,6 +77,19 @@ pub enum Record {
         to: Grantee,
         scope: ScopePattern,
     },
+    /// A leaf node of the tenant ([`crate::leaf`]): its key, and the scopes whose events it
+    /// sends up and receives (plus, down only, what is granted to every agent). A second
+    /// record for one leaf replaces its key and scopes.
+    LeafAdded {
+        tenant: Ident,
+        leaf: Ident,
+        key: String,
+        scopes: Vec<ScopePattern>,
+    },
+    LeafRevoked {
+        tenant: Ident,
+        leaf: Ident,
+    },
     /// The audit trail of an erasure: which scopes, when, and (once done) how much went.
     /// It names no content, so it outlives what it erased.
     ErasureStarted {
@@ -101,6 +114,8 @@ impl Record {
             | Self::AgentRevoked { tenant, .. }
             | Self::GrantAdded { tenant, .. }
             | Self::GrantRevoked { tenant, .. }
+            | Self::LeafAdded { tenant, .. }
+            | Self::LeafRevoked { tenant, .. }
             | Self::ErasureStarted { tenant, .. }
             | Self::ErasureFinished { tenant, .. } => tenant,
         }
@@ -141,10 +156,22 @@ impl Agent {
     }
 }
 
+/// A leaf node of a tenant.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Leaf {
+    pub key: String,
+    pub scopes: Vec<ScopePattern>,
+    pub added_at: DateTime<Utc>,
+    pub revoked_at: Option<DateTime<Utc>>,
+}
+
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
 pub struct Tenant {
     pub added_at: Option<DateTime<Utc>>,
     pub agents: BTreeMap<Ident, Agent>,
+    /// Leaf nodes, live or revoked.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub leaves: BTreeMap<Ident, Leaf>,
     /// Grants in force, with when each was given.
     pub grants: BTreeMap<(Grantee, ScopePattern), DateTime<Utc>>,
 }
@@ -218,7 +245,7 @@ impl Registry {
                         "an agent needs at least one scope".into(),
                     ));
                 }
-                if self.key_owner(key).is_some() {
+                if self.key_owner(key).is_some() || self.leaf_of_key(key).is_some() {
                     return Err(AccessError::Invalid(format!("key {key} is already in use")));
                 }
                 Ok(())
@@ -237,6 +264,37 @@ impl Registry {
                     )));
                 }
                 Ok(())
+            }
+            Record::LeafAdded {
+                leaf, key, scopes, ..
+            } => {
+                if scopes.is_empty() {
+                    return Err(AccessError::Invalid(
+                        "a leaf needs at least one scope".into(),
+                    ));
+                }
+                if self.key_owner(key).is_some() || self.leaf_of_key(key).is_some() {
+                    return Err(AccessError::Invalid(format!("key {key} is already in use")));
+                }
+                // A leaf's name is its JetStream domain: one per hub, whatever the tenant.
+                if let Some((other, _)) = self
+                    .live_leaves()
+                    .find(|(t, l)| l.name == *leaf && *t != tenant)
+                {
+                    return Err(AccessError::Invalid(format!(
+                        "leaf {leaf} already belongs to tenant {other}; leaf names are unique per hub"
+                    )));
+                }
+                Ok(())
+            }
+            Record::LeafRevoked { leaf, .. } => {
+                if t.leaves.get(leaf).is_some_and(|l| l.revoked_at.is_none()) {
+                    Ok(())
+                } else {
+                    Err(AccessError::Invalid(format!(
+                        "tenant {tenant} has no live leaf {leaf}; see `engram leaf list`"
+                    )))
+                }
             }
             Record::GrantRevoked { to, scope, .. } => {
                 if t.grants.contains_key(&(to.clone(), scope.clone())) {
@@ -304,6 +362,27 @@ impl Registry {
                 self.tenant_mut(tenant)
                     .grants
                     .remove(&(to.clone(), scope.clone()));
+            }
+            Record::LeafAdded {
+                tenant,
+                leaf,
+                key,
+                scopes,
+            } => {
+                self.tenant_mut(tenant).leaves.insert(
+                    leaf.clone(),
+                    Leaf {
+                        key: key.clone(),
+                        scopes: scopes.clone(),
+                        added_at: at,
+                        revoked_at: None,
+                    },
+                );
+            }
+            Record::LeafRevoked { tenant, leaf } => {
+                if let Some(l) = self.tenant_mut(tenant).leaves.get_mut(leaf) {
+                    l.revoked_at = Some(at);
+                }
             }
             Record::ErasureStarted { tenant, scopes } => self.erasures.push(Erasure {
                 tenant: tenant.clone(),
@@ -391,9 +470,54 @@ impl Registry {
             .unwrap_or_default()
     }
 
-    /// Every live agent key and the role it connects as: what the server's config lists.
+    /// The tenant and name of the leaf a key belongs to, live or revoked.
+    pub fn leaf_of_key(&self, key: &str) -> Option<(&Ident, &Ident)> {
+        self.tenants.iter().find_map(|(t, tenant)| {
+            tenant
+                .leaves
+                .iter()
+                .find(|(_, l)| l.key == key)
+                .map(|(name, _)| (t, name))
+        })
+    }
+
+    /// Every live leaf, with what its key may read and write: its scopes, and (read only)
+    /// what is granted to every agent of its tenant.
+    pub fn live_leaves(&self) -> impl Iterator<Item = (&Ident, crate::leaf::LeafSpec)> {
+        self.tenants.iter().flat_map(|(tenant, t)| {
+            t.leaves
+                .iter()
+                .filter(|(_, l)| l.revoked_at.is_none())
+                .map(move |(name, l)| {
+                    let mut reads = l.scopes.clone();
+                    reads.extend(
+                        t.grants
+                            .keys()
+                            .filter(|(to, _)| *to == Grantee::AllAgents)
+                            .map(|(_, p)| p.clone()),
+                    );
+                    (
+                        tenant,
+                        crate::leaf::LeafSpec {
+                            name: name.clone(),
+                            tenant: tenant.clone(),
+                            writes: crate::leaf::normalize(l.scopes.clone()),
+                            reads: crate::leaf::normalize(reads),
+                        },
+                    )
+                })
+        })
+    }
+
+    /// Every live agent and leaf key and the role it connects as: what the server's config
+    /// lists.
     pub fn live_keys(&self) -> Vec<(String, Role)> {
         let mut keys = Vec::new();
+        for (tenant, leaf) in self.live_leaves() {
+            if let Some(l) = self.tenants[tenant].leaves.get(&leaf.name) {
+                keys.push((l.key.clone(), Role::Leaf(leaf)));
+            }
+        }
         for (tenant, t) in &self.tenants {
             for (agent, a) in &t.agents {
                 for k in a.active_keys() {

@@ -607,6 +607,54 @@ pub static EMBEDDER_FAILURES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Events a leaf node's relay handled, by direction (up: the leaf's own events to its
+/// outbox; down: the hub's events from the inbox into the leaf's events stream) and outcome
+/// (sent; echo: an event that went up from this leaf coming back; not_local: an event that
+/// came from elsewhere, never sent up again; invalid: no event subject or id; failed).
+pub static LEAF_RELAYED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_leaf_relayed_total",
+        "events a leaf's relay handled, by direction and outcome",
+        &["direction", "outcome"],
+    )
+});
+
+/// Events a leaf has not relayed yet, by direction: the relay consumer's pending count.
+pub static LEAF_PENDING: LazyLock<IntGaugeVec> = LazyLock::new(|| {
+    register(
+        IntGaugeVec::new(
+            Opts::new(
+                "engram_leaf_pending",
+                "events waiting for a leaf's relay, by direction",
+            ),
+            &["direction"],
+        )
+        .unwrap(),
+    )
+});
+
+/// Whether the leaf's link to its hub is up (1) as its sources last reported.
+pub static LEAF_LINK_UP: LazyLock<IntGauge> = LazyLock::new(|| {
+    register(
+        IntGauge::new(
+            "engram_leaf_link_up",
+            "1 when the leaf's inbox sources saw the hub recently",
+        )
+        .unwrap(),
+    )
+});
+
+/// Creates a leaf's series up front.
+pub fn touch_leaf() {
+    for direction in ["up", "down"] {
+        for outcome in ["sent", "echo", "not_local", "invalid", "failed"] {
+            LEAF_RELAYED.with_label_values(&[direction, outcome]);
+        }
+        LEAF_PENDING.with_label_values(&[direction]);
+    }
+    LazyLock::force(&LEAF_LINK_UP);
+}
+
 /// Creates a projector's series up front (see [`touch_all`]). Not its snapshot gauges (an
 /// instance with no snapshot has none: [`SNAPSHOT_LAST_TIMESTAMP`]) nor its histograms, which
 /// appear at their first observation like every histogram here.

@@ -9,6 +9,7 @@ pub mod doc;
 pub mod erase;
 pub mod facts;
 pub mod forget;
+pub mod leaf;
 pub mod mcp;
 pub mod projector;
 pub mod query;

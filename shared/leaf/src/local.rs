@@ -1,0 +1,134 @@
+//! The leaf's side: its outbox (its own events, waiting for the hub to source them) and its
+//! inbox (the hub's events for the scopes it may read, sourced from the hub's domain and
+//! waiting for the relay).
+
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+use engram_access::leaf::{
+    INBOX_STREAM, LeafCredentials, OUTBOX_PREFIX, OUTBOX_STREAM, api_prefix, down_prefix,
+    normalize, scope_filter,
+};
+use engram_schema::SUBJECT_PREFIX;
+
+use crate::{LeafError, js_err};
+
+/// How the leaf keeps what it has not handed on yet.
+#[derive(Clone, Debug)]
+pub struct Retention {
+    /// How long the outbox keeps an event the hub has not sourced: the longest the leaf may
+    /// stay offline without losing what it wrote.
+    pub outbox_max_age: Duration,
+}
+
+impl Default for Retention {
+    fn default() -> Self {
+        Self {
+            outbox_max_age: Duration::from_secs(30 * 24 * 3600),
+        }
+    }
+}
+
+pub fn outbox_config(retention: &Retention) -> stream::Config {
+    stream::Config {
+        name: OUTBOX_STREAM.to_owned(),
+        description: Some("engram leaf: this leaf's own events, sourced by the hub".into()),
+        subjects: vec![format!("{OUTBOX_PREFIX}.>")],
+        storage: stream::StorageType::File,
+        retention: stream::RetentionPolicy::Limits,
+        discard: stream::DiscardPolicy::Old,
+        max_age: retention.outbox_max_age,
+        // The relay's own retries after a crash come within seconds.
+        duplicate_window: Duration::from_secs(10 * 60),
+        ..Default::default()
+    }
+}
+
+/// The inbox: one source of the hub's events stream per scope the leaf may read, delivered
+/// on the leaf's own prefix (the only one its connection may receive on). A work queue:
+/// the relay's ack removes what it moved.
+pub fn inbox_config(creds: &LeafCredentials) -> stream::Config {
+    let sources = normalize(creds.reads.clone())
+        .iter()
+        .map(|pattern| stream::Source {
+            name: creds.events_stream.clone(),
+            filter_subject: Some(scope_filter(SUBJECT_PREFIX, &creds.tenant, pattern)),
+            external: Some(stream::External {
+                api_prefix: api_prefix(&creds.hub_domain),
+                delivery_prefix: Some(down_prefix(&creds.leaf)),
+            }),
+            ..Default::default()
+        })
+        .collect::<Vec<_>>();
+    stream::Config {
+        name: INBOX_STREAM.to_owned(),
+        description: Some("engram leaf: the hub's events, waiting for the relay".into()),
+        storage: stream::StorageType::File,
+        retention: stream::RetentionPolicy::WorkQueue,
+        discard: stream::DiscardPolicy::Old,
+        duplicate_window: Duration::from_secs(10 * 60),
+        sources: (!sources.is_empty()).then_some(sources),
+        ..Default::default()
+    }
+}
+
+/// Creates the outbox and the inbox, or brings an existing inbox's sources up to date with
+/// `creds` (a source kept as it was resumes where it stopped).
+pub async fn provision(
+    js: &jetstream::Context,
+    creds: &LeafCredentials,
+    retention: &Retention,
+) -> Result<(), LeafError> {
+    for config in [outbox_config(retention), inbox_config(creds)] {
+        match js.get_stream(&config.name).await {
+            Ok(mut existing) => {
+                let info = existing.info().await.map_err(js_err)?;
+                let keep = stream::Config {
+                    sources: config.sources.clone(),
+                    max_age: config.max_age,
+                    ..info.config.clone()
+                };
+                if keep != info.config {
+                    js.update_stream(&keep).await.map_err(js_err)?;
+                    tracing::info!(stream = %config.name, "leaf stream updated");
+                }
+            }
+            Err(_) => {
+                js.create_stream(config.clone()).await.map_err(js_err)?;
+                tracing::info!(stream = %config.name, "leaf stream created");
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What the inbox's sources last reported: whether each saw the hub within `recent`, and
+/// how many events the hub holds that the leaf has not received yet.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct LinkStatus {
+    pub sources: usize,
+    pub active: usize,
+    pub lag: u64,
+}
+
+pub async fn link_status(
+    js: &jetstream::Context,
+    recent: Duration,
+) -> Result<LinkStatus, LeafError> {
+    let mut inbox = js
+        .get_stream(INBOX_STREAM)
+        .await
+        .map_err(|_| LeafError::Missing {
+            stream: INBOX_STREAM.into(),
+        })?;
+    let info = inbox.info().await.map_err(js_err)?;
+    let mut status = LinkStatus::default();
+    for s in &info.sources {
+        status.sources += 1;
+        status.lag += s.lag;
+        if s.active.is_some_and(|a| a <= recent) {
+            status.active += 1;
+        }
+    }
+    Ok(status)
+}
