@@ -92,6 +92,10 @@ pub struct NatsConfig {
     /// Accept leaf node connections here (`engram up --leaf-listen 0.0.0.0:7422`): laptops
     /// running `engram up --leaf` sync through it. Unset: no leaf can connect.
     pub leafnodes_listen: Option<SocketAddr>,
+    /// Whether the hub tells its leaves its other leafnode URLs (a cluster's other nodes),
+    /// which they then also connect to. Off when leaves must use only the URL they were
+    /// given (behind a proxy or NAT).
+    pub leafnodes_advertise: bool,
 }
 
 /// Running as a leaf node of a hub (`engram up --leaf <url> --creds <file>`).
@@ -170,6 +174,7 @@ impl Default for NatsConfig {
             cluster: 0,
             domain: engram_access::leaf::DEFAULT_HUB_DOMAIN.into(),
             leafnodes_listen: None,
+            leafnodes_advertise: true,
         }
     }
 }

@@ -130,6 +130,19 @@ impl LeafMode {
     fn adjust(&self, config: &Config) -> Config {
         let mut config = config.clone();
         config.bus.stream.partitions = self.creds.partitions;
+        // Consolidation writes events (summaries, merges): done on both sides it would be
+        // done twice, and each side's results would sync to the other. The hub consolidates;
+        // its results come down like any event.
+        let before = config.projectors.run.len();
+        config
+            .projectors
+            .run
+            .retain(|p| *p != engram_projectors::ProjectorName::CONSOLIDATOR);
+        if config.projectors.run.len() != before {
+            tracing::info!(
+                "leaf node: the consolidator runs on the hub only; its results sync down"
+            );
+        }
         config
     }
 }
@@ -551,7 +564,8 @@ async fn start_managed_server(
     text.push('\n');
     if let Some(listen) = config.nats.leafnodes_listen {
         text.push_str(&format!(
-            "\n# Leaf nodes (engram up --leaf) connect here with the keys `engram leaf add` issues.\nleafnodes {{\n  listen: \"{listen}\"\n}}\n"
+            "\n# Leaf nodes (engram up --leaf) connect here with the keys `engram leaf add` issues.\nleafnodes {{\n  listen: \"{listen}\"\n  no_advertise: {}\n}}\n",
+            !config.nats.leafnodes_advertise
         ));
     }
     if let Some(leaf) = leaf {

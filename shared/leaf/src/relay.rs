@@ -232,7 +232,20 @@ fn route(direction: Direction, message: &jetstream::Message, creds: &LeafCredent
         return Route::Drop("invalid");
     }
     let origin = header(message, ORIGIN_HEADER);
+    // The event's own headers go with it (its kind, its trace context); the server's
+    // (`Nats-…`: where it was sourced from, what it expected) stay behind, but for its id.
     let mut headers = HeaderMap::new();
+    if let Some(own) = &message.headers {
+        for (name, values) in own.iter() {
+            let name: &str = name.as_ref();
+            if name.starts_with("Nats-") || name.eq_ignore_ascii_case(ORIGIN_HEADER) {
+                continue;
+            }
+            for value in values {
+                headers.append(name, value.as_str());
+            }
+        }
+    }
     headers.insert("Nats-Msg-Id", msg_id);
     match direction {
         Direction::Up => {

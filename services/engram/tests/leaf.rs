@@ -1,0 +1,446 @@
+//! Leaf nodes as a user runs them: a hub (`engram up --leaf-listen`) and a leaf (`engram up
+//! --leaf … --creds …`), two real processes with their own nats-servers, homes and JetStream
+//! domains. The link between them runs through a TCP relay in this test, which cuts it for
+//! real (every connection closed, new ones refused) and heals it.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::io::{Read, Write};
+use std::net::{Shutdown, TcpListener, TcpStream};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{KillOnDrop, cli, ok};
+
+/// A TCP relay from a local port to `target` that can be cut and healed.
+struct Link {
+    port: u16,
+    cut: Arc<AtomicBool>,
+    live: Arc<Mutex<Vec<TcpStream>>>,
+}
+
+impl Link {
+    fn start(target: u16) -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = listener.local_addr().unwrap().port();
+        let cut = Arc::new(AtomicBool::new(false));
+        let live = Arc::new(Mutex::new(Vec::<TcpStream>::new()));
+        let (c, l) = (cut.clone(), live.clone());
+        std::thread::spawn(move || {
+            for inbound in listener.incoming() {
+                let Ok(inbound) = inbound else { continue };
+                if c.load(Ordering::SeqCst) {
+                    let _ = inbound.shutdown(Shutdown::Both);
+                    continue;
+                }
+                let Ok(outbound) = TcpStream::connect(("127.0.0.1", target)) else {
+                    continue;
+                };
+                {
+                    let mut live = l.lock().unwrap();
+                    live.push(inbound.try_clone().unwrap());
+                    live.push(outbound.try_clone().unwrap());
+                }
+                for (mut from, mut to) in [
+                    (inbound.try_clone().unwrap(), outbound.try_clone().unwrap()),
+                    (outbound, inbound),
+                ] {
+                    std::thread::spawn(move || {
+                        let mut buf = [0u8; 16 * 1024];
+                        loop {
+                            match from.read(&mut buf) {
+                                Ok(0) | Err(_) => break,
+                                Ok(n) => {
+                                    if to.write_all(&buf[..n]).is_err() {
+                                        break;
+                                    }
+                                }
+                            }
+                        }
+                        let _ = to.shutdown(Shutdown::Both);
+                    });
+                }
+            }
+        });
+        Self { port, cut, live }
+    }
+
+    /// Closes every connection through the link and refuses new ones.
+    fn cut(&self) {
+        self.cut.store(true, Ordering::SeqCst);
+        for s in self.live.lock().unwrap().drain(..) {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+    }
+
+    fn heal(&self) {
+        self.cut.store(false, Ordering::SeqCst);
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+/// `engram up <args>` with its data in `home`; leaves use only the URL they were given
+/// (through the relay), never one the hub advertises.
+fn spawn_up(home: &std::path::Path, args: &[&str], ready_within: Duration) -> (KillOnDrop, String) {
+    let mut child = KillOnDrop(
+        std::process::Command::new(env!("CARGO_BIN_EXE_engram"))
+            .arg("up")
+            .args(args)
+            .args(["--http", "127.0.0.1:0"])
+            .env("ENGRAM_HOME", home)
+            .env("ENGRAM_NATS__LEAFNODES_ADVERTISE", "false")
+            .env_remove("ENGRAM_CONFIG")
+            .env_remove("ENGRAM_CREDS")
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let mut stdout = common::Lines::of(child.0.stdout.take().unwrap());
+    let ready = stdout
+        .until("engram is up", ready_within)
+        .unwrap_or_else(|e| panic!("engram up {args:?}: {e}"));
+    (child, ready)
+}
+
+/// A hub with a leaf of tenant `acme` syncing `task:*` and `session:*`, linked through a
+/// cuttable relay.
+struct Pair {
+    hub: Side,
+    leaf: Side,
+    creds: std::path::PathBuf,
+    link: Link,
+    _hub_up: KillOnDrop,
+    _leaf_up: KillOnDrop,
+    _dirs: (tempfile::TempDir, tempfile::TempDir),
+    _leases: (engram_natsd::PortLease, engram_natsd::PortLease),
+}
+
+/// One Engram: its home and its NATS URL, for the CLI.
+struct Side {
+    home: std::path::PathBuf,
+    url: String,
+}
+
+impl Side {
+    fn cli(&self) -> std::process::Command {
+        let mut c = cli(&self.home);
+        c.args(["--nats", &self.url]);
+        c
+    }
+}
+
+fn start_pair() -> Pair {
+    let (hub_dir, leaf_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (hub_lease, leaf_lease) = (
+        engram_natsd::PortLease::acquire().unwrap(),
+        engram_natsd::PortLease::acquire().unwrap(),
+    );
+    let hub = Side {
+        home: hub_dir.path().to_owned(),
+        url: format!("nats://127.0.0.1:{}", hub_lease.port()),
+    };
+    let leaf = Side {
+        home: leaf_dir.path().to_owned(),
+        url: format!("nats://127.0.0.1:{}", leaf_lease.port()),
+    };
+    let leafnodes = free_port();
+    let (hub_up, _) = spawn_up(
+        &hub.home,
+        &[
+            "--nats-port",
+            &hub_lease.port().to_string(),
+            "--leaf-listen",
+            &format!("127.0.0.1:{leafnodes}"),
+        ],
+        Duration::from_secs(120),
+    );
+    ok(hub.cli().args(["tenant", "add", "acme"]));
+    ok(hub.cli().args(["tenant", "add", "beta"]));
+    let creds = hub.home.join("laptop.creds");
+    ok(hub.cli().args([
+        "leaf",
+        "add",
+        "laptop",
+        "--tenant",
+        "acme",
+        "--out",
+        creds.to_str().unwrap(),
+    ]));
+    let link = Link::start(leafnodes);
+    let (leaf_up, _) = spawn_up(
+        &leaf.home,
+        &[
+            "--nats-port",
+            &leaf_lease.port().to_string(),
+            "--leaf",
+            &format!("nats-leaf://127.0.0.1:{}", link.port),
+            "--creds",
+            creds.to_str().unwrap(),
+        ],
+        Duration::from_secs(120),
+    );
+    Pair {
+        hub,
+        leaf,
+        creds,
+        link,
+        _hub_up: hub_up,
+        _leaf_up: leaf_up,
+        _dirs: (hub_dir, leaf_dir),
+        _leases: (hub_lease, leaf_lease),
+    }
+}
+
+/// Appends one event with `text` to `scope` of `tenant` on the Engram in `home`.
+fn append(side: &Side, tenant: &str, scope: &str, text: &str) {
+    ok(side.cli().args([
+        "append", "--tenant", tenant, "--scope", scope, "--text", text,
+    ]));
+}
+
+/// Every stored event of `tenant` on the Engram in `home`: event id to how many times it is
+/// stored, and id to text.
+fn stored(side: &Side, tenant: &str) -> (BTreeMap<String, usize>, BTreeMap<String, String>) {
+    let out = ok(side.cli().args(["--json", "replay", "--tenant", tenant]));
+    let mut counts = BTreeMap::new();
+    let mut texts = BTreeMap::new();
+    for line in out.lines().filter(|l| l.starts_with('{')) {
+        let v: serde_json::Value = serde_json::from_str(line).unwrap();
+        let Some(event) = v.get("event") else {
+            continue;
+        };
+        let id = event["event_id"].as_str().unwrap().to_owned();
+        *counts.entry(id.clone()).or_insert(0) += 1;
+        texts.insert(
+            id,
+            event["content"]["text"].as_str().unwrap_or("").to_owned(),
+        );
+    }
+    (counts, texts)
+}
+
+fn texts_of(side: &Side, tenant: &str) -> std::collections::BTreeSet<String> {
+    stored(side, tenant).1.into_values().collect()
+}
+
+fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !check() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        std::thread::sleep(Duration::from_millis(250));
+    }
+}
+
+#[test]
+fn a_leaf_and_its_hub_write_through_a_cut_link_and_converge_on_the_same_events() {
+    let pair = start_pair();
+    let (hub, leaf) = (&pair.hub, &pair.leaf);
+    assert!(std::fs::metadata(&pair.creds).is_ok());
+
+    // Linked: each side's event reaches the other; another tenant's and an unsynced scope's
+    // never reach the leaf.
+    append(hub, "acme", "task:t1", "hub before");
+    append(hub, "acme", "agent:zed", "hub private");
+    append(hub, "beta", "task:t1", "beta before");
+    append(leaf, "acme", "task:t1", "leaf before");
+    let linked = Duration::from_secs(90);
+    wait_for("the first events to cross both ways", linked, || {
+        let (h, l) = (texts_of(hub, "acme"), texts_of(leaf, "acme"));
+        h.contains("leaf before") && l.contains("hub before")
+    });
+
+    // Cut: both sides go on writing, each at local speed.
+    pair.link.cut();
+    const EACH: usize = 12;
+    for i in 0..EACH {
+        append(hub, "acme", "task:t2", &format!("hub during {i}"));
+        append(leaf, "acme", "task:t2", &format!("leaf during {i}"));
+    }
+    // The cut is real: nothing written during it has crossed (a leaf connection retries
+    // every few seconds, and each attempt is refused).
+    std::thread::sleep(Duration::from_secs(3));
+    assert!(
+        !texts_of(hub, "acme")
+            .iter()
+            .any(|t| t.starts_with("leaf during"))
+    );
+    assert!(
+        !texts_of(leaf, "acme")
+            .iter()
+            .any(|t| t.starts_with("hub during"))
+    );
+
+    // Healed: both sides reach the same events, each stored once.
+    pair.link.heal();
+    let want = 2 + 2 * EACH + 1; // the task events of both sides, and the hub's agent:zed
+    wait_for("both sides to converge", Duration::from_secs(180), || {
+        stored(hub, "acme").0.len() == want && stored(leaf, "acme").0.len() == want - 1
+    });
+    // Settle: nothing more arrives (no echo of an event back to the side that wrote it).
+    std::thread::sleep(Duration::from_secs(5));
+    let (h, h_texts) = stored(hub, "acme");
+    let (l, _) = stored(leaf, "acme");
+    assert!(
+        h.values().all(|&n| n == 1),
+        "hub stores an event twice: {h:?}"
+    );
+    assert!(
+        l.values().all(|&n| n == 1),
+        "leaf stores an event twice: {l:?}"
+    );
+    let zed: Vec<&String> = h_texts
+        .iter()
+        .filter(|(_, t)| *t == "hub private")
+        .map(|(id, _)| id)
+        .collect();
+    let mut hub_synced = h.clone();
+    for id in zed {
+        hub_synced.remove(id);
+    }
+    assert_eq!(
+        hub_synced.keys().collect::<Vec<_>>(),
+        l.keys().collect::<Vec<_>>(),
+        "the two sides hold different events"
+    );
+    assert!(
+        stored(leaf, "beta").0.is_empty(),
+        "another tenant's events reached the leaf"
+    );
+
+    // The leaf reports its link up and nothing waiting.
+    let status: serde_json::Value =
+        serde_json::from_str(ok(leaf.cli().args(["--json", "leaf", "status"])).trim()).unwrap();
+    assert_eq!(status["linked"], true, "{status}");
+    assert_eq!(status["up_pending"], 0, "{status}");
+    assert_eq!(status["down_pending"], 0, "{status}");
+}
+
+/// The leaf's own operator (its admin, with the whole leaf server in hand) tries to pull
+/// another tenant's events from the hub and to push events into another tenant's scopes.
+/// The hub refuses all of it; the same leaf's legitimate sync keeps working beside.
+#[test]
+fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
+    use async_nats::jetstream::stream;
+    let pair = start_pair();
+    let (hub, leaf) = (&pair.hub, &pair.leaf);
+    append(hub, "beta", "task:t1", "beta secret");
+    append(hub, "acme", "task:t1", "acme shared");
+    wait_for("the leaf to sync", Duration::from_secs(90), || {
+        texts_of(leaf, "acme").contains("acme shared")
+    });
+
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = engram_access::Credentials::load(&engram_access::creds::service_path(
+        &leaf.home,
+        engram_access::RoleName::Admin,
+    ))
+    .unwrap();
+    rt.block_on(async {
+        let nc = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
+            .connect(&leaf.url)
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(nc.clone());
+        let hub_api = "$JS.hub.API";
+        let down = "engram.leaf.laptop.down";
+        // Two streams sourcing the hub exactly as the inbox does: one on beta's scopes (not
+        // the leaf's), one on acme's (the control: it must fill while the other stays empty).
+        for (name, filter) in [
+            ("STEAL", "engram.evt.beta.task.*.*.*"),
+            ("CONTROL", "engram.evt.acme.task.*.*.*"),
+        ] {
+            js.create_stream(stream::Config {
+                name: name.into(),
+                sources: Some(vec![stream::Source {
+                    name: "ENGRAM_EVENTS".into(),
+                    filter_subject: Some(filter.into()),
+                    external: Some(stream::External {
+                        api_prefix: hub_api.into(),
+                        delivery_prefix: Some(format!("{down}.{}", name.to_lowercase())),
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        // Everything of the hub's API but creating a consumer on the leaf's own scopes is
+        // refused: stream info, direct gets of another tenant's last event.
+        for subject in [
+            format!("{hub_api}.STREAM.INFO.ENGRAM_EVENTS"),
+            format!("{hub_api}.DIRECT.GET.ENGRAM_EVENTS.engram.evt.beta.task.t1.episodic.>"),
+            format!("{hub_api}.STREAM.LIST"),
+        ] {
+            let answer = tokio::time::timeout(
+                Duration::from_secs(3),
+                nc.request(subject.clone(), "".into()),
+            )
+            .await;
+            assert!(
+                !matches!(answer, Ok(Ok(_))),
+                "the hub answered {subject}: {answer:?}"
+            );
+        }
+        // A forged beta event: in the leaf's outbox (which the hub sources) and on the event
+        // subject itself (which the leaf may not publish to the hub).
+        let forged = engram_testkit::event("beta", "t1", "forged by the leaf");
+        let payload = engram_schema::Codec::new(engram_schema::Limits::default())
+            .encode(&forged)
+            .unwrap();
+        let id = format!("beta:{}", forged.event_id);
+        for subject in [
+            "engram.out.beta.task.t1.episodic.3",
+            "engram.evt.beta.task.t1.episodic",
+        ] {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("Nats-Msg-Id", id.as_str());
+            nc.publish_with_headers(subject, headers, payload.clone().into())
+                .await
+                .unwrap();
+        }
+        nc.flush().await.unwrap();
+        // The control source delivers; by then the other has had its chance.
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let mut control = js.get_stream("CONTROL").await.unwrap();
+            if control.info().await.unwrap().state.messages > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the control source never delivered"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let mut steal = js.get_stream("STEAL").await.unwrap();
+        assert_eq!(
+            steal.info().await.unwrap().state.messages,
+            0,
+            "another tenant's events reached the leaf"
+        );
+    });
+    // A new event of acme still goes up (the hub sourced the outbox after the forgery was
+    // stored in it), and nothing forged is among beta's events on the hub.
+    append(leaf, "acme", "task:t1", "after the forgery");
+    wait_for(
+        "the leaf's next event to reach the hub",
+        Duration::from_secs(90),
+        || texts_of(hub, "acme").contains("after the forgery"),
+    );
+    assert_eq!(
+        texts_of(hub, "beta").into_iter().collect::<Vec<_>>(),
+        ["beta secret"],
+        "a forged event reached another tenant on the hub"
+    );
+}
