@@ -26,6 +26,7 @@ mod driver;
 pub mod embedded;
 mod engram;
 pub mod fleet;
+pub mod leaf;
 pub mod project;
 pub mod raw;
 pub mod report;

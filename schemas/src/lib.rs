@@ -5,6 +5,8 @@
 //! - [`envelope`]: the v1 envelope every agent instance appends, and its enums.
 //! - [`payload`]: the typed `content.data` of the kinds read models interpret (facts, skills,
 //!   skill outcomes, forgetting), with their limits and the check every append runs.
+//! - [`session`]: the records of an `engram run` session (started, heartbeats, checkpoints,
+//!   artifacts, ended), typed `checkpoint` payloads.
 //! - [`subject`]: how an envelope maps to a NATS subject, and subject filters for replay.
 //! - [`codec`]: MessagePack encoding, size limits, schema-version checks and upcasting.
 //!
@@ -18,6 +20,7 @@ pub mod envelope;
 pub mod error;
 pub mod ident;
 pub mod payload;
+pub mod session;
 pub mod subject;
 
 /// The CRDT library of `doc_changed` payloads, so every crate parses them with one version.
@@ -30,6 +33,10 @@ pub use payload::{
     Cardinality, Consolidated, ConsolidationOp, Contradicts, DocChanged, FactAsserted,
     FactRetracted, FaultyInstance, Forgotten, ObservedOutcomes, Payload, PayloadError, Retrieved,
     SkillOutcome, SkillRecorded, Used,
+};
+pub use session::{
+    ArtifactStored, CheckpointVia, SessionCheckpointed, SessionEnded, SessionEvent,
+    SessionHeartbeat, SessionRecord, SessionStarted, SessionStep,
 };
 pub use subject::{
     DEFAULT_PARTITIONS, MAX_PARTITIONS, STORED_SUBJECTS, STREAM_SUBJECTS, SUBJECT_PREFIX,
@@ -138,6 +145,7 @@ pub fn json_schema() -> schemars::Schema {
         "faulty_instance",
         generator.subschema_for::<FaultyInstance>(),
     );
+    rules.push(session::schema_rule(&mut generator));
     let mut schema = generator.into_root_schema_for::<Envelope>();
     schema.insert("allOf".into(), rules.into());
     schema

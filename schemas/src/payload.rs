@@ -1,11 +1,12 @@
 //! The structured payloads (`content.data`) that read models interpret, and their checks.
 //!
-//! Eight kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
-//! `outcome` (when it names a skill), `forgotten`, `doc_changed`, `consolidated` and
-//! `feedback` (when it reports use or retrieval). An outcome or feedback may also name the
-//! memories it contradicts, and a feedback a faulty instance ([`Contradicts`],
-//! [`FaultyInstance`]), beside its own payload. Each type here is the wire shape (serde and
-//! JSON Schema); its `from_event` is the check. [`Envelope::validate`] runs that check on
+//! Nine kinds carry a typed payload: `fact_asserted`, `fact_retracted`, `skill_recorded`,
+//! `outcome` (when it names a skill), `forgotten`, `doc_changed`, `consolidated`,
+//! `feedback` (when it reports use or retrieval) and `checkpoint` (when it names a session:
+//! [`crate::session`]). An outcome or feedback may also name the memories it contradicts,
+//! and a feedback a faulty instance ([`Contradicts`], [`FaultyInstance`]), beside its own
+//! payload. Each type here is the wire shape (serde and JSON Schema); its `from_event` is
+//! the check. [`Envelope::validate`] runs that check on
 //! every append, so a payload a read model could not apply is refused before anything is
 //! published. The read models run it again on what they read: an event can still reach the
 //! stream by a raw publish, or from before this contract existed, and they must reject it
@@ -94,7 +95,7 @@ impl PayloadError {
         self.too_large
     }
 
-    fn new(field: &'static str, reason: impl Into<String>) -> Self {
+    pub(crate) fn new(field: &'static str, reason: impl Into<String>) -> Self {
         Self {
             field,
             reason: reason.into(),
@@ -364,11 +365,13 @@ pub enum Payload {
     Retrieved(Retrieved),
     /// A feedback event that reports both use and retrieval.
     UsedAndRetrieved(Used, Retrieved),
+    /// A `checkpoint` that names a session: one record of an `engram run` session.
+    Session(crate::session::SessionRecord),
 }
 
 impl Payload {
     /// The checked payload of `event`, or `None` for a kind without one (and for an outcome
-    /// that names no skill).
+    /// that names no skill, or a checkpoint that names no session).
     ///
     /// The keys an outcome or feedback may carry beside its own payload, `contradicts` and
     /// (feedback) `faulty_instance`, are checked here too, each on its own; they are read with
@@ -395,20 +398,23 @@ impl Payload {
                     (None, None) => return Ok(None),
                 }
             }
-            EventKind::Observation
-            | EventKind::Action
-            | EventKind::Preference
-            | EventKind::Checkpoint => return Ok(None),
+            EventKind::Checkpoint => match crate::session::SessionRecord::from_event(event)? {
+                Some(record) => Self::Session(record),
+                None => return Ok(None),
+            },
+            EventKind::Observation | EventKind::Action | EventKind::Preference => {
+                return Ok(None);
+            }
         }))
     }
 }
 
 /// One payload field: its key, its path in errors, and what a valid value looks like.
-struct Field {
-    name: &'static str,
-    path: &'static str,
-    required: bool,
-    expected: &'static str,
+pub(crate) struct Field {
+    pub(crate) name: &'static str,
+    pub(crate) path: &'static str,
+    pub(crate) required: bool,
+    pub(crate) expected: &'static str,
 }
 
 macro_rules! fields {
@@ -423,6 +429,7 @@ macro_rules! fields {
         }),+]
     };
 }
+pub(crate) use fields;
 
 const FACT_ASSERTED_FIELDS: &[Field] = fields! {
     required "subject" => "a non-empty string";
@@ -846,7 +853,7 @@ const FAULTY_INSTANCE_FIELDS: &[Field] = fields! {
 
 /// Whether `event` is of one of `kinds` and its data is an object with a non-null `key`: an
 /// optional key of those kinds, to be checked.
-fn carries(event: &Envelope, kinds: &[EventKind], key: &str) -> bool {
+pub(crate) fn carries(event: &Envelope, kinds: &[EventKind], key: &str) -> bool {
     kinds.contains(&event.kind)
         && matches!(
             &event.content.data,
@@ -896,7 +903,7 @@ impl FaultyInstance {
 
 /// Deserialises `event.content.data` as `T`, naming the field at fault. Required fields are
 /// checked first, so that a missing one gets its own message instead of serde's.
-fn read<T: DeserializeOwned>(
+pub(crate) fn read<T: DeserializeOwned>(
     event: &Envelope,
     fields: &[Field],
     example: &str,
@@ -944,7 +951,7 @@ fn read<T: DeserializeOwned>(
 }
 
 /// A name: trimmed, then 1 to `max` characters.
-fn term(field: &'static str, value: &str, max: usize) -> Result<String, PayloadError> {
+pub(crate) fn term(field: &'static str, value: &str, max: usize) -> Result<String, PayloadError> {
     let trimmed = value.trim();
     if trimmed.is_empty() {
         return Err(PayloadError::new(
@@ -956,7 +963,7 @@ fn term(field: &'static str, value: &str, max: usize) -> Result<String, PayloadE
     Ok(trimmed.to_owned())
 }
 
-fn at_most(field: &'static str, value: &str, max: usize) -> Result<(), PayloadError> {
+pub(crate) fn at_most(field: &'static str, value: &str, max: usize) -> Result<(), PayloadError> {
     let chars = value.chars().count();
     if chars > max {
         return Err(PayloadError::new(

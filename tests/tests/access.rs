@@ -829,6 +829,7 @@ async fn a_key_is_in_force_on_the_server_once_its_record_is_reported_enforced() 
                 agent: ident(&agent),
                 key: creds.public_key(),
                 scopes: ScopePattern::defaults(&ident(&agent)),
+                expires_at: None,
             })
             .await;
         assert!(

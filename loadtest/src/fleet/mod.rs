@@ -34,6 +34,7 @@ pub mod report;
 mod sampler;
 pub mod snapshots;
 pub mod target;
+pub(crate) use target::locate_engram;
 pub mod timeline;
 pub mod verify;
 

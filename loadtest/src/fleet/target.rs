@@ -600,7 +600,7 @@ fn write(path: &Path, content: &str) -> Result<PathBuf, FleetError> {
 
 /// The `engram` binary: the flag, else `$ENGRAM_BIN`, else next to this executable (cargo puts
 /// both in the same target dir), else on `PATH`.
-fn locate_engram(flag: Option<&Path>) -> Result<PathBuf, FleetError> {
+pub(crate) fn locate_engram(flag: Option<&Path>) -> Result<PathBuf, FleetError> {
     if let Some(path) = flag {
         return Ok(path.to_path_buf());
     }

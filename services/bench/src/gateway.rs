@@ -152,6 +152,7 @@ async fn bench(up: &engram::up::Running, args: &GatewayArgs) -> anyhow::Result<R
             agent: agent.clone(),
             key: creds.public_key(),
             scopes: ScopePattern::defaults(&agent),
+            expires_at: None,
         },
         "engram-bench",
     )

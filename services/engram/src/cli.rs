@@ -67,6 +67,14 @@ pub enum Command {
     Tail(FilterArgs),
     /// Print stored events from a point in the stream up to its current end.
     Replay(ReplayArgs),
+    /// Optimistic appends (--expect-last-seq) that expected the same last event: both
+    /// accepted, on a leaf and its hub while their link was down. Each conflict lists its
+    /// events; the same list on every side once they have synced.
+    Conflicts(FilterArgs),
+    /// One scope's state per read model (events, facts, docs, skills) as digests that
+    /// leave out stream sequences: equal on every side that holds the same events, such as
+    /// a leaf and its hub once synced.
+    Digest(ScopeArgs),
     /// Show the events stream and its consumers, and every stream kept on fewer servers
     /// than `bus.stream.replicas`.
     Streams {
@@ -185,6 +193,15 @@ pub enum Command {
     /// Serve Engram's memory tools (remember, recall, build_context, facts, skills, the task
     /// board, forget) to a model harness as an MCP server on stdin/stdout, as one agent's key.
     Mcp(commands::mcp::McpArgs),
+    /// Run any agent program as a session of a task: `engram run --tenant T --task ID
+    /// --role R -- <command …>`. It gets a short-lived key of its own and ENGRAM_* variables;
+    /// its start, heartbeats, checkpoints (SIGUSR1, `engram session checkpoint`), artifacts
+    /// (`engram session artifact`) and exit are recorded in the task's scope (admin).
+    Run(commands::run::RunArgs),
+    /// Sessions of `engram run`: `list` shows a task's with their state (running, exited,
+    /// dead); `checkpoint` and `artifact` are called from inside a run.
+    #[command(subcommand)]
+    Session(commands::session::SessionCommand),
 }
 
 /// Who asks and which scopes they may read.
@@ -799,6 +816,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Append(args) => commands::append::run(&config, args, json).await,
         Command::Tail(args) => commands::read::tail(&config, &args, json).await,
         Command::Replay(args) => commands::read::replay(&config, &args, json).await,
+        Command::Conflicts(args) => commands::conflicts::run(&config, &args, json).await,
+        Command::Digest(args) => commands::digest::run(&config, &args, json).await,
         Command::Streams { replicas } => {
             commands::streams::run(&config, replicas.map(usize::from), json).await
         }
@@ -839,6 +858,8 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
         Command::Snapshot(command) => commands::snapshot::run(&config, command, json).await,
         Command::Mcp(args) => commands::mcp::run(&config, args).await,
+        Command::Run(args) => commands::run::run(&config, args).await,
+        Command::Session(command) => commands::session::run(&config, command, json).await,
         Command::Config(ConfigCommand::Dump) => {
             let config = config.redacted();
             if json {

@@ -11,6 +11,7 @@ pub fn event(stored: &StoredEvent, json: bool) {
             "subject": stored.subject,
             "stored_at": stored.stored_at,
             "traceparent": stored.trace.map(|t| t.to_string()),
+            "expects": stored.expects,
             "event": stored.event,
         });
         println!("{line}");

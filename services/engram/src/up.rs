@@ -72,7 +72,8 @@ pub struct Running {
     /// How far the managed server's authorization has caught up with the registry; `None`
     /// without a managed server that authenticates.
     pub access_enforced: Option<engram_access::conf::Enforced>,
-    /// A leaf's relays (`--leaf`), stopped before the connection drains.
+    /// A leaf's relays and beats (`--leaf`), or a hub's beats to its leaves
+    /// (`--leaf-listen`); stopped before the connection drains.
     leaf: Option<(CancellationToken, tokio::task::JoinHandle<()>)>,
 }
 
@@ -342,7 +343,10 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
         Some(mode) => Some(start_leaf(&bus, &access_log, config, mode).await?),
         None => {
             reconcile_leaf_sources(&bus, &access_log, config).await;
-            None
+            config
+                .nats
+                .leafnodes_listen
+                .map(|_| start_hub_link(&bus, &access_log, config))
         }
     };
     let access_stop = CancellationToken::new();
@@ -477,12 +481,21 @@ async fn start_leaf(
         .await
         .map_err(leaf_err)?;
     let stop = CancellationToken::new();
-    let task = engram_leaf::relay::spawn(
+    let relays = engram_leaf::relay::spawn(
         bus.jetstream().clone(),
         config.bus.stream.name.clone(),
         mode.creds.clone(),
         stop.clone(),
     );
+    let link = engram_leaf::link::spawn_leaf(
+        bus.client().clone(),
+        bus.jetstream().clone(),
+        mode.creds.leaf.clone(),
+        stop.clone(),
+    );
+    let task = tokio::spawn(async move {
+        let _ = tokio::join!(relays, link);
+    });
     tracing::info!(
         leaf = %mode.creds.leaf,
         tenant = %tenant,
@@ -492,6 +505,36 @@ async fn start_leaf(
         "running as a leaf node: the tenant's scopes sync with the hub whenever the link is up"
     );
     Ok((stop, task))
+}
+
+/// The hub's beats to its leaves, which resume a leaf's sources as soon as its link is back
+/// ([`engram_leaf::link`]).
+fn start_hub_link(
+    bus: &Bus,
+    access_log: &engram_access::AccessLog,
+    config: &Config,
+) -> (CancellationToken, tokio::task::JoinHandle<()>) {
+    let stop = CancellationToken::new();
+    let log = access_log.clone();
+    let task = engram_leaf::link::spawn_hub(
+        bus.client().clone(),
+        bus.jetstream().clone(),
+        config.bus.stream.name.clone(),
+        move || {
+            let log = log.clone();
+            async move {
+                match log.load().await {
+                    Ok(registry) => registry.live_leaves().map(|(_, l)| l).collect(),
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot read the leaves from the access registry");
+                        Vec::new()
+                    }
+                }
+            }
+        },
+        stop.clone(),
+    );
+    (stop, task)
 }
 
 /// The hub's side: its events stream sources every live leaf's outbox. Done again by every

@@ -120,9 +120,32 @@ struct Pair {
     creds: std::path::PathBuf,
     link: Link,
     _hub_up: KillOnDrop,
-    _leaf_up: KillOnDrop,
+    leaf_up: KillOnDrop,
+    leaf_args: Vec<String>,
     _dirs: (tempfile::TempDir, tempfile::TempDir),
     _leases: (engram_natsd::PortLease, engram_natsd::PortLease),
+}
+
+impl Pair {
+    /// Kills the leaf's `engram up` (and with it its nats-server) with SIGKILL.
+    fn kill_leaf(&mut self) {
+        let _ = self.leaf_up.0.kill();
+        let _ = self.leaf_up.0.wait();
+    }
+
+    /// Starts the leaf again on the same home and ports.
+    fn start_leaf(&mut self) {
+        let (up, _) = spawn_up(
+            &self.leaf.home,
+            &self
+                .leaf_args
+                .iter()
+                .map(String::as_str)
+                .collect::<Vec<_>>(),
+            Duration::from_secs(120),
+        );
+        self.leaf_up = up;
+    }
 }
 
 /// One Engram: its home and its NATS URL, for the CLI.
@@ -177,16 +200,17 @@ fn start_pair() -> Pair {
         creds.to_str().unwrap(),
     ]));
     let link = Link::start(leafnodes);
+    let leaf_args: Vec<String> = vec![
+        "--nats-port".into(),
+        leaf_lease.port().to_string(),
+        "--leaf".into(),
+        format!("nats-leaf://127.0.0.1:{}", link.port),
+        "--creds".into(),
+        creds.to_str().unwrap().into(),
+    ];
     let (leaf_up, _) = spawn_up(
         &leaf.home,
-        &[
-            "--nats-port",
-            &leaf_lease.port().to_string(),
-            "--leaf",
-            &format!("nats-leaf://127.0.0.1:{}", link.port),
-            "--creds",
-            creds.to_str().unwrap(),
-        ],
+        &leaf_args.iter().map(String::as_str).collect::<Vec<_>>(),
         Duration::from_secs(120),
     );
     Pair {
@@ -195,7 +219,8 @@ fn start_pair() -> Pair {
         creds,
         link,
         _hub_up: hub_up,
-        _leaf_up: leaf_up,
+        leaf_up,
+        leaf_args,
         _dirs: (hub_dir, leaf_dir),
         _leases: (hub_lease, leaf_lease),
     }
@@ -233,6 +258,80 @@ fn texts_of(side: &Side, tenant: &str) -> std::collections::BTreeSet<String> {
     stored(side, tenant).1.into_values().collect()
 }
 
+/// The stream sequence `side` stores the event with `text` at.
+fn seq_of(side: &Side, tenant: &str, text: &str) -> u64 {
+    let out = ok(side.cli().args(["--json", "replay", "--tenant", tenant]));
+    out.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v["event"]["content"]["text"] == text)
+        .and_then(|v| v["seq"].as_u64())
+        .unwrap_or_else(|| panic!("no event {text:?} on {}", side.url))
+}
+
+/// Lines of `engram --json <args>` output, parsed.
+fn json_lines(side: &Side, args: &[&str]) -> Vec<serde_json::Value> {
+    let mut c = side.cli();
+    c.arg("--json").args(args);
+    ok(&mut c)
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// A facts listing without what differs from side to side by construction (sequences and
+/// the ids made of them): what the fact says and when it holds.
+fn facts_of(side: &Side, scope: &str) -> Vec<serde_json::Value> {
+    let mut facts: Vec<serde_json::Value> = json_lines(
+        side,
+        &[
+            "facts", "--tenant", "acme", "--scope", scope, "--limit", "1000",
+        ],
+    )
+    .into_iter()
+    .map(|f| {
+        serde_json::json!({
+            "subject": f["subject"], "predicate": f["predicate"], "object": f["object"],
+            "valid_from": f["valid_from"], "valid_to": f["valid_to"],
+        })
+    })
+    .collect();
+    facts.sort_by_key(|f| f.to_string());
+    facts
+}
+
+fn doc_of(side: &Side, what: &str) -> Vec<serde_json::Value> {
+    json_lines(
+        side,
+        &[
+            "doc",
+            what,
+            "task_board",
+            "main",
+            "--tenant",
+            "acme",
+            "--scope",
+            "task:t2",
+        ],
+    )
+}
+
+fn assert_fact(side: &Side, scope: &str, object: &str) {
+    ok(side.cli().args([
+        "append",
+        "--tenant",
+        "acme",
+        "--scope",
+        scope,
+        "--layer",
+        "semantic",
+        "--kind",
+        "fact_asserted",
+        &format!(
+            r#"{{"content":{{"text":"alice is {object}","data":{{"subject":"alice","predicate":"role","object":"{object}"}}}}}}"#
+        ),
+    ]));
+}
+
 fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !check() {
@@ -259,6 +358,32 @@ fn a_leaf_and_its_hub_write_through_a_cut_link_and_converge_on_the_same_events()
         h.contains("leaf before") && l.contains("hub before")
     });
 
+    // A task board both sides will edit, and an event both will append after,
+    // optimistically, each expecting it to be the last of its subject.
+    ok(hub.cli().args([
+        "doc",
+        "edit",
+        "task_board",
+        "main",
+        "--tenant",
+        "acme",
+        "--scope",
+        "task:t2",
+        "--set",
+        r#"/items/a={"title":"fix login","status":"todo"}"#,
+    ]));
+    append(hub, "acme", "task:occ", "occ base");
+    wait_for("the board and the base event on the leaf", linked, || {
+        texts_of(leaf, "acme").contains("occ base")
+            && doc_of(leaf, "show")
+                .first()
+                .is_some_and(|d| d.to_string().contains("fix login"))
+    });
+    let base = (
+        seq_of(hub, "acme", "occ base"),
+        seq_of(leaf, "acme", "occ base"),
+    );
+
     // Cut: both sides go on writing, each at local speed.
     pair.link.cut();
     const EACH: usize = 12;
@@ -266,6 +391,50 @@ fn a_leaf_and_its_hub_write_through_a_cut_link_and_converge_on_the_same_events()
         append(hub, "acme", "task:t2", &format!("hub during {i}"));
         append(leaf, "acme", "task:t2", &format!("leaf during {i}"));
     }
+    // Concurrent edits of one field of the board, and of one single-valued fact.
+    for (side, status) in [(hub, "doing"), (leaf, "done")] {
+        ok(side.cli().args([
+            "doc",
+            "edit",
+            "task_board",
+            "main",
+            "--tenant",
+            "acme",
+            "--scope",
+            "task:t2",
+            "--set",
+            &format!("/items/a/status=\"{status}\""),
+        ]));
+    }
+    assert_fact(hub, "task:t2", "lead");
+    assert_fact(leaf, "task:t2", "reviewer");
+    // A skill learnt offline.
+    ok(leaf.cli().args([
+        "append", "--tenant", "acme", "--scope", "task:t2", "--layer", "procedural",
+        "--kind", "skill_recorded",
+        r#"{"content":{"text":"clean the cache before retrying a failed build","data":{"name":"retry-clean-cache","description":"clean the build cache, then retry the failed build"}}}"#,
+    ]));
+    // Both optimistic appends are accepted, each by its own side.
+    for (side, seq, text) in [(hub, base.0, "hub occ"), (leaf, base.1, "leaf occ")] {
+        ok(side.cli().args([
+            "append",
+            "--tenant",
+            "acme",
+            "--scope",
+            "task:occ",
+            "--text",
+            text,
+            "--expect-last-seq",
+            &seq.to_string(),
+        ]));
+    }
+    assert!(
+        json_lines(hub, &["conflicts", "--tenant", "acme"])[0]
+            .as_array()
+            .unwrap()
+            .is_empty(),
+        "a conflict before the two sides met"
+    );
     // The cut is real: nothing written during it has crossed (a leaf connection retries
     // every few seconds, and each attempt is refused).
     std::thread::sleep(Duration::from_secs(3));
@@ -282,7 +451,9 @@ fn a_leaf_and_its_hub_write_through_a_cut_link_and_converge_on_the_same_events()
 
     // Healed: both sides reach the same events, each stored once.
     pair.link.heal();
-    let want = 2 + 2 * EACH + 1; // the task events of both sides, and the hub's agent:zed
+    // The task events of both sides, the base and the two optimistic ones, the board's three
+    // changes, the two facts, the skill, and the hub's agent:zed.
+    let want = 2 + 1 + 2 * EACH + 2 + 3 + 2 + 1 + 1;
     wait_for("both sides to converge", Duration::from_secs(180), || {
         stored(hub, "acme").0.len() == want && stored(leaf, "acme").0.len() == want - 1
     });
@@ -316,6 +487,84 @@ fn a_leaf_and_its_hub_write_through_a_cut_link_and_converge_on_the_same_events()
         stored(leaf, "beta").0.is_empty(),
         "another tenant's events reached the leaf"
     );
+
+    // The read models agree: the same facts (the later assertion current on both sides),
+    // the same merged board with the same conflict exposed.
+    wait_for(
+        "the same facts on both sides",
+        Duration::from_secs(60),
+        || {
+            let (h, l) = (facts_of(hub, "task:t2"), facts_of(leaf, "task:t2"));
+            !h.is_empty() && h == l
+        },
+    );
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let (h, l) = (doc_of(hub, "conflicts"), doc_of(leaf, "conflicts"));
+        // The merged state and its change history (heads), without the sequences each
+        // side stores them at.
+        let merged = |side: &Side| -> Vec<serde_json::Value> {
+            doc_of(side, "show")
+                .iter()
+                .map(|d| serde_json::json!([d["doc"]["heads"], d["doc"]["value"], d["conflicts"]]))
+                .collect()
+        };
+        let (hs, ls) = (merged(hub), merged(leaf));
+        if !h.is_empty() && h == l && hs == ls {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the sides' boards differ:\nhub conflicts {h:?}\nleaf conflicts {l:?}\nhub {hs:?}\nleaf {ls:?}"
+        );
+        std::thread::sleep(Duration::from_millis(250));
+    }
+    let conflicts = doc_of(hub, "conflicts")
+        .iter()
+        .map(ToString::to_string)
+        .collect::<String>();
+    assert!(
+        conflicts.contains("doing") && conflicts.contains("done"),
+        "the board's conflict does not show both values: {conflicts}"
+    );
+    // Every synced scope's read models digest the same on both sides.
+    for scope in ["task:t1", "task:t2", "task:occ"] {
+        let digest = |side: &Side| {
+            json_lines(side, &["digest", "--tenant", "acme", "--scope", scope])[0]["models"].clone()
+        };
+        wait_for(
+            &format!("the same digests of {scope}"),
+            Duration::from_secs(60),
+            || digest(hub) == digest(leaf),
+        );
+        let d = digest(hub);
+        assert!(d["events"]["count"].as_u64().unwrap() > 0, "{scope}: {d}");
+        if scope == "task:t2" {
+            assert!(d["facts"]["count"].as_u64().unwrap() > 0, "{d}");
+            assert_eq!(d["docs"]["count"], 1, "{d}");
+            assert_eq!(d["skills"]["count"], 1, "{d}");
+        }
+    }
+    // The optimistic appends: neither was refused, so each side reports the same conflict,
+    // naming both events.
+    let on = |side: &Side| json_lines(side, &["conflicts", "--tenant", "acme"])[0].clone();
+    let (h, l) = (on(hub), on(leaf));
+    let ids = |c: &serde_json::Value| -> Vec<String> {
+        c[0]["events"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["event_id"].as_str().unwrap().to_owned())
+            .collect()
+    };
+    assert_eq!(h.as_array().unwrap().len(), 1, "{h}");
+    assert_eq!(ids(&h).len(), 2, "{h}");
+    assert_eq!(
+        ids(&h),
+        ids(&l),
+        "the sides report different conflicts: {h} {l}"
+    );
+    assert_eq!(h[0]["subject"], "engram.evt.acme.task.occ.episodic");
 
     // The leaf reports its link up and nothing waiting.
     let status: serde_json::Value =
@@ -443,4 +692,74 @@ fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
         ["beta secret"],
         "a forged event reached another tenant on the hub"
     );
+}
+
+/// A leaf killed with SIGKILL in the middle of syncing, both sides writing, and started
+/// again: every event reaches both sides once, none twice, whatever the relays and sources
+/// were doing when it died.
+#[test]
+fn a_leaf_killed_mid_sync_resumes_where_it_stopped() {
+    let mut pair = start_pair();
+    append(&pair.hub, "acme", "task:t1", "hub first");
+    wait_for("the link", Duration::from_secs(90), || {
+        texts_of(&pair.leaf, "acme").contains("hub first")
+    });
+    // Both sides write a batch at once (one CLI call each, many events), and the leaf dies
+    // while they cross.
+    const N: usize = 300;
+    let batch = |who: &str| -> String {
+        (0..N)
+            .map(|i| {
+                format!(
+                    r#"{{"scope":{{"kind":"task","id":"t3"}},"content":{{"text":"{who} {i}"}}}}"#
+                )
+            })
+            .collect::<Vec<_>>()
+            .join("\n")
+    };
+    let write = |side: &Side, who: &str| {
+        let mut c = side.cli();
+        c.args(["append", "--tenant", "acme"])
+            .stdin(std::process::Stdio::piped())
+            .stdout(std::process::Stdio::null());
+        let mut child = c.spawn().unwrap();
+        child
+            .stdin
+            .take()
+            .unwrap()
+            .write_all(batch(who).as_bytes())
+            .unwrap();
+        assert!(child.wait().unwrap().success(), "{who}'s append failed");
+    };
+    write(&pair.leaf, "leaf");
+    write(&pair.hub, "hub");
+    // Some of the leaf's batch has reached the hub (the relays are at work), not all.
+    wait_for(
+        "the leaf's batch to start crossing",
+        Duration::from_secs(60),
+        || {
+            texts_of(&pair.hub, "acme")
+                .iter()
+                .any(|t| t.starts_with("leaf "))
+        },
+    );
+    pair.kill_leaf();
+    append(&pair.hub, "acme", "task:t1", "hub while the leaf is down");
+    pair.start_leaf();
+    append(&pair.leaf, "acme", "task:t1", "leaf after its restart");
+    let want = 1 + 2 * N + 2;
+    wait_for(
+        "both sides to hold everything",
+        Duration::from_secs(180),
+        || stored(&pair.hub, "acme").0.len() == want && stored(&pair.leaf, "acme").0.len() == want,
+    );
+    std::thread::sleep(Duration::from_secs(3));
+    let (h, _) = stored(&pair.hub, "acme");
+    let (l, _) = stored(&pair.leaf, "acme");
+    assert!(h.values().all(|&n| n == 1), "the hub stores an event twice");
+    assert!(
+        l.values().all(|&n| n == 1),
+        "the leaf stores an event twice"
+    );
+    assert_eq!(h.keys().collect::<Vec<_>>(), l.keys().collect::<Vec<_>>());
 }

@@ -114,7 +114,9 @@ impl Enforced {
 /// change it renders `fixed` (the admin and service keys) plus the registry's live agent
 /// keys, writes the file if it changed, and reloads the server. A failed write or reload is
 /// retried on the next change and every 5 s, so a revocation is never left unenforced
-/// silently.
+/// silently. A key that expires ([`crate::Record::AgentKeyAdded`]'s `expires_at`) needs no
+/// record to go: the block is rendered again when the next expiry passes, so the key of a
+/// run killed before it could revoke it stops working by itself.
 /// Returns how far the server has caught up.
 pub fn enforce(
     shared: crate::SharedRegistry,
@@ -149,9 +151,10 @@ pub fn keep_in_step(
         loop {
             // Only ever a fold of records read without error: a lost connection leaves the
             // registry as it was, so the block never shrinks to the fixed keys by accident.
-            let (keys, applied) = {
+            let (keys, applied, next_expiry) = {
                 let state = shared.read().await;
-                (keys_in_force(&fixed, &state), state.applied)
+                let next_expiry = state.next_expiry(chrono::Utc::now());
+                (keys_in_force(&fixed, &state), state.applied, next_expiry)
             };
             let seen = std::time::Instant::now();
             let text = render(&keys, &names);
@@ -200,14 +203,31 @@ pub fn keep_in_step(
                 // Written and reloaded, or nothing to change: the server enforces `applied`.
                 enforced.send_replace(applied);
             }
+            let until_expiry = next_expiry.map(until);
             tokio::select! {
                 _ = stop.cancelled() => return,
                 changed = changes.changed() => if changed.is_err() { return },
                 _ = tokio::time::sleep(std::time::Duration::from_secs(5)), if pending || unwritten => {}
+                _ = tokio::time::sleep(until_expiry.unwrap_or_default()), if until_expiry.is_some() => {
+                    // Woken at most a minute ahead of it (`until`): count only expiries.
+                    if next_expiry.is_some_and(|at| at <= chrono::Utc::now()) {
+                        metrics::ACCESS_EXPIRY_RENDERS.inc();
+                        tracing::info!(expired_at = ?next_expiry, "a key expired; rendering the server's authorization again");
+                    }
+                }
             }
         }
     });
     Enforced(watched)
+}
+
+/// How long to sleep until a key's expiry `at` has passed: a little past it, so that the
+/// render it wakes finds the key expired, and at most a minute, so that a wall clock set
+/// back or forward is caught up with (a render that changes nothing writes nothing).
+fn until(at: chrono::DateTime<chrono::Utc>) -> std::time::Duration {
+    const PAST_IT: std::time::Duration = std::time::Duration::from_millis(20);
+    let left = (at - chrono::Utc::now()).to_std().unwrap_or_default();
+    (left + PAST_IT).min(std::time::Duration::from_secs(60))
 }
 
 #[cfg(test)]

@@ -58,6 +58,20 @@ pub enum Record {
         agent: Ident,
         key: String,
         scopes: Vec<ScopePattern>,
+        /// When the key stops working by itself (`engram run`'s keys), unless renewed;
+        /// `None`: until revoked. Left out of the record when `None`, so a log of keys
+        /// without expiry reads the same to older builds.
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        expires_at: Option<DateTime<Utc>>,
+    },
+    /// Moves a live key's expiry to `expires_at`: a run alive to renew its key keeps it, a
+    /// run that died stops renewing and its key expires. An expired or revoked key is never
+    /// renewed, so a key, once dead, stays dead.
+    AgentKeyRenewed {
+        tenant: Ident,
+        agent: Ident,
+        key: String,
+        expires_at: DateTime<Utc>,
     },
     /// `key: None` revokes every key of the agent.
     AgentRevoked {
@@ -111,6 +125,7 @@ impl Record {
         match self {
             Self::TenantAdded { tenant }
             | Self::AgentKeyAdded { tenant, .. }
+            | Self::AgentKeyRenewed { tenant, .. }
             | Self::AgentRevoked { tenant, .. }
             | Self::GrantAdded { tenant, .. }
             | Self::GrantRevoked { tenant, .. }
@@ -136,12 +151,22 @@ pub struct Entry {
 
 pub const ENTRY_VERSION: u32 = 1;
 
-/// An agent's key, live or revoked.
+/// An agent's key, live, expired or revoked.
 #[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct Key {
     pub key: String,
     pub added_at: DateTime<Utc>,
     pub revoked_at: Option<DateTime<Utc>>,
+    /// When it stops working by itself; `None`: never.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl Key {
+    /// Whether the key works at `at`: not revoked, and not expired by then.
+    pub fn is_live_at(&self, at: DateTime<Utc>) -> bool {
+        self.revoked_at.is_none() && self.expires_at.is_none_or(|e| at < e)
+    }
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -151,7 +176,15 @@ pub struct Agent {
 }
 
 impl Agent {
+    /// The keys that work now: not revoked, not expired.
     pub fn active_keys(&self) -> impl Iterator<Item = &Key> {
+        let now = Utc::now();
+        self.keys.iter().filter(move |k| k.is_live_at(now))
+    }
+
+    /// The keys not revoked, expired or not: what a revocation may name (a run's key is
+    /// revoked at its end even when it expired first, for the audit trail).
+    pub fn unrevoked_keys(&self) -> impl Iterator<Item = &Key> {
         self.keys.iter().filter(|k| k.revoked_at.is_none())
     }
 }
@@ -197,8 +230,15 @@ pub struct Erasure {
 }
 
 impl Registry {
-    /// Why `record` does not fit the current state, if it does not.
+    /// Why `record` does not fit the current state, if it does not, appended now.
     pub fn check(&self, record: &Record) -> Result<(), AccessError> {
+        self.check_at(record, Utc::now())
+    }
+
+    /// Why `record`, appended at `at`, does not fit the current state. Expiry is judged at
+    /// `at`, the record's own time, never the reader's clock: every reader folds a log to
+    /// the same state whenever it reads it.
+    fn check_at(&self, record: &Record, at: DateTime<Utc>) -> Result<(), AccessError> {
         let tenant = record.tenant();
         if matches!(
             record,
@@ -239,7 +279,12 @@ impl Registry {
             Record::TenantAdded { .. }
             | Record::ErasureStarted { .. }
             | Record::ErasureFinished { .. } => unreachable!("handled above"),
-            Record::AgentKeyAdded { key, scopes, .. } => {
+            Record::AgentKeyAdded {
+                key,
+                scopes,
+                expires_at,
+                ..
+            } => {
                 if scopes.is_empty() {
                     return Err(AccessError::Invalid(
                         "an agent needs at least one scope".into(),
@@ -248,12 +293,48 @@ impl Registry {
                 if self.key_owner(key).is_some() || self.leaf_of_key(key).is_some() {
                     return Err(AccessError::Invalid(format!("key {key} is already in use")));
                 }
+                if let Some(expires_at) = expires_at
+                    && *expires_at <= at
+                {
+                    return Err(AccessError::Invalid(format!(
+                        "key {key} would expire at {expires_at}, before it is added ({at}); give a later expiry"
+                    )));
+                }
+                Ok(())
+            }
+            Record::AgentKeyRenewed {
+                agent,
+                key,
+                expires_at,
+                ..
+            } => {
+                let a = t.agents.get(agent).ok_or_else(|| no_agent(agent))?;
+                let Some(k) = a.keys.iter().find(|k| k.key == *key) else {
+                    return Err(AccessError::Invalid(format!(
+                        "agent {agent} of tenant {tenant} has no key {key}"
+                    )));
+                };
+                if k.expires_at.is_none() {
+                    return Err(AccessError::Invalid(format!(
+                        "key {key} does not expire; there is nothing to renew"
+                    )));
+                }
+                if !k.is_live_at(at) {
+                    return Err(AccessError::Invalid(format!(
+                        "key {key} of agent {agent} is revoked or expired; a dead key is never renewed, issue a new one"
+                    )));
+                }
+                if *expires_at <= at {
+                    return Err(AccessError::Invalid(format!(
+                        "renewing key {key} to {expires_at} would end it now ({at}); revoke it instead"
+                    )));
+                }
                 Ok(())
             }
             Record::AgentRevoked { agent, key, .. } => {
                 let a = t.agents.get(agent).ok_or_else(|| no_agent(agent))?;
                 let live = a
-                    .active_keys()
+                    .unrevoked_keys()
                     .any(|k| key.as_ref().is_none_or(|want| *want == k.key));
                 if live { Ok(()) } else { Err(no_agent(agent)) }
             }
@@ -311,7 +392,7 @@ impl Registry {
     /// Folds one entry in; one that does not fit the state is skipped (and logged).
     pub fn apply(&mut self, seq: u64, entry: &Entry) {
         self.applied = self.applied.max(seq);
-        if let Err(e) = self.check(&entry.record) {
+        if let Err(e) = self.check_at(&entry.record, entry.at) {
             tracing::warn!(seq, error = %e, "access record skipped: it does not fit the registry");
             return;
         }
@@ -331,6 +412,7 @@ impl Registry {
                 agent,
                 key,
                 scopes,
+                expires_at,
             } => {
                 let a = self
                     .tenant_mut(tenant)
@@ -342,7 +424,23 @@ impl Registry {
                     key: key.clone(),
                     added_at: at,
                     revoked_at: None,
+                    expires_at: *expires_at,
                 });
+            }
+            Record::AgentKeyRenewed {
+                tenant,
+                agent,
+                key,
+                expires_at,
+            } => {
+                if let Some(k) = self
+                    .tenant_mut(tenant)
+                    .agents
+                    .get_mut(agent)
+                    .and_then(|a| a.keys.iter_mut().find(|k| k.key == *key))
+                {
+                    k.expires_at = Some(*expires_at);
+                }
             }
             Record::AgentRevoked { tenant, agent, key } => {
                 if let Some(a) = self.tenant_mut(tenant).agents.get_mut(agent) {
@@ -509,8 +607,20 @@ impl Registry {
         })
     }
 
+    /// The next time a key stops working by itself after `now`: when the server's
+    /// configuration must be rendered again without any new record ([`crate::conf::enforce`]).
+    pub fn next_expiry(&self, now: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        self.tenants
+            .values()
+            .flat_map(|t| t.agents.values())
+            .flat_map(|a| a.unrevoked_keys())
+            .filter_map(|k| k.expires_at)
+            .filter(|e| *e > now)
+            .min()
+    }
+
     /// Every live agent and leaf key and the role it connects as: what the server's config
-    /// lists.
+    /// lists. A key past its expiry is left out, as a revoked one is.
     pub fn live_keys(&self) -> Vec<(String, Role)> {
         let mut keys = Vec::new();
         for (tenant, leaf) in self.live_leaves() {
@@ -563,6 +673,7 @@ mod tests {
                 agent: id("planner"),
                 key: "UKEY1".into(),
                 scopes: ScopePattern::defaults(&id("planner")),
+                expires_at: None,
             }),
         );
         r
@@ -645,10 +756,140 @@ mod tests {
                 agent: id("x"),
                 key: "UKEY2".into(),
                 scopes: vec![ScopePattern::any(engram_schema::ScopeKind::Task)],
+                expires_at: None,
             }),
         );
         assert_eq!(r2.tenants, r.tenants);
         assert_eq!(r2.applied, 9);
+    }
+
+    fn entry_at(record: Record, at: DateTime<Utc>) -> Entry {
+        Entry {
+            at,
+            ..entry(record)
+        }
+    }
+
+    fn run_key(expires_at: DateTime<Utc>) -> Record {
+        Record::AgentKeyAdded {
+            tenant: id("acme"),
+            agent: id("run-1"),
+            key: "URUN1".into(),
+            scopes: vec!["task:fix".parse().unwrap()],
+            expires_at: Some(expires_at),
+        }
+    }
+
+    #[test]
+    fn a_key_past_its_expiry_drops_out_and_the_next_expiry_is_known() {
+        let now = Utc::now();
+        let mut r = with_agent();
+        let soon = now + chrono::Duration::milliseconds(300);
+        r.apply(3, &entry_at(run_key(soon), now));
+        let task: Scope = "task:fix".parse().unwrap();
+        assert!(r.may_write(&id("acme"), &id("run-1"), &task));
+        assert_eq!(r.live_keys().len(), 2);
+        assert_eq!(r.next_expiry(now), Some(soon));
+        assert_eq!(
+            r.next_expiry(soon),
+            None,
+            "nothing expires after the last expiry"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(400));
+        // Expired: no longer admitted, no longer allowed, and no expiry left to wait for
+        assert_eq!(r.live_keys().len(), 1);
+        assert_eq!(r.live_keys()[0].0, "UKEY1");
+        assert!(!r.may_write(&id("acme"), &id("run-1"), &task));
+        assert!(r.live_keys_of(&id("acme"), &id("run-1")).is_empty());
+        assert_eq!(r.next_expiry(Utc::now()), None);
+        // It can still be revoked (the run's end, for the audit trail), never renewed
+        let renew = Record::AgentKeyRenewed {
+            tenant: id("acme"),
+            agent: id("run-1"),
+            key: "URUN1".into(),
+            expires_at: Utc::now() + chrono::Duration::hours(1),
+        };
+        assert!(r.check(&renew).is_err(), "an expired key stays dead");
+        let revoke = Record::AgentRevoked {
+            tenant: id("acme"),
+            agent: id("run-1"),
+            key: Some("URUN1".into()),
+        };
+        r.check(&revoke).unwrap();
+        r.apply(4, &entry(revoke));
+        assert!(
+            r.agent(&id("acme"), &id("run-1")).unwrap().keys[0]
+                .revoked_at
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn renewing_moves_the_expiry_of_a_live_key_only() {
+        let now = Utc::now();
+        let mut r = with_agent();
+        r.apply(
+            3,
+            &entry_at(run_key(now + chrono::Duration::seconds(10)), now),
+        );
+        let later = now + chrono::Duration::hours(1);
+        let renew = |key: &str, expires_at| Record::AgentKeyRenewed {
+            tenant: id("acme"),
+            agent: id("run-1"),
+            key: key.into(),
+            expires_at,
+        };
+        r.check(&renew("URUN1", later)).unwrap();
+        r.apply(4, &entry_at(renew("URUN1", later), now));
+        assert_eq!(r.next_expiry(now), Some(later));
+        // Refused: an unknown key, a key without expiry, an expiry in the past
+        assert!(r.check(&renew("UNONE", later)).is_err());
+        let permanent = Record::AgentKeyRenewed {
+            tenant: id("acme"),
+            agent: id("planner"),
+            key: "UKEY1".into(),
+            expires_at: later,
+        };
+        assert!(r.check(&permanent).is_err());
+        assert!(r.check(&renew("URUN1", now)).is_err());
+        let born_expired = Record::AgentKeyAdded {
+            tenant: id("acme"),
+            agent: id("run-2"),
+            key: "URUN2".into(),
+            scopes: vec!["task:fix".parse().unwrap()],
+            expires_at: Some(Utc::now() - chrono::Duration::seconds(1)),
+        };
+        assert!(r.check(&born_expired).is_err(), "a key born expired");
+        // Folding judges expiry at the record's own time: a renewal appended after the
+        // expiry is skipped by every reader, whenever it reads
+        let mut r2 = with_agent();
+        r2.apply(
+            3,
+            &entry_at(run_key(now + chrono::Duration::seconds(1)), now),
+        );
+        r2.apply(
+            4,
+            &entry_at(renew("URUN1", later), now + chrono::Duration::seconds(2)),
+        );
+        assert_eq!(
+            r2.agent(&id("acme"), &id("run-1")).unwrap().keys[0].expires_at,
+            Some(now + chrono::Duration::seconds(1))
+        );
+    }
+
+    #[test]
+    fn a_key_record_without_expiry_reads_as_before() {
+        // What older builds wrote, and what they can still read: no `expires_at` key
+        let old = r#"{"v":1,"at":"2026-01-01T00:00:00Z","by":"x","record":{"type":"agent_key_added","tenant":"acme","agent":"a","key":"UK","scopes":["task:*"]}}"#;
+        let e: Entry = serde_json::from_str(old).unwrap();
+        assert!(matches!(
+            e.record,
+            Record::AgentKeyAdded {
+                expires_at: None,
+                ..
+            }
+        ));
+        assert!(!serde_json::to_string(&e).unwrap().contains("expires_at"));
     }
 
     #[test]

@@ -22,6 +22,16 @@ use crate::{AppendError, Bus};
 /// Header naming the event kind, so consumers can filter without decoding the payload.
 pub const KIND_HEADER: &str = "Engram-Kind";
 
+/// Header of an optimistic-concurrency append: what it expected to follow, in terms that
+/// mean the same in every JetStream domain. Sequences do not (a leaf's stream numbers its
+/// events its own way), event ids do: the id of the subject's last event when the append
+/// was checked, or [`EXPECTS_EMPTY`]. Two events that expected the same predecessor were
+/// written concurrently, on two sides of a cut link; whoever reads both sees the conflict
+/// ([`crate::conflicts`]).
+pub const EXPECTS_HEADER: &str = "Engram-Expects";
+/// [`EXPECTS_HEADER`] of an append that expected an empty subject.
+pub const EXPECTS_EMPTY: &str = "-";
+
 /// The `Nats-Msg-Id` the stream deduplicates `event` by: `<tenant>:<event_id>`. A tenant
 /// is a subject token, so it holds no `:` and the key splits one way only.
 pub fn dedup_key(event: &Envelope) -> String {
@@ -124,7 +134,11 @@ impl Bus {
     ) -> Result<AppendReceipt, AppendError> {
         let started = Instant::now();
         let result = async {
-            let (prepared, message) = self.prepare(event, &opts)?;
+            let (prepared, mut message) = self.prepare(event, &opts)?;
+            if let Some(seq) = opts.expected_last_subject_seq {
+                let expects = self.event_id_at(seq, &prepared.subject).await?;
+                message = message.header(EXPECTS_HEADER, expects.as_str());
+            }
             let ack = self.send(&prepared, message).await?;
             finish(ack, &prepared, opts.expected_last_subject_seq).await
         }
@@ -181,6 +195,41 @@ impl Bus {
             .into_iter()
             .map(|r| r.expect("every index is filled exactly once"))
             .collect()
+    }
+}
+
+impl Bus {
+    /// The id of the event stored at `seq` ([`EXPECTS_EMPTY`] for 0), for an append that
+    /// expects it to be the last on `subject`. One that is not an event of `subject` is
+    /// named by its sequence (`#<seq>`): the server refuses the append anyway, since it is
+    /// not the subject's last.
+    async fn event_id_at(&self, seq: u64, subject: &str) -> Result<String, AppendError> {
+        if seq == 0 {
+            return Ok(EXPECTS_EMPTY.to_owned());
+        }
+        let stream = self
+            .events_stream()
+            .await
+            .map_err(|e| AppendError::Unavailable(e.to_string()))?;
+        match stream.direct_get(seq).await {
+            Ok(message) => {
+                let on_subject = message
+                    .subject
+                    .as_str()
+                    .strip_prefix(subject)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'));
+                match self.codec.decode(&message.payload) {
+                    Ok(event) if on_subject => Ok(event.event_id.to_string()),
+                    _ => Ok(format!("#{seq}")),
+                }
+            }
+            Err(e) if e.kind() == async_nats::jetstream::stream::DirectGetErrorKind::NotFound => {
+                Ok(format!("#{seq}"))
+            }
+            Err(e) => Err(AppendError::Unavailable(format!(
+                "cannot read the event an optimistic append expects (seq {seq}): {e}"
+            ))),
+        }
     }
 }
 

@@ -18,6 +18,7 @@
 
 pub mod append;
 pub mod config;
+pub mod conflicts;
 pub mod direct;
 pub mod dlq;
 pub mod durable;

@@ -37,6 +37,9 @@ pub struct StoredEvent {
     /// Events matching the filter after this one, when it was delivered.
     pub pending: u64,
     pub trace: Option<TraceContext>,
+    /// What an optimistic-concurrency append expected to follow
+    /// ([`crate::append::EXPECTS_HEADER`]); `None` for an ordinary append.
+    pub expects: Option<String>,
     pub event: Envelope,
 }
 
@@ -471,6 +474,9 @@ pub(crate) fn decode_stored(
                 stored_at,
                 pending,
                 trace,
+                expects: headers
+                    .and_then(|h| h.get(crate::append::EXPECTS_HEADER))
+                    .map(|v| v.as_str().chars().take(128).collect()),
                 event,
             })
         }

@@ -4,9 +4,11 @@
 //! does the work:
 //! - [`hub`]: the hub's events stream sources every live leaf's outbox;
 //! - [`local`]: the leaf's outbox and inbox streams;
-//! - [`relay`]: the leaf's two relays between its events stream and those.
+//! - [`relay`]: the leaf's two relays between its events stream and those;
+//! - [`link`]: each side's beats, which resume the sources as soon as the link is back.
 
 pub mod hub;
+pub mod link;
 pub mod local;
 pub mod relay;
 

@@ -17,7 +17,7 @@ use crate::{LeafError, js_err};
 #[derive(Clone, Debug)]
 pub struct Retention {
     /// How long the outbox keeps an event the hub has not sourced: the longest the leaf may
-    /// stay offline without losing what it wrote.
+    /// stay offline without losing what it wrote. The inbox keeps the hub's as long.
     pub outbox_max_age: Duration,
 }
 
@@ -45,9 +45,9 @@ pub fn outbox_config(retention: &Retention) -> stream::Config {
 }
 
 /// The inbox: one source of the hub's events stream per scope the leaf may read, delivered
-/// on the leaf's own prefix (the only one its connection may receive on). A work queue:
-/// the relay's ack removes what it moved.
-pub fn inbox_config(creds: &LeafCredentials) -> stream::Config {
+/// on the leaf's own prefix (the only one its connection may receive on), kept as long as
+/// the outbox keeps its events.
+pub fn inbox_config(creds: &LeafCredentials, retention: &Retention) -> stream::Config {
     let sources = normalize(creds.reads.clone())
         .iter()
         .map(|pattern| stream::Source {
@@ -64,8 +64,12 @@ pub fn inbox_config(creds: &LeafCredentials) -> stream::Config {
         name: INBOX_STREAM.to_owned(),
         description: Some("engram leaf: the hub's events, waiting for the relay".into()),
         storage: stream::StorageType::File,
-        retention: stream::RetentionPolicy::WorkQueue,
+        // Not a work queue: the last event each source delivered must stay, since that is
+        // where the server resumes the source after a restart or a resume
+        // ([`crate::link`]). The relay's own consumer keeps its place.
+        retention: stream::RetentionPolicy::Limits,
         discard: stream::DiscardPolicy::Old,
+        max_age: retention.outbox_max_age,
         duplicate_window: Duration::from_secs(10 * 60),
         sources: (!sources.is_empty()).then_some(sources),
         ..Default::default()
@@ -79,10 +83,18 @@ pub async fn provision(
     creds: &LeafCredentials,
     retention: &Retention,
 ) -> Result<(), LeafError> {
-    for config in [outbox_config(retention), inbox_config(creds)] {
+    for config in [outbox_config(retention), inbox_config(creds, retention)] {
         match js.get_stream(&config.name).await {
             Ok(mut existing) => {
                 let info = existing.info().await.map_err(js_err)?;
+                if info.config.retention != config.retention {
+                    // Retention cannot change in place (an inbox of an earlier build was a
+                    // work queue). What it holds is a copy of the hub's: made again.
+                    js.delete_stream(&config.name).await.map_err(js_err)?;
+                    js.create_stream(config.clone()).await.map_err(js_err)?;
+                    tracing::info!(stream = %config.name, "leaf stream made again with its new retention");
+                    continue;
+                }
                 let keep = stream::Config {
                     sources: config.sources.clone(),
                     max_age: config.max_age,

@@ -111,7 +111,7 @@ pub fn consumer_config(
                     .iter()
                     .map(|p| scope_filter(SUBJECT_PREFIX, &creds.tenant, p))
                     .collect(),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_policy: jetstream::consumer::AckPolicy::All,
                 ack_wait: Duration::from_secs(30),
                 max_ack_pending: 4 * BATCH as i64,
                 ..Default::default()
@@ -124,7 +124,7 @@ pub fn consumer_config(
                 description: Some(
                     "engram leaf: the hub's events into this leaf's events stream".into(),
                 ),
-                ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                ack_policy: jetstream::consumer::AckPolicy::All,
                 ack_wait: Duration::from_secs(30),
                 max_ack_pending: 4 * BATCH as i64,
                 ..Default::default()
@@ -165,7 +165,10 @@ async fn relay(
             .messages()
             .await
             .map_err(js_err)?;
+        // Acknowledged once per batch, with its last message (ack-all): every message is
+        // either published or dropped by then.
         let mut pending = Vec::new();
+        let mut last = None;
         while let Some(message) = batch.next().await {
             let message = message.map_err(js_err)?;
             if let Some(pending_count) = message.info().ok().map(|i| i.pending) {
@@ -176,33 +179,34 @@ async fn relay(
             match route(direction, &message, creds) {
                 Route::Drop(outcome) => {
                     LEAF_RELAYED.with_label_values(&[dir, outcome]).inc();
-                    message.ack().await.map_err(js_err)?;
                 }
                 Route::Send { subject, headers } => {
                     let ack = js
                         .publish_with_headers(subject, headers, message.payload.clone())
                         .await
                         .map_err(js_err)?;
-                    pending.push((message, ack));
+                    pending.push(ack);
                 }
             }
+            last = Some(message);
         }
-        // Acknowledged only once stored: a publish that failed is not acked, and comes
-        // again after the consumer's ack wait.
-        for (message, ack) in pending {
-            match ack.await {
-                Ok(_) => {
-                    LEAF_RELAYED.with_label_values(&[dir, "sent"]).inc();
-                    message.ack().await.map_err(js_err)?;
-                }
-                Err(e) => {
-                    LEAF_RELAYED.with_label_values(&[dir, "failed"]).inc();
-                    let _ = message
+        // Acknowledged only once stored: after a publish that failed nothing of the batch
+        // is acked, and all of it comes again after the consumer's ack wait (the copies
+        // that were stored are dropped as duplicates).
+        for ack in pending {
+            if let Err(e) = ack.await {
+                LEAF_RELAYED.with_label_values(&[dir, "failed"]).inc();
+                if let Some(last) = &last {
+                    let _ = last
                         .ack_with(AckKind::Nak(Some(Duration::from_secs(1))))
                         .await;
-                    return Err(js_err(e));
                 }
+                return Err(js_err(e));
             }
+            LEAF_RELAYED.with_label_values(&[dir, "sent"]).inc();
+        }
+        if let Some(last) = last {
+            last.ack().await.map_err(js_err)?;
         }
     }
     Ok(())

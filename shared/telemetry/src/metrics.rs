@@ -706,8 +706,115 @@ pub fn touch_all(layers: &[&str]) {
         USAGE_RETRIEVALS.with_label_values(&[outcome]);
     }
     LazyLock::force(&NATS_CONNECTED);
+    LazyLock::force(&ACCESS_EXPIRY_RENDERS);
     LazyLock::force(&CONSUMER_GAPS);
     LazyLock::force(&STREAM_MESSAGES);
     LazyLock::force(&STREAM_BYTES);
     LazyLock::force(&STREAM_LAST_SEQ);
+}
+
+/// Times the server's authorization was rendered again because a key's expiry passed
+/// (`engram run`'s keys), with no record to prompt it.
+pub static ACCESS_EXPIRY_RENDERS: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "engram_access_expiry_renders_total",
+            "authorization renders woken by a key's expiry",
+        )
+        .unwrap(),
+    )
+});
+
+/// Sessions `engram run` started (its `started` record appended).
+pub static SESSIONS_STARTED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "engram_sessions_started_total",
+            "sessions engram run started",
+        )
+        .unwrap(),
+    )
+});
+
+/// Sessions that ended, by outcome: `exited` (code 0), `failed` (another code),
+/// `signalled`, or `unrecorded` (the `ended` record could not be appended: the session will
+/// read as dead).
+pub static SESSIONS_ENDED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "engram_sessions_ended_total",
+                "sessions that ended, by outcome",
+            ),
+            &["outcome"],
+        )
+        .unwrap(),
+    )
+});
+
+/// Session records `engram run` appended or failed to, by step (started, heartbeat,
+/// checkpoint, artifact, ended) and outcome (ok, error).
+pub static SESSION_RECORDS: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "engram_session_records_total",
+                "session records appended, by step and outcome",
+            ),
+            &["step", "outcome"],
+        )
+        .unwrap(),
+    )
+});
+
+/// Requests on a session's socket refused before anything was written, by reason
+/// (invalid, too_large, outside_workdir, not_a_file, not_found, too_many, busy, timeout).
+pub static SESSION_REQUESTS_REFUSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    register(
+        IntCounterVec::new(
+            Opts::new(
+                "engram_session_requests_refused_total",
+                "session socket requests refused, by reason",
+            ),
+            &["reason"],
+        )
+        .unwrap(),
+    )
+});
+
+/// Bytes of artifacts stored in the Object Store and verified by hash.
+pub static SESSION_ARTIFACT_BYTES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "engram_session_artifact_bytes_total",
+            "bytes of session artifacts stored and verified",
+        )
+        .unwrap(),
+    )
+});
+
+/// Creates the session series up front, zeros included.
+pub fn touch_sessions() {
+    LazyLock::force(&SESSIONS_STARTED);
+    LazyLock::force(&SESSION_ARTIFACT_BYTES);
+    for outcome in ["exited", "failed", "signalled", "unrecorded"] {
+        SESSIONS_ENDED.with_label_values(&[outcome]);
+    }
+    for step in ["started", "heartbeat", "checkpoint", "artifact", "ended"] {
+        for outcome in ["ok", "error"] {
+            SESSION_RECORDS.with_label_values(&[step, outcome]);
+        }
+    }
+    for reason in [
+        "invalid",
+        "too_large",
+        "outside_workdir",
+        "not_a_file",
+        "not_found",
+        "too_many",
+        "busy",
+        "timeout",
+    ] {
+        SESSION_REQUESTS_REFUSED.with_label_values(&[reason]);
+    }
 }

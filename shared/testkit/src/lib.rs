@@ -159,6 +159,7 @@ pub fn stored(events: &[Envelope], first_seq: u64) -> Vec<engram_bus::StoredEven
             stored_at: chrono::Utc::now(),
             pending: 0,
             trace: None,
+            expects: None,
             event: event.clone(),
         })
         .collect()
@@ -396,6 +397,7 @@ impl SecureNats {
                     agent: ident(agent),
                     key: creds.public_key(),
                     scopes,
+                    expires_at: None,
                 },
                 "test",
             )

@@ -190,6 +190,7 @@ pub(crate) async fn issue(
                 agent: agent.clone(),
                 key: creds.public_key(),
                 scopes: scopes.clone(),
+                expires_at: None,
             },
             &by(),
         )

@@ -3,7 +3,9 @@
 pub mod access;
 pub mod access_render;
 pub mod append;
+pub mod conflicts;
 pub mod consolidate;
+pub mod digest;
 pub mod dlq;
 pub mod doc;
 pub mod erase;
@@ -14,6 +16,8 @@ pub mod mcp;
 pub mod projector;
 pub mod query;
 pub mod read;
+pub mod run;
+pub mod session;
 pub mod skills;
 pub mod snapshot;
 pub mod streams;

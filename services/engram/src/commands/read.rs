@@ -149,6 +149,7 @@ async fn replay_as_agent(
                     stored_at: e.stored_at,
                     pending: 0,
                     trace: None,
+                    expects: None,
                     event: e.event,
                 };
                 output::event(&stored, json);
