@@ -53,7 +53,7 @@ fn nats_body(service: &str, op: &str) -> Option<Value> {
             "agent_id": "agent-1", "task": "t1", "query": "hello", "vector": vector,
             "token_budget": 100,
         })),
-        ("engram-query", "facts" | "skills" | "consolidate" | "replay")
+        ("engram-query", "facts" | "skills" | "consolidate" | "replay" | "brief")
         | ("engram-facts", "query")
         | ("engram-skills", "search")
         | ("engram-consolidator", "plan") => scoped(json!({})),
@@ -294,7 +294,7 @@ fn http_body(path: &str) -> Value {
         "/v1/retrieve" => json!({"query": "hello", "vector": vector}),
         "/v1/context" => json!({"agent_id": "planner", "task": "t1", "query": "hello",
             "vector": vector, "token_budget": 100}),
-        "/v1/facts" | "/v1/skills" | "/v1/replay" => json!({}),
+        "/v1/facts" | "/v1/skills" | "/v1/replay" | "/v1/brief" => json!({}),
         "/v1/docs" => json!({"read": "list"}),
         "/v1/docs/edit" => json!({"doc_type": "scratchpad", "name": "notes",
             "set": [{"path": "/a", "value": 1}]}),

@@ -75,6 +75,15 @@ pub enum Command {
     /// leave out stream sequences: equal on every side that holds the same events, such as
     /// a leaf and its hub once synced.
     Digest(ScopeArgs),
+    /// A task's agents as local processes, from a YAML spec: `apply` starts each role's
+    /// replicas through `engram run`, restarts a failed one by resuming its session, stops
+    /// them at the ttl and shows progress; `status` shows every session of the task.
+    #[command(subcommand)]
+    Task(commands::task::TaskCommand),
+    /// Demos that start their own Engrams: `continuity` runs a hub and a leaf on this
+    /// machine, an agent working in the cloud, and its successor resuming on the laptop.
+    #[command(subcommand)]
+    Demo(DemoCommand),
     /// Show the events stream and its consumers, and every stream kept on fewer servers
     /// than `bus.stream.replicas`.
     Streams {
@@ -535,6 +544,15 @@ pub struct EraseTarget {
 }
 
 #[derive(Debug, Subcommand)]
+pub enum DemoCommand {
+    /// Memory that follows a task from the cloud to a laptop: a hub and a leaf (two homes,
+    /// two `engram up`), an agent that decides, fails, fixes and learns in the cloud while
+    /// the laptop is offline, and its successor's handoff brief on the laptop, each answer
+    /// checked against the events the first wrote.
+    Continuity(crate::demo::continuity::ContinuityArgs),
+}
+
+#[derive(Debug, Subcommand)]
 pub enum LeafCommand {
     /// Register leaf NAME of a tenant and write its credentials file (keep it secret: it
     /// syncs the tenant's scopes). Its events stream sources the leaf's from then on.
@@ -818,6 +836,10 @@ pub async fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         Command::Replay(args) => commands::read::replay(&config, &args, json).await,
         Command::Conflicts(args) => commands::conflicts::run(&config, &args, json).await,
         Command::Digest(args) => commands::digest::run(&config, &args, json).await,
+        Command::Task(command) => commands::task::run(&config, command, json).await,
+        Command::Demo(DemoCommand::Continuity(args)) => {
+            crate::demo::continuity::run(args, json).await
+        }
         Command::Streams { replicas } => {
             commands::streams::run(&config, replicas.map(usize::from), json).await
         }

@@ -471,6 +471,16 @@ impl Config {
     fn load_identity(&self) -> Result<Option<engram_bus::NkeyAuth>, ConfigError> {
         let path = match &self.nats.creds {
             Some(path) => path.clone(),
+            // An agent's key in the environment (`engram run` gives its program one): the
+            // CLI acts as that agent, never as the admin whose credentials lie in home.
+            None if std::env::var_os("ENGRAM_API_KEY").is_some_and(|k| !k.is_empty()) => {
+                let key = std::env::var("ENGRAM_API_KEY").map_err(|_| {
+                    ConfigError::Invalid("ENGRAM_API_KEY is not valid UTF-8".into())
+                })?;
+                let creds = engram_access::Credentials::from_api_key(key.trim())
+                    .map_err(|e| ConfigError::Invalid(format!("ENGRAM_API_KEY: {e}")))?;
+                return Ok(Some(engram_bus::NkeyAuth::of(&creds)));
+            }
             None => {
                 let admin =
                     engram_access::creds::service_path(&self.home, engram_access::RoleName::Admin);

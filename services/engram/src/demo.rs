@@ -11,6 +11,7 @@
 
 mod bootstrap;
 mod consolidation;
+pub mod continuity;
 mod docs;
 mod next;
 

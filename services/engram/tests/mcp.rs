@@ -23,11 +23,12 @@ use serde_json::{Value, json};
 const ENGRAM: &str = env!("CARGO_BIN_EXE_engram");
 
 /// The tools every client must see.
-const TOOLS: [&str; 9] = [
+const TOOLS: [&str; 10] = [
     "assert_fact",
     "build_context",
     "facts",
     "forget",
+    "handoff_brief",
     "recall",
     "record_skill",
     "remember",

@@ -50,6 +50,7 @@ pub fn document() -> serde_json::Value {
         "/v1/skills": operation("One skill by name, or the skills best matching a task.", schema(s::<proto::SkillsRequest>), schema(s::<proto::SkillsResponse>)),
         "/v1/docs": operation("A shared document's state and conflicts, its history, or the documents of the readable scopes.", schema(s::<proto::DocRequest>), schema(s::<proto::DocResponse>)),
         "/v1/replay": operation("One page of the events of the readable scopes, in stream order.", schema(s::<proto::ReplayRequest>), schema(s::<proto::ReplayResponse>)),
+        "/v1/brief": operation("A task's handoff brief: its sessions, what was decided and why, what failed and how it was fixed, what is open, which skills apply, its artifacts; every line citing its events. JSON and Markdown.", schema(s::<proto::BriefRequest>), schema(s::<proto::BriefResponse>)),
         "/v1/working": operation("Working memory of the own scope: put, get, delete, list.", schema(s::<proto::WorkingRequest>), schema(s::<proto::WorkingResponse>)),
         "/v1/docs/edit": operation("Edit a shared document by JSON pointer (set and delete in one change), pushed as the key's agent; returns the seq and the document with its conflicts.", schema(s::<DocEditRequest>), schema(s::<DocEdited>)),
         "/v1/forget": operation("Withdraw memories of a scope from retrieval: one forgotten event naming them.", schema(s::<ForgetRequest>), schema(s::<Receipt>)),

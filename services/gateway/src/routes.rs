@@ -37,6 +37,7 @@ pub(crate) fn routes(gateway: &Arc<Gateway>, probes: Probes) -> Router<Arc<Gatew
         .route("/v1/docs", post(docs))
         .route("/v1/docs/edit", post(docs_edit))
         .route("/v1/replay", post(replay))
+        .route("/v1/brief", post(brief))
         .route("/v1/working", post(working))
         .route("/v1/forget", post(forget))
         .route("/v1/consolidate", post(consolidate))
@@ -285,6 +286,8 @@ forward!(
     proto::ReplayResponse,
     |c, r| c.replay_page(&r)
 );
+forward!(brief, proto::BriefRequest, proto::BriefResponse, |c, r| c
+    .brief(&r));
 forward!(
     working,
     proto::WorkingRequest,

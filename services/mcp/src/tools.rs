@@ -432,6 +432,18 @@ pub struct RecordSkillArgs {
 
 #[derive(Debug, Deserialize, JsonSchema)]
 #[serde(deny_unknown_fields)]
+pub struct HandoffBriefArgs {
+    /// The id of the session you are picking up (as `engram session list` shows it): its
+    /// working memory is shown too. Optional.
+    #[serde(default)]
+    pub session: Option<String>,
+    /// Items per section at most, 1 to 100; default 50 (the latest are kept).
+    #[serde(default)]
+    pub max_items: Option<usize>,
+}
+
+#[derive(Debug, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
 pub struct SkillsArgs {
     /// What you want to do: skills are ranked by how well they match it. Give this or `name`.
     #[serde(default)]
@@ -587,6 +599,11 @@ proved itself, so other agents can find it with `skills`. Returns event_id and s
 
 const SKILLS: &str = "Find skills (recorded procedures): the ones best matching a task description, or one \
 by name. Returns each skill's name, version, description, steps, preconditions and how often it worked.";
+
+const HANDOFF_BRIEF: &str = "The handoff brief of your task, to pick up where another agent or session left \
+off: the task's sessions (role, machine, exit, last checkpoint), what was decided and why, what failed and how \
+it was fixed (or that it is unresolved), the task board's open items, the skills recorded, the artifacts. \
+Every line cites the event_ids it comes from. Returns it as Markdown and as structured JSON.";
 
 const TASK_BOARD: &str = "Read or update the task board you share with the other agents of your scope. With \
 no changes it returns the board. `upsert` adds tasks or changes their title, status (todo, doing, blocked, \
@@ -755,6 +772,21 @@ impl EngramMcp {
         ctx: RequestContext<RoleServer>,
     ) -> Result<Json<Board>, String> {
         self.run("task_board", &ctx, |id| task_board(id, args))
+            .await
+    }
+
+    #[tool(
+        name = "handoff_brief",
+        description = HANDOFF_BRIEF,
+        input_schema = input::<HandoffBriefArgs>(),
+        annotations(read_only_hint = true, open_world_hint = false)
+    )]
+    async fn handoff_brief(
+        &self,
+        args: JsonObject,
+        ctx: RequestContext<RoleServer>,
+    ) -> Result<Json<proto::BriefResponse>, String> {
+        self.run("handoff_brief", &ctx, |id| handoff_brief(id, args))
             .await
     }
 
@@ -1059,6 +1091,37 @@ async fn skills(identity: Identity, args: JsonObject) -> Result<Skills, ToolErro
     })
 }
 
+async fn handoff_brief(
+    identity: Identity,
+    args: JsonObject,
+) -> Result<proto::BriefResponse, ToolError> {
+    let args: HandoffBriefArgs = decode(&identity, args)?;
+    if identity.scope().kind != ScopeKind::Task {
+        return Err(ToolError(format!(
+            "this server's scope is {}, not a task: a brief is of a task scope, fixed by the server's configuration (`engram mcp --scope task:<id>`)",
+            identity.scope()
+        )));
+    }
+    let session = optional_text("session", args.session.as_deref(), 64)?
+        .map(|s| Ident::parse("session", &s).map_err(schema_error))
+        .transpose()?;
+    let request = proto::BriefRequest {
+        scopes: ScopeRequest {
+            tenant: identity.tenant().clone(),
+            scope: identity.scope().clone(),
+            grants: Vec::new(),
+        },
+        session,
+        max_items: Some(limit(args.max_items, 50)?),
+        max_events: None,
+    };
+    identity
+        .client()
+        .brief(&request)
+        .await
+        .map_err(|e| query_error(&identity, e))
+}
+
 /// A skill registry entry (its own shape, `engram_skills::Skill`) as the model reads it.
 fn skill(row: &Value) -> Skill {
     let strings = |key: &str| -> Vec<String> {
@@ -1346,7 +1409,7 @@ mod tests {
     #[test]
     fn every_tool_is_described_bounded_in_its_schema_and_takes_no_identity() {
         let tools = EngramMcp::tool_router().list_all();
-        assert_eq!(tools.len(), 9);
+        assert_eq!(tools.len(), 10);
         for tool in tools {
             assert!(tool.description.as_deref().unwrap_or_default().len() > 80);
             let schema = &tool.input_schema;

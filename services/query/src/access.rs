@@ -225,10 +225,11 @@ macro_rules! scoped {
 }
 
 use engram_memory::proto::{
-    BootstrapRequest, ConsolidateRequest, ContextRequest, DocRequest, FactsRequest, ReplayRequest,
-    RetrieveRequest, SkillsRequest, WorkingRequest,
+    BootstrapRequest, BriefRequest, ConsolidateRequest, ContextRequest, DocRequest, FactsRequest,
+    ReplayRequest, RetrieveRequest, SkillsRequest, WorkingRequest,
 };
 scoped!(
+    BriefRequest,
     ReplayRequest,
     WorkingRequest,
     RetrieveRequest,

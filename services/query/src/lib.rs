@@ -4,6 +4,7 @@
 //! - [`fusion`]: hybrid ranking (pure).
 //! - [`context`]: `build_context`, the per-step call that assembles all four memory layers
 //!   within a token budget.
+//! - `brief`: a task's handoff brief (`engram.q.brief`), read with the caller's rights.
 //! - [`replay`]: replay pages, read with direct gets (no consumer per page), and each
 //!   agent's and tenant's share of them.
 //! - [`usage`]: how often each memory was returned, written to the log as periodic
@@ -17,6 +18,7 @@
 
 pub mod access;
 pub mod append;
+mod brief;
 pub mod context;
 pub mod fusion;
 pub mod replay;
@@ -298,6 +300,36 @@ impl Query {
         endpoint!(proto::REPLAY, "replay", proto::ReplayRequest, |q, r| q
             .replay(r)
             .await);
+        // The brief: an agent's reads it with its own rights and replay share, so the
+        // subject it came on goes with it.
+        let q = self.clone();
+        engram_rpc::serve(
+            &service,
+            proto::BRIEF,
+            "brief",
+            limits,
+            move |r: proto::BriefRequest| {
+                let q = q.clone();
+                async move { q.brief(None, r).await }
+            },
+        )
+        .await?;
+        let q = self.clone();
+        engram_rpc::serve_from(
+            &service,
+            &engram_access::perms::query_subject_any("brief"),
+            "brief",
+            limits,
+            move |subject: &str, r: proto::BriefRequest| {
+                let q = q.clone();
+                let subject = subject.to_owned();
+                async move {
+                    q.authorize(&subject, &r).await?;
+                    q.brief(Some(&subject), r).await
+                }
+            },
+        )
+        .await?;
         // Appends, by agents only (the admin and services publish to the log themselves).
         let q = self.clone();
         engram_rpc::serve_from(

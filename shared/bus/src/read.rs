@@ -424,6 +424,26 @@ pub(crate) fn decode_stored(
     let trace = headers
         .and_then(|h| h.get(trace_context::HEADER))
         .and_then(|v| TraceContext::parse(v.as_str()));
+    // Sourced from a leaf's outbox: the hub wrote this header itself (it drops any a
+    // message came with), naming the filter of the source it came through and the subject
+    // the leaf delivered it on. A leaf server that does not honour the filter (a modified
+    // binary) could deliver any subject; one outside the filter is no event of this leaf.
+    if let Some(source) = headers.and_then(|h| h.get("Nats-Stream-Source"))
+        && !leaf_source_kept_its_filter(source.as_str())
+    {
+        metrics::EVENTS_READ
+            .with_label_values(&[mode, "forged_source"])
+            .inc();
+        tracing::warn!(seq, subject = %subject, source = source.as_str(), "skipping event a leaf delivered outside its source's filter");
+        return Err(ReadError::Decode {
+            seq,
+            subject,
+            source: SchemaError::InvalidField {
+                field: "Nats-Stream-Source",
+                reason: "a leaf delivered it on a subject its source's filter does not take".into(),
+            },
+        });
+    }
     match codec.decode(payload) {
         // Decoded, but published where it does not belong: the subject is what stream
         // permissions, filters and optimistic concurrency went by, the envelope is what every
@@ -494,6 +514,39 @@ pub(crate) fn decode_stored(
     }
 }
 
+/// Whether a `Nats-Stream-Source` header (`<stream>:<hash> <seq> <filter> <transform>
+/// <delivered subject> …`, written by the sourcing server) of a message sourced from a
+/// leaf's outbox names a delivered subject its filter takes. Any other source is not a
+/// leaf's, and passes.
+fn leaf_source_kept_its_filter(source: &str) -> bool {
+    let tokens: Vec<&str> = source.split(' ').collect();
+    let from_outbox = tokens
+        .first()
+        .and_then(|s| s.split(':').next())
+        .is_some_and(|s| s == engram_access::leaf::OUTBOX_STREAM);
+    if !from_outbox {
+        return true;
+    }
+    match (tokens.get(2), tokens.get(4)) {
+        (Some(filter), Some(delivered)) => subject_in(delivered, filter),
+        _ => false,
+    }
+}
+
+/// NATS subject matching: `*` one token, `>` the rest (at least one).
+fn subject_in(subject: &str, filter: &str) -> bool {
+    let (mut s, mut f) = (subject.split('.'), filter.split('.'));
+    loop {
+        match (f.next(), s.next()) {
+            (Some(">"), Some(_)) => return true,
+            (Some("*"), Some(_)) => {}
+            (Some(a), Some(b)) if a == b => {}
+            (None, None) => return true,
+            _ => return false,
+        }
+    }
+}
+
 /// Whether `headers` carry no dedup key, `event`'s own ([`crate::append::dedup_key`]), or
 /// the bare event id that keyed events before keys named their tenant.
 fn dedup_key_matches(
@@ -510,4 +563,23 @@ fn dedup_key_matches(
             .strip_suffix(id)
             .and_then(|k| k.strip_suffix(':'))
             .is_some_and(|tenant| tenant == event.tenant.as_str())
+}
+
+#[cfg(test)]
+mod leaf_source_tests {
+    use super::*;
+
+    #[test]
+    fn a_leaf_delivery_outside_its_filter_is_refused_and_others_pass() {
+        let kept = "ENGRAM_LEAF_OUTBOX:KULbcpqa 1 engram.out.acme.task.*.*.* engram.evt.acme.task.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}} engram.out.acme.task.t1.episodic.1 gwQVb3mm";
+        let forged = "ENGRAM_LEAF_OUTBOX:KULbcpqa 2 engram.out.acme.task.*.*.* engram.evt.acme.task.{{wildcard(1)}}.{{wildcard(2)}}.{{wildcard(3)}} engram.evt.beta.task.t1.episodic.1 gwQVb3mm";
+        let other = "SOMETHING:x 1 > > a.b";
+        assert!(leaf_source_kept_its_filter(kept));
+        assert!(!leaf_source_kept_its_filter(forged));
+        assert!(!leaf_source_kept_its_filter("ENGRAM_LEAF_OUTBOX:x 1"));
+        assert!(leaf_source_kept_its_filter(other));
+        assert!(
+            subject_in("a.b.c", "a.>") && !subject_in("a", "a.>") && !subject_in("a.b", "a.*.c")
+        );
+    }
 }

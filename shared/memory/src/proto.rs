@@ -11,6 +11,8 @@
 //!   events consolidation plans for one scope; the caller appends them)
 //! - `engram.q.bootstrap`: [`BootstrapRequest`] -> [`BootstrapResponse`] (a scope's slice
 //!   of a read model's snapshot, to replay the tail after)
+//! - `engram.q.brief`: [`BriefRequest`] -> [`BriefResponse`] (a task's handoff brief, built
+//!   from its events and read models, citing event ids)
 //!
 //! Internal endpoints, served for each partition of the stream by the instance of the read
 //! model that owns it, and called by the query service:
@@ -50,6 +52,7 @@ pub const BOOTSTRAP: &str = "engram.q.bootstrap";
 pub const CONSOLIDATE: &str = "engram.q.consolidate";
 pub const SNAPSHOT: &str = "engram.q.snapshot";
 pub const REPLAY: &str = "engram.q.replay";
+pub const BRIEF: &str = "engram.q.brief";
 pub const WORKING: &str = "engram.q.working";
 pub const WHOAMI: &str = "engram.q.whoami";
 /// Agents only, as `engram.q.<tenant>.<agent>.append`: [`AppendRequest`] ->
@@ -249,6 +252,9 @@ pub mod limits {
     pub const MAX_DOC_BYTES: usize = 1024 * 1024;
     /// Most documents or history entries one doc request returns.
     pub const MAX_DOC_ITEMS: usize = 256;
+    /// Items per section of a brief, and events one brief reads.
+    pub const MAX_BRIEF_ITEMS: usize = 200;
+    pub const MAX_BRIEF_EVENTS: usize = 20_000;
     /// Memories one neighbours request names.
     pub const MAX_NEIGHBOUR_IDS: usize = 1_024;
     /// Neighbours one memory gets in a neighbours answer.
@@ -896,6 +902,66 @@ impl ReplayRequest {
         }
         Ok(())
     }
+}
+
+/// The handoff brief of the request's own scope, a task ([`engram_brief`]): what the task
+/// is, what was decided and why, what failed and how it was fixed, what is open on its task
+/// boards, which skills apply, its artifacts; every statement citing the events it comes
+/// from. Built from one bounded replay of the scope (and of `session:<session>`, when
+/// named and readable), and the docs and skills read models read at the replay's last
+/// sequence. Grants are refused: a brief is of one task.
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+#[serde(deny_unknown_fields)]
+pub struct BriefRequest {
+    #[serde(flatten)]
+    pub scopes: ScopeRequest,
+    /// The session being resumed: its scope's working-layer events are shown, when the
+    /// caller may read `session:<session>` (else the brief says it could not).
+    #[serde(default)]
+    pub session: Option<Ident>,
+    /// Items per section, the latest kept (1..=200, default 50).
+    #[serde(default)]
+    #[schemars(range(min = 1, max = limits::MAX_BRIEF_ITEMS))]
+    pub max_items: Option<usize>,
+    /// Events read, at most (1..=20000, default 20000); past it the brief says so.
+    #[serde(default)]
+    #[schemars(range(min = 1, max = limits::MAX_BRIEF_EVENTS))]
+    pub max_events: Option<usize>,
+}
+
+impl BriefRequest {
+    /// Everything but the scopes ([`ScopeRequest::resolve`]).
+    pub fn validate(&self) -> Result<(), InvalidField> {
+        if !self.scopes.grants.is_empty() {
+            return Err(InvalidField::new(
+                "grants",
+                "a brief is of the own scope only",
+            ));
+        }
+        if self.scopes.scope.kind != engram_schema::ScopeKind::Task {
+            return Err(InvalidField::new(
+                "scope",
+                format!(
+                    "{} is no task: a brief is of a task scope (task:<id>)",
+                    self.scopes.scope
+                ),
+            ));
+        }
+        if let Some(n) = self.max_items {
+            check_range("max_items", n, 1, limits::MAX_BRIEF_ITEMS)?;
+        }
+        if let Some(n) = self.max_events {
+            check_range("max_events", n, 1, limits::MAX_BRIEF_EVENTS)?;
+        }
+        Ok(())
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Serialize, Deserialize, JsonSchema)]
+pub struct BriefResponse {
+    pub brief: engram_brief::Brief,
+    /// The brief as Markdown.
+    pub markdown: String,
 }
 
 /// Who the caller is, as the registry knows it (agents only: `engram.q.<t>.<a>.whoami`).
@@ -1783,6 +1849,12 @@ pub fn json_schema() -> serde_json::Value {
             generator.subschema_for::<ReplayResponse>(),
         ),
         endpoint(
+            BRIEF,
+            QUERY_SERVICE,
+            generator.subschema_for::<BriefRequest>(),
+            generator.subschema_for::<BriefResponse>(),
+        ),
+        endpoint(
             WORKING,
             QUERY_SERVICE,
             generator.subschema_for::<WorkingRequest>(),
@@ -2108,6 +2180,7 @@ mod tests {
             ),
             ("FactsRequest", via::<FactsRequest>, scoped(json!({}))),
             ("SkillsRequest", via::<SkillsRequest>, scoped(json!({}))),
+            ("BriefRequest", via::<BriefRequest>, scoped(json!({}))),
             (
                 "DocRequest",
                 via::<DocRequest>,

@@ -543,6 +543,18 @@ impl Client {
         self.query(proto::WORKING, request, None).await
     }
 
+    /// The handoff brief of a task (`request.scopes.scope`, a `task:<id>`): its sessions,
+    /// what was decided and why, what failed and how it was fixed, what is open, which
+    /// skills apply, its artifacts, each citing the events it comes from
+    /// ([`engram_memory::proto::BriefRequest`]).
+    pub async fn brief(
+        &self,
+        request: &proto::BriefRequest,
+    ) -> Result<proto::BriefResponse, RpcError> {
+        // A brief reads many pages and two read models: more than a lookup's time.
+        self.query(proto::BRIEF, request, Some(45_000)).await
+    }
+
     /// Who this client's agent key is, as the registry holds it: its scopes and grants.
     /// Agents only (the admin and services are no registry entry).
     pub async fn whoami(&self) -> Result<proto::WhoamiResponse, RpcError> {

@@ -87,7 +87,7 @@ pub static EVENTS_READ: LazyLock<IntCounterVec> = LazyLock::new(|| {
         IntCounterVec::new(
             Opts::new(
                 "engram_events_read_total",
-                "events delivered to replay and tail readers, by outcome (ok, undecodable, subject_mismatch: published on another scope's subject, forged_dedup_key: its Nats-Msg-Id names another tenant)",
+                "events delivered to replay and tail readers, by outcome (ok, undecodable, subject_mismatch: published on another scope's subject, forged_dedup_key: its Nats-Msg-Id names another tenant, forged_source: a leaf delivered it outside its source's filter)",
             ),
             &["mode", "outcome"],
         )
@@ -692,7 +692,13 @@ pub fn touch_all(layers: &[&str]) {
         APPEND_LATENCY.with_label_values(&[outcome]);
     }
     for mode in ["replay", "tail"] {
-        for outcome in ["ok", "undecodable", "subject_mismatch", "forged_dedup_key"] {
+        for outcome in [
+            "ok",
+            "undecodable",
+            "subject_mismatch",
+            "forged_dedup_key",
+            "forged_source",
+        ] {
             EVENTS_READ.with_label_values(&[mode, outcome]);
         }
     }

@@ -16,11 +16,13 @@ pub mod mcp;
 pub mod projector;
 pub mod query;
 pub mod read;
+pub mod resume;
 pub mod run;
 pub mod session;
 pub mod skills;
 pub mod snapshot;
 pub mod streams;
+pub mod task;
 
 use crate::config::Config;
 use engram_sdk::{Client, RetryPolicy};

@@ -195,6 +195,29 @@ impl Ids {
 }
 
 pub async fn run(config: &Config, args: RunArgs) -> anyhow::Result<ExitCode> {
+    run_with(config, args, Resuming::default()).await
+}
+
+/// What `engram session resume --exec` adds to a run: variables for the program beside
+/// the `ENGRAM_*` ones above (the brief's paths), and the session it resumes, recorded as
+/// the new session's first checkpoint (`resumes session <id>`), right after `started`.
+#[derive(Clone, Debug, Default)]
+pub struct Resuming {
+    pub session: Option<Ident>,
+    pub env: Vec<(String, String)>,
+}
+
+/// The note of the checkpoint that says which session a run resumes.
+pub fn resumes_note(session: &Ident) -> String {
+    format!("resumes session {session}")
+}
+
+/// [`run`], resuming a session.
+pub async fn run_with(
+    config: &Config,
+    args: RunArgs,
+    resuming: Resuming,
+) -> anyhow::Result<ExitCode> {
     let heartbeat: Duration = args.heartbeat.into();
     anyhow::ensure!(
         (MIN_HEARTBEAT_MS..=MAX_HEARTBEAT_MS).contains(&(heartbeat.as_millis() as u64)),
@@ -215,7 +238,7 @@ pub async fn run(config: &Config, args: RunArgs) -> anyhow::Result<ExitCode> {
         role = %ids.role,
         session = %ids.session,
     );
-    supervise(config, args, ids, heartbeat, ttl)
+    supervise(config, args, ids, heartbeat, ttl, resuming)
         .instrument(span)
         .await
 }
@@ -226,6 +249,7 @@ async fn supervise(
     ids: Arc<Ids>,
     heartbeat: Duration,
     ttl: Duration,
+    resuming: Resuming,
 ) -> anyhow::Result<ExitCode> {
     metrics::touch_sessions();
     let workdir = std::env::current_dir().context("cannot read the working directory")?;
@@ -280,7 +304,8 @@ async fn supervise(
             .env("ENGRAM_SESSION_SCOPE", ids.session_scope().to_string())
             .env("ENGRAM_AGENT", ids.agent.as_str())
             .env("ENGRAM_INSTANCE", ids.session.as_str())
-            .env("ENGRAM_SESSION_SOCKET", dir.socket());
+            .env("ENGRAM_SESSION_SOCKET", dir.socket())
+            .envs(resuming.env.iter().map(|(k, v)| (k, v)));
         let child = match command.spawn() {
             Ok(child) => child,
             Err(e) => {
@@ -319,6 +344,7 @@ async fn supervise(
             heartbeat,
             metrics_listener,
             serve_limits: config.serve_limits(),
+            resumes: resuming.session.clone(),
         };
         let (command, truncated) = SessionStarted::bounded_command(&args.command);
         let started = SessionStarted {
@@ -390,6 +416,8 @@ struct Run {
     /// Where `/metrics` is served while the run lives, if asked (`--metrics-listen`).
     metrics_listener: Option<tokio::net::TcpListener>,
     serve_limits: engram_gateway::ServeLimits,
+    /// The session this run resumes (`engram session resume --exec`), if any.
+    resumes: Option<Ident>,
 }
 
 impl Run {
@@ -414,6 +442,13 @@ impl Run {
             return Err(e.context("cannot record the session's start; the program was stopped"));
         }
         metrics::SESSIONS_STARTED.inc();
+        if let Some(resumed) = &self.resumes {
+            // Not fatal: the run is recorded, only the link to its predecessor is missing.
+            let note = resumes_note(resumed);
+            if let Err(e) = self.recorder.checkpoint(note, CheckpointVia::Request).await {
+                tracing::warn!(resumed = %resumed, error = %e, "cannot record which session this run resumes");
+            }
+        }
         eprintln!(
             "engram run: session {} of task {} (tenant {}), role {}, pid {pid}",
             self.ids.session, self.ids.task, self.ids.tenant, self.ids.role

@@ -5,6 +5,8 @@
 //!   `exited` (with its code or signal), or `dead`: no `ended` record, and nothing recorded
 //!   for three heartbeat intervals (its supervisor was killed, or its machine is gone). It
 //!   replays the task scope's `working` layer only, where the records are.
+//! - `resume` picks a session's task up anywhere: its brief, artifacts and working memory,
+//!   and with `--exec` the next run ([`super::resume`]).
 //! - `checkpoint` and `artifact` are what a program running under `engram run` calls: they
 //!   send one request to the session's socket (`$ENGRAM_SESSION_SOCKET`) and print the
 //!   answer.
@@ -46,6 +48,11 @@ pub enum SessionCommand {
         #[arg(long, value_name = "ID")]
         task: Option<String>,
     },
+    /// Pick a session's task up here: write its handoff brief (what the task is, what was
+    /// decided and why, what failed and how it was fixed, what is open, which skills apply,
+    /// each citing its events), fetch its artifacts checked by hash, and write its working
+    /// memory; with `--exec -- <command …>`, start the next run with ENGRAM_BRIEF.
+    Resume(super::resume::ResumeArgs),
     /// From inside `engram run`: record a checkpoint of this session.
     Checkpoint {
         /// What the point is (default: "requested"); at most 4096 characters.
@@ -84,6 +91,7 @@ impl SocketArg {
 pub async fn run(config: &Config, command: SessionCommand, json: bool) -> anyhow::Result<ExitCode> {
     match command {
         SessionCommand::List { tenant, task } => list(config, &tenant, task.as_deref(), json).await,
+        SessionCommand::Resume(args) => super::resume::run(config, args, json).await,
         SessionCommand::Checkpoint { note, socket } => {
             let response = ask(socket.path()?, &Request::Checkpoint { note }).await?;
             Ok(answer(&response, json, |r| {

@@ -1,0 +1,884 @@
+//! `engram session resume <id>`: pick a session's task up anywhere (another machine, a
+//! leaf node).
+//!
+//! 1. The session's task: `--task`, else the task whose scope holds the session's records.
+//! 2. The brief ([`engram_brief`]): the task's events and the session's own (one bounded
+//!    replay of `task:<ID>` and one of `session:<id>`), the task boards of the task's scope
+//!    (docs read model) and its skills (skills read model, by name), both read at the
+//!    replay's last sequence or later, so the brief never cites what the read models have
+//!    not seen. Written as `brief.md` and `brief.json`.
+//! 3. The session's artifacts, fetched from the Object Store into `artifacts/`, each
+//!    checked against the SHA-256 and size its record names; a file that does not match is
+//!    removed and the resume fails naming it. A leaf node holds events only (its Object
+//!    Store is its own, never synced from the hub): an artifact it lacks is reported as
+//!    stored on the hub and the resume goes on (`--require-artifacts` makes that an error).
+//! 4. The session's working memory, written to `working.json`: the working-layer events of
+//!    `session:<id>` (the log's, so every copy of it has them, leaves included) and the
+//!    live entries of that scope's working-memory KV, as read now. They are not put back
+//!    into the KV: a run resumed gets a new session, hence a new scope; on the machine that
+//!    held the entries they are still there until their ttl; and a leaf's KV is its own,
+//!    so what it lacks cannot be read there at all. The file is the one copy that travels.
+//! 5. With `--exec -- <command …>`: the next run, exactly as `engram run` starts it (a new
+//!    session and key, the same task, the same role unless `--role`), with `ENGRAM_BRIEF`
+//!    (brief.md), `ENGRAM_BRIEF_JSON`, `ENGRAM_RESUME_DIR` and `ENGRAM_RESUMED_SESSION`
+//!    in its environment; its first checkpoint after `started` is `resumes session <id>`.
+//!
+//! Everything is bounded: the events read (`--max-events`, the rest noted in the brief),
+//! the items per section, the skills asked for, the artifacts fetched and their sizes.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use anyhow::Context as _;
+use engram_brief::{BoardState, Brief, Input, Limits, SkillState, SourceEvent};
+use engram_bus::{EntryBounds, ReadError, StartAt};
+use engram_schema::session::{SessionRecord, check_artifact_name};
+use engram_schema::{EventKind, Ident, Layer, Scope, ScopeKind, SubjectFilter};
+use engram_sdk::{Client, proto};
+use futures::StreamExt as _;
+use serde::Serialize;
+use tokio::io::AsyncReadExt as _;
+
+use super::run::{ARTIFACTS_BUCKET, Resuming, RunArgs};
+use crate::config::Config;
+
+/// How long the read models may take to reach the replay's last sequence.
+const READ_MODELS_WITHIN_MS: u64 = 15_000;
+/// Most skills asked of the read model (one request each).
+const MAX_SKILL_LOOKUPS: usize = 64;
+/// Largest artifact fetched: `engram run`'s own ceiling.
+const MAX_ARTIFACT_BYTES: u64 = 1024 * 1024 * 1024;
+
+#[derive(Debug, clap::Args)]
+pub struct ResumeArgs {
+    /// The session to resume (as `engram session list` shows it).
+    pub session: String,
+    #[arg(long)]
+    pub tenant: String,
+    /// The session's task; without it, the tenant's task scopes are searched for the
+    /// session's records (admin only).
+    #[arg(long, value_name = "ID")]
+    pub task: Option<String>,
+    /// Where the brief, the artifacts and the working memory go (default:
+    /// ./engram-resume-<session>).
+    #[arg(long, value_name = "DIR")]
+    pub into: Option<PathBuf>,
+    /// Fail when an artifact cannot be fetched (on a leaf node, they are on the hub).
+    #[arg(long)]
+    pub require_artifacts: bool,
+    /// Most events the brief is built from; past it, the replay stops and the brief says so.
+    #[arg(long, default_value_t = 100_000, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1_000_000))]
+    pub max_events: u64,
+    /// Most items per section of the brief (the latest are kept).
+    #[arg(long, default_value_t = 50, value_name = "N",
+          value_parser = clap::value_parser!(u64).range(1..=1000))]
+    pub max_items: u64,
+    /// With --exec: the role of the next run (default: the resumed session's).
+    #[arg(long, requires = "exec")]
+    pub role: Option<String>,
+    /// Start the next run of the task with the brief: `--exec -- <command …>`.
+    #[arg(long, requires = "command")]
+    pub exec: bool,
+    /// The next run's program and its arguments, after `--`.
+    #[arg(last = true, value_name = "COMMAND", requires = "exec")]
+    pub command: Vec<String>,
+}
+
+/// What a resume did, as `--json` prints it.
+#[derive(Debug, Serialize)]
+struct Resumed {
+    session: Ident,
+    tenant: Ident,
+    task: Ident,
+    dir: PathBuf,
+    brief: PathBuf,
+    brief_json: PathBuf,
+    working: PathBuf,
+    events_read: usize,
+    through_seq: u64,
+    artifacts: Vec<Fetched>,
+    notes: Vec<String>,
+}
+
+/// One artifact's fate.
+#[derive(Debug, Serialize)]
+struct Fetched {
+    name: String,
+    sha256: String,
+    size: u64,
+    /// `fetched` (checked by hash), `missing` (not in this server's Object Store),
+    /// `unreachable` (the store could not be read), or `mismatch` (removed).
+    status: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    path: Option<PathBuf>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    reason: Option<String>,
+}
+
+pub async fn run(config: &Config, args: ResumeArgs, json: bool) -> anyhow::Result<ExitCode> {
+    let tenant = Ident::parse("tenant", &args.tenant)?;
+    let session = Ident::parse("session", &args.session)?;
+    let client = super::connect(config).await?;
+    let limits = Limits {
+        max_events: usize::try_from(args.max_events).unwrap_or(usize::MAX),
+        max_items: usize::try_from(args.max_items).unwrap_or(usize::MAX),
+        ..Limits::default()
+    };
+    let task = match &args.task {
+        Some(task) => Ident::parse("task", task)?,
+        None => find_task(&client, &tenant, &session, limits.max_events).await?,
+    };
+    let dir = args
+        .into
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(format!("engram-resume-{session}")));
+    std::fs::create_dir_all(&dir)
+        .with_context(|| format!("cannot create the resume directory {}", dir.display()))?;
+    let dir =
+        std::fs::canonicalize(&dir).with_context(|| format!("cannot resolve {}", dir.display()))?;
+
+    let gathered = gather(&client, &tenant, &task, &session, limits).await?;
+    let brief = engram_brief::build(&Input {
+        tenant: tenant.clone(),
+        task: task.clone(),
+        session: Some(session.clone()),
+        events: &gathered.events,
+        boards: &gathered.boards,
+        skills: &gathered.skills,
+        notes: gathered.notes.clone(),
+        limits,
+    });
+    if !brief.sessions.iter().any(|s| s.session == session) {
+        anyhow::bail!(
+            "no record of session {session} in task {task} of tenant {tenant} (among {} events read); check the id with `engram session list --tenant {tenant} --task {task}`",
+            brief.events_read
+        );
+    }
+    let brief_md = dir.join("brief.md");
+    let brief_json = dir.join("brief.json");
+    write_file(&brief_md, brief.markdown().as_bytes())?;
+    write_file(
+        &brief_json,
+        &serde_json::to_vec_pretty(&brief).expect("briefs serialise"),
+    )?;
+    let working = dir.join("working.json");
+    let kv = working_entries(&client, &tenant, &session).await;
+    write_file(
+        &working,
+        &serde_json::to_vec_pretty(&working_memory(&gathered.events, &session, kv))
+            .expect("working memory serialises"),
+    )?;
+
+    let artifacts = fetch_artifacts(&client, config, &brief, &session, &dir).await;
+    let mut notes = brief.notes.clone();
+    if brief.left_out.contains_key("artifacts") {
+        notes.push("more artifacts than the brief holds: only those it lists were fetched".into());
+    }
+    let resumed = Resumed {
+        session: session.clone(),
+        tenant: tenant.clone(),
+        task: task.clone(),
+        dir: dir.clone(),
+        brief: brief_md.clone(),
+        brief_json: brief_json.clone(),
+        working,
+        events_read: brief.events_read,
+        through_seq: brief.through_seq,
+        artifacts,
+        notes,
+    };
+    report(&resumed, &brief, json);
+    let mismatched: Vec<&str> = resumed
+        .artifacts
+        .iter()
+        .filter(|a| a.status == "mismatch")
+        .map(|a| a.name.as_str())
+        .collect();
+    anyhow::ensure!(
+        mismatched.is_empty(),
+        "artifacts whose bytes do not match their recorded SHA-256 (removed): {}",
+        mismatched.join(", ")
+    );
+    let unfetched: Vec<&str> = resumed
+        .artifacts
+        .iter()
+        .filter(|a| a.status != "fetched")
+        .map(|a| a.name.as_str())
+        .collect();
+    if args.require_artifacts && !unfetched.is_empty() {
+        anyhow::bail!("--require-artifacts: not fetched: {}", unfetched.join(", "));
+    }
+
+    if !args.exec {
+        return Ok(ExitCode::SUCCESS);
+    }
+    let role = match &args.role {
+        Some(role) => role.clone(),
+        None => brief
+            .sessions
+            .iter()
+            .find(|s| s.session == session)
+            .and_then(|s| s.role.as_ref())
+            .map(|r| r.to_string())
+            .context(
+                "the resumed session's role is not recorded (its `started` record was not read): give --role",
+            )?,
+    };
+    let run_args = next_run(&tenant, &task, &role, &args.command)?;
+    drop(client);
+    let resuming = Resuming {
+        session: Some(session.clone()),
+        env: vec![
+            ("ENGRAM_BRIEF".into(), brief_md.display().to_string()),
+            ("ENGRAM_BRIEF_JSON".into(), brief_json.display().to_string()),
+            ("ENGRAM_RESUME_DIR".into(), dir.display().to_string()),
+            ("ENGRAM_RESUMED_SESSION".into(), session.to_string()),
+        ],
+    };
+    super::run::run_with(config, run_args, resuming).await
+}
+
+/// The arguments `engram run --tenant T --task ID --role R -- <command …>` would have:
+/// parsed by `engram run`'s own parser, so every default is its.
+fn next_run(
+    tenant: &Ident,
+    task: &Ident,
+    role: &str,
+    command: &[String],
+) -> anyhow::Result<RunArgs> {
+    #[derive(clap::Parser)]
+    struct Run {
+        #[command(flatten)]
+        args: RunArgs,
+    }
+    let mut argv: Vec<String> = [
+        "run",
+        "--tenant",
+        tenant.as_str(),
+        "--task",
+        task.as_str(),
+        "--role",
+        role,
+        "--",
+    ]
+    .iter()
+    .map(|s| s.to_string())
+    .collect();
+    argv.extend(command.iter().cloned());
+    use clap::Parser as _;
+    Ok(Run::try_parse_from(argv)
+        .map_err(|e| anyhow::anyhow!("the next run's arguments: {e}"))?
+        .args)
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    std::fs::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn report(resumed: &Resumed, brief: &Brief, json: bool) {
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string(resumed).expect("resume reports serialise")
+        );
+        return;
+    }
+    println!(
+        "session {} of task {} (tenant {}): brief from {} events through seq {}: {} decisions, {} failures ({} unresolved), {} open items, {} skills",
+        resumed.session,
+        resumed.task,
+        resumed.tenant,
+        brief.events_read,
+        brief.through_seq,
+        brief.decisions.len(),
+        brief.failures.len(),
+        brief.failures.iter().filter(|f| f.fix.is_none()).count(),
+        brief.open.len(),
+        brief.skills.len(),
+    );
+    println!("brief       {}", resumed.brief.display());
+    println!("brief json  {}", resumed.brief_json.display());
+    println!("working     {}", resumed.working.display());
+    for a in &resumed.artifacts {
+        match &a.path {
+            Some(path) => println!(
+                "artifact    {}  {} bytes  sha256 {}  checked  {}",
+                a.name,
+                a.size,
+                a.sha256,
+                path.display()
+            ),
+            None => println!(
+                "artifact    {}  {}: {}",
+                a.name,
+                a.status,
+                a.reason.as_deref().unwrap_or("")
+            ),
+        }
+    }
+    for note in &resumed.notes {
+        eprintln!("note: {note}");
+    }
+}
+
+/// The task whose scope holds the session's records: the tenant's task scopes, working
+/// layer, read until the first record of the session (at most `max` events).
+async fn find_task(
+    client: &Client,
+    tenant: &Ident,
+    session: &Ident,
+    max: usize,
+) -> anyhow::Result<Ident> {
+    anyhow::ensure!(
+        client.agent_identity().is_none(),
+        "with agent credentials, name the session's task (--task)"
+    );
+    let filter = SubjectFilter {
+        tenant: Some(tenant.clone()),
+        scope_kind: Some(ScopeKind::Task),
+        scope_id: None,
+        layer: Some(Layer::Working),
+        partition: None,
+    };
+    let mut events = client.replay(&filter, StartAt::Beginning).await?;
+    let mut read = 0usize;
+    while let Some(item) = events.next().await {
+        let stored = match item {
+            Ok(stored) => stored,
+            Err(ReadError::Decode { .. }) => continue,
+            Err(e) => return Err(e.into()),
+        };
+        if let Ok(Some(record)) = SessionRecord::from_event(&stored.event)
+            && &record.session == session
+        {
+            return Ok(stored.event.scope.id);
+        }
+        read += 1;
+        anyhow::ensure!(
+            read < max,
+            "no record of session {session} in the first {max} session records of tenant {tenant}; name its task (--task)"
+        );
+    }
+    anyhow::bail!(
+        "no record of session {session} in tenant {tenant}'s tasks; check the id with `engram session list --tenant {tenant}`"
+    )
+}
+
+/// What the brief is built from.
+struct Gathered {
+    events: Vec<SourceEvent>,
+    boards: Vec<BoardState>,
+    skills: Vec<SkillState>,
+    notes: Vec<String>,
+}
+
+async fn gather(
+    client: &Client,
+    tenant: &Ident,
+    task: &Ident,
+    session: &Ident,
+    limits: Limits,
+) -> anyhow::Result<Gathered> {
+    let task_scope = Scope {
+        kind: ScopeKind::Task,
+        id: task.clone(),
+    };
+    let session_scope = Scope {
+        kind: ScopeKind::Session,
+        id: session.clone(),
+    };
+    let mut notes = Vec::new();
+    let mut events = Vec::new();
+    replay(
+        client,
+        tenant,
+        &task_scope,
+        limits.max_events,
+        &mut events,
+        &mut notes,
+    )
+    .await?;
+    let room = limits.max_events.saturating_sub(events.len());
+    if room > 0 {
+        // The session's own scope: a key that may not read it (a resumer's own agent) still
+        // gets the task's brief, without the session's working memory.
+        if let Err(e) = replay(
+            client,
+            tenant,
+            &session_scope,
+            room,
+            &mut events,
+            &mut notes,
+        )
+        .await
+        {
+            notes.push(format!(
+                "the session's scope {session_scope} could not be read: {e:#}"
+            ));
+        }
+    }
+    let through = events.iter().map(|e| e.seq).max().unwrap_or(0);
+    let scopes = proto::ScopeRequest {
+        tenant: tenant.clone(),
+        scope: task_scope.clone(),
+        grants: Vec::new(),
+    };
+    let consistency = proto::Consistency {
+        min_seq: (through > 0).then_some(through),
+        wait_ms: Some(READ_MODELS_WITHIN_MS),
+    };
+
+    let mut boards = Vec::new();
+    let listed = client
+        .doc(&proto::DocRequest {
+            scopes: scopes.clone(),
+            read: proto::DocRead::List,
+            doc_type: Some(Ident::parse("doc_type", engram_brief::BOARD_TYPE)?),
+            name: None,
+            include_bytes: false,
+            include_values: true,
+            limit: proto::limits::MAX_DOC_ITEMS,
+            consistency,
+        })
+        .await;
+    match listed {
+        Ok(listed) => {
+            for doc in listed.docs {
+                if doc.scope != task_scope {
+                    continue;
+                }
+                match doc.value {
+                    Some(value) => boards.push(BoardState {
+                        scope: doc.scope,
+                        name: doc.name,
+                        value,
+                        last_seq: doc.last_seq,
+                    }),
+                    None => notes.push(format!(
+                        "board {}/{} came without its state",
+                        doc.scope, doc.name
+                    )),
+                }
+            }
+        }
+        Err(e) => notes.push(format!(
+            "the docs read model did not answer, so no open items are listed: {e}"
+        )),
+    }
+
+    let mut names: Vec<String> = events
+        .iter()
+        .filter(|s| s.event.kind == EventKind::SkillRecorded)
+        .filter_map(|s| s.event.content.data.as_ref()?.get("name")?.as_str())
+        .map(|n| n.trim().to_owned())
+        .filter(|n| !n.is_empty())
+        .collect();
+    names.sort();
+    names.dedup();
+    if names.len() > MAX_SKILL_LOOKUPS {
+        notes.push(format!(
+            "{} skills recorded: the first {MAX_SKILL_LOOKUPS} by name were asked of the skills read model",
+            names.len()
+        ));
+        names.truncate(MAX_SKILL_LOOKUPS);
+    }
+    let mut skills = Vec::new();
+    for name in names {
+        let answer = client
+            .skills(&proto::SkillsRequest {
+                scopes: scopes.clone(),
+                task: None,
+                name: Some(name.clone()),
+                limit: 1,
+                consistency,
+            })
+            .await;
+        match answer {
+            Ok(answer) => skills.extend(answer.skills.iter().filter_map(SkillState::from_json)),
+            Err(e) => notes.push(format!(
+                "the skills read model did not answer for {name:?}: {e}"
+            )),
+        }
+    }
+    Ok(Gathered {
+        events,
+        boards,
+        skills,
+        notes,
+    })
+}
+
+/// Appends the events of `scope` to `out`, at most `max`; past it, says so in `notes`.
+async fn replay(
+    client: &Client,
+    tenant: &Ident,
+    scope: &Scope,
+    max: usize,
+    out: &mut Vec<SourceEvent>,
+    notes: &mut Vec<String>,
+) -> anyhow::Result<()> {
+    let start = out.len();
+    let full = |out: &Vec<SourceEvent>| out.len() - start >= max;
+    let cut = |notes: &mut Vec<String>| {
+        notes.push(format!(
+            "the replay of {scope} stopped at {max} events (--max-events): later events are not in the brief"
+        ));
+    };
+    if client.agent_identity().is_some() {
+        let scopes = proto::ScopeRequest {
+            tenant: tenant.clone(),
+            scope: scope.clone(),
+            grants: Vec::new(),
+        };
+        let mut after = 0;
+        loop {
+            let page = client
+                .replay_page(&proto::ReplayRequest {
+                    scopes: scopes.clone(),
+                    after_seq: after,
+                    limit: proto::limits::MAX_REPLAY_EVENTS,
+                })
+                .await?;
+            for e in page.events {
+                if full(out) {
+                    cut(notes);
+                    return Ok(());
+                }
+                out.push(SourceEvent {
+                    seq: e.seq,
+                    event: e.event,
+                });
+            }
+            if page.done || page.next_after <= after {
+                return Ok(());
+            }
+            after = page.next_after;
+        }
+    }
+    let filter = SubjectFilter {
+        tenant: Some(tenant.clone()),
+        scope_kind: Some(scope.kind),
+        scope_id: Some(scope.id.clone()),
+        layer: None,
+        partition: None,
+    };
+    let mut events = client.replay(&filter, StartAt::Beginning).await?;
+    let mut undecodable = 0u64;
+    while let Some(item) = events.next().await {
+        match item {
+            Ok(stored) => {
+                if full(out) {
+                    cut(notes);
+                    return Ok(());
+                }
+                out.push(SourceEvent {
+                    seq: stored.seq,
+                    event: stored.event,
+                });
+            }
+            Err(ReadError::Decode { seq, subject, .. }) => {
+                tracing::debug!(seq, subject, "undecodable event skipped");
+                undecodable += 1;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    if undecodable > 0 {
+        notes.push(format!(
+            "{undecodable} events of {scope} could not be decoded and were skipped"
+        ));
+    }
+    Ok(())
+}
+
+/// The live working-memory entries of `session:<id>`, or why they could not be read.
+async fn working_entries(
+    client: &Client,
+    tenant: &Ident,
+    session: &Ident,
+) -> Result<(Vec<(String, String)>, usize), String> {
+    let scope = Scope {
+        kind: ScopeKind::Session,
+        id: session.clone(),
+    };
+    if client.agent_identity().is_some() {
+        let answer = client
+            .working(&proto::WorkingRequest {
+                scopes: proto::ScopeRequest {
+                    tenant: tenant.clone(),
+                    scope,
+                    grants: Vec::new(),
+                },
+                op: proto::WorkingOp::List,
+                key: None,
+                value: None,
+                ttl_ms: None,
+            })
+            .await
+            .map_err(|e| e.to_string())?;
+        return Ok((
+            answer
+                .entries
+                .into_iter()
+                .map(|e| (e.key, e.value))
+                .collect(),
+            answer.left_out,
+        ));
+    }
+    let memory = client.working_memory().await.map_err(|e| e.to_string())?;
+    let entries = memory
+        .entries(tenant, &scope, EntryBounds::default())
+        .await
+        .map_err(|e| e.to_string())?;
+    Ok((
+        entries
+            .items
+            .into_iter()
+            .map(|(k, v)| (k, String::from_utf8_lossy(&v).into_owned()))
+            .collect(),
+        entries.left_out,
+    ))
+}
+
+/// `working.json`: the session scope's working-layer events, and its KV entries as read now.
+fn working_memory(
+    events: &[SourceEvent],
+    session: &Ident,
+    kv: Result<(Vec<(String, String)>, usize), String>,
+) -> serde_json::Value {
+    let mut working: Vec<&SourceEvent> = events
+        .iter()
+        .filter(|s| {
+            s.event.scope.kind == ScopeKind::Session
+                && &s.event.scope.id == session
+                && s.event.layer == Layer::Working
+        })
+        .collect();
+    working.sort_by(|a, b| {
+        (a.event.occurred_at, &a.event.event_id).cmp(&(b.event.occurred_at, &b.event.event_id))
+    });
+    working.dedup_by(|a, b| a.event.event_id == b.event.event_id);
+    let events: Vec<serde_json::Value> = working
+        .iter()
+        .map(|s| serde_json::json!({"seq": s.seq, "event": s.event}))
+        .collect();
+    let kv = match kv {
+        Ok((mut entries, left_out)) => {
+            entries.sort();
+            serde_json::json!({
+                "entries": entries.into_iter().map(|(key, value)| serde_json::json!({"key": key, "value": value})).collect::<Vec<_>>(),
+                "left_out": left_out,
+            })
+        }
+        Err(reason) => serde_json::json!({"error": reason}),
+    };
+    serde_json::json!({
+        "scope": format!("session:{session}"),
+        "about": "the session's working memory: its scope's working-layer events (from the log) and its working-memory entries as read when resumed (they expire by their ttl, and are not copied into the next run's scope)",
+        "events": events,
+        "kv": kv,
+    })
+}
+
+/// Fetches the session's artifacts into `dir/artifacts`, each checked by size and SHA-256.
+async fn fetch_artifacts(
+    client: &Client,
+    config: &Config,
+    brief: &Brief,
+    session: &Ident,
+    dir: &Path,
+) -> Vec<Fetched> {
+    let artifacts: Vec<_> = brief
+        .artifacts
+        .iter()
+        .filter(|a| &a.session == session)
+        .collect();
+    if artifacts.is_empty() {
+        return Vec::new();
+    }
+    let on_leaf = config.leaf.hub.is_some();
+    let missing_reason = || {
+        if on_leaf {
+            "stored on the hub, not on this leaf (a leaf syncs events, not the Object Store)"
+                .to_owned()
+        } else {
+            "not in this server's Object Store (on a leaf node: stored on the hub, not on this leaf)"
+                .to_owned()
+        }
+    };
+    let folder = dir.join("artifacts");
+    let mut fetched = Vec::new();
+    let agent = client.agent_identity().is_some();
+    let mut stores = std::collections::BTreeMap::new();
+    for a in artifacts {
+        let mut out = Fetched {
+            name: a.name.clone(),
+            sha256: a.sha256.clone(),
+            size: a.size,
+            status: "unreachable",
+            path: None,
+            reason: None,
+        };
+        if agent {
+            out.reason = Some(
+                "an agent's key reaches no Object Store: resume with the admin's credentials to fetch artifacts".into(),
+            );
+            fetched.push(out);
+            continue;
+        }
+        if a.bucket.as_str() != ARTIFACTS_BUCKET {
+            out.reason = Some(format!(
+                "its record names bucket {}, not {ARTIFACTS_BUCKET}: not fetched",
+                a.bucket
+            ));
+            fetched.push(out);
+            continue;
+        }
+        // Recorded names were checked at append; checked again, since this one becomes a
+        // file name.
+        if let Err(e) = check_artifact_name(&a.name) {
+            out.reason = Some(e);
+            fetched.push(out);
+            continue;
+        }
+        if a.size > MAX_ARTIFACT_BYTES {
+            out.reason = Some(format!(
+                "{} bytes, over the {MAX_ARTIFACT_BYTES} an artifact may hold",
+                a.size
+            ));
+            fetched.push(out);
+            continue;
+        }
+        let store = match stores.get(a.bucket.as_str()) {
+            Some(store) => Ok(store),
+            None => match client
+                .bus()
+                .jetstream()
+                .get_object_store(a.bucket.as_str())
+                .await
+            {
+                Ok(store) => Ok(&*stores.entry(a.bucket.to_string()).or_insert(store)),
+                Err(e) => Err(e),
+            },
+        };
+        let store = match store {
+            Ok(store) => store,
+            Err(e) => {
+                tracing::debug!(error = %e, bucket = %a.bucket, "artifact bucket not opened");
+                out.status = "missing";
+                out.reason = Some(missing_reason());
+                fetched.push(out);
+                continue;
+            }
+        };
+        if let Err(e) = std::fs::create_dir_all(&folder) {
+            out.reason = Some(format!("cannot create {}: {e}", folder.display()));
+            fetched.push(out);
+            continue;
+        }
+        let path = folder.join(&a.name);
+        match fetch_one(store, &a.object, a.size, &a.sha256, &path).await {
+            Ok(()) => {
+                out.status = "fetched";
+                out.path = Some(path);
+            }
+            Err(FetchError::Missing) => {
+                out.status = "missing";
+                out.reason = Some(missing_reason());
+            }
+            Err(FetchError::Mismatch(reason)) => {
+                out.status = "mismatch";
+                out.reason = Some(reason);
+            }
+            Err(FetchError::Unreachable(reason)) => out.reason = Some(reason),
+        }
+        fetched.push(out);
+    }
+    fetched
+}
+
+enum FetchError {
+    Missing,
+    Mismatch(String),
+    Unreachable(String),
+}
+
+/// Streams `object` into `path` through a temporary file, hashing it; only a file of the
+/// recorded size and SHA-256 is left at `path`.
+async fn fetch_one(
+    store: &async_nats::jetstream::object_store::ObjectStore,
+    object: &str,
+    size: u64,
+    sha256: &str,
+    path: &Path,
+) -> Result<(), FetchError> {
+    use async_nats::jetstream::object_store::GetErrorKind;
+    use sha2::Digest as _;
+    use tokio::io::AsyncWriteExt as _;
+    let mut reader = match store.get(object).await {
+        Ok(reader) => reader,
+        Err(e) if e.kind() == GetErrorKind::NotFound => return Err(FetchError::Missing),
+        Err(e) => {
+            return Err(FetchError::Unreachable(format!(
+                "cannot read {object}: {e}"
+            )));
+        }
+    };
+    // A hidden name: no artifact's name starts with a dot, so none is overwritten.
+    let partial = path.with_file_name(format!(
+        ".{}.partial",
+        path.file_name()
+            .map(|n| n.to_string_lossy())
+            .unwrap_or_default()
+    ));
+    let result = async {
+        let mut file = tokio::fs::File::create(&partial)
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{}: {e}", partial.display())))?;
+        let mut hasher = sha2::Sha256::new();
+        let mut read = 0u64;
+        let mut buf = vec![0u8; 64 * 1024];
+        loop {
+            let n = tokio::time::timeout(Duration::from_secs(60), reader.read(&mut buf))
+                .await
+                .map_err(|_| FetchError::Unreachable(format!("{object}: no bytes for 60 s")))?
+                .map_err(|e| FetchError::Unreachable(format!("reading {object}: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            read += n as u64;
+            if read > size {
+                return Err(FetchError::Mismatch(format!(
+                    "the stored object is larger than the {size} bytes recorded"
+                )));
+            }
+            hasher.update(&buf[..n]);
+            file.write_all(&buf[..n])
+                .await
+                .map_err(|e| FetchError::Unreachable(format!("{}: {e}", partial.display())))?;
+        }
+        file.flush()
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{}: {e}", partial.display())))?;
+        let got: String = hasher
+            .finalize()
+            .iter()
+            .map(|b| format!("{b:02x}"))
+            .collect();
+        if read != size || got != sha256 {
+            return Err(FetchError::Mismatch(format!(
+                "{read} bytes with sha256 {got}; the record says {size} bytes with sha256 {sha256}"
+            )));
+        }
+        tokio::fs::rename(&partial, path)
+            .await
+            .map_err(|e| FetchError::Unreachable(format!("{}: {e}", path.display())))
+    }
+    .await;
+    if result.is_err() {
+        let _ = tokio::fs::remove_file(&partial).await;
+    }
+    result
+}

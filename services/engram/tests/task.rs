@@ -1,0 +1,138 @@
+//! `engram task apply` as a user runs it: a real `engram up`, a YAML spec, and scripted
+//! replicas that each do what the spec's roles say: one finishes, one fails once and then
+//! finishes from the brief of the session it resumes, one runs until the ttl stops it.
+//! What is asserted comes from what the scripts did (their sessions, exits and markers),
+//! never from timing.
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::Duration;
+
+use common::{KillOnDrop, Lines, cli, ok, token};
+use serde_json::Value;
+
+#[test]
+fn a_task_spec_runs_its_replicas_restarts_a_failed_one_from_its_brief_and_stops_at_the_ttl() {
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut up = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_engram"))
+            .args(["up", "--nats-port", "0", "--http", "127.0.0.1:0"])
+            .env("ENGRAM_HOME", home.path())
+            .env_remove("ENGRAM_CONFIG")
+            .env_remove("ENGRAM_CREDS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let ready = Lines::of(up.0.stdout.take().unwrap())
+        .until("engram is up", Duration::from_secs(120))
+        .unwrap();
+    let nats = token(&ready, "nats=").to_owned();
+    let engram = |args: &[&str]| {
+        let mut c = cli(home.path());
+        c.args(["--nats", &nats]).args(args);
+        c
+    };
+    ok(&mut engram(&["tenant", "add", "acme"]));
+
+    let marks = work.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    // worker-0 finishes; worker-1 fails on its first run and finishes on the next, which
+    // resumes its session and must be handed the brief; the watcher runs until stopped.
+    let worker = format!(
+        r#"m={marks}/$ENGRAM_REPLICA
+engram session checkpoint --note "$ENGRAM_REPLICA at work" >/dev/null
+if [ "$ENGRAM_REPLICA" = worker-1 ] && [ ! -e "$m.failed" ]; then touch "$m.failed"; exit 3; fi
+if [ -n "$ENGRAM_BRIEF" ] && [ -s "$ENGRAM_BRIEF" ]; then touch "$m.briefed"; fi
+touch "$m.done"; exit 0"#,
+        marks = marks.display()
+    );
+    let watcher = format!(
+        r#"trap 'touch {marks}/watcher.stopped; exit 0' TERM; while true; do sleep 0.2; done"#,
+        marks = marks.display()
+    );
+    let spec = work.path().join("task.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "tenant: acme\ntask: release-7\nttl: 25s\ncontext: shared\nmemory:\n  scope: task:release-7\nmax_restarts: 2\nroles:\n  - name: worker\n    replicas: 2\n    command: [\"sh\", \"-c\", {worker:?}]\n  - name: watcher\n    replicas: 1\n    command: [\"sh\", \"-c\", {watcher:?}]\n"
+        ),
+    )
+    .unwrap();
+    // The replicas' own `engram` calls find the binary on PATH.
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_engram"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = engram(&["task", "apply", spec.to_str().unwrap(), "--progress", "2s"])
+        .current_dir(work.path())
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "task apply failed: {stderr}");
+
+    for mark in [
+        "worker-0.done",
+        "worker-1.failed",
+        "worker-1.done",
+        "worker-1.briefed",
+        "watcher.stopped",
+    ] {
+        assert!(
+            marks.join(mark).exists(),
+            "no {mark}; task apply said:\n{stderr}"
+        );
+    }
+    assert!(
+        !marks.join("worker-0.briefed").exists(),
+        "a first run was handed a brief"
+    );
+    assert!(stderr.contains("ttl reached"), "{stderr}");
+
+    // The log: four sessions (worker-1 twice), with their exits and the replica each ran as.
+    let status: Value = serde_json::from_str(
+        ok(&mut engram(&[
+            "--json",
+            "task",
+            "status",
+            "--tenant",
+            "acme",
+            "--task",
+            "release-7",
+        ]))
+        .trim(),
+    )
+    .unwrap();
+    let rows = status.as_array().unwrap();
+    let of = |replica: &str| -> Vec<&Value> {
+        rows.iter().filter(|r| r["replica"] == replica).collect()
+    };
+    assert_eq!(of("worker-0").len(), 1, "{status}");
+    assert_eq!(of("worker-0")[0]["exit_code"], 0, "{status}");
+    let w1 = of("worker-1");
+    assert_eq!(w1.len(), 2, "{status}");
+    let mut codes: Vec<i64> = w1
+        .iter()
+        .map(|r| r["exit_code"].as_i64().unwrap())
+        .collect();
+    codes.sort();
+    assert_eq!(codes, [0, 3], "{status}");
+    assert_eq!(of("watcher-0").len(), 1, "{status}");
+    assert_eq!(of("watcher-0")[0]["state"], "exited", "{status}");
+    assert!(rows.iter().all(|r| r["state"] == "exited"), "{status}");
+    assert!(
+        w1.iter().any(|r| r["last_checkpoint"]
+            .as_str()
+            .is_some_and(|c| c.contains("at work"))),
+        "{status}"
+    );
+}
