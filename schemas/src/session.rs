@@ -38,6 +38,15 @@ use crate::envelope::{Content, Envelope, EventKind};
 use crate::ident::Ident;
 use crate::payload::{Field, PayloadError, at_most, carries, fields, read, term};
 
+/// The Object Store bucket of a tenant's artifacts. One per tenant: what syncs to a leaf
+/// node (its tenant's bucket, whole) then never holds another tenant's.
+pub fn artifacts_bucket(tenant: &Ident) -> String {
+    format!("ENGRAM_ARTIFACTS_{tenant}")
+}
+
+/// The one bucket artifacts went to before buckets were per tenant; still read.
+pub const LEGACY_ARTIFACTS_BUCKET: &str = "ENGRAM_ARTIFACTS";
+
 /// The data key that makes a `checkpoint` a session record: the session's id.
 pub const SESSION_KEY: &str = "session";
 /// Most argv items a `started` record keeps; a longer command is cut (and says so).

@@ -491,6 +491,7 @@ async fn start_leaf(
         bus.client().clone(),
         bus.jetstream().clone(),
         mode.creds.leaf.clone(),
+        engram_leaf::local::hub_sourced_streams(&mode.creds),
         stop.clone(),
     );
     let task = tokio::spawn(async move {

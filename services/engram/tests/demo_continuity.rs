@@ -36,6 +36,13 @@ fn the_continuity_demo_resumes_on_the_laptop_what_the_cloud_decided_failed_fixed
         serde_json::json!(["add a regression test for the logout race"]),
         "{outcome}"
     );
+    // Instance A's notes, stored in the cloud's Object Store, were fetched on the laptop.
+    assert_eq!(outcome["artifacts_on_leaf"], 1, "{outcome}");
+    let notes = std::fs::read_to_string(dir.path().join("work/resume/artifacts/notes.md")).unwrap();
+    assert_eq!(
+        notes,
+        std::fs::read_to_string(dir.path().join("work/notes.md")).unwrap()
+    );
     // The brief on the laptop cites them.
     let brief = std::fs::read_to_string(dir.path().join("work/resume/brief.md")).unwrap();
     for key in ["decision", "failure", "fix"] {

@@ -117,7 +117,7 @@ fn with_store(up: &Up, change: impl AsyncFnOnce(async_nats::jetstream::object_st
             .await
             .unwrap();
         let store = async_nats::jetstream::new(client)
-            .get_object_store("ENGRAM_ARTIFACTS")
+            .get_object_store("ENGRAM_ARTIFACTS_acme")
             .await
             .unwrap();
         change(store).await;

@@ -292,7 +292,7 @@ fn stored_object(up: &Up, object: &str) -> Vec<u8> {
             .await
             .unwrap();
         let store = async_nats::jetstream::new(client)
-            .get_object_store("ENGRAM_ARTIFACTS")
+            .get_object_store("ENGRAM_ARTIFACTS_acme")
             .await
             .unwrap();
         let mut bytes = Vec::new();
@@ -319,10 +319,10 @@ fn stored_objects(up: &Up, prefix: &str) -> Vec<String> {
             .unwrap();
         let js = async_nats::jetstream::new(client);
         let streams: Vec<String> = js.stream_names().try_collect().await.unwrap();
-        if !streams.iter().any(|s| s == "OBJ_ENGRAM_ARTIFACTS") {
+        if !streams.iter().any(|s| s == "OBJ_ENGRAM_ARTIFACTS_acme") {
             return Vec::new();
         }
-        let store = js.get_object_store("ENGRAM_ARTIFACTS").await.unwrap();
+        let store = js.get_object_store("ENGRAM_ARTIFACTS_acme").await.unwrap();
         let mut names = Vec::new();
         let mut list = store.list().await.unwrap();
         while let Some(info) = list.next().await {
@@ -487,7 +487,7 @@ fn a_scripted_program_checkpoints_declares_an_artifact_and_its_exit_is_recorded(
     assert_eq!(artifact["name"], "report.txt");
     assert_eq!(artifact["size"], content.len());
     assert_eq!(artifact["sha256"], sha256_hex(content));
-    assert_eq!(artifact["bucket"], "ENGRAM_ARTIFACTS");
+    assert_eq!(artifact["bucket"], "ENGRAM_ARTIFACTS_acme");
     let object = artifact["object"].as_str().unwrap();
     assert_eq!(stored_object(&up, object), content);
     let answer: Value =

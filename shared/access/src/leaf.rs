@@ -53,6 +53,20 @@ pub struct LeafSpec {
     pub reads: Vec<ScopePattern>,
 }
 
+/// Whether a leaf that may read `reads` receives its tenant's artifacts: the tenant's
+/// bucket is synced whole (object names cannot be filtered by task), so only to a leaf that
+/// may read every task.
+pub fn syncs_artifacts(reads: &[ScopePattern]) -> bool {
+    reads
+        .iter()
+        .any(|p| p.kind == engram_schema::ScopeKind::Task && p.id.is_none())
+}
+
+/// The stream behind the Object Store bucket of `tenant`'s artifacts.
+pub fn artifacts_stream(tenant: &Ident) -> String {
+    format!("OBJ_{}", engram_schema::session::artifacts_bucket(tenant))
+}
+
 /// The `deliver` prefix of the hub's events coming down to `leaf`.
 pub fn down_prefix(leaf: &Ident) -> String {
     format!("engram.leaf.{leaf}.down")
@@ -151,6 +165,12 @@ pub fn permissions(leaf: &LeafSpec, names: &Names) -> Permissions {
             )
         })
         .collect();
+    if syncs_artifacts(&leaf.reads) {
+        // The tenant's artifacts bucket, whole (no filter: the subject is the stream's).
+        let artifacts = artifacts_stream(&leaf.tenant);
+        publish.push(format!("{hub_api}.CONSUMER.CREATE.{artifacts}"));
+        publish.push(format!("$JS.FC.{artifacts}.>"));
+    }
     publish.extend([
         // The outbox's events, heartbeats and flow control, to the hub's sourcing.
         format!("{}.>", up_prefix(&leaf.name)),

@@ -15,7 +15,7 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use engram_access::leaf::{INBOX_STREAM, LeafSpec, api_prefix, down_prefix, up_prefix};
+use engram_access::leaf::{LeafSpec, api_prefix, down_prefix, up_prefix};
 use engram_schema::Ident;
 use futures::StreamExt as _;
 use tokio_util::sync::CancellationToken;
@@ -57,12 +57,14 @@ async fn cycle_sources(
     Ok(cycled.len())
 }
 
-/// The leaf's side: beats up, listens for the hub's beats, and resumes the inbox's sources
-/// when they come back after a silence. Also keeps `engram_leaf_link_up`.
+/// The leaf's side: beats up, listens for the hub's beats, and resumes the sources of
+/// `streams` (the inbox, the artifacts bucket) when they come back after a silence. Also
+/// keeps `engram_leaf_link_up`.
 pub fn spawn_leaf(
     client: async_nats::Client,
     js: jetstream::Context,
     leaf: Ident,
+    streams: Vec<String>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
@@ -89,9 +91,11 @@ pub fn spawn_leaf(
                     last = Some(Instant::now());
                     if back {
                         engram_telemetry::metrics::LEAF_LINK_UP.set(1);
-                        match cycle_sources(&js, INBOX_STREAM, |_| true).await {
-                            Ok(n) => tracing::info!(sources = n, "link to the hub is up; inbox sources resumed"),
-                            Err(e) => tracing::warn!(error = %e, "link to the hub is up, but resuming the inbox sources failed; they resume on the server's schedule"),
+                        for stream in &streams {
+                            match cycle_sources(&js, stream, |_| true).await {
+                                Ok(n) => tracing::info!(stream = %stream, sources = n, "link to the hub is up; sources resumed"),
+                                Err(e) => tracing::warn!(stream = %stream, error = %e, "link to the hub is up, but resuming the sources failed; they resume on the server's schedule"),
+                            }
                         }
                     }
                 }

@@ -111,7 +111,61 @@ pub async fn provision(
             }
         }
     }
+    if engram_access::leaf::syncs_artifacts(&creds.reads) {
+        provision_artifacts(js, creds).await?;
+    }
     Ok(())
+}
+
+/// The leaf's copy of its tenant's artifacts bucket, sourced whole from the hub's (when
+/// the leaf may read every task, [`engram_access::leaf::syncs_artifacts`]): `engram session
+/// resume` on the leaf then fetches and checks them as it would on the hub.
+async fn provision_artifacts(
+    js: &jetstream::Context,
+    creds: &LeafCredentials,
+) -> Result<(), LeafError> {
+    let bucket = engram_schema::session::artifacts_bucket(&creds.tenant);
+    if js.get_object_store(&bucket).await.is_err() {
+        js.create_object_store(jetstream::object_store::Config {
+            bucket: bucket.clone(),
+            description: Some("engram leaf: the tenant's artifacts, from the hub".into()),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(js_err)?;
+    }
+    let name = engram_access::leaf::artifacts_stream(&creds.tenant);
+    let mut s = js.get_stream(&name).await.map_err(js_err)?;
+    let config = s.info().await.map_err(js_err)?.config.clone();
+    let wanted = vec![stream::Source {
+        name: name.clone(),
+        external: Some(stream::External {
+            api_prefix: api_prefix(&creds.hub_domain),
+            delivery_prefix: Some(format!("{}.obj", down_prefix(&creds.leaf))),
+        }),
+        ..Default::default()
+    }];
+    if config.sources.as_ref() != Some(&wanted) {
+        js.update_stream(&stream::Config {
+            sources: Some(wanted),
+            ..config
+        })
+        .await
+        .map_err(js_err)?;
+        tracing::info!(bucket = %bucket, "leaf artifacts bucket sources the hub's");
+    }
+    Ok(())
+}
+
+/// The leaf's streams that source the hub: what [`crate::link`] resumes when the link is
+/// back.
+pub fn hub_sourced_streams(creds: &LeafCredentials) -> Vec<String> {
+    let mut streams = vec![INBOX_STREAM.to_owned()];
+    if engram_access::leaf::syncs_artifacts(&creds.reads) {
+        streams.push(engram_access::leaf::artifacts_stream(&creds.tenant));
+    }
+    streams
 }
 
 /// What the inbox's sources last reported: whether each saw the hub within `recent`, and

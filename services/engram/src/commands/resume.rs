@@ -40,7 +40,7 @@ use futures::StreamExt as _;
 use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
-use super::run::{ARTIFACTS_BUCKET, Resuming, RunArgs};
+use super::run::{LEGACY_ARTIFACTS_BUCKET, Resuming, RunArgs, artifacts_bucket};
 use crate::config::Config;
 
 /// How long the read models may take to reach the replay's last sequence.
@@ -701,7 +701,7 @@ async fn fetch_artifacts(
     let on_leaf = config.leaf.hub.is_some();
     let missing_reason = || {
         if on_leaf {
-            "stored on the hub, not on this leaf (a leaf syncs events, not the Object Store)"
+            "not on this leaf yet (the tenant's artifacts sync down to a leaf that may read every task; try again once it has synced)"
                 .to_owned()
         } else {
             "not in this server's Object Store (on a leaf node: stored on the hub, not on this leaf)"
@@ -728,9 +728,10 @@ async fn fetch_artifacts(
             fetched.push(out);
             continue;
         }
-        if a.bucket.as_str() != ARTIFACTS_BUCKET {
+        let own = artifacts_bucket(&brief.tenant);
+        if a.bucket.as_str() != own && a.bucket.as_str() != LEGACY_ARTIFACTS_BUCKET {
             out.reason = Some(format!(
-                "its record names bucket {}, not {ARTIFACTS_BUCKET}: not fetched",
+                "its record names bucket {}, not the tenant's {own}: not fetched",
                 a.bucket
             ));
             fetched.push(out);

@@ -12,7 +12,7 @@
 //! 2. It starts the program with the variables below, and records `started`.
 //! 3. While the program runs: a `heartbeat` every `--heartbeat`; a `checkpoint` on SIGUSR1
 //!    or on request through the session's socket; an `artifact` for each file the program
-//!    declares there, stored in the Object Store ([`ARTIFACTS_BUCKET`]) and read back to
+//!    declares there, stored in the Object Store (the tenant's bucket, [`artifacts_bucket`]) and read back to
 //!    check its SHA-256 before the record is appended. SIGINT, SIGTERM and SIGHUP sent to
 //!    `engram run` are passed on to the program (SIGINT not when `engram run` is in the
 //!    terminal's foreground: the terminal sent ctrl-c to the program already).
@@ -91,7 +91,7 @@ use crate::config::Config;
 
 /// The Object Store bucket artifacts are kept in, created by the first `engram run` that
 /// needs it.
-pub const ARTIFACTS_BUCKET: &str = "ENGRAM_ARTIFACTS";
+pub use engram_schema::session::{LEGACY_ARTIFACTS_BUCKET, artifacts_bucket};
 /// Longest request line on a session's socket, newline included.
 pub const MAX_REQUEST_BYTES: usize = 16 * 1024;
 /// Longest answer line the client reads.
@@ -779,21 +779,22 @@ async fn wait_until_admitted(url: &str, creds: &Credentials) -> anyhow::Result<(
     }
 }
 
-/// The artifacts bucket, created when missing.
-async fn artifacts_bucket(client: &Client) -> anyhow::Result<ObjectStore> {
+/// The tenant's artifacts bucket, created when missing.
+async fn open_artifacts_bucket(client: &Client, tenant: &Ident) -> anyhow::Result<ObjectStore> {
     let js = client.bus().jetstream();
-    if let Ok(store) = js.get_object_store(ARTIFACTS_BUCKET).await {
+    let bucket = artifacts_bucket(tenant);
+    if let Ok(store) = js.get_object_store(&bucket).await {
         return Ok(store);
     }
     js.create_object_store(object_store::Config {
-        bucket: ARTIFACTS_BUCKET.into(),
+        bucket: bucket.clone(),
         description: Some("engram run: the artifacts sessions declared".into()),
         storage: async_nats::jetstream::stream::StorageType::File,
         num_replicas: client.bus().replicas(),
         ..Default::default()
     })
     .await
-    .with_context(|| format!("cannot open or create the object store {ARTIFACTS_BUCKET}"))
+    .with_context(|| format!("cannot open or create the object store {bucket}"))
 }
 
 fn default_http_url(listen: std::net::SocketAddr) -> String {
@@ -1161,12 +1162,12 @@ impl Shared {
         let unavailable = |what: &str, e: &dyn std::fmt::Display| {
             Refusal::new(
                 "unavailable",
-                format!("{what} {object} in {ARTIFACTS_BUCKET}: {e}"),
+                format!("{what} {object} in {}: {e}", artifacts_bucket(&ids.tenant)),
             )
         };
         let store = self
             .store
-            .get_or_try_init(|| artifacts_bucket(&self.client))
+            .get_or_try_init(|| open_artifacts_bucket(&self.client, &ids.tenant))
             .await
             .map_err(|e| Refusal::new("unavailable", format!("{e:#}")))?;
         async {
@@ -1194,7 +1195,8 @@ impl Shared {
             name,
             size: bytes.len() as u64,
             sha256,
-            bucket: Ident::parse("bucket", ARTIFACTS_BUCKET).expect("a valid bucket name"),
+            bucket: Ident::parse("bucket", artifacts_bucket(&ids.tenant))
+                .expect("a tenant's bucket name is an identifier"),
             object,
         };
         let receipt = self

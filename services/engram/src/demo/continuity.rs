@@ -278,18 +278,28 @@ pub async fn run(args: ContinuityArgs, json: bool) -> anyhow::Result<ExitCode> {
         "3. the laptop is back online: the task's {hub_count} events reached it in {sync_seconds:.1} s"
     ));
 
+    // The artifact comes down beside the events (the tenant's bucket is synced to a leaf
+    // that may read every task): resumed with --require-artifacts once it has.
     let into = work.join("resume");
-    let out = engram(&leaf_home, &leaf_nats)
-        .args([
-            "--json", "session", "resume", &session, "--tenant", TENANT, "--task", TASK, "--into",
-        ])
-        .arg(&into)
-        .output()?;
-    anyhow::ensure!(
-        out.status.success(),
-        "engram session resume failed on the laptop: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let out = engram(&leaf_home, &leaf_nats)
+            .args([
+                "--json", "session", "resume", &session, "--tenant", TENANT, "--task", TASK,
+            ])
+            .args(["--require-artifacts", "--into"])
+            .arg(&into)
+            .output()?;
+        if out.status.success() {
+            break;
+        }
+        anyhow::ensure!(
+            Instant::now() < deadline,
+            "engram session resume failed on the laptop: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
     let brief: engram_brief::Brief =
         serde_json::from_slice(&std::fs::read(into.join("brief.json"))?)
             .context("the resume wrote no brief.json")?;
@@ -357,6 +367,9 @@ pub async fn run(args: ContinuityArgs, json: bool) -> anyhow::Result<ExitCode> {
     let artifacts_on_leaf = std::fs::read_dir(into.join("artifacts"))
         .map(|d| d.count())
         .unwrap_or(0);
+    say(format!(
+        "   its notes came down with it: {artifacts_on_leaf} artifact fetched on the laptop, checked by SHA-256"
+    ));
     say(format!(
         "   the brief is in {}; every answer cites an event instance A wrote (checked)",
         into.join("brief.md").display()
