@@ -133,6 +133,34 @@ pub struct SessionStarted {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     #[schemars(length(max = MAX_WORKDIR_CHARS))]
     pub workdir: Option<String>,
+    /// What the run's key may use: `shared` (the task's scope and the session's) or
+    /// `isolated` (the session's own scope, and those of the sessions it resumes). Absent
+    /// in records older than the field, which ran shared.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub context: Option<SessionContext>,
+    /// The session this one resumes (`engram session resume --exec`), if any.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub resumes: Option<Ident>,
+}
+
+/// Whether a session's key shares the task's scope with the task's other sessions.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize, Deserialize, JsonSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum SessionContext {
+    /// Reads and writes the task's scope, beside the session's own.
+    #[default]
+    Shared,
+    /// Reads and writes only the session's own scope (and its resumed sessions').
+    Isolated,
+}
+
+impl SessionContext {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Shared => "shared",
+            Self::Isolated => "isolated",
+        }
+    }
 }
 
 /// `heartbeat`: the session's supervisor was alive, and so was the program.
@@ -243,6 +271,8 @@ const STARTED_FIELDS: &[Field] = fields! {
     required "pid" => "the process id, a whole number of at least 1";
     required "heartbeat_ms" => "the heartbeat interval in milliseconds (1000-3600000)";
     optional "workdir" => "the working directory, a string";
+    optional "context" => "\"shared\" or \"isolated\"";
+    optional "resumes" => "the id of the session this one resumes";
 };
 
 const HEARTBEAT_FIELDS: &[Field] = fields! {
@@ -649,6 +679,8 @@ mod tests {
             pid: 4242,
             heartbeat_ms: 30_000,
             workdir: Some("/work/repo".into()),
+            context: Some(SessionContext::Isolated),
+            resumes: None,
         }
     }
 

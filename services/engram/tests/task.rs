@@ -136,3 +136,130 @@ touch "$m.done"; exit 0"#,
         "{status}"
     );
 }
+
+/// `context: isolated` and `persistence: session`, as a user writes them: an isolated role's
+/// key writes its session's scope and is refused the task's (while a shared role writes
+/// there), keeps its earlier session's scope when it is resumed after a failure; and when the
+/// task ends, every scope it wrote is erased, verifiably.
+#[test]
+fn an_isolated_replica_keeps_to_its_session_and_session_persistence_erases_the_task_at_its_end() {
+    let home = tempfile::tempdir().unwrap();
+    let work = tempfile::tempdir().unwrap();
+    let mut up = KillOnDrop(
+        Command::new(env!("CARGO_BIN_EXE_engram"))
+            .args(["up", "--nats-port", "0", "--http", "127.0.0.1:0"])
+            .env("ENGRAM_HOME", home.path())
+            .env_remove("ENGRAM_CONFIG")
+            .env_remove("ENGRAM_CREDS")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap(),
+    );
+    let ready = Lines::of(up.0.stdout.take().unwrap())
+        .until("engram is up", Duration::from_secs(120))
+        .unwrap();
+    let nats = token(&ready, "nats=").to_owned();
+    let engram = |args: &[&str]| {
+        let mut c = cli(home.path());
+        c.args(["--nats", &nats]).args(args);
+        c
+    };
+    ok(&mut engram(&["tenant", "add", "acme"]));
+
+    let marks = work.path().join("marks");
+    std::fs::create_dir_all(&marks).unwrap();
+    // Every append names the run's agent; a refused one must fail, not hang (timeout 60).
+    let append = r#"timeout 60 engram append --tenant acme --agent "$ENGRAM_AGENT" --instance "$ENGRAM_INSTANCE" --text"#;
+    let scout = format!(
+        r#"m={marks}/$ENGRAM_REPLICA
+[ "$ENGRAM_CONTEXT" = isolated ] && [ "$ENGRAM_SCOPE" = "session:$ENGRAM_SESSION" ] && touch "$m.isolated"
+{append} "scout note $ENGRAM_SESSION" --scope "$ENGRAM_SCOPE" >/dev/null && touch "$m.wrote-own"
+{append} "scout trespass" --scope "task:$ENGRAM_TASK" >/dev/null 2>&1 || touch "$m.task-refused"
+if [ ! -e "$m.failed" ]; then touch "$m.failed"; exit 3; fi
+timeout 60 engram --json replay --tenant acme --scope "session:$ENGRAM_RESUMED_SESSION" | grep -q "scout note $ENGRAM_RESUMED_SESSION" && touch "$m.read-previous"
+exit 0"#,
+        marks = marks.display()
+    );
+    let lead = format!(
+        r#"m={marks}/$ENGRAM_REPLICA
+[ "$ENGRAM_CONTEXT" = shared ] && [ "$ENGRAM_SCOPE" = "task:$ENGRAM_TASK" ] && touch "$m.shared"
+{append} "lead decision" --scope "$ENGRAM_SCOPE" >/dev/null && touch "$m.wrote-task"
+exit 0"#,
+        marks = marks.display()
+    );
+    let spec = work.path().join("task.yaml");
+    std::fs::write(
+        &spec,
+        format!(
+            "tenant: acme\ntask: probe-3\nttl: 5m\ncontext: shared\nmemory:\n  persistence: session\nmax_restarts: 1\nroles:\n  - name: lead\n    replicas: 1\n    command: [\"sh\", \"-c\", {lead:?}]\n  - name: scout\n    replicas: 1\n    context: isolated\n    command: [\"sh\", \"-c\", {scout:?}]\n"
+        ),
+    )
+    .unwrap();
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_engram"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let out = engram(&["task", "apply", spec.to_str().unwrap(), "--progress", "2s"])
+        .current_dir(work.path())
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "task apply failed: {stderr}");
+    for mark in [
+        "lead-0.shared",
+        "lead-0.wrote-task",
+        "scout-0.isolated",
+        "scout-0.wrote-own",
+        "scout-0.task-refused",
+        "scout-0.failed",
+        "scout-0.read-previous",
+    ] {
+        assert!(
+            marks.join(mark).exists(),
+            "no {mark}; task apply said:\n{stderr}"
+        );
+    }
+    assert!(!stderr.contains("ttl reached"), "{stderr}");
+    assert!(stderr.contains("memory erased"), "{stderr}");
+
+    // The ledger names the three sessions (lead once, scout twice) and what was erased:
+    // at least their started and ended records and the three appends that were taken.
+    let ledger: Value = serde_json::from_slice(
+        &std::fs::read(home.path().join("tasks/acme/probe-3.json")).unwrap(),
+    )
+    .unwrap();
+    let sessions: Vec<String> = ledger["replicas"]
+        .as_object()
+        .unwrap()
+        .values()
+        .flat_map(|v| v.as_array().unwrap().iter())
+        .map(|s| s.as_str().unwrap().to_owned())
+        .collect();
+    assert_eq!(sessions.len(), 3, "{ledger}");
+    let erased = &ledger["erased"];
+    assert_eq!(erased["incomplete"].as_array().unwrap().len(), 0, "{ledger}");
+    assert_eq!(erased["scopes"].as_array().unwrap().len(), 4, "{ledger}");
+    assert!(
+        erased["events_purged"].as_u64().unwrap() >= 3 * 2 + 3,
+        "{ledger}"
+    );
+
+    // Nothing of the task is left anywhere Engram keeps memory.
+    let mut verify = engram(&["erase", "verify", "--tenant", "acme", "--scope", "task:probe-3"]);
+    for s in &sessions {
+        verify.args(["--scope", &format!("session:{s}")]);
+    }
+    let said = ok(&mut verify);
+    assert!(said.contains("no trace"), "{said}");
+    let said = ok(&mut engram(&[
+        "task", "status", "--tenant", "acme", "--task", "probe-3",
+    ]));
+    assert!(said.contains("its memory was erased"), "{said}");
+}

@@ -79,6 +79,8 @@ fn history() -> Vec<SourceEvent> {
                 pid: 7,
                 heartbeat_ms: 30_000,
                 workdir: None,
+                context: None,
+                resumes: None,
             }),
         ),
         event(

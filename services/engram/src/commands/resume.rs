@@ -3,7 +3,8 @@
 //!
 //! 1. The session's task: `--task`, else the task whose scope holds the session's records.
 //! 2. The brief ([`engram_brief`]): the task's events and the session's own (one bounded
-//!    replay of `task:<ID>` and one of `session:<id>`), the task boards of the task's scope
+//!    replay of `task:<ID>`, then one of `session:<id>` and of each session it resumed in
+//!    turn, where an isolated run kept its work), the task boards of the task's scope
 //!    (docs read model) and its skills (skills read model, by name), both read at the
 //!    replay's last sequence or later, so the brief never cites what the read models have
 //!    not seen. Written as `brief.md` and `brief.json`.
@@ -19,7 +20,8 @@
 //!    held the entries they are still there until their ttl; and a leaf's KV is its own,
 //!    so what it lacks cannot be read there at all. The file is the one copy that travels.
 //! 5. With `--exec -- <command …>`: the next run, exactly as `engram run` starts it (a new
-//!    session and key, the same task, the same role unless `--role`), with `ENGRAM_BRIEF`
+//!    session and key, the same task, the same role unless `--role`, the same context
+//!    unless `--context`; an isolated one's key also holds the resumed sessions' scopes), with `ENGRAM_BRIEF`
 //!    (brief.md), `ENGRAM_BRIEF_JSON`, `ENGRAM_RESUME_DIR` and `ENGRAM_RESUMED_SESSION`
 //!    in its environment; its first checkpoint after `started` is `resumes session <id>`.
 //!
@@ -33,14 +35,16 @@ use std::time::Duration;
 use anyhow::Context as _;
 use engram_brief::{BoardState, Brief, Input, Limits, SkillState, SourceEvent};
 use engram_bus::{EntryBounds, ReadError, StartAt};
-use engram_schema::session::{SessionRecord, check_artifact_name};
+use engram_schema::session::{SessionContext, SessionEvent, SessionRecord, check_artifact_name};
 use engram_schema::{EventKind, Ident, Layer, Scope, ScopeKind, SubjectFilter};
 use engram_sdk::{Client, proto};
 use futures::StreamExt as _;
 use serde::Serialize;
 use tokio::io::AsyncReadExt as _;
 
-use super::run::{LEGACY_ARTIFACTS_BUCKET, Resuming, RunArgs, artifacts_bucket};
+use super::run::{
+    LEGACY_ARTIFACTS_BUCKET, MAX_RESUMED_SCOPES, Resuming, RunArgs, artifacts_bucket,
+};
 use crate::config::Config;
 
 /// How long the read models may take to reach the replay's last sequence.
@@ -75,6 +79,11 @@ pub struct ResumeArgs {
     #[arg(long, default_value_t = 50, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub max_items: u64,
+    /// With --exec: the next run's context, shared or isolated (default: the resumed
+    /// session's). An isolated run's key also reads and writes the scopes of the sessions
+    /// it resumes.
+    #[arg(long, requires = "exec", value_name = "shared|isolated")]
+    pub context: Option<String>,
     /// With --exec: the role of the next run (default: the resumed session's).
     #[arg(long, requires = "exec")]
     pub role: Option<String>,
@@ -226,10 +235,23 @@ pub async fn run(config: &Config, args: ResumeArgs, json: bool) -> anyhow::Resul
                 "the resumed session's role is not recorded (its `started` record was not read): give --role",
             )?,
     };
-    let run_args = next_run(&tenant, &task, &role, &args.command)?;
+    let context = args
+        .context
+        .clone()
+        .unwrap_or_else(|| gathered.context.unwrap_or_default().as_str().to_owned());
+    let run_args = next_run(&tenant, &task, &role, &context, &args.command)?;
     drop(client);
     let resuming = Resuming {
         session: Some(session.clone()),
+        scopes: gathered
+            .chain
+            .iter()
+            .rev()
+            .map(|id| Scope {
+                kind: ScopeKind::Session,
+                id: id.clone(),
+            })
+            .collect(),
         env: vec![
             ("ENGRAM_BRIEF".into(), brief_md.display().to_string()),
             ("ENGRAM_BRIEF_JSON".into(), brief_json.display().to_string()),
@@ -246,6 +268,7 @@ fn next_run(
     tenant: &Ident,
     task: &Ident,
     role: &str,
+    context: &str,
     command: &[String],
 ) -> anyhow::Result<RunArgs> {
     #[derive(clap::Parser)]
@@ -261,6 +284,8 @@ fn next_run(
         task.as_str(),
         "--role",
         role,
+        "--context",
+        context,
         "--",
     ]
     .iter()
@@ -366,9 +391,42 @@ async fn find_task(
     )
 }
 
+/// The session and those it resumed in turn, newest first, from the task's `started`
+/// records; and the context the session ran in. A cycle or a missing record ends it.
+fn resumed_chain(
+    events: &[SourceEvent],
+    session: &Ident,
+) -> (Vec<Ident>, Option<SessionContext>) {
+    let mut started = std::collections::HashMap::new();
+    for e in events {
+        if let Ok(Some(SessionRecord {
+            session,
+            event: SessionEvent::Started(s),
+        })) = SessionRecord::from_event(&e.event)
+        {
+            started.entry(session).or_insert(s);
+        }
+    }
+    let context = started.get(session).and_then(|s| s.context);
+    let mut chain = vec![session.clone()];
+    while chain.len() < MAX_RESUMED_SCOPES {
+        let last = chain.last().expect("never empty");
+        match started.get(last).and_then(|s| s.resumes.clone()) {
+            Some(previous) if !chain.contains(&previous) => chain.push(previous),
+            _ => break,
+        }
+    }
+    (chain, context)
+}
+
 /// What the brief is built from.
 struct Gathered {
     events: Vec<SourceEvent>,
+    /// The session resumed, then the session it resumed, and so on (at most
+    /// [`MAX_RESUMED_SCOPES`] of them, as far as the task's records tell).
+    chain: Vec<Ident>,
+    /// The context the resumed session ran in, as its `started` record says.
+    context: Option<SessionContext>,
     boards: Vec<BoardState>,
     skills: Vec<SkillState>,
     notes: Vec<String>,
@@ -400,23 +458,25 @@ async fn gather(
         &mut notes,
     )
     .await?;
-    let room = limits.max_events.saturating_sub(events.len());
-    if room > 0 {
-        // The session's own scope: a key that may not read it (a resumer's own agent) still
-        // gets the task's brief, without the session's working memory.
-        if let Err(e) = replay(
-            client,
-            tenant,
-            &session_scope,
-            room,
-            &mut events,
-            &mut notes,
-        )
-        .await
-        {
-            notes.push(format!(
-                "the session's scope {session_scope} could not be read: {e:#}"
-            ));
+    let (chain, context) = resumed_chain(&events, session);
+    // The session's own scope, then those of the sessions it resumed: an isolated run
+    // kept its work there, not in the task's scope. A key that may not read them (a
+    // resumer's own agent) still gets the task's brief, without them.
+    for (i, id) in chain.iter().enumerate() {
+        let room = limits.max_events.saturating_sub(events.len());
+        if room == 0 {
+            break;
+        }
+        let scope = if i == 0 {
+            session_scope.clone()
+        } else {
+            Scope {
+                kind: ScopeKind::Session,
+                id: id.clone(),
+            }
+        };
+        if let Err(e) = replay(client, tenant, &scope, room, &mut events, &mut notes).await {
+            notes.push(format!("the session's scope {scope} could not be read: {e:#}"));
         }
     }
     let through = events.iter().map(|e| e.seq).max().unwrap_or(0);
@@ -503,6 +563,8 @@ async fn gather(
         }
     }
     Ok(Gathered {
+        chain,
+        context,
         events,
         boards,
         skills,

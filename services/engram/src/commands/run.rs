@@ -4,7 +4,9 @@
 //! directory as one session of task `ID`, and records what happens to it as session records
 //! ([`engram_schema::session`]: `checkpoint` events of the task's scope, layer `working`):
 //! 1. It issues a key for this run alone: agent `run-<session>`, which may write and read
-//!    `task:<ID>` and `session:<session>`, and which expires `--key-ttl` after it was issued
+//!    `task:<ID>` and `session:<session>` (with `--context isolated`, `session:<session>`
+//!    alone, and the scopes of the sessions it resumes: a replica that shares nothing with
+//!    the task's others), and which expires `--key-ttl` after it was issued
 //!    unless renewed. `engram run` renews it every third of the ttl while it lives and
 //!    revokes it when the program ends; a run killed outright (SIGKILL) renews nothing, and
 //!    its key stops working by itself when the ttl runs out (`engram up` renders the
@@ -34,7 +36,8 @@
 //! | `ENGRAM_NATS_URL` | the NATS server, for SDK clients |
 //! | `ENGRAM_NATS__URL` | the same, as the `engram` CLI's configuration reads it |
 //! | `ENGRAM_TENANT`, `ENGRAM_TASK`, `ENGRAM_ROLE` | as given |
-//! | `ENGRAM_SCOPE` | `task:<ID>`, the scope the key writes |
+//! | `ENGRAM_SCOPE` | the scope to write: `task:<ID>`, or `session:<id>` when isolated |
+//! | `ENGRAM_CONTEXT` | `shared` or `isolated` |
 //! | `ENGRAM_SESSION`, `ENGRAM_SESSION_SCOPE` | the session's id, and `session:<id>` |
 //! | `ENGRAM_AGENT`, `ENGRAM_INSTANCE` | the key's agent (events must name it) and the instance id to use |
 //! | `ENGRAM_SESSION_SOCKET` | the session's socket |
@@ -72,7 +75,7 @@ use engram_access::{AccessError, AccessLog, Credentials, Record, ScopePattern};
 use engram_schema::session::{
     ArtifactStored, CheckpointVia, MAX_HEARTBEAT_MS, MAX_NOTE_CHARS, MIN_HEARTBEAT_MS,
     SessionCheckpointed, SessionEnded, SessionEvent, SessionHeartbeat, SessionRecord,
-    SessionStarted, check_artifact_name,
+    SessionContext, SessionStarted, check_artifact_name,
 };
 use engram_schema::{Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_sdk::{AppendReceipt, Client};
@@ -143,6 +146,12 @@ pub struct RunArgs {
     #[arg(long, default_value_t = 256, value_name = "N",
           value_parser = clap::value_parser!(u64).range(1..=100_000))]
     pub max_artifacts: u64,
+    /// `shared`: the run's key reads and writes the task's scope and the session's.
+    /// `isolated`: the session's scope alone (and, when resuming, the resumed sessions'),
+    /// so the program neither sees nor changes what the task's other runs remember. The
+    /// session's records go to the task's scope either way (`engram run` writes them).
+    #[arg(long, default_value = "shared", value_name = "shared|isolated", value_parser = parse_context)]
+    pub context: SessionContext,
     /// The HTTP API's URL for the program (`ENGRAM_URL`). Default: http://<http.listen>.
     #[arg(long, value_name = "URL")]
     pub http_url: Option<String>,
@@ -165,12 +174,38 @@ struct Ids {
     /// operator's own agent named like the role) never replace each other's scopes.
     agent: Ident,
     scope: Scope,
+    context: SessionContext,
+    /// Earlier sessions' scopes the key may use too (an isolated run that resumes them).
+    resumed_scopes: Vec<Scope>,
 }
 
+fn parse_context(s: &str) -> Result<SessionContext, String> {
+    match s {
+        "shared" => Ok(SessionContext::Shared),
+        "isolated" => Ok(SessionContext::Isolated),
+        other => Err(format!("{other:?}: give shared or isolated")),
+    }
+}
+
+/// Most earlier sessions an isolated run's key may also use (the latest are kept).
+pub const MAX_RESUMED_SCOPES: usize = 32;
+
 impl Ids {
-    fn new(tenant: &str, task: &str, role: &str) -> anyhow::Result<Self> {
+    fn new(
+        tenant: &str,
+        task: &str,
+        role: &str,
+        context: SessionContext,
+        resumed_scopes: Vec<Scope>,
+    ) -> anyhow::Result<Self> {
         let session = ulid::Ulid::new().to_string();
+        let keep = resumed_scopes.len().saturating_sub(MAX_RESUMED_SCOPES);
         Ok(Self {
+            context,
+            resumed_scopes: match context {
+                SessionContext::Shared => Vec::new(),
+                SessionContext::Isolated => resumed_scopes.into_iter().skip(keep).collect(),
+            },
             tenant: Ident::parse("tenant", tenant)?,
             task: Ident::parse("task", task)?,
             role: Ident::parse("role", role)?,
@@ -185,6 +220,26 @@ impl Ids {
             kind: ScopeKind::Session,
             id: self.session.clone(),
         }
+    }
+
+    /// The scope the program writes to (`ENGRAM_SCOPE`).
+    fn working_scope(&self) -> Scope {
+        match self.context {
+            SessionContext::Shared => self.scope.clone(),
+            SessionContext::Isolated => self.session_scope(),
+        }
+    }
+
+    /// Every scope the run's key may read and write.
+    fn key_scopes(&self) -> Vec<ScopePattern> {
+        let mut scopes = vec![ScopePattern::exact(&self.session_scope())];
+        match self.context {
+            SessionContext::Shared => scopes.insert(0, ScopePattern::exact(&self.scope)),
+            SessionContext::Isolated => {
+                scopes.extend(self.resumed_scopes.iter().map(ScopePattern::exact));
+            }
+        }
+        scopes
     }
 
     /// Who appends the access records, for their audit trail.
@@ -205,6 +260,9 @@ pub async fn run(config: &Config, args: RunArgs) -> anyhow::Result<ExitCode> {
 pub struct Resuming {
     pub session: Option<Ident>,
     pub env: Vec<(String, String)>,
+    /// The scopes of the sessions resumed (the one named and those it resumed in turn),
+    /// which an isolated run's key may use as its own.
+    pub scopes: Vec<Scope>,
 }
 
 /// The note of the checkpoint that says which session a run resumes.
@@ -230,7 +288,13 @@ pub async fn run_with(
         "--key-ttl {} is outside 3s..=30days",
         args.key_ttl
     );
-    let ids = Arc::new(Ids::new(&args.tenant, &args.task, &args.role)?);
+    let ids = Arc::new(Ids::new(
+        &args.tenant,
+        &args.task,
+        &args.role,
+        args.context,
+        resuming.scopes.clone(),
+    )?);
     let span = tracing::info_span!(
         "session",
         tenant = %ids.tenant,
@@ -299,7 +363,8 @@ async fn supervise(
             .env("ENGRAM_TENANT", ids.tenant.as_str())
             .env("ENGRAM_TASK", ids.task.as_str())
             .env("ENGRAM_ROLE", ids.role.as_str())
-            .env("ENGRAM_SCOPE", ids.scope.to_string())
+            .env("ENGRAM_SCOPE", ids.working_scope().to_string())
+            .env("ENGRAM_CONTEXT", ids.context.as_str())
             .env("ENGRAM_SESSION", ids.session.as_str())
             .env("ENGRAM_SESSION_SCOPE", ids.session_scope().to_string())
             .env("ENGRAM_AGENT", ids.agent.as_str())
@@ -356,6 +421,8 @@ async fn supervise(
             heartbeat_ms: heartbeat.as_millis() as u64,
             workdir: Some(workdir.display().to_string())
                 .filter(|w| w.chars().count() <= engram_schema::session::MAX_WORKDIR_CHARS),
+            context: Some(ids.context),
+            resumes: resuming.session.clone(),
         };
         let code = run
             .supervise(child, started, listener, &mut signals)
@@ -450,8 +517,12 @@ impl Run {
             }
         }
         eprintln!(
-            "engram run: session {} of task {} (tenant {}), role {}, pid {pid}",
-            self.ids.session, self.ids.task, self.ids.tenant, self.ids.role
+            "engram run: session {} of task {} (tenant {}), role {}, context {}, pid {pid}",
+            self.ids.session,
+            self.ids.task,
+            self.ids.tenant,
+            self.ids.role,
+            self.ids.context.as_str()
         );
         tracing::info!(pid, agent = %self.ids.agent, key_expires_at = %self.expires_at, "session started");
 
@@ -682,10 +753,7 @@ async fn issue_key(
                 tenant: ids.tenant.clone(),
                 agent: ids.agent.clone(),
                 key: creds.public_key(),
-                scopes: vec![
-                    ScopePattern::exact(&ids.scope),
-                    ScopePattern::exact(&ids.session_scope()),
-                ],
+                scopes: ids.key_scopes(),
                 expires_at: Some(expires_at),
             },
             &ids.by(),

@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::Context as _;
 use chrono::{DateTime, Utc};
 use engram_bus::{ReadError, StartAt};
-use engram_schema::session::{ArtifactStored, SessionEvent, SessionRecord};
+use engram_schema::session::{ArtifactStored, SessionContext, SessionEvent, SessionRecord};
 use engram_schema::{Envelope, EventKind, Ident, Layer, Scope, ScopeKind, SubjectFilter};
 use futures::StreamExt as _;
 use serde::Serialize;
@@ -190,6 +190,10 @@ pub struct SessionView {
     pub pid: Option<u32>,
     pub command: Vec<String>,
     pub workdir: Option<String>,
+    /// `shared` or `isolated` (absent: a run older than the field, which ran shared).
+    pub context: Option<SessionContext>,
+    /// The session this one resumes.
+    pub resumes: Option<Ident>,
     pub heartbeat_ms: Option<u64>,
     pub started_at: Option<DateTime<Utc>>,
     pub last_heartbeat_at: Option<DateTime<Utc>>,
@@ -227,6 +231,8 @@ impl SessionView {
             pid: None,
             command: Vec::new(),
             workdir: None,
+            context: None,
+            resumes: None,
             heartbeat_ms: None,
             started_at: None,
             last_heartbeat_at: None,
@@ -252,6 +258,8 @@ impl SessionView {
                 self.pid = Some(s.pid);
                 self.command = s.command;
                 self.workdir = s.workdir;
+                self.context = s.context;
+                self.resumes = s.resumes;
                 self.heartbeat_ms = Some(s.heartbeat_ms);
                 self.started_at = Some(stored_at);
             }
@@ -487,6 +495,8 @@ mod tests {
             pid: 7,
             heartbeat_ms,
             workdir: None,
+            context: None,
+            resumes: None,
         })
     }
 

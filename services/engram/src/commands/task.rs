@@ -4,7 +4,7 @@
 //! tenant: acme
 //! task: fix-login
 //! ttl: 2h                 # everything is stopped then
-//! context: shared         # shared (every replica reads and writes the task's scope) or isolated
+//! context: shared         # every role's default: shared or isolated
 //! memory:
 //!   scope: task:fix-login # default task:<task>
 //!   persistence: durable  # durable, or session
@@ -15,8 +15,21 @@
 //!     command: ["./planner.sh"]
 //!   - name: coder
 //!     replicas: 20
+//!     context: isolated   # this role's own
 //!     command: ["python3", "coder.py"]
 //! ```
+//!
+//! - **context** is what each replica's key may use (`engram run --context`). `shared`:
+//!   the task's scope and the replica's session scope, so replicas see and build on each
+//!   other's memory. `isolated`: its session's scope alone (and those of the sessions it
+//!   resumes after a failure), so it neither sees nor changes the others'; it is told to
+//!   write there by `ENGRAM_SCOPE`. The session records (`engram task status`) go to the
+//!   task's scope either way.
+//! - **persistence** is how long what the task wrote is kept. `durable`: until erased
+//!   (`engram erase`). `session`: as long as the task runs. When `apply` ends (the ttl,
+//!   ctrl-c, or every replica done) it erases, with the verified erasure of `engram
+//!   erase`, the task's scope and every session scope its replicas ran with, and deletes
+//!   their artifacts; the ledger keeps the erasure's report, and `task status` shows it.
 //!
 //! `apply` starts every replica through `engram run` (each its own session and key, all on
 //! the task's scope), restarts a replica that fails by resuming its session (`engram session
@@ -31,6 +44,7 @@ use std::process::{ExitCode, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::Context as _;
+use engram_schema::session::SessionContext;
 use engram_schema::{Ident, Layer, Scope, ScopeKind, SubjectFilter};
 use futures::StreamExt as _;
 use serde::{Deserialize, Serialize};
@@ -73,14 +87,6 @@ pub enum TaskCommand {
 
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
-pub enum Context {
-    #[default]
-    Shared,
-    Isolated,
-}
-
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
-#[serde(rename_all = "snake_case")]
 pub enum Persistence {
     #[default]
     Durable,
@@ -102,6 +108,9 @@ pub struct MemorySpec {
 pub struct RoleSpec {
     pub name: Ident,
     pub replicas: u32,
+    /// This role's context; default: the spec's.
+    #[serde(default)]
+    pub context: Option<SessionContext>,
     pub command: Vec<String>,
 }
 
@@ -113,7 +122,7 @@ pub struct TaskSpec {
     #[serde(with = "humantime_serde")]
     pub ttl: Duration,
     #[serde(default)]
-    pub context: Context,
+    pub context: SessionContext,
     #[serde(default)]
     pub memory: MemorySpec,
     #[serde(default = "default_restarts")]
@@ -200,6 +209,20 @@ impl TaskSpec {
 #[derive(Clone, Debug, Default, Serialize, Deserialize)]
 struct Ledger {
     replicas: BTreeMap<String, Vec<String>>,
+    /// Set when `persistence: session` erased the task's memory at the end of an apply.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    erased: Option<Erased>,
+}
+
+/// What the end of a `persistence: session` task erased.
+#[derive(Clone, Debug, Default, Serialize, Deserialize)]
+struct Erased {
+    at: chrono::DateTime<chrono::Utc>,
+    scopes: Vec<String>,
+    events_purged: u64,
+    artifacts_deleted: u64,
+    /// What could not be done: run `engram erase` with the same scopes to finish it.
+    incomplete: Vec<String>,
 }
 
 fn ledger_path(config: &Config, tenant: &Ident, task: &Ident) -> PathBuf {
@@ -224,6 +247,7 @@ enum ReplicaState {
 #[derive(Debug)]
 struct Replica {
     role: Ident,
+    context: SessionContext,
     index: u32,
     command: Vec<String>,
     state: ReplicaState,
@@ -337,6 +361,7 @@ async fn apply(
         .flat_map(|r| {
             (0..r.replicas).map(|i| Replica {
                 role: r.name.clone(),
+                context: r.context.unwrap_or(spec.context),
                 index: i,
                 command: r.command.clone(),
                 state: ReplicaState::Starting,
@@ -356,13 +381,6 @@ async fn apply(
         vec![
             ("ENGRAM_HOME".into(), config.home.display().to_string()),
             ("ENGRAM_REPLICA".into(), r.name()),
-            (
-                "ENGRAM_CONTEXT".into(),
-                serde_json::to_value(spec.context)
-                    .ok()
-                    .and_then(|v| v.as_str().map(str::to_owned))
-                    .unwrap_or_default(),
-            ),
             (
                 "ENGRAM_PERSISTENCE".into(),
                 serde_json::to_value(spec.memory.persistence)
@@ -392,6 +410,8 @@ async fn apply(
                     .join(format!("{task}-resume-{}-{}", r.name(), r.restarts))
                     .display()
                     .to_string(),
+                "--context".into(),
+                r.context.as_str().into(),
                 "--exec".into(),
                 "--".into(),
             ]),
@@ -403,6 +423,8 @@ async fn apply(
                 task.to_string(),
                 "--role".into(),
                 r.role.to_string(),
+                "--context".into(),
+                r.context.as_str().into(),
                 "--".into(),
             ]),
         }
@@ -483,7 +505,14 @@ async fn apply(
         .iter()
         .filter(|r| r.state == ReplicaState::Failed)
         .count();
-    Ok(if failed == 0 {
+    let mut forgotten = true;
+    if spec.memory.persistence == Persistence::Session {
+        let erased = forget(config, &tenant, &task, &ledger).await?;
+        forgotten = erased.incomplete.is_empty();
+        ledger.erased = Some(erased);
+        save_ledger(&ledger_file, &ledger);
+    }
+    Ok(if failed == 0 && forgotten {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -507,6 +536,112 @@ async fn run_task(
         }
     }
     (at, run_once(args, env, label, session_tx, at, stop).await)
+}
+
+/// `persistence: session`: erases the task's scope and its replicas' session scopes (the
+/// verified erasure of `engram erase`), and deletes their artifacts.
+async fn forget(
+    config: &Config,
+    tenant: &Ident,
+    task: &Ident,
+    ledger: &Ledger,
+) -> anyhow::Result<Erased> {
+    let mut scopes = vec![Scope::new(ScopeKind::Task, task.as_str())?];
+    let mut sessions: Vec<&String> = ledger.replicas.values().flatten().collect();
+    sessions.sort();
+    sessions.dedup();
+    for s in sessions {
+        scopes.push(Scope::new(ScopeKind::Session, s)?);
+    }
+    eprintln!(
+        "task {task}: persistence session: erasing its memory ({} scopes: task:{task} and {} session(s))",
+        scopes.len(),
+        scopes.len() - 1
+    );
+    let client = super::connect(config).await?;
+    let by = format!(
+        "engram task apply {task} ({})",
+        std::env::var("USER").unwrap_or_else(|_| "admin".into())
+    );
+    let mut erased = Erased {
+        at: chrono::Utc::now(),
+        scopes: scopes.iter().map(ToString::to_string).collect(),
+        ..Erased::default()
+    };
+    for chunk in scopes.chunks(engram_sdk::proto::limits::MAX_ERASE_SCOPES) {
+        match client
+            .erase(tenant, chunk, &config.projectors.snapshots, &by)
+            .await
+        {
+            Ok(report) => {
+                erased.events_purged += report.events_purged;
+                erased.incomplete.extend(report.incomplete);
+            }
+            Err(e) => erased.incomplete.push(format!("{e}")),
+        }
+    }
+    match delete_artifacts(&client, tenant, task).await {
+        Ok(n) => erased.artifacts_deleted = n,
+        Err(e) => erased
+            .incomplete
+            .push(format!("artifacts of task {task}: {e:#}")),
+    }
+    if erased.incomplete.is_empty() {
+        eprintln!(
+            "task {task}: memory erased: {} event(s), {} artifact(s); check with `engram erase verify --tenant {tenant} --scope task:{task}`",
+            erased.events_purged, erased.artifacts_deleted
+        );
+    } else {
+        eprintln!(
+            "task {task}: the erasure is incomplete; run `engram erase --tenant {tenant} --scope <scope>` for the scopes in {} once this is fixed:",
+            "the task's ledger"
+        );
+        for gap in &erased.incomplete {
+            eprintln!("  NOT DONE: {gap}");
+        }
+    }
+    Ok(erased)
+}
+
+/// Deletes the task's artifacts (`<tenant>/<task>/…` in the tenant's bucket and the
+/// legacy one); a bucket that does not exist holds none.
+async fn delete_artifacts(
+    client: &engram_sdk::Client,
+    tenant: &Ident,
+    task: &Ident,
+) -> anyhow::Result<u64> {
+    let prefix = format!("{tenant}/{task}/");
+    let js = client.bus().jetstream();
+    let mut deleted = 0;
+    for bucket in [
+        super::run::artifacts_bucket(tenant),
+        super::run::LEGACY_ARTIFACTS_BUCKET.to_owned(),
+    ] {
+        let store = match js.get_object_store(&bucket).await {
+            Ok(store) => store,
+            Err(e) if e.kind() == async_nats::jetstream::context::ObjectStoreErrorKind::GetStore => continue,
+            Err(e) => return Err(anyhow::anyhow!("bucket {bucket}: {e}")),
+        };
+        let mut names = Vec::new();
+        let mut list = store
+            .list()
+            .await
+            .with_context(|| format!("cannot list bucket {bucket}"))?;
+        while let Some(info) = list.next().await {
+            let info = info.with_context(|| format!("cannot list bucket {bucket}"))?;
+            if info.name.starts_with(&prefix) {
+                names.push(info.name);
+            }
+        }
+        for name in names {
+            store
+                .delete(&name)
+                .await
+                .with_context(|| format!("cannot delete {name} from {bucket}"))?;
+            deleted += 1;
+        }
+    }
+    Ok(deleted)
 }
 
 fn save_ledger(path: &Path, ledger: &Ledger) {
@@ -612,7 +747,17 @@ async fn status(config: &Config, tenant: &str, task: &str, json: bool) -> anyhow
             .collect();
         println!("{}", serde_json::Value::Array(rows));
     } else if views.is_empty() {
-        println!("no sessions of task {task} of tenant {tenant}");
+        match &ledger.erased {
+            Some(e) => println!(
+                "no sessions of task {task} of tenant {tenant}: its memory was erased at {} (persistence: session; {} scopes, {} events, {} artifacts{})",
+                e.at,
+                e.scopes.len(),
+                e.events_purged,
+                e.artifacts_deleted,
+                if e.incomplete.is_empty() { "" } else { "; INCOMPLETE, see the ledger" }
+            ),
+            None => println!("no sessions of task {task} of tenant {tenant}"),
+        }
     } else {
         for v in &views {
             println!(
