@@ -10,6 +10,11 @@
 //! sources across it out of its stream and puts them back. A source put back resumes after
 //! the last message it delivered (the server finds it by its `Nats-Stream-Source` header),
 //! and anything delivered twice in the race is dropped by its `Nats-Msg-Id`.
+//!
+//! Each resume rewrites a stream's configuration twice, so a link that flaps (or a hostile
+//! leaf that beats in bursts) must not make a side do it at will: a side resumes the same
+//! sources at most once per [`MIN_RESUME_INTERVAL`]; a link back sooner is resumed when
+//! the interval has passed.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -26,6 +31,63 @@ use crate::{LeafError, js_err};
 pub const BEAT: Duration = Duration::from_secs(1);
 /// A silence this long, then a beat: the link was down and is back.
 pub const SILENCE: Duration = Duration::from_secs(3);
+/// The least time between two resumes of the same sources.
+pub const MIN_RESUME_INTERVAL: Duration = Duration::from_secs(10);
+
+/// Which links are back and waiting for their resume, and when each was last resumed.
+#[derive(Debug, Default)]
+struct Resumes {
+    done_at: HashMap<String, Instant>,
+    pending: std::collections::BTreeSet<String>,
+}
+
+impl Resumes {
+    /// `link` came back: resume it now if the floor allows, else when it does.
+    fn back(&mut self, link: &str, side: &str) {
+        if !self.pending.insert(link.to_owned()) {
+            return;
+        }
+        if !self.allowed(link, Instant::now()) {
+            engram_telemetry::metrics::LEAF_SOURCE_RESUMES
+                .with_label_values(&[side, "deferred"])
+                .inc();
+        }
+    }
+
+    fn allowed(&self, link: &str, now: Instant) -> bool {
+        self.done_at
+            .get(link)
+            .is_none_or(|t| now.duration_since(*t) >= MIN_RESUME_INTERVAL)
+    }
+
+    /// The links to resume now; each is marked resumed.
+    fn due(&mut self) -> Vec<String> {
+        let now = Instant::now();
+        let due: Vec<String> = self
+            .pending
+            .iter()
+            .filter(|l| self.allowed(l, now))
+            .cloned()
+            .collect();
+        for link in &due {
+            self.pending.remove(link);
+            self.done_at.insert(link.clone(), now);
+        }
+        due
+    }
+
+    /// Forgets links no longer known (a revoked leaf).
+    fn retain(&mut self, known: impl Fn(&str) -> bool) {
+        self.done_at.retain(|l, _| known(l));
+        self.pending.retain(|l| known(l));
+    }
+}
+
+fn count_resume(side: &str, ok: bool) {
+    engram_telemetry::metrics::LEAF_SOURCE_RESUMES
+        .with_label_values(&[side, if ok { "ok" } else { "failed" }])
+        .inc();
+}
 
 fn beat_down(leaf: &Ident) -> String {
     format!("{}.beat", down_prefix(leaf))
@@ -77,6 +139,7 @@ pub fn spawn_leaf(
         };
         let mut tick = tokio::time::interval(BEAT);
         let mut last: Option<Instant> = None;
+        let mut resumes = Resumes::default();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -91,13 +154,19 @@ pub fn spawn_leaf(
                     last = Some(Instant::now());
                     if back {
                         engram_telemetry::metrics::LEAF_LINK_UP.set(1);
-                        for stream in &streams {
-                            match cycle_sources(&js, stream, |_| true).await {
-                                Ok(n) => tracing::info!(stream = %stream, sources = n, "link to the hub is up; sources resumed"),
-                                Err(e) => tracing::warn!(stream = %stream, error = %e, "link to the hub is up, but resuming the sources failed; they resume on the server's schedule"),
-                            }
-                        }
+                        resumes.back("hub", "leaf");
                     }
+                }
+            }
+            if resumes.due().is_empty() {
+                continue;
+            }
+            for stream in &streams {
+                let cycled = cycle_sources(&js, stream, |_| true).await;
+                count_resume("leaf", cycled.is_ok());
+                match cycled {
+                    Ok(n) => tracing::info!(stream = %stream, sources = n, "link to the hub is up; sources resumed"),
+                    Err(e) => tracing::warn!(stream = %stream, error = %e, "link to the hub is up, but resuming the sources failed; they resume on the server's schedule"),
                 }
             }
         }
@@ -130,6 +199,7 @@ where
         let mut known: Vec<LeafSpec> = Vec::new();
         let mut refreshed: Option<Instant> = None;
         let mut last: HashMap<String, Instant> = HashMap::new();
+        let mut resumes = Resumes::default();
         loop {
             tokio::select! {
                 () = stop.cancelled() => return,
@@ -137,6 +207,9 @@ where
                     if refreshed.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
                         known = leaves().await;
                         refreshed = Some(Instant::now());
+                        let is_known = |n: &str| known.iter().any(|l| l.name.as_str() == n);
+                        last.retain(|n, _| is_known(n));
+                        resumes.retain(is_known);
                     }
                     for leaf in &known {
                         let _ = client.publish(beat_down(&leaf.name), "".into()).await;
@@ -150,17 +223,52 @@ where
                     let back = last.get(name).is_none_or(|t| t.elapsed() >= SILENCE);
                     last.insert(name.to_owned(), Instant::now());
                     if back {
-                        let api = api_prefix(leaf.name.as_str());
-                        let mine = |s: &jetstream::stream::Source| {
-                            s.external.as_ref().is_some_and(|e| e.api_prefix == api)
-                        };
-                        match cycle_sources(&js, &events_stream, mine).await {
-                            Ok(n) => tracing::info!(leaf = name, sources = n, "leaf link is up; its sources resumed"),
-                            Err(e) => tracing::warn!(leaf = name, error = %e, "leaf link is up, but resuming its sources failed; they resume on the server's schedule"),
-                        }
+                        resumes.back(leaf.name.as_str(), "hub");
                     }
+                }
+            }
+            for name in resumes.due() {
+                let api = api_prefix(&name);
+                let mine = |s: &jetstream::stream::Source| {
+                    s.external.as_ref().is_some_and(|e| e.api_prefix == api)
+                };
+                let cycled = cycle_sources(&js, &events_stream, mine).await;
+                count_resume("hub", cycled.is_ok());
+                match cycled {
+                    Ok(n) => tracing::info!(leaf = %name, sources = n, "leaf link is up; its sources resumed"),
+                    Err(e) => tracing::warn!(leaf = %name, error = %e, "leaf link is up, but resuming its sources failed; they resume on the server's schedule"),
                 }
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_link_back_is_resumed_at_once_then_not_again_within_the_floor() {
+        let mut r = Resumes::default();
+        r.back("laptop", "hub");
+        assert_eq!(r.due(), ["laptop"]);
+        assert!(r.due().is_empty(), "resumed twice for one return");
+        // Back again at once (a flap): deferred, not dropped.
+        r.back("laptop", "hub");
+        r.back("laptop", "hub");
+        assert!(r.due().is_empty(), "resumed again within the floor");
+        assert_eq!(r.pending.len(), 1);
+        // Once the floor has passed, it is resumed once.
+        let earlier = Instant::now() - MIN_RESUME_INTERVAL;
+        r.done_at.insert("laptop".into(), earlier);
+        assert_eq!(r.due(), ["laptop"]);
+        assert!(r.due().is_empty());
+        // Another link is not held back by this one's floor.
+        r.back("desk", "hub");
+        assert_eq!(r.due(), ["desk"]);
+        // A revoked leaf is forgotten.
+        r.back("desk", "hub");
+        r.retain(|n| n == "laptop");
+        assert!(r.pending.is_empty() && !r.done_at.contains_key("desk"));
+    }
 }

@@ -644,8 +644,24 @@ pub static LEAF_LINK_UP: LazyLock<IntGauge> = LazyLock::new(|| {
     )
 });
 
+/// Times a link side took its sources across the link out and put them back (a link that
+/// came back), by side (`leaf`, `hub`) and outcome (`ok`, `failed`, `deferred`: the link
+/// came back sooner than the floor between two resumes allows, so it waits for it).
+pub static LEAF_SOURCE_RESUMES: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_leaf_source_resumes_total",
+        "times the sources across a leaf link were resumed, by side and outcome",
+        &["side", "outcome"],
+    )
+});
+
 /// Creates a leaf's series up front.
 pub fn touch_leaf() {
+    for side in ["leaf", "hub"] {
+        for outcome in ["ok", "failed", "deferred"] {
+            LEAF_SOURCE_RESUMES.with_label_values(&[side, outcome]);
+        }
+    }
     for direction in ["up", "down"] {
         for outcome in ["sent", "echo", "not_local", "invalid", "failed"] {
             LEAF_RELAYED.with_label_values(&[direction, outcome]);
