@@ -574,7 +574,8 @@ pub enum LeafCommand {
         #[arg(long)]
         tenant: Option<String>,
     },
-    /// End leaf NAME: its key is refused and its events are no longer sourced.
+    /// End leaf NAME: its connection is closed, its key refused, and its events no longer
+    /// sourced.
     Remove {
         name: String,
         #[arg(long)]

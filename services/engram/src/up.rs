@@ -340,13 +340,28 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
     }
     warn_replica_shortfalls(&bus).await;
     let leaf = match &leaf_mode {
-        Some(mode) => Some(start_leaf(&bus, &access_log, config, mode).await?),
+        Some(mode) => {
+            // The server is managed when running as a leaf.
+            let reconnect = match server.as_ref().map(|s| s.servers()[0].reloader()) {
+                Some(Ok(reloader)) => Some(leaf_reconnector(
+                    config.home.join("nats"),
+                    mode.clone(),
+                    reloader,
+                )),
+                _ => None,
+            };
+            Some(start_leaf(&bus, &access_log, config, mode, reconnect).await?)
+        }
         None => {
             reconcile_leaf_sources(&bus, &access_log, config).await;
-            config
-                .nats
-                .leafnodes_listen
-                .map(|_| start_hub_link(&bus, &access_log, config))
+            config.nats.leafnodes_listen.map(|_| {
+                // The managed hub has a system account to close leaf connections with.
+                let kick = (server.is_some() && identities.is_some())
+                    .then(|| system_credentials(&config.home.join("nats")).ok())
+                    .flatten()
+                    .map(|creds| leaf_kicker(nats_url.clone(), creds));
+                start_hub_link(&bus, &access_log, config, kick)
+            })
         }
     };
     let access_stop = CancellationToken::new();
@@ -452,6 +467,53 @@ pub async fn start(config: &Config, nodes: usize) -> Result<Running, UpError> {
     })
 }
 
+/// The leaf's remote (`leaf.conf`, included by the server's config). `disabled` drops the
+/// link at the next reload; enabling it again connects anew.
+fn write_leaf_conf(
+    nats_dir: &std::path::Path,
+    leaf: &LeafMode,
+    disabled: bool,
+) -> Result<(), engram_access::AccessError> {
+    // The seed is a secret: in a file of its own, mode 0600.
+    let remote = nats_dir.join("leaf.conf");
+    let block = serde_json::json!({
+        "remotes": [{ "url": leaf.hub, "nkey": leaf.creds.seed, "disabled": disabled }],
+        // Retry a lost link every few seconds: the relays wait, nothing is lost.
+        "reconnect": 2,
+    });
+    engram_access::conf::write_if_changed(
+        &remote,
+        &format!(
+            "# Written by engram up --leaf: this server is a leaf node of the hub below.\nleafnodes: {}\n",
+            serde_json::to_string_pretty(&block).expect("json values serialize")
+        ),
+    )
+    .map(|_| ())
+}
+
+/// Connects the leaf to its hub anew: the hub tells a leaf connection its permissions only
+/// when it connects (its INFO), and the leaf's server enforces those on what it sends up, so
+/// a scope the leaf may read since then is reachable only over a new connection.
+fn leaf_reconnector(
+    nats_dir: std::path::PathBuf,
+    mode: LeafMode,
+    reloader: engram_natsd::Reloader,
+) -> engram_leaf::link::Reconnect {
+    std::sync::Arc::new(move || {
+        let (nats_dir, mode, reloader) = (nats_dir.clone(), mode.clone(), reloader.clone());
+        Box::pin(async move {
+            for disabled in [true, false] {
+                write_leaf_conf(&nats_dir, &mode, disabled).map_err(|e| e.to_string())?;
+                reloader
+                    .reload(Duration::from_secs(10))
+                    .await
+                    .map_err(|e| e.to_string())?;
+            }
+            Ok(())
+        })
+    })
+}
+
 /// A leaf's own streams and relays; its tenant registered locally, so that the local admin
 /// can issue keys for it.
 async fn start_leaf(
@@ -459,6 +521,7 @@ async fn start_leaf(
     access_log: &engram_access::AccessLog,
     config: &Config,
     mode: &LeafMode,
+    reconnect: Option<engram_leaf::link::Reconnect>,
 ) -> Result<(CancellationToken, tokio::task::JoinHandle<()>), UpError> {
     let leaf_err = |e: engram_leaf::LeafError| UpError::Leaf(e.to_string());
     let tenant = &mode.creds.tenant;
@@ -490,8 +553,9 @@ async fn start_leaf(
     let link = engram_leaf::link::spawn_leaf(
         bus.client().clone(),
         bus.jetstream().clone(),
-        mode.creds.leaf.clone(),
-        engram_leaf::local::hub_sourced_streams(&mode.creds),
+        mode.creds.clone(),
+        mode.retention.clone(),
+        reconnect,
         stop.clone(),
     );
     let task = tokio::spawn(async move {
@@ -514,6 +578,7 @@ fn start_hub_link(
     bus: &Bus,
     access_log: &engram_access::AccessLog,
     config: &Config,
+    kick: Option<engram_leaf::link::Kick>,
 ) -> (CancellationToken, tokio::task::JoinHandle<()>) {
     let stop = CancellationToken::new();
     let log = access_log.clone();
@@ -525,17 +590,94 @@ fn start_hub_link(
             let log = log.clone();
             async move {
                 match log.load().await {
-                    Ok(registry) => registry.live_leaves().map(|(_, l)| l).collect(),
+                    Ok(registry) => Some(registry.live_leaves().map(|(_, l)| l).collect()),
                     Err(e) => {
                         tracing::warn!(error = %e, "cannot read the leaves from the access registry");
-                        Vec::new()
+                        None
                     }
                 }
             }
         },
+        kick,
         stop.clone(),
     );
     (stop, task)
+}
+
+/// The hub's system account user (`nats/system.creds`, made once): the only identity that
+/// may close a connection. Not an Engram role: nothing but `engram up` uses it.
+fn system_credentials(nats_dir: &std::path::Path) -> Result<engram_access::Credentials, UpError> {
+    let path = nats_dir.join("system.creds");
+    if let Ok(creds) = engram_access::Credentials::load(&path) {
+        return Ok(creds);
+    }
+    let creds = engram_access::Credentials::generate(engram_access::RoleName::Admin);
+    creds.save(&path)?;
+    Ok(creds)
+}
+
+/// How long the hub waits for its servers' leaf lists.
+const LEAFZ_WITHIN: Duration = Duration::from_secs(1);
+
+/// Closes every leaf connection (the global account's) on every server of the hub, through
+/// the system account: `$SYS.REQ.SERVER.PING.LEAFZ`, then `$SYS.REQ.SERVER.<id>.KICK`.
+/// Every leaf, not only the one whose permissions changed: a leaf connection names no key.
+fn leaf_kicker(url: String, creds: engram_access::Credentials) -> engram_leaf::link::Kick {
+    std::sync::Arc::new(move || {
+        let (url, seed) = (url.clone(), creds.seed.clone());
+        Box::pin(async move {
+            let nc = async_nats::ConnectOptions::with_nkey(seed)
+                .name("engram up (system)")
+                .connect(&url)
+                .await
+                .map_err(|e| format!("cannot connect as the system account: {e}"))?;
+            let inbox = nc.new_inbox();
+            let mut answers = nc
+                .subscribe(inbox.clone())
+                .await
+                .map_err(|e| e.to_string())?;
+            nc.publish_with_reply("$SYS.REQ.SERVER.PING.LEAFZ", inbox, "{}".into())
+                .await
+                .map_err(|e| e.to_string())?;
+            let mut targets = Vec::new();
+            let deadline = tokio::time::Instant::now() + LEAFZ_WITHIN;
+            while let Ok(Some(answer)) =
+                tokio::time::timeout_at(deadline, futures::StreamExt::next(&mut answers)).await
+            {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&answer.payload).unwrap_or_default();
+                let Some(server) = v["server"]["id"].as_str() else {
+                    continue;
+                };
+                for leaf in v["data"]["leafs"].as_array().into_iter().flatten() {
+                    if leaf["account"] == "$G"
+                        && let Some(cid) = leaf["id"].as_u64()
+                    {
+                        targets.push((server.to_owned(), cid));
+                    }
+                }
+            }
+            let mut closed = 0;
+            for (server, cid) in targets {
+                let subject = format!("$SYS.REQ.SERVER.{server}.KICK");
+                let body = serde_json::json!({ "cid": cid }).to_string();
+                match tokio::time::timeout(Duration::from_secs(2), nc.request(subject, body.into()))
+                    .await
+                {
+                    Ok(Ok(_)) => closed += 1,
+                    Ok(Err(e)) => {
+                        return Err(format!("closing leaf connection {cid} on {server}: {e}"));
+                    }
+                    Err(_) => {
+                        return Err(format!(
+                            "closing leaf connection {cid} on {server}: no answer"
+                        ));
+                    }
+                }
+            }
+            Ok(closed)
+        })
+    })
 }
 
 /// The hub's side: its events stream sources every live leaf's outbox. Done again by every
@@ -612,21 +754,18 @@ async fn start_managed_server(
             !config.nats.leafnodes_advertise
         ));
     }
+    if config.nats.leafnodes_listen.is_some() && identities.is_some() {
+        // A hub: leaf connections keep the permissions they connected with (the server
+        // never re-checks them), so `engram up` closes them through the system account
+        // when a leaf's permissions change, and they connect again under the new ones.
+        let system = system_credentials(&nats_dir)?;
+        text.push_str(&format!(
+            "\n# The system account: engram up closes leaf connections with it when their permissions change.\naccounts {{\n  SYS: {{ users: [ {{ nkey: \"{}\" }} ] }}\n}}\nsystem_account: SYS\n",
+            system.public_key()
+        ));
+    }
     if let Some(leaf) = leaf {
-        // The seed is a secret: in a file of its own, mode 0600.
-        let remote = nats_dir.join("leaf.conf");
-        let block = serde_json::json!({
-            "remotes": [{ "url": leaf.hub, "nkey": leaf.creds.seed }],
-            // Retry a lost link every few seconds: the relays wait, nothing is lost.
-            "reconnect": 2,
-        });
-        engram_access::conf::write_if_changed(
-            &remote,
-            &format!(
-                "# Written by engram up --leaf: this server is a leaf node of the hub below.\nleafnodes: {}\n",
-                serde_json::to_string_pretty(&block).expect("json values serialize")
-            ),
-        )?;
+        write_leaf_conf(&nats_dir, leaf, false)?;
         text.push_str("\ninclude \"leaf.conf\"\n");
     } else {
         let _ = std::fs::remove_file(nats_dir.join("leaf.conf"));

@@ -763,3 +763,192 @@ fn a_leaf_killed_mid_sync_resumes_where_it_stopped() {
     );
     assert_eq!(h.keys().collect::<Vec<_>>(), l.keys().collect::<Vec<_>>());
 }
+
+/// The id of the hub's leaf connection (one leaf), from its servers' LEAFZ, asked as the
+/// system account `engram up` made.
+fn leaf_connection(hub: &Side) -> Option<u64> {
+    let creds = engram_access::Credentials::load(&hub.home.join("nats/system.creds")).unwrap();
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    rt.block_on(async {
+        let nc = async_nats::ConnectOptions::with_nkey(creds.seed.clone())
+            .connect(&hub.url)
+            .await
+            .unwrap();
+        let answer = nc
+            .request("$SYS.REQ.SERVER.PING.LEAFZ", "{}".into())
+            .await
+            .unwrap();
+        let v: serde_json::Value = serde_json::from_slice(&answer.payload).unwrap();
+        let leafs = v["data"]["leafs"].as_array().cloned().unwrap_or_default();
+        assert!(leafs.len() <= 1, "{v}");
+        leafs.first().and_then(|l| l["id"].as_u64())
+    })
+}
+
+/// A grant to every agent made after `leaf add` widens what the leaf receives, and its
+/// revocation narrows it again, without new credentials: the hub's beat carries the leaf's
+/// reads and the leaf's inbox follows.
+#[test]
+fn a_grant_made_after_the_leaf_was_added_reaches_it_and_its_revocation_or_removal_stops_it() {
+    let pair = start_pair();
+    append(&pair.hub, "acme", "task:t1", "hub first");
+    append(&pair.hub, "acme", "team:platform", "team before the grant");
+    wait_for("the link", Duration::from_secs(90), || {
+        texts_of(&pair.leaf, "acme").contains("hub first")
+    });
+    assert!(
+        !texts_of(&pair.leaf, "acme").contains("team before the grant"),
+        "the leaf received a scope it may not read"
+    );
+
+    ok(pair.hub.cli().args([
+        "grant",
+        "add",
+        "--tenant",
+        "acme",
+        "--agent",
+        "*",
+        "--scope",
+        "team:platform",
+    ]));
+    // The whole scope comes down, what was written before the grant too.
+    append(&pair.hub, "acme", "team:platform", "team after the grant");
+    wait_for("the granted scope", Duration::from_secs(60), || {
+        let texts = texts_of(&pair.leaf, "acme");
+        texts.contains("team before the grant") && texts.contains("team after the grant")
+    });
+
+    // The hub closes the leaf's connection when the grant goes (the server fixed its
+    // permissions when it connected): a new connection id afterwards.
+    let before = leaf_connection(&pair.hub).expect("the leaf is connected");
+    ok(pair.hub.cli().args([
+        "grant",
+        "revoke",
+        "--tenant",
+        "acme",
+        "--agent",
+        "*",
+        "--scope",
+        "team:platform",
+    ]));
+    wait_for("the leaf to connect again", Duration::from_secs(60), || {
+        leaf_connection(&pair.hub).is_some_and(|cid| cid != before)
+    });
+    // Once the leaf's inbox has dropped the source (its stream's sources say so), the
+    // scope's new events stay on the hub while the task's still come down.
+    let inbox_sources = || -> Vec<String> {
+        let out = ok(pair.leaf.cli().args(["--json", "leaf", "status"]));
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        v["inbox_filters"]
+            .as_array()
+            .map(|a| {
+                a.iter()
+                    .map(|f| f.as_str().unwrap_or("").to_owned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    };
+    wait_for(
+        "the leaf to drop the revoked scope",
+        Duration::from_secs(60),
+        || {
+            let filters = inbox_sources();
+            !filters.is_empty() && !filters.iter().any(|f| f.contains(".team.platform."))
+        },
+    );
+    append(
+        &pair.hub,
+        "acme",
+        "team:platform",
+        "team after the revocation",
+    );
+    append(&pair.hub, "acme", "task:t1", "task after the revocation");
+    wait_for("the task's event", Duration::from_secs(60), || {
+        texts_of(&pair.leaf, "acme").contains("task after the revocation")
+    });
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !texts_of(&pair.leaf, "acme").contains("team after the revocation"),
+        "a revoked grant still reaches the leaf"
+    );
+    let (counts, _) = stored(&pair.leaf, "acme");
+    assert!(
+        counts.values().all(|&n| n == 1),
+        "the leaf stores an event twice"
+    );
+
+    // A hostile leaf asks for the revoked scope anyway, over its new connection: the hub
+    // refuses it, while the control fills.
+    use async_nats::jetstream::stream;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = engram_access::Credentials::load(&engram_access::creds::service_path(
+        &pair.leaf.home,
+        engram_access::RoleName::Admin,
+    ))
+    .unwrap();
+    rt.block_on(async {
+        let nc = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
+            .connect(&pair.leaf.url)
+            .await
+            .unwrap();
+        let js = async_nats::jetstream::new(nc);
+        for (name, filter) in [
+            ("STEAL", "engram.evt.acme.team.platform.*.*"),
+            ("CONTROL", "engram.evt.acme.task.*.*.*"),
+        ] {
+            js.create_stream(stream::Config {
+                name: name.into(),
+                sources: Some(vec![stream::Source {
+                    name: "ENGRAM_EVENTS".into(),
+                    filter_subject: Some(filter.into()),
+                    external: Some(stream::External {
+                        api_prefix: "$JS.hub.API".into(),
+                        delivery_prefix: Some(format!(
+                            "engram.leaf.laptop.down.{}",
+                            name.to_lowercase()
+                        )),
+                    }),
+                    ..Default::default()
+                }]),
+                ..Default::default()
+            })
+            .await
+            .unwrap();
+        }
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            let mut control = js.get_stream("CONTROL").await.unwrap();
+            if control.info().await.unwrap().state.messages > 0 {
+                break;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the control source never delivered"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        let mut steal = js.get_stream("STEAL").await.unwrap();
+        assert_eq!(
+            steal.info().await.unwrap().state.messages,
+            0,
+            "a revoked grant's scope reaches the leaf"
+        );
+    });
+
+    // A leaf removed loses its connection at once, and cannot make another.
+    ok(pair
+        .hub
+        .cli()
+        .args(["leaf", "remove", "laptop", "--tenant", "acme"]));
+    wait_for(
+        "the removed leaf's connection to close",
+        Duration::from_secs(60),
+        || leaf_connection(&pair.hub).is_none(),
+    );
+    std::thread::sleep(Duration::from_secs(5));
+    assert_eq!(
+        leaf_connection(&pair.hub),
+        None,
+        "a removed leaf connected again"
+    );
+}

@@ -244,7 +244,11 @@ exit 0"#,
         .collect();
     assert_eq!(sessions.len(), 3, "{ledger}");
     let erased = &ledger["erased"];
-    assert_eq!(erased["incomplete"].as_array().unwrap().len(), 0, "{ledger}");
+    assert_eq!(
+        erased["incomplete"].as_array().unwrap().len(),
+        0,
+        "{ledger}"
+    );
     assert_eq!(erased["scopes"].as_array().unwrap().len(), 4, "{ledger}");
     assert!(
         erased["events_purged"].as_u64().unwrap() >= 3 * 2 + 3,
@@ -252,7 +256,14 @@ exit 0"#,
     );
 
     // Nothing of the task is left anywhere Engram keeps memory.
-    let mut verify = engram(&["erase", "verify", "--tenant", "acme", "--scope", "task:probe-3"]);
+    let mut verify = engram(&[
+        "erase",
+        "verify",
+        "--tenant",
+        "acme",
+        "--scope",
+        "task:probe-3",
+    ]);
     for s in &sessions {
         verify.args(["--scope", &format!("session:{s}")]);
     }

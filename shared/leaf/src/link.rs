@@ -11,6 +11,12 @@
 //! the last message it delivered (the server finds it by its `Nats-Stream-Source` header),
 //! and anything delivered twice in the race is dropped by its `Nats-Msg-Id`.
 //!
+//! The hub's beat also carries what the leaf may read now (its scopes and the tenant's
+//! grants to every agent, from the registry): a grant added or revoked after `engram leaf
+//! add` changes the leaf's inbox sources within seconds, without new credentials. Only the
+//! hub may publish on the leaf's down prefix, and a source beyond the leaf's permissions
+//! could not create its consumer on the hub anyway.
+//!
 //! Each resume rewrites a stream's configuration twice, so a link that flaps (or a hostile
 //! leaf that beats in bursts) must not make a side do it at will: a side resumes the same
 //! sources at most once per [`MIN_RESUME_INTERVAL`]; a link back sooner is resumed when
@@ -20,9 +26,13 @@ use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream;
-use engram_access::leaf::{LeafSpec, api_prefix, down_prefix, up_prefix};
+use engram_access::ScopePattern;
+use engram_access::leaf::{
+    LeafCredentials, LeafSpec, api_prefix, down_prefix, normalize, up_prefix,
+};
 use engram_schema::Ident;
 use futures::StreamExt as _;
+use serde::{Deserialize, Serialize};
 use tokio_util::sync::CancellationToken;
 
 use crate::{LeafError, js_err};
@@ -89,6 +99,55 @@ fn count_resume(side: &str, ok: bool) {
         .inc();
 }
 
+/// Largest beat payload a leaf reads, and most scopes in it.
+pub const MAX_BEAT_BYTES: usize = 64 * 1024;
+pub const MAX_BEAT_READS: usize = 1024;
+
+/// Connects the leaf's server to the hub anew (a new leaf connection), so that the hub's
+/// current permissions for it apply on its side too.
+pub type Reconnect = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Closes every leaf connection of the hub's server(s), so that each leaf connects again
+/// under the permissions in force; returns how many were closed.
+pub type Kick = std::sync::Arc<
+    dyn Fn() -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<usize, String>> + Send>>
+        + Send
+        + Sync,
+>;
+
+/// Whether what a leaf may do changed between two readings of the registry: a leaf
+/// revoked, or its reads or writes changed. A leaf added is not a change (it connects
+/// under its permissions).
+pub fn permissions_changed(before: &[LeafSpec], now: &[LeafSpec]) -> bool {
+    before
+        .iter()
+        .any(|old| now.iter().find(|l| l.name == old.name) != Some(old))
+}
+
+/// What the hub's beat to a leaf says.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DownBeat {
+    /// Every scope the leaf may read now.
+    pub reads: Vec<ScopePattern>,
+}
+
+impl DownBeat {
+    /// The beat's reads, if it carries a usable list: an empty payload (an older hub), an
+    /// oversized or malformed one, or an empty list leaves the inbox as it is.
+    pub fn parse(payload: &[u8]) -> Option<Vec<ScopePattern>> {
+        if payload.is_empty() || payload.len() > MAX_BEAT_BYTES {
+            return None;
+        }
+        let beat: DownBeat = serde_json::from_slice(payload).ok()?;
+        (!beat.reads.is_empty() && beat.reads.len() <= MAX_BEAT_READS)
+            .then(|| normalize(beat.reads))
+    }
+}
+
 fn beat_down(leaf: &Ident) -> String {
     format!("{}.beat", down_prefix(leaf))
 }
@@ -120,15 +179,20 @@ async fn cycle_sources(
 }
 
 /// The leaf's side: beats up, listens for the hub's beats, and resumes the sources of
-/// `streams` (the inbox, the artifacts bucket) when they come back after a silence. Also
-/// keeps `engram_leaf_link_up`.
+/// the streams that source the hub (the inbox, the artifacts bucket) when they come back
+/// after a silence. Brings the inbox's sources up to date when a beat says the leaf may
+/// read other scopes than `creds` says. Also keeps `engram_leaf_link_up`.
 pub fn spawn_leaf(
     client: async_nats::Client,
     js: jetstream::Context,
-    leaf: Ident,
-    streams: Vec<String>,
+    mut creds: LeafCredentials,
+    retention: crate::local::Retention,
+    reconnect: Option<Reconnect>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()> {
+    let leaf = creds.leaf.clone();
+    creds.reads = normalize(creds.reads);
+    let mut streams = crate::local::hub_sourced_streams(&creds);
     tokio::spawn(async move {
         let mut beats = match client.subscribe(beat_down(&leaf)).await {
             Ok(s) => s,
@@ -149,7 +213,38 @@ pub fn spawn_leaf(
                     engram_telemetry::metrics::LEAF_LINK_UP.set(i64::from(up));
                 }
                 beat = beats.next() => {
-                    let Some(_) = beat else { return };
+                    let Some(beat) = beat else { return };
+                    if let Some(reads) = DownBeat::parse(&beat.payload)
+                        && reads != creds.reads
+                    {
+                        let updated = LeafCredentials { reads, ..creds.clone() };
+                        match crate::local::provision(&js, &updated, &retention).await {
+                            Ok(()) => {
+                                // Wider reads need the hub's permissions of a new
+                                // connection (narrower ones the hub enforces at once).
+                                let wider = updated.reads.iter().any(|r| !creds.reads.contains(r));
+                                if wider && let Some(reconnect) = &reconnect {
+                                    match reconnect().await {
+                                        Ok(()) => {
+                                            tracing::info!("reconnected to the hub for the scopes this leaf may read now");
+                                            // The new sources failed over the old
+                                            // connection: start them again now.
+                                            resumes.back("hub", "leaf");
+                                        }
+                                        Err(e) => tracing::warn!(error = %e, "cannot reconnect to the hub; the scopes this leaf may read now arrive after its next reconnection"),
+                                    }
+                                }
+                                tracing::info!(
+                                    reads = %updated.reads.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                                    was = %creds.reads.iter().map(ToString::to_string).collect::<Vec<_>>().join(","),
+                                    "the hub changed what this leaf may read; inbox sources updated"
+                                );
+                                creds = updated;
+                                streams = crate::local::hub_sourced_streams(&creds);
+                            }
+                            Err(e) => tracing::warn!(error = %e, "the hub changed what this leaf may read, but the inbox could not follow; trying again at the next beat"),
+                        }
+                    }
                     let back = last.is_none_or(|t| t.elapsed() >= SILENCE);
                     last = Some(Instant::now());
                     if back {
@@ -165,8 +260,12 @@ pub fn spawn_leaf(
                 let cycled = cycle_sources(&js, stream, |_| true).await;
                 count_resume("leaf", cycled.is_ok());
                 match cycled {
-                    Ok(n) => tracing::info!(stream = %stream, sources = n, "link to the hub is up; sources resumed"),
-                    Err(e) => tracing::warn!(stream = %stream, error = %e, "link to the hub is up, but resuming the sources failed; they resume on the server's schedule"),
+                    Ok(n) => {
+                        tracing::info!(stream = %stream, sources = n, "link to the hub is up; sources resumed")
+                    }
+                    Err(e) => {
+                        tracing::warn!(stream = %stream, error = %e, "link to the hub is up, but resuming the sources failed; they resume on the server's schedule")
+                    }
                 }
             }
         }
@@ -175,17 +274,20 @@ pub fn spawn_leaf(
 
 /// The hub's side: beats down to every live leaf, listens for their beats, and resumes a
 /// leaf's sources on the events stream when its beats come back after a silence. `leaves`
-/// gives the live leaves (read again every few seconds).
+/// gives the live leaves (read again every few seconds; `None` when the registry could not
+/// be read). When what a leaf may do changes, `kick` closes the leaf connections: the
+/// server fixed their permissions when they connected, and re-checks them only then.
 pub fn spawn_hub<F, Fut>(
     client: async_nats::Client,
     js: jetstream::Context,
     events_stream: String,
     leaves: F,
+    kick: Option<Kick>,
     stop: CancellationToken,
 ) -> tokio::task::JoinHandle<()>
 where
     F: Fn() -> Fut + Send + 'static,
-    Fut: std::future::Future<Output = Vec<LeafSpec>> + Send,
+    Fut: std::future::Future<Output = Option<Vec<LeafSpec>>> + Send,
 {
     tokio::spawn(async move {
         let mut beats = match client.subscribe("engram.leaf.*.up.beat").await {
@@ -205,14 +307,36 @@ where
                 () = stop.cancelled() => return,
                 _ = tick.tick() => {
                     if refreshed.is_none_or(|t| t.elapsed() >= Duration::from_secs(5)) {
-                        known = leaves().await;
                         refreshed = Some(Instant::now());
+                        let Some(fresh) = leaves().await else { continue };
+                        if permissions_changed(&known, &fresh) {
+                            match &kick {
+                                Some(kick) => match kick().await {
+                                    Ok(n) => {
+                                        engram_telemetry::metrics::LEAF_CONNECTIONS_CLOSED
+                                            .with_label_values(&["ok"])
+                                            .inc_by(n as u64);
+                                        tracing::info!(closed = n, "what a leaf may do changed; its connections were closed so that they connect again under the permissions in force");
+                                    }
+                                    Err(e) => {
+                                        engram_telemetry::metrics::LEAF_CONNECTIONS_CLOSED
+                                            .with_label_values(&["failed"])
+                                            .inc();
+                                        tracing::error!(error = %e, "what a leaf may do changed, but its connection could not be closed: it keeps its old permissions until it connects again");
+                                    }
+                                },
+                                None => tracing::warn!("what a leaf may do changed; a leaf connected now keeps its old permissions until it connects again (the server is not engram's, so engram cannot close its leaf connections)"),
+                            }
+                        }
+                        known = fresh;
                         let is_known = |n: &str| known.iter().any(|l| l.name.as_str() == n);
                         last.retain(|n, _| is_known(n));
                         resumes.retain(is_known);
                     }
                     for leaf in &known {
-                        let _ = client.publish(beat_down(&leaf.name), "".into()).await;
+                        let beat = serde_json::to_vec(&DownBeat { reads: leaf.reads.clone() })
+                            .unwrap_or_default();
+                        let _ = client.publish(beat_down(&leaf.name), beat.into()).await;
                     }
                 }
                 beat = beats.next() => {
@@ -235,8 +359,12 @@ where
                 let cycled = cycle_sources(&js, &events_stream, mine).await;
                 count_resume("hub", cycled.is_ok());
                 match cycled {
-                    Ok(n) => tracing::info!(leaf = %name, sources = n, "leaf link is up; its sources resumed"),
-                    Err(e) => tracing::warn!(leaf = %name, error = %e, "leaf link is up, but resuming its sources failed; they resume on the server's schedule"),
+                    Ok(n) => {
+                        tracing::info!(leaf = %name, sources = n, "leaf link is up; its sources resumed")
+                    }
+                    Err(e) => {
+                        tracing::warn!(leaf = %name, error = %e, "leaf link is up, but resuming its sources failed; they resume on the server's schedule")
+                    }
                 }
             }
         }
@@ -246,6 +374,59 @@ where
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_revoked_or_changed_leaf_is_a_change_and_a_new_one_is_not() {
+        let spec = |name: &str, reads: &[&str]| LeafSpec {
+            name: Ident::parse("leaf", name).unwrap(),
+            tenant: Ident::parse("tenant", "acme").unwrap(),
+            writes: vec!["task:*".parse().unwrap()],
+            reads: reads.iter().map(|r| r.parse().unwrap()).collect(),
+        };
+        let a = spec("a", &["task:*"]);
+        let b = spec("b", &["task:*"]);
+        assert!(!permissions_changed(&[], std::slice::from_ref(&a)));
+        assert!(!permissions_changed(
+            std::slice::from_ref(&a),
+            &[a.clone(), b.clone()]
+        ));
+        assert!(!permissions_changed(
+            &[a.clone(), b.clone()],
+            &[b.clone(), a.clone()]
+        ));
+        assert!(permissions_changed(
+            &[a.clone(), b.clone()],
+            std::slice::from_ref(&b)
+        ));
+        assert!(permissions_changed(
+            std::slice::from_ref(&a),
+            &[spec("a", &["task:*", "team:x"])]
+        ));
+    }
+
+    #[test]
+    fn a_beat_carries_the_reads_and_a_bad_one_changes_nothing() {
+        let reads: Vec<ScopePattern> = ["task:*", "team:platform"]
+            .iter()
+            .map(|p| p.parse().unwrap())
+            .collect();
+        let payload = serde_json::to_vec(&DownBeat {
+            reads: reads.clone(),
+        })
+        .unwrap();
+        assert_eq!(DownBeat::parse(&payload), Some(normalize(reads)));
+        assert_eq!(DownBeat::parse(b""), None, "an older hub's beat");
+        assert_eq!(DownBeat::parse(b"{\"reads\": []}"), None);
+        assert_eq!(DownBeat::parse(b"{\"reads\": [\"nope\"]}"), None);
+        assert_eq!(DownBeat::parse(&vec![b' '; MAX_BEAT_BYTES + 1]), None);
+        let many = serde_json::to_vec(&DownBeat {
+            reads: (0..=MAX_BEAT_READS)
+                .map(|i| format!("task:t{i}").parse().unwrap())
+                .collect(),
+        })
+        .unwrap();
+        assert_eq!(DownBeat::parse(&many), None);
+    }
 
     #[test]
     fn a_link_back_is_resumed_at_once_then_not_again_within_the_floor() {

@@ -172,6 +172,8 @@ pub fn hub_sourced_streams(creds: &LeafCredentials) -> Vec<String> {
 /// how many events the hub holds that the leaf has not received yet.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct LinkStatus {
+    /// The subjects the inbox's sources take from the hub: what the leaf receives.
+    pub filters: Vec<String>,
     pub sources: usize,
     pub active: usize,
     pub lag: u64,
@@ -188,7 +190,16 @@ pub async fn link_status(
             stream: INBOX_STREAM.into(),
         })?;
     let info = inbox.info().await.map_err(js_err)?;
-    let mut status = LinkStatus::default();
+    let mut status = LinkStatus {
+        filters: info
+            .config
+            .sources
+            .iter()
+            .flatten()
+            .filter_map(|s| s.filter_subject.clone())
+            .collect(),
+        ..LinkStatus::default()
+    };
     for s in &info.sources {
         status.sources += 1;
         status.lag += s.lag;

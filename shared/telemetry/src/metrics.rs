@@ -655,8 +655,22 @@ pub static LEAF_SOURCE_RESUMES: LazyLock<IntCounterVec> = LazyLock::new(|| {
     )
 });
 
+/// Leaf connections the hub closed because what a leaf may do changed (a leaf revoked, a
+/// grant added or taken back): nats-server sets a leaf connection's permissions when it
+/// connects and never re-checks it, so it is made to connect again.
+pub static LEAF_CONNECTIONS_CLOSED: LazyLock<IntCounterVec> = LazyLock::new(|| {
+    counter(
+        "engram_leaf_connections_closed_total",
+        "leaf connections the hub closed so that changed permissions apply, by outcome",
+        &["outcome"],
+    )
+});
+
 /// Creates a leaf's series up front.
 pub fn touch_leaf() {
+    for outcome in ["ok", "failed"] {
+        LEAF_CONNECTIONS_CLOSED.with_label_values(&[outcome]);
+    }
     for side in ["leaf", "hub"] {
         for outcome in ["ok", "failed", "deferred"] {
             LEAF_SOURCE_RESUMES.with_label_values(&[side, outcome]);

@@ -182,7 +182,7 @@ pub async fn run(config: &Config, command: LeafCommand, json: bool) -> anyhow::R
                     serde_json::json!({
                         "linked": linked, "sources": link.sources, "active": link.active,
                         "hub_lag": link.lag, "up_pending": up, "down_pending": down,
-                        "outbox": outbox,
+                        "outbox": outbox, "inbox_filters": link.filters,
                     })
                 );
             } else {
@@ -193,6 +193,7 @@ pub async fn run(config: &Config, command: LeafCommand, json: bool) -> anyhow::R
                     link.sources,
                     link.lag
                 );
+                println!("receives: {}", link.filters.join("  "));
             }
         }
     }

@@ -393,10 +393,7 @@ async fn find_task(
 
 /// The session and those it resumed in turn, newest first, from the task's `started`
 /// records; and the context the session ran in. A cycle or a missing record ends it.
-fn resumed_chain(
-    events: &[SourceEvent],
-    session: &Ident,
-) -> (Vec<Ident>, Option<SessionContext>) {
+fn resumed_chain(events: &[SourceEvent], session: &Ident) -> (Vec<Ident>, Option<SessionContext>) {
     let mut started = std::collections::HashMap::new();
     for e in events {
         if let Ok(Some(SessionRecord {
@@ -476,7 +473,9 @@ async fn gather(
             }
         };
         if let Err(e) = replay(client, tenant, &scope, room, &mut events, &mut notes).await {
-            notes.push(format!("the session's scope {scope} could not be read: {e:#}"));
+            notes.push(format!(
+                "the session's scope {scope} could not be read: {e:#}"
+            ));
         }
     }
     let through = events.iter().map(|e| e.seq).max().unwrap_or(0);

@@ -74,8 +74,8 @@ use chrono::{DateTime, Utc};
 use engram_access::{AccessError, AccessLog, Credentials, Record, ScopePattern};
 use engram_schema::session::{
     ArtifactStored, CheckpointVia, MAX_HEARTBEAT_MS, MAX_NOTE_CHARS, MIN_HEARTBEAT_MS,
-    SessionCheckpointed, SessionEnded, SessionEvent, SessionHeartbeat, SessionRecord,
-    SessionContext, SessionStarted, check_artifact_name,
+    SessionCheckpointed, SessionContext, SessionEnded, SessionEvent, SessionHeartbeat,
+    SessionRecord, SessionStarted, check_artifact_name,
 };
 use engram_schema::{Envelope, EventKind, Ident, Layer, Scope, ScopeKind};
 use engram_sdk::{AppendReceipt, Client};

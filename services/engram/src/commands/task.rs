@@ -593,8 +593,7 @@ async fn forget(
         );
     } else {
         eprintln!(
-            "task {task}: the erasure is incomplete; run `engram erase --tenant {tenant} --scope <scope>` for the scopes in {} once this is fixed:",
-            "the task's ledger"
+            "task {task}: the erasure is incomplete; once this is fixed, run `engram erase --tenant {tenant}` with a --scope for each scope in the task's ledger:"
         );
         for gap in &erased.incomplete {
             eprintln!("  NOT DONE: {gap}");
@@ -619,7 +618,11 @@ async fn delete_artifacts(
     ] {
         let store = match js.get_object_store(&bucket).await {
             Ok(store) => store,
-            Err(e) if e.kind() == async_nats::jetstream::context::ObjectStoreErrorKind::GetStore => continue,
+            Err(e)
+                if e.kind() == async_nats::jetstream::context::ObjectStoreErrorKind::GetStore =>
+            {
+                continue;
+            }
             Err(e) => return Err(anyhow::anyhow!("bucket {bucket}: {e}")),
         };
         let mut names = Vec::new();
@@ -754,7 +757,11 @@ async fn status(config: &Config, tenant: &str, task: &str, json: bool) -> anyhow
                 e.scopes.len(),
                 e.events_purged,
                 e.artifacts_deleted,
-                if e.incomplete.is_empty() { "" } else { "; INCOMPLETE, see the ledger" }
+                if e.incomplete.is_empty() {
+                    ""
+                } else {
+                    "; INCOMPLETE, see the ledger"
+                }
             ),
             None => println!("no sessions of task {task} of tenant {tenant}"),
         }
