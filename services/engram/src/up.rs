@@ -131,6 +131,8 @@ impl LeafMode {
     fn adjust(&self, config: &Config) -> Config {
         let mut config = config.clone();
         config.bus.stream.partitions = self.creds.partitions;
+        // The hub's working memory comes down into the bucket of the same name.
+        config.bus.working_memory.bucket = self.creds.working_bucket.clone();
         // Consolidation writes events (summaries, merges): done on both sides it would be
         // done twice, and each side's results would sync to the other. The hub consolidates;
         // its results come down like any event.

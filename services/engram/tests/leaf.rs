@@ -604,14 +604,32 @@ fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
         let down = "engram.leaf.laptop.down";
         // Two streams sourcing the hub exactly as the inbox does: one on beta's scopes (not
         // the leaf's), one on acme's (the control: it must fill while the other stays empty).
-        for (name, filter) in [
-            ("STEAL", "engram.evt.beta.task.*.*.*"),
-            ("CONTROL", "engram.evt.acme.task.*.*.*"),
+        // And one on beta's working memory (the hub holds an entry of it).
+        let hub_admin = engram_access::Credentials::load(&engram_access::creds::service_path(
+            &hub.home,
+            engram_access::RoleName::Admin,
+        ))
+        .unwrap();
+        let hub_nc = async_nats::ConnectOptions::with_nkey(hub_admin.seed.clone())
+            .connect(&hub.url)
+            .await
+            .unwrap();
+        async_nats::jetstream::new(hub_nc)
+            .get_key_value("engram_working")
+            .await
+            .unwrap()
+            .put("beta.session.s1.plan", "beta's".to_owned().into())
+            .await
+            .unwrap();
+        for (name, source, filter) in [
+            ("STEAL", "ENGRAM_EVENTS", "engram.evt.beta.task.*.*.*"),
+            ("STEALKV", "KV_engram_working", "$KV.engram_working.beta.>"),
+            ("CONTROL", "ENGRAM_EVENTS", "engram.evt.acme.task.*.*.*"),
         ] {
             js.create_stream(stream::Config {
                 name: name.into(),
                 sources: Some(vec![stream::Source {
-                    name: "ENGRAM_EVENTS".into(),
+                    name: source.into(),
                     filter_subject: Some(filter.into()),
                     external: Some(stream::External {
                         api_prefix: hub_api.into(),
@@ -672,12 +690,14 @@ fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
             );
             tokio::time::sleep(Duration::from_millis(250)).await;
         }
-        let mut steal = js.get_stream("STEAL").await.unwrap();
-        assert_eq!(
-            steal.info().await.unwrap().state.messages,
-            0,
-            "another tenant's events reached the leaf"
-        );
+        for name in ["STEAL", "STEALKV"] {
+            let mut steal = js.get_stream(name).await.unwrap();
+            assert_eq!(
+                steal.info().await.unwrap().state.messages,
+                0,
+                "another tenant's memory reached the leaf ({name})"
+            );
+        }
     });
     // A new event of acme still goes up (the hub sourced the outbox after the forgery was
     // stored in it), and nothing forged is among beta's events on the hub.
@@ -950,5 +970,73 @@ fn a_grant_made_after_the_leaf_was_added_reaches_it_and_its_revocation_or_remova
         leaf_connection(&pair.hub),
         None,
         "a removed leaf connected again"
+    );
+}
+
+/// The hub's working memory of the scopes a leaf may read comes down into the leaf's
+/// bucket (where `engram session resume` reads it); another scope's and another tenant's
+/// never do.
+#[test]
+fn the_hubs_working_memory_of_the_leafs_scopes_comes_down_and_no_other() {
+    let pair = start_pair();
+    append(&pair.hub, "acme", "task:t1", "hub first");
+    wait_for("the link", Duration::from_secs(90), || {
+        texts_of(&pair.leaf, "acme").contains("hub first")
+    });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let admin = |side: &Side| {
+        let creds = engram_access::Credentials::load(&engram_access::creds::service_path(
+            &side.home,
+            engram_access::RoleName::Admin,
+        ))
+        .unwrap();
+        let url = side.url.clone();
+        async move {
+            let nc = async_nats::ConnectOptions::with_nkey(creds.seed.clone())
+                .connect(&url)
+                .await
+                .unwrap();
+            async_nats::jetstream::new(nc)
+                .get_key_value("engram_working")
+                .await
+                .unwrap()
+        }
+    };
+    let (hub, leaf) = rt.block_on(async { (admin(&pair.hub).await, admin(&pair.leaf).await) });
+    let get = |key: &str| -> Option<String> {
+        rt.block_on(leaf.get(key))
+            .unwrap()
+            .map(|v| String::from_utf8_lossy(&v).into_owned())
+    };
+    rt.block_on(async {
+        for (key, value) in [
+            ("acme.session.s1.plan", "step 2 of 5"),
+            ("acme.team.platform.secret", "not the leaf's"),
+            ("beta.session.s1.plan", "another tenant's"),
+        ] {
+            hub.put(key, value.to_owned().into()).await.unwrap();
+        }
+    });
+    wait_for("the session's entry", Duration::from_secs(60), || {
+        get("acme.session.s1.plan").as_deref() == Some("step 2 of 5")
+    });
+    // An entry changed on the hub changes on the leaf; the control comes after the others.
+    rt.block_on(hub.put("acme.session.s1.plan", "step 3 of 5".to_owned().into()))
+        .unwrap();
+    rt.block_on(hub.put("acme.task.t1.control", "last".to_owned().into()))
+        .unwrap();
+    wait_for("the control entry", Duration::from_secs(60), || {
+        get("acme.task.t1.control").is_some()
+    });
+    assert_eq!(get("acme.session.s1.plan").as_deref(), Some("step 3 of 5"));
+    assert_eq!(
+        get("acme.team.platform.secret"),
+        None,
+        "an unreadable scope's entry came down"
+    );
+    assert_eq!(
+        get("beta.session.s1.plan"),
+        None,
+        "another tenant's entry came down"
     );
 }

@@ -62,6 +62,22 @@ pub fn syncs_artifacts(reads: &[ScopePattern]) -> bool {
         .any(|p| p.kind == engram_schema::ScopeKind::Task && p.id.is_none())
 }
 
+/// The stream behind the working-memory bucket `bucket`.
+pub fn working_stream(bucket: &str) -> String {
+    format!("KV_{bucket}")
+}
+
+/// The subjects of one scope pattern's working-memory entries in `bucket` (keys are
+/// `<tenant>.<kind>.<id>.<key>`).
+pub fn working_filter(bucket: &str, tenant: &Ident, pattern: &ScopePattern) -> String {
+    format!("$KV.{bucket}.{tenant}.{}.>", tokens(pattern))
+}
+
+/// The working-memory bucket a hub runs with unless configured otherwise.
+pub fn default_working_bucket() -> String {
+    "engram_working".into()
+}
+
 /// The stream behind the Object Store bucket of `tenant`'s artifacts.
 pub fn artifacts_stream(tenant: &Ident) -> String {
     format!("OBJ_{}", engram_schema::session::artifacts_bucket(tenant))
@@ -151,8 +167,9 @@ pub fn normalize(mut patterns: Vec<ScopePattern>) -> Vec<ScopePattern> {
 /// The permissions the hub gives `leaf`'s connection, from the leaf's side (what it may
 /// publish into the hub, what it may receive from it; the server reverses them for a leaf
 /// connection). Nothing else of the hub is reachable: no event, query, KV or inbox subject,
-/// and of the JetStream API only creating a consumer on the events stream whose filter is
-/// one of the leaf's readable scopes (since 2.10 the filter is a token of the subject).
+/// and of the JetStream API only creating a consumer on the events stream or the working-
+/// memory bucket whose filter is one of the leaf's readable scopes (since 2.10 the filter
+/// is a token of the subject), and one on its tenant's artifacts bucket.
 pub fn permissions(leaf: &LeafSpec, names: &Names) -> Permissions {
     let hub_api = api_prefix(&names.js_domain);
     let events = &names.events_stream;
@@ -165,6 +182,15 @@ pub fn permissions(leaf: &LeafSpec, names: &Names) -> Permissions {
             )
         })
         .collect();
+    // The readable scopes' working-memory entries (the key's first tokens are the scope's).
+    let working = working_stream(&names.working_bucket);
+    publish.extend(normalize(leaf.reads.clone()).iter().map(|p| {
+        format!(
+            "{hub_api}.CONSUMER.CREATE.{working}.*.{}",
+            working_filter(&names.working_bucket, &leaf.tenant, p)
+        )
+    }));
+    publish.push(format!("$JS.FC.{working}.>"));
     if syncs_artifacts(&leaf.reads) {
         // The tenant's artifacts bucket, whole (no filter: the subject is the stream's).
         let artifacts = artifacts_stream(&leaf.tenant);
@@ -232,6 +258,10 @@ pub struct LeafCredentials {
     /// The hub's events stream's partition count: the leaf's own stream takes the same, so
     /// that an event's partition is the same on both sides.
     pub partitions: u32,
+    /// The hub's working-memory bucket, whose entries of the readable scopes come down to
+    /// the leaf's bucket of the same name.
+    #[serde(default = "default_working_bucket")]
+    pub working_bucket: String,
     pub writes: Vec<ScopePattern>,
     pub reads: Vec<ScopePattern>,
     /// The nkey seed (`SU…`).
@@ -257,6 +287,7 @@ impl LeafCredentials {
             hub_domain: names.js_domain.clone(),
             events_stream: names.events_stream.clone(),
             partitions,
+            working_bucket: names.working_bucket.clone(),
             writes: spec.writes.clone(),
             reads: spec.reads.clone(),
             seed: crate::creds::new_seed(),

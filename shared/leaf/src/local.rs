@@ -7,7 +7,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 use engram_access::leaf::{
     INBOX_STREAM, LeafCredentials, OUTBOX_PREFIX, OUTBOX_STREAM, api_prefix, down_prefix,
-    normalize, scope_filter,
+    normalize, scope_filter, working_filter, working_stream,
 };
 use engram_schema::SUBJECT_PREFIX;
 
@@ -111,8 +111,49 @@ pub async fn provision(
             }
         }
     }
+    provision_working(js, creds).await?;
     if engram_access::leaf::syncs_artifacts(&creds.reads) {
         provision_artifacts(js, creds).await?;
+    }
+    Ok(())
+}
+
+/// The leaf's working-memory bucket sources the hub's entries of every scope it may read,
+/// so that `engram session resume` on the leaf finds a hub session's working memory. Down
+/// only: the leaf's own entries stay on the leaf. An entry keeps its ttl (`Nats-TTL`).
+async fn provision_working(
+    js: &jetstream::Context,
+    creds: &LeafCredentials,
+) -> Result<(), LeafError> {
+    let name = working_stream(&creds.working_bucket);
+    let mut s = js.get_stream(&name).await.map_err(|_| LeafError::Missing {
+        stream: name.clone(),
+    })?;
+    let config = s.info().await.map_err(js_err)?.config.clone();
+    let wanted: Vec<stream::Source> = normalize(creds.reads.clone())
+        .iter()
+        .map(|pattern| stream::Source {
+            name: name.clone(),
+            filter_subject: Some(working_filter(
+                &creds.working_bucket,
+                &creds.tenant,
+                pattern,
+            )),
+            external: Some(stream::External {
+                api_prefix: api_prefix(&creds.hub_domain),
+                delivery_prefix: Some(format!("{}.kv", down_prefix(&creds.leaf))),
+            }),
+            ..Default::default()
+        })
+        .collect();
+    if config.sources.as_ref() != Some(&wanted) {
+        js.update_stream(&stream::Config {
+            sources: (!wanted.is_empty()).then_some(wanted),
+            ..config
+        })
+        .await
+        .map_err(js_err)?;
+        tracing::info!(bucket = %creds.working_bucket, "leaf working memory sources the hub's");
     }
     Ok(())
 }
@@ -161,7 +202,10 @@ async fn provision_artifacts(
 /// The leaf's streams that source the hub: what [`crate::link`] resumes when the link is
 /// back.
 pub fn hub_sourced_streams(creds: &LeafCredentials) -> Vec<String> {
-    let mut streams = vec![INBOX_STREAM.to_owned()];
+    let mut streams = vec![
+        INBOX_STREAM.to_owned(),
+        working_stream(&creds.working_bucket),
+    ];
     if engram_access::leaf::syncs_artifacts(&creds.reads) {
         streams.push(engram_access::leaf::artifacts_stream(&creds.tenant));
     }

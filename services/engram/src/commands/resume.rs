@@ -10,15 +10,17 @@
 //!    not seen. Written as `brief.md` and `brief.json`.
 //! 3. The session's artifacts, fetched from the Object Store into `artifacts/`, each
 //!    checked against the SHA-256 and size its record names; a file that does not match is
-//!    removed and the resume fails naming it. A leaf node holds events only (its Object
-//!    Store is its own, never synced from the hub): an artifact it lacks is reported as
-//!    stored on the hub and the resume goes on (`--require-artifacts` makes that an error).
+//!    removed and the resume fails naming it. A leaf node holds its tenant's artifacts
+//!    only when it may read every task (the bucket is synced whole): an artifact it lacks
+//!    is reported as stored on the hub and the resume goes on (`--require-artifacts` makes
+//!    that an error).
 //! 4. The session's working memory, written to `working.json`: the working-layer events of
 //!    `session:<id>` (the log's, so every copy of it has them, leaves included) and the
 //!    live entries of that scope's working-memory KV, as read now. They are not put back
 //!    into the KV: a run resumed gets a new session, hence a new scope; on the machine that
-//!    held the entries they are still there until their ttl; and a leaf's KV is its own,
-//!    so what it lacks cannot be read there at all. The file is the one copy that travels.
+//!    held the entries they are still there until their ttl. A leaf's bucket receives the
+//!    hub's entries of the scopes it may read (not the other way), so a hub session's
+//!    entries are there too.
 //! 5. With `--exec -- <command …>`: the next run, exactly as `engram run` starts it (a new
 //!    session and key, the same task, the same role unless `--role`, the same context
 //!    unless `--context`; an isolated one's key also holds the resumed sessions' scopes), with `ENGRAM_BRIEF`
