@@ -698,6 +698,11 @@ async fn reconcile_leaf_sources(bus: &Bus, access_log: &engram_access::AccessLog
     {
         tracing::warn!(error = %e, "cannot bring the events stream's leaf sources up to date");
     }
+    if let Err(e) =
+        engram_leaf::hub::reconcile_artifacts(bus.jetstream(), &leaves, bus.replicas()).await
+    {
+        tracing::warn!(error = %e, "cannot bring the leaves' artifacts buckets up to date");
+    }
 }
 
 /// Says which streams are kept on fewer servers than configured, and the command that

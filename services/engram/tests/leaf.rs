@@ -1040,3 +1040,100 @@ fn the_hubs_working_memory_of_the_leafs_scopes_comes_down_and_no_other() {
         "another tenant's entry came down"
     );
 }
+
+/// `engram run` on the leaf, as a user would on the laptop: the session's records reach the
+/// hub, and its artifact (stored in the leaf's own bucket, which the hub sources) comes with
+/// it, so `engram session resume` on the hub fetches it and checks its hash.
+#[test]
+fn a_session_run_on_the_leaf_resumes_on_the_hub_with_its_artifacts() {
+    let pair = start_pair();
+    append(&pair.hub, "acme", "task:t1", "hub first");
+    wait_for("the link", Duration::from_secs(90), || {
+        texts_of(&pair.leaf, "acme").contains("hub first")
+    });
+    let work = tempfile::tempdir().unwrap();
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_engram"))
+        .parent()
+        .unwrap()
+        .to_owned();
+    let path = format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
+    let program = r#"printf 'leaf result 42' > result.txt && engram session artifact result.txt >/dev/null && engram session checkpoint --note "built on the laptop" >/dev/null"#;
+    let out = pair
+        .leaf
+        .cli()
+        .args([
+            "run", "--tenant", "acme", "--task", "t7", "--role", "coder", "--", "sh", "-c", program,
+        ])
+        .current_dir(work.path())
+        .env("PATH", &path)
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success(),
+        "engram run on the leaf failed: {stderr}"
+    );
+    let session = stderr
+        .lines()
+        .find_map(|l| l.strip_prefix("engram run: session "))
+        .and_then(|rest| rest.split_whitespace().next())
+        .unwrap_or_else(|| panic!("no session in {stderr}"))
+        .to_owned();
+
+    // On the hub: the session, ended, with its checkpoint.
+    wait_for(
+        "the session's records on the hub",
+        Duration::from_secs(60),
+        || {
+            json_lines(
+                &pair.hub,
+                &["session", "list", "--tenant", "acme", "--task", "t7"],
+            )
+            .iter()
+            .flat_map(|v| v.as_array().cloned().unwrap_or_else(|| vec![v.clone()]))
+            .any(|s| {
+                s["session"] == session.as_str()
+                    && s["state"] == "exited"
+                    && s["last_checkpoint"] == "built on the laptop"
+            })
+        },
+    );
+    // And its artifact, fetched from the hub's copy of the leaf's bucket and checked.
+    let into = work.path().join("resumed");
+    let mut resumed = None;
+    wait_for("the artifact on the hub", Duration::from_secs(60), || {
+        let out = pair
+            .hub
+            .cli()
+            .args([
+                "--json",
+                "session",
+                "resume",
+                &session,
+                "--tenant",
+                "acme",
+                "--task",
+                "t7",
+                "--require-artifacts",
+                "--into",
+                into.to_str().unwrap(),
+            ])
+            .output()
+            .unwrap();
+        if out.status.success() {
+            resumed = Some(String::from_utf8_lossy(&out.stdout).into_owned());
+        }
+        out.status.success()
+    });
+    let resumed: serde_json::Value = serde_json::from_str(resumed.unwrap().trim()).unwrap();
+    let artifact = &resumed["artifacts"][0];
+    assert_eq!(artifact["status"], "fetched", "{resumed}");
+    assert_eq!(
+        std::fs::read_to_string(artifact["path"].as_str().unwrap()).unwrap(),
+        "leaf result 42"
+    );
+}

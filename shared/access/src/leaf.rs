@@ -62,6 +62,22 @@ pub fn syncs_artifacts(reads: &[ScopePattern]) -> bool {
         .any(|p| p.kind == engram_schema::ScopeKind::Task && p.id.is_none())
 }
 
+/// The Object Store bucket of the artifacts `engram run` stores on leaf `leaf`: sourced by
+/// the hub into a bucket of the same name, so that a session run on the leaf resumes on the
+/// hub with its artifacts. A bucket of its own (not the tenant's, which comes down from the
+/// hub) so that nothing goes round: the hub's copy is never sourced back down.
+pub fn leaf_artifacts_bucket(leaf: &Ident) -> String {
+    format!("{LEAF_ARTIFACTS_PREFIX}{leaf}")
+}
+
+/// What every leaf's artifacts bucket name starts with.
+pub const LEAF_ARTIFACTS_PREFIX: &str = "ENGRAM_LEAF_ARTIFACTS_";
+
+/// The stream behind [`leaf_artifacts_bucket`].
+pub fn leaf_artifacts_stream(leaf: &Ident) -> String {
+    format!("OBJ_{}", leaf_artifacts_bucket(leaf))
+}
+
 /// The stream behind the working-memory bucket `bucket`.
 pub fn working_stream(bucket: &str) -> String {
     format!("KV_{bucket}")
@@ -213,6 +229,7 @@ pub fn permissions(leaf: &LeafSpec, names: &Names) -> Permissions {
         // Answers to the leaf's consumer-create requests.
         "$JSC.R.*".to_owned(),
         format!("$JS.FC.{OUTBOX_STREAM}.>"),
+        format!("$JS.FC.{}.>", leaf_artifacts_stream(&leaf.name)),
     ];
     Permissions {
         publish: Rule {

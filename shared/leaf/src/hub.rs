@@ -1,10 +1,16 @@
 //! The hub's side: its events stream sources each live leaf's outbox, one source per scope
 //! the leaf may write, each mapping `engram.out.<tenant>.…` back to `engram.evt.<tenant>.…`.
 //! The filter is the hub's own configuration, so a leaf that stores another tenant's
-//! subject in its outbox is never sourced from.
+//! subject in its outbox is never sourced from. Each leaf's artifacts bucket
+//! ([`engram_access::leaf::leaf_artifacts_bucket`]) is sourced whole into the hub's bucket
+//! of the same name.
 
 use async_nats::jetstream::{self, stream};
-use engram_access::leaf::{LeafSpec, OUTBOX_STREAM, api_prefix, up_prefix, up_transform};
+use engram_access::leaf::{
+    LEAF_ARTIFACTS_PREFIX, LeafSpec, OUTBOX_STREAM, api_prefix, leaf_artifacts_bucket,
+    leaf_artifacts_stream, up_prefix, up_transform,
+};
+use futures::StreamExt as _;
 
 use crate::{LeafError, js_err};
 
@@ -73,6 +79,88 @@ pub async fn reconcile_sources(
         "events stream now sources its leaves' outboxes"
     );
     Ok(true)
+}
+
+/// The source of leaf `leaf`'s artifacts bucket, on the hub's bucket of the same name.
+pub fn artifacts_source(leaf: &LeafSpec) -> stream::Source {
+    stream::Source {
+        name: leaf_artifacts_stream(&leaf.name),
+        external: Some(stream::External {
+            api_prefix: api_prefix(leaf.name.as_str()),
+            delivery_prefix: Some(format!("{}.obj", up_prefix(&leaf.name))),
+        }),
+        ..Default::default()
+    }
+}
+
+/// Gives every live leaf a bucket on the hub that sources its artifacts bucket, and takes
+/// the source off the buckets of leaves no longer live (what they sent stays). Returns how
+/// many buckets changed.
+pub async fn reconcile_artifacts(
+    js: &jetstream::Context,
+    leaves: &[LeafSpec],
+    replicas: usize,
+) -> Result<usize, LeafError> {
+    let mut changed = 0;
+    for leaf in leaves {
+        let bucket = leaf_artifacts_bucket(&leaf.name);
+        let name = leaf_artifacts_stream(&leaf.name);
+        if js.get_stream(&name).await.is_err() {
+            js.create_object_store(jetstream::object_store::Config {
+                bucket: bucket.clone(),
+                description: Some(format!(
+                    "engram hub: the artifacts of sessions run on leaf {} (tenant {})",
+                    leaf.name, leaf.tenant
+                )),
+                storage: stream::StorageType::File,
+                num_replicas: replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(js_err)?;
+        }
+        let mut s = js.get_stream(&name).await.map_err(js_err)?;
+        let config = s.info().await.map_err(js_err)?.config.clone();
+        let wanted = vec![artifacts_source(leaf)];
+        if !same_sources(&config.sources.clone().unwrap_or_default(), &wanted) {
+            js.update_stream(&stream::Config {
+                sources: Some(wanted),
+                ..config
+            })
+            .await
+            .map_err(js_err)?;
+            changed += 1;
+            tracing::info!(bucket = %bucket, "hub bucket sources the leaf's artifacts");
+        }
+    }
+    let live: Vec<String> = leaves
+        .iter()
+        .map(|l| leaf_artifacts_stream(&l.name))
+        .collect();
+    let prefix = format!("OBJ_{LEAF_ARTIFACTS_PREFIX}");
+    let mut names = js.stream_names();
+    let mut stale = Vec::new();
+    while let Some(name) = names.next().await {
+        let name = name.map_err(js_err)?;
+        if name.starts_with(&prefix) && !live.contains(&name) {
+            stale.push(name);
+        }
+    }
+    for name in stale {
+        let mut s = js.get_stream(&name).await.map_err(js_err)?;
+        let config = s.info().await.map_err(js_err)?.config.clone();
+        if config.sources.as_ref().is_some_and(|s| !s.is_empty()) {
+            js.update_stream(&stream::Config {
+                sources: None,
+                ..config
+            })
+            .await
+            .map_err(js_err)?;
+            changed += 1;
+            tracing::info!(stream = %name, "a removed leaf's artifacts are no longer sourced");
+        }
+    }
+    Ok(changed)
 }
 
 fn key(s: &stream::Source) -> String {

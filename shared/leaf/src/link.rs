@@ -356,7 +356,16 @@ where
                 let mine = |s: &jetstream::stream::Source| {
                     s.external.as_ref().is_some_and(|e| e.api_prefix == api)
                 };
-                let cycled = cycle_sources(&js, &events_stream, mine).await;
+                let mut cycled = cycle_sources(&js, &events_stream, mine).await;
+                if let (Ok(n), Ok(leaf)) = (&cycled, Ident::parse("leaf", &name)) {
+                    let artifacts = engram_access::leaf::leaf_artifacts_stream(&leaf);
+                    if js.get_stream(&artifacts).await.is_ok() {
+                        let n = *n;
+                        cycled = cycle_sources(&js, &artifacts, |_| true)
+                            .await
+                            .map(|m| n + m);
+                    }
+                }
                 count_resume("hub", cycled.is_ok());
                 match cycled {
                     Ok(n) => {

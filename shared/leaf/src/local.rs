@@ -112,6 +112,21 @@ pub async fn provision(
         }
     }
     provision_working(js, creds).await?;
+    let own = engram_access::leaf::leaf_artifacts_bucket(&creds.leaf);
+    if js.get_object_store(&own).await.is_err() {
+        js.create_object_store(jetstream::object_store::Config {
+            bucket: own.clone(),
+            description: Some(format!(
+                "engram leaf: artifacts of sessions run here (tenant {}), sourced by the hub",
+                creds.tenant
+            )),
+            storage: stream::StorageType::File,
+            ..Default::default()
+        })
+        .await
+        .map_err(js_err)?;
+        tracing::info!(bucket = %own, "leaf artifacts bucket created");
+    }
     if engram_access::leaf::syncs_artifacts(&creds.reads) {
         provision_artifacts(js, creds).await?;
     }

@@ -200,13 +200,17 @@ pub async fn run(config: &Config, command: LeafCommand, json: bool) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
-/// Makes the events stream source exactly the live leaves' outboxes.
+/// Makes the events stream source exactly the live leaves' outboxes, and the hub's leaf
+/// artifacts buckets their leaves' buckets.
 async fn reconcile(bus: &engram_bus::Bus, log: &AccessLog, config: &Config) -> anyhow::Result<()> {
     let registry = log.load().await?;
     let leaves: Vec<_> = registry.live_leaves().map(|(_, l)| l).collect();
     engram_leaf::hub::reconcile_sources(bus.jetstream(), &config.bus.stream.name, &leaves)
         .await
         .context("updating the events stream's leaf sources")?;
+    engram_leaf::hub::reconcile_artifacts(bus.jetstream(), &leaves, bus.replicas())
+        .await
+        .context("updating the leaves' artifacts buckets")?;
     Ok(())
 }
 

@@ -792,9 +792,17 @@ async fn fetch_artifacts(
             continue;
         }
         let own = artifacts_bucket(&brief.tenant);
-        if a.bucket.as_str() != own && a.bucket.as_str() != LEGACY_ARTIFACTS_BUCKET {
+        // A leaf's bucket (a session run on a leaf) holds what its tenant's runs stored
+        // there: the object must be named under this tenant, and its bytes still match
+        // the record's hash, whichever bucket they came from.
+        let from_leaf = a
+            .bucket
+            .as_str()
+            .starts_with(engram_access::leaf::LEAF_ARTIFACTS_PREFIX)
+            && a.object.starts_with(&format!("{}/", brief.tenant));
+        if a.bucket.as_str() != own && a.bucket.as_str() != LEGACY_ARTIFACTS_BUCKET && !from_leaf {
             out.reason = Some(format!(
-                "its record names bucket {}, not the tenant's {own}: not fetched",
+                "its record names bucket {}, not the tenant's {own} or a leaf's: not fetched",
                 a.bucket
             ));
             fetched.push(out);

@@ -847,12 +847,22 @@ async fn wait_until_admitted(url: &str, creds: &Credentials) -> anyhow::Result<(
     }
 }
 
-/// The tenant's artifacts bucket, created when missing.
-async fn open_artifacts_bucket(client: &Client, tenant: &Ident) -> anyhow::Result<ObjectStore> {
+/// The leaf's own artifacts bucket when this server is a leaf node of `tenant` (it goes up
+/// to the hub), else the tenant's, created when missing.
+async fn open_artifacts_bucket(
+    client: &Client,
+    tenant: &Ident,
+) -> anyhow::Result<(String, ObjectStore)> {
     let js = client.bus().jetstream();
+    if let Some(leaf) = leaf_of(js, tenant).await {
+        let bucket = engram_access::leaf::leaf_artifacts_bucket(&leaf);
+        if let Ok(store) = js.get_object_store(&bucket).await {
+            return Ok((bucket, store));
+        }
+    }
     let bucket = artifacts_bucket(tenant);
     if let Ok(store) = js.get_object_store(&bucket).await {
-        return Ok(store);
+        return Ok((bucket, store));
     }
     js.create_object_store(object_store::Config {
         bucket: bucket.clone(),
@@ -862,7 +872,31 @@ async fn open_artifacts_bucket(client: &Client, tenant: &Ident) -> anyhow::Resul
         ..Default::default()
     })
     .await
+    .map(|store| (bucket.clone(), store))
     .with_context(|| format!("cannot open or create the object store {bucket}"))
+}
+
+/// This server's leaf name when it is a leaf node syncing `tenant` (its inbox sources that
+/// tenant's events; its JetStream domain is its name).
+async fn leaf_of(js: &async_nats::jetstream::Context, tenant: &Ident) -> Option<Ident> {
+    let mut inbox = js
+        .get_stream(engram_access::leaf::INBOX_STREAM)
+        .await
+        .ok()?;
+    let info = inbox.info().await.ok()?;
+    let mine = format!("{}.{tenant}.", engram_schema::SUBJECT_PREFIX);
+    let syncs = info.config.sources.iter().flatten().any(|s| {
+        s.filter_subject
+            .as_deref()
+            .is_some_and(|f| f.starts_with(&mine))
+    });
+    if !syncs {
+        return None;
+    }
+    let domain = js.query_account().await.ok()?.domain?;
+    let leaf = Ident::parse("leaf", domain).ok()?;
+    // The bucket's name goes into the record, an identifier of at most 64 characters.
+    (engram_access::leaf::leaf_artifacts_bucket(&leaf).len() <= 64).then_some(leaf)
 }
 
 fn default_http_url(listen: std::net::SocketAddr) -> String {
@@ -1022,7 +1056,8 @@ struct Shared {
     /// Opens the artifacts bucket at the first artifact: a run that declares none does not
     /// depend on the Object Store.
     client: Client,
-    store: tokio::sync::OnceCell<ObjectStore>,
+    /// The bucket artifacts go to, and the store: opened at the first artifact.
+    store: tokio::sync::OnceCell<(String, ObjectStore)>,
     /// The program's working directory, every symlink resolved: artifacts come from under it.
     workdir: PathBuf,
     max_artifact_bytes: u64,
@@ -1227,17 +1262,14 @@ impl Shared {
             "{}/{}/{}/{name}/{sha256}",
             ids.tenant, ids.task, ids.session
         );
-        let unavailable = |what: &str, e: &dyn std::fmt::Display| {
-            Refusal::new(
-                "unavailable",
-                format!("{what} {object} in {}: {e}", artifacts_bucket(&ids.tenant)),
-            )
-        };
-        let store = self
+        let (bucket, store) = self
             .store
             .get_or_try_init(|| open_artifacts_bucket(&self.client, &ids.tenant))
             .await
             .map_err(|e| Refusal::new("unavailable", format!("{e:#}")))?;
+        let unavailable = |what: &str, e: &dyn std::fmt::Display| {
+            Refusal::new("unavailable", format!("{what} {object} in {bucket}: {e}"))
+        };
         async {
             let mut reader = &bytes[..];
             store
@@ -1263,8 +1295,8 @@ impl Shared {
             name,
             size: bytes.len() as u64,
             sha256,
-            bucket: Ident::parse("bucket", artifacts_bucket(&ids.tenant))
-                .expect("a tenant's bucket name is an identifier"),
+            bucket: Ident::parse("bucket", bucket.as_str())
+                .expect("an artifacts bucket name is an identifier"),
             object,
         };
         let receipt = self
