@@ -8,17 +8,13 @@
 //! carries on. It never reads the Object Store: artifacts are listed, not fetched
 //! (`engram session resume` fetches them).
 
-use engram_brief::{BoardState, Input, Limits, SkillState, SourceEvent};
+use engram_brief::{Input, Limits, SourceEvent};
+use engram_memory::brief_inputs::Asks;
 use engram_memory::proto::{self, BriefRequest, BriefResponse};
 use engram_rpc::Failure;
-use engram_schema::{EventKind, Ident, Scope, ScopeKind};
+use engram_schema::{Ident, Scope, ScopeKind};
 
 use crate::Query;
-
-/// How long the read models may take to reach the replay's last sequence.
-const READ_MODELS_WITHIN_MS: u64 = 15_000;
-/// Most skills asked of the skills read model (one request each).
-const MAX_SKILL_LOOKUPS: usize = 64;
 
 impl Query {
     /// The brief of `request`'s task; `subject` is an agent's request subject (its
@@ -78,78 +74,21 @@ impl Query {
             }
         }
 
-        let through = events.iter().map(|e| e.seq).max().unwrap_or(0);
-        let scopes = proto::ScopeRequest {
-            tenant: tenant.clone(),
-            scope: task.clone(),
-            grants: Vec::new(),
-        };
-        let consistency = proto::Consistency {
-            min_seq: (through > 0).then_some(through),
-            wait_ms: Some(READ_MODELS_WITHIN_MS),
-        };
-        let mut boards = Vec::new();
+        let asks = Asks::new(&tenant, &task, &events);
         let listed = self
-            .doc(proto::DocRequest {
-                scopes: scopes.clone(),
-                read: proto::DocRead::List,
-                doc_type: Some(
-                    Ident::parse("doc_type", engram_brief::BOARD_TYPE).expect("a valid doc type"),
-                ),
-                name: None,
-                include_bytes: false,
-                include_values: true,
-                limit: proto::limits::MAX_DOC_ITEMS,
-                consistency,
-            })
-            .await;
-        match listed {
-            Ok(listed) => boards.extend(listed.docs.into_iter().filter_map(|doc| {
-                (doc.scope == task).then_some(())?;
-                Some(BoardState {
-                    value: doc.value?,
-                    scope: doc.scope,
-                    name: doc.name,
-                    last_seq: doc.last_seq,
-                })
-            })),
-            Err(e) => notes.push(format!(
-                "the docs read model did not answer, so no open items are listed: {e}"
-            )),
-        }
-        let mut names: Vec<String> = events
-            .iter()
-            .filter(|s| s.event.kind == EventKind::SkillRecorded)
-            .filter_map(|s| s.event.content.data.as_ref()?.get("name")?.as_str())
-            .map(|n| n.trim().to_owned())
-            .filter(|n| !n.is_empty())
-            .collect();
-        names.sort();
-        names.dedup();
-        if names.len() > MAX_SKILL_LOOKUPS {
-            notes.push(format!(
-                "{} skills recorded: the first {MAX_SKILL_LOOKUPS} by name were asked of the skills read model",
-                names.len()
-            ));
-            names.truncate(MAX_SKILL_LOOKUPS);
-        }
+            .doc(asks.boards())
+            .await
+            .map(|l| l.docs)
+            .map_err(|e| e.to_string());
+        let boards = asks.boards_of(listed, &mut notes);
         let mut skills = Vec::new();
-        for name in names {
+        for request in asks.skills(&events, &mut notes) {
             let answer = self
-                .skills(proto::SkillsRequest {
-                    scopes: scopes.clone(),
-                    task: None,
-                    name: Some(name.clone()),
-                    limit: 1,
-                    consistency,
-                })
-                .await;
-            match answer {
-                Ok(answer) => skills.extend(answer.skills.iter().filter_map(SkillState::from_json)),
-                Err(e) => notes.push(format!(
-                    "the skills read model did not answer for {name:?}: {e}"
-                )),
-            }
+                .skills(request.clone())
+                .await
+                .map(|a| a.skills)
+                .map_err(|e| e.to_string());
+            skills.extend(Asks::skills_of(&request, answer, &mut notes));
         }
         let brief = engram_brief::build(&Input {
             tenant,

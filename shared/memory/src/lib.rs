@@ -10,6 +10,7 @@
 //! seq and the rule that skips events at or below it, their snapshot shape, provenance and
 //! payload errors. Their given/when/then test helpers are in `engram_fixtures::models`.
 
+pub mod brief_inputs;
 pub mod canon;
 pub mod confidence;
 pub mod model;

@@ -37,8 +37,9 @@ use std::time::Duration;
 use anyhow::Context as _;
 use engram_brief::{BoardState, Brief, Input, Limits, SkillState, SourceEvent};
 use engram_bus::{EntryBounds, ReadError, StartAt};
+use engram_memory::brief_inputs::Asks;
 use engram_schema::session::{SessionContext, SessionEvent, SessionRecord, check_artifact_name};
-use engram_schema::{EventKind, Ident, Layer, Scope, ScopeKind, SubjectFilter};
+use engram_schema::{Ident, Layer, Scope, ScopeKind, SubjectFilter};
 use engram_sdk::{Client, proto};
 use futures::StreamExt as _;
 use serde::Serialize;
@@ -50,9 +51,7 @@ use super::run::{
 use crate::config::Config;
 
 /// How long the read models may take to reach the replay's last sequence.
-const READ_MODELS_WITHIN_MS: u64 = 15_000;
 /// Most skills asked of the read model (one request each).
-const MAX_SKILL_LOOKUPS: usize = 64;
 /// Largest artifact fetched: `engram run`'s own ceiling.
 const MAX_ARTIFACT_BYTES: u64 = 1024 * 1024 * 1024;
 
@@ -480,88 +479,21 @@ async fn gather(
             ));
         }
     }
-    let through = events.iter().map(|e| e.seq).max().unwrap_or(0);
-    let scopes = proto::ScopeRequest {
-        tenant: tenant.clone(),
-        scope: task_scope.clone(),
-        grants: Vec::new(),
-    };
-    let consistency = proto::Consistency {
-        min_seq: (through > 0).then_some(through),
-        wait_ms: Some(READ_MODELS_WITHIN_MS),
-    };
-
-    let mut boards = Vec::new();
+    let asks = Asks::new(tenant, &task_scope, &events);
     let listed = client
-        .doc(&proto::DocRequest {
-            scopes: scopes.clone(),
-            read: proto::DocRead::List,
-            doc_type: Some(Ident::parse("doc_type", engram_brief::BOARD_TYPE)?),
-            name: None,
-            include_bytes: false,
-            include_values: true,
-            limit: proto::limits::MAX_DOC_ITEMS,
-            consistency,
-        })
-        .await;
-    match listed {
-        Ok(listed) => {
-            for doc in listed.docs {
-                if doc.scope != task_scope {
-                    continue;
-                }
-                match doc.value {
-                    Some(value) => boards.push(BoardState {
-                        scope: doc.scope,
-                        name: doc.name,
-                        value,
-                        last_seq: doc.last_seq,
-                    }),
-                    None => notes.push(format!(
-                        "board {}/{} came without its state",
-                        doc.scope, doc.name
-                    )),
-                }
-            }
-        }
-        Err(e) => notes.push(format!(
-            "the docs read model did not answer, so no open items are listed: {e}"
-        )),
-    }
-
-    let mut names: Vec<String> = events
-        .iter()
-        .filter(|s| s.event.kind == EventKind::SkillRecorded)
-        .filter_map(|s| s.event.content.data.as_ref()?.get("name")?.as_str())
-        .map(|n| n.trim().to_owned())
-        .filter(|n| !n.is_empty())
-        .collect();
-    names.sort();
-    names.dedup();
-    if names.len() > MAX_SKILL_LOOKUPS {
-        notes.push(format!(
-            "{} skills recorded: the first {MAX_SKILL_LOOKUPS} by name were asked of the skills read model",
-            names.len()
-        ));
-        names.truncate(MAX_SKILL_LOOKUPS);
-    }
+        .doc(&asks.boards())
+        .await
+        .map(|l| l.docs)
+        .map_err(|e| e.to_string());
+    let boards = asks.boards_of(listed, &mut notes);
     let mut skills = Vec::new();
-    for name in names {
+    for request in asks.skills(&events, &mut notes) {
         let answer = client
-            .skills(&proto::SkillsRequest {
-                scopes: scopes.clone(),
-                task: None,
-                name: Some(name.clone()),
-                limit: 1,
-                consistency,
-            })
-            .await;
-        match answer {
-            Ok(answer) => skills.extend(answer.skills.iter().filter_map(SkillState::from_json)),
-            Err(e) => notes.push(format!(
-                "the skills read model did not answer for {name:?}: {e}"
-            )),
-        }
+            .skills(&request)
+            .await
+            .map(|a| a.skills)
+            .map_err(|e| e.to_string());
+        skills.extend(Asks::skills_of(&request, answer, &mut notes));
     }
     Ok(Gathered {
         chain,
