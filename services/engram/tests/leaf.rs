@@ -91,25 +91,12 @@ fn free_port() -> u16 {
 /// `engram up <args>` with its data in `home`; leaves use only the URL they were given
 /// (through the relay), never one the hub advertises.
 fn spawn_up(home: &std::path::Path, args: &[&str], ready_within: Duration) -> (KillOnDrop, String) {
-    let mut child = KillOnDrop(
-        std::process::Command::new(env!("CARGO_BIN_EXE_engram"))
-            .arg("up")
-            .args(args)
-            .args(["--http", "127.0.0.1:0"])
-            .env("ENGRAM_HOME", home)
-            .env("ENGRAM_NATS__LEAFNODES_ADVERTISE", "false")
-            .env_remove("ENGRAM_CONFIG")
-            .env_remove("ENGRAM_CREDS")
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let mut stdout = common::Lines::of(child.0.stdout.take().unwrap());
-    let ready = stdout
-        .until("engram is up", ready_within)
-        .unwrap_or_else(|e| panic!("engram up {args:?}: {e}"));
-    (child, ready)
+    common::spawn_up_with(
+        home,
+        args,
+        &[("ENGRAM_NATS__LEAFNODES_ADVERTISE", "false")],
+        ready_within,
+    )
 }
 
 /// A hub with a leaf of tenant `acme` syncing `task:*` and `session:*`, linked through a

@@ -33,21 +33,12 @@ impl Up {
     /// `engram up` running the two read models the brief reads (no embedder to load).
     fn start() -> Self {
         let home = tempfile::tempdir().unwrap();
-        let mut child = KillOnDrop(
-            Command::new(env!("CARGO_BIN_EXE_engram"))
-                .args(["up", "--nats-port", "0", "--http", "127.0.0.1:0"])
-                .env("ENGRAM_HOME", home.path())
-                .env("ENGRAM_PROJECTORS__RUN", r#"["skills","docs"]"#)
-                .env_remove("ENGRAM_CONFIG")
-                .env_remove("ENGRAM_CREDS")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap(),
+        let (child, ready) = common::spawn_up_with(
+            home.path(),
+            &["--nats-port", "0"],
+            &[("ENGRAM_PROJECTORS__RUN", r#"["skills","docs"]"#)],
+            Duration::from_secs(120),
         );
-        let ready = Lines::of(child.0.stdout.take().unwrap())
-            .until("engram is up", Duration::from_secs(120))
-            .unwrap();
         let up = Self {
             nats: token(&ready, "nats=").to_owned(),
             http: token(&ready, "http=http://").to_owned(),

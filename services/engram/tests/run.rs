@@ -32,21 +32,12 @@ struct Up {
 impl Up {
     fn start() -> Self {
         let home = tempfile::tempdir().unwrap();
-        let mut child = KillOnDrop(
-            Command::new(env!("CARGO_BIN_EXE_engram"))
-                .args(["up", "--nats-port", "0", "--http", "127.0.0.1:0"])
-                .env("ENGRAM_HOME", home.path())
-                .env("ENGRAM_PROJECTORS__RUN", "[]")
-                .env_remove("ENGRAM_CONFIG")
-                .env_remove("ENGRAM_CREDS")
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .unwrap(),
+        let (child, ready) = common::spawn_up_with(
+            home.path(),
+            &["--nats-port", "0"],
+            &[("ENGRAM_PROJECTORS__RUN", "[]")],
+            Duration::from_secs(120),
         );
-        let ready = Lines::of(child.0.stdout.take().unwrap())
-            .until("engram is up", Duration::from_secs(120))
-            .unwrap();
         let nats = token(&ready, "nats=").to_owned();
         let http = format!("http://{}", token(&ready, "http=http://"));
         let up = Self {

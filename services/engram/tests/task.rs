@@ -6,30 +6,16 @@
 
 mod common;
 
-use std::process::{Command, Stdio};
 use std::time::Duration;
 
-use common::{KillOnDrop, Lines, cli, ok, token};
+use common::{cli, ok, spawn_up, token};
 use serde_json::Value;
 
 #[test]
 fn a_task_spec_runs_its_replicas_restarts_a_failed_one_from_its_brief_and_stops_at_the_ttl() {
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let mut up = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_engram"))
-            .args(["up", "--nats-port", "0", "--http", "127.0.0.1:0"])
-            .env("ENGRAM_HOME", home.path())
-            .env_remove("ENGRAM_CONFIG")
-            .env_remove("ENGRAM_CREDS")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let ready = Lines::of(up.0.stdout.take().unwrap())
-        .until("engram is up", Duration::from_secs(120))
-        .unwrap();
+    let (_up, ready) = spawn_up(home.path(), &["--nats-port", "0"], Duration::from_secs(120));
     let nats = token(&ready, "nats=").to_owned();
     let engram = |args: &[&str]| {
         let mut c = cli(home.path());
@@ -145,20 +131,7 @@ touch "$m.done"; exit 0"#,
 fn an_isolated_replica_keeps_to_its_session_and_session_persistence_erases_the_task_at_its_end() {
     let home = tempfile::tempdir().unwrap();
     let work = tempfile::tempdir().unwrap();
-    let mut up = KillOnDrop(
-        Command::new(env!("CARGO_BIN_EXE_engram"))
-            .args(["up", "--nats-port", "0", "--http", "127.0.0.1:0"])
-            .env("ENGRAM_HOME", home.path())
-            .env_remove("ENGRAM_CONFIG")
-            .env_remove("ENGRAM_CREDS")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap(),
-    );
-    let ready = Lines::of(up.0.stdout.take().unwrap())
-        .until("engram is up", Duration::from_secs(120))
-        .unwrap();
+    let (_up, ready) = spawn_up(home.path(), &["--nats-port", "0"], Duration::from_secs(120));
     let nats = token(&ready, "nats=").to_owned();
     let engram = |args: &[&str]| {
         let mut c = cli(home.path());

@@ -136,13 +136,25 @@ pub fn spawn_up(
     args: &[&str],
     ready_within: Duration,
 ) -> (KillOnDrop, String) {
+    spawn_up_with(home, args, &[], ready_within)
+}
+
+/// [`spawn_up`] with `env` set for it (`ENGRAM_*` configuration).
+pub fn spawn_up_with(
+    home: &std::path::Path,
+    args: &[&str],
+    env: &[(&str, &str)],
+    ready_within: Duration,
+) -> (KillOnDrop, String) {
     let mut child = KillOnDrop(
         Command::new(env!("CARGO_BIN_EXE_engram"))
             .arg("up")
             .args(args)
             .args(["--http", "127.0.0.1:0"])
             .env("ENGRAM_HOME", home)
+            .envs(env.iter().copied())
             .env_remove("ENGRAM_CONFIG")
+            .env_remove("ENGRAM_CREDS")
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::inherit())
             .spawn()
