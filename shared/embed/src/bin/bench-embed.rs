@@ -1,6 +1,10 @@
-//! Measures MiniLM throughput bare and behind the embedding cache (cold, warm, after reopen).
+//! Measures MiniLM throughput bare and behind the embedding cache (cold, warm, after reopen),
+//! and its roofline: the model's achieved FLOP/s against the f32 GEMM peak that candle (the
+//! library the model runs on) reaches at the model's shapes on this machine, in the same run.
+//! With `--baseline <another bench-embed>`, that binary (an earlier build) embeds the same
+//! sentences in the same run, for a speed-up measured side by side.
 //!
-//! `cargo run --release -p engram-embed --bin bench-embed -- --sentences 1000`
+//! `cargo run --release -p engram-embed --bin bench-embed -- --sentences 1000 --agent-length`
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -28,6 +32,19 @@ struct Args {
     /// Print one JSON object instead of a table.
     #[arg(long)]
     json: bool,
+    /// Generate agent-length texts (about 87 to 120 tokens) instead of 8 to 40 words.
+    #[arg(long)]
+    agent_length: bool,
+    /// Skip the GEMM peak measurement (the roofline).
+    #[arg(long)]
+    no_roofline: bool,
+    /// Seconds spent on each GEMM shape when measuring the peak.
+    #[arg(long, default_value_t = 2.0)]
+    gemm_seconds: f64,
+    /// Another bench-embed binary (an earlier build) to run on the same sentences in this run;
+    /// its bare rate is reported beside this one's.
+    #[arg(long, value_name = "BINARY")]
+    baseline: Option<PathBuf>,
 }
 
 struct Phase {
@@ -51,7 +68,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             .take(args.sentences)
             .map(String::from)
             .collect(),
-        None => generate_sentences(args.sentences),
+        None if args.agent_length => generate_sentences(args.sentences, 70, 95),
+        None => generate_sentences(args.sentences, 6, 38),
     };
     if sentences.is_empty() {
         return Err("no sentences to embed".into());
@@ -82,6 +100,12 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .into());
     }
     let mean_tokens = total_tokens as f64 / n as f64;
+    // What the model computes on each text: its tokens with [CLS] and [SEP], at most 256.
+    let shape = model.shape();
+    let model_flops: f64 = sentences
+        .iter()
+        .map(|s| shape.flops((counter.count(s) + 2).min(engram_embed::minilm::MINILM_MAX_TOKENS)))
+        .sum();
     let refs: Vec<&str> = sentences.iter().map(String::as_str).collect();
 
     // The first forward pass allocates and faults in the weights; keep it out of the numbers.
@@ -155,6 +179,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
 
     let bare_rate = n as f64 / phases[0].seconds;
+    let achieved_gflops = model_flops / phases[0].seconds / 1e9;
+    let tokens_per_sec = (total_tokens + 2 * n) as f64 / phases[0].seconds;
+    // The peak at the model's shapes: a batch's token rows against its weights.
+    let rows = ((mean_tokens + 2.0) * args.batch.min(n) as f64)
+        .round()
+        .max(1.0) as usize;
+    let gemm = if args.no_roofline {
+        Vec::new()
+    } else {
+        engram_embed::roofline::gemm_rates(&shape.gemms(rows), args.gemm_seconds)?
+    };
+    let peak = gemm.iter().map(|g| g.gflops).fold(0.0f64, f64::max);
+    let baseline = match &args.baseline {
+        Some(binary) => Some(run_baseline(binary, &sentences, args.batch)?),
+        None => None,
+    };
     if args.json {
         let results: Vec<_> = phases
             .iter()
@@ -173,6 +213,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let report = serde_json::json!({
             "sentences": n,
             "mean_tokens": mean_tokens,
+            "tokens_per_sec": tokens_per_sec,
+            "model_gflop_per_text": model_flops / n as f64 / 1e9,
+            "achieved_gflops": achieved_gflops,
+            "gemm": gemm,
+            "gemm_peak_gflops": (peak > 0.0).then_some(peak),
+            "efficiency": (peak > 0.0).then(|| achieved_gflops / peak),
+            "baseline_sentences_per_sec": baseline,
+            "speedup_vs_baseline": baseline.map(|b| bare_rate / b),
             "batch": args.batch,
             "model_load_seconds": load_seconds,
             "token_count_us": count_us,
@@ -207,8 +255,63 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "token counts: tokenizer {count_us:.1} µs per sentence, count cache {cached_count_us:.2} µs ({:.0}x)",
             count_us / cached_count_us.max(1e-9)
         );
+        println!(
+            "roofline: {:.2} GFLOP per text, {tokens_per_sec:.0} tokens/s, {achieved_gflops:.1} GFLOP/s achieved",
+            model_flops / n as f64 / 1e9
+        );
+        for g in &gemm {
+            println!(
+                "  f32 GEMM (candle) {}x{}x{}: {:.1} GFLOP/s",
+                g.m, g.k, g.n, g.gflops
+            );
+        }
+        if peak > 0.0 {
+            println!(
+                "  efficiency: {:.3} of the measured peak ({peak:.1} GFLOP/s)",
+                achieved_gflops / peak
+            );
+        }
+        if let Some(b) = baseline {
+            println!(
+                "baseline: {b:.1} sentences/s on the same sentences; this build {:.2}x",
+                bare_rate / b
+            );
+        }
     }
     Ok(())
+}
+
+/// Runs `binary` (an earlier bench-embed) on `sentences`, written to a file, and returns its
+/// bare forward pass's sentences/s. Only flags every build has are passed.
+fn run_baseline(
+    binary: &std::path::Path,
+    sentences: &[String],
+    batch: usize,
+) -> Result<f64, Box<dyn std::error::Error>> {
+    let file = std::env::temp_dir().join(format!(
+        "engram-bench-embed-baseline-{}.txt",
+        std::process::id()
+    ));
+    std::fs::write(&file, sentences.join("\n"))?;
+    let out = std::process::Command::new(binary)
+        .args(["--file", &file.display().to_string()])
+        .args(["--sentences", &sentences.len().to_string()])
+        .args(["--batch", &batch.to_string(), "--json"])
+        .output();
+    let _ = std::fs::remove_file(&file);
+    let out = out.map_err(|e| format!("cannot run the baseline {}: {e}", binary.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "the baseline {} failed: {}",
+            binary.display(),
+            String::from_utf8_lossy(&out.stderr)
+        )
+        .into());
+    }
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+    report["results"][0]["sentences_per_sec"]
+        .as_f64()
+        .ok_or_else(|| format!("the baseline's report has no bare rate: {report}").into())
 }
 
 /// User plus system CPU time of this process, all threads, from `/proc/self/stat` (Linux only).
@@ -239,8 +342,9 @@ fn check_same(expected: &[Vec<f32>], got: &[Vec<f32>]) -> Result<(), Box<dyn std
     Ok(())
 }
 
-/// Varied, realistic agent-memory sentences of 8 to 40 words, deterministic for a given `n`.
-fn generate_sentences(n: usize) -> Vec<String> {
+/// Varied, realistic agent-memory sentences of `min_words` to `max_words` words (plus a
+/// closing note), deterministic for a given `n`.
+fn generate_sentences(n: usize, min_words: usize, max_words: usize) -> Vec<String> {
     const SUBJECTS: &[&str] = &[
         "The user",
         "Our billing service",
@@ -305,7 +409,7 @@ fn generate_sentences(n: usize) -> Vec<String> {
     };
     (0..n)
         .map(|i| {
-            let target = 6 + next(33);
+            let target = min_words + next(max_words - min_words + 1);
             let mut words: Vec<String> = Vec::new();
             while words.len() < target {
                 if !words.is_empty() {
