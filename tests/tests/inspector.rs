@@ -321,13 +321,48 @@ async fn wait_for(browser: &Client, what: &str, xpath: &str) -> Element {
     }
 }
 
+/// The text of the element at `xpath` once it is there. The page re-renders its tables as
+/// answers arrive, so an element found a moment ago may be gone (stale): it is then found
+/// again, for as long as [`WAIT`].
+async fn text_of(browser: &Client, what: &str, xpath: &str) -> String {
+    let started = std::time::Instant::now();
+    loop {
+        let element = wait_for(browser, what, xpath).await;
+        match element.text().await {
+            Ok(text) => return text,
+            Err(e) if started.elapsed() < WAIT => {
+                note_retry(what, &e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{what}: {e}"),
+        }
+    }
+}
+
+/// Says on stderr why a read is tried again (the test's output shows it on failure).
+fn note_retry(what: &str, e: &dyn std::fmt::Display) {
+    eprintln!("{what}: reading again after: {e}");
+}
+
 /// An XPath literal for `text` (no quotes in the texts used here).
 fn has_text(text: &str) -> String {
     format!("contains(normalize-space(.), '{text}')")
 }
 
+/// Clicks the element at `xpath` once it is there, finding it again if the page replaced it
+/// in between (see [`text_of`]).
 async fn click(browser: &Client, xpath: &str) {
-    wait_for(browser, xpath, xpath).await.click().await.unwrap();
+    let started = std::time::Instant::now();
+    loop {
+        match wait_for(browser, xpath, xpath).await.click().await {
+            Ok(_) => return,
+            Err(e) if started.elapsed() < WAIT => {
+                note_retry(xpath, &e);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            Err(e) => panic!("{xpath}: {e}"),
+        }
+    }
 }
 
 async fn fill(browser: &Client, css: &str, text: &str) {
@@ -442,7 +477,7 @@ async fn inspect(browser: Client, base: &str, key: &str) {
     // The scopes it may read, with their events; pick one: its timeline holds the
     // memories, newest first.
     section(&browser, "scopes").await;
-    let scope = wait_for(
+    let listed = text_of(
         &browser,
         "the scope with its count",
         &format!(
@@ -451,7 +486,6 @@ async fn inspect(browser: Client, base: &str, key: &str) {
         ),
     )
     .await;
-    let listed = scope.text().await.unwrap();
     // Five memories, three facts, a skill and three document changes, by layer.
     for count in [
         "task:fix-login 12",
@@ -472,13 +506,14 @@ async fn inspect(browser: Client, base: &str, key: &str) {
     )
     .await;
     screenshot(&browser, "scopes").await;
-    scope
-        .find(Locator::Css("button"))
-        .await
-        .unwrap()
-        .click()
-        .await
-        .unwrap();
+    click(
+        &browser,
+        &format!(
+            "//table[@id='scopes-table']/tbody/tr[{}]//button",
+            has_text("task:fix-login")
+        ),
+    )
+    .await;
     wait_for(
         &browser,
         "the timeline to open",
@@ -495,8 +530,7 @@ async fn inspect(browser: Client, base: &str, key: &str) {
         ),
     )
     .await;
-    let first = wait_for(&browser, "the newest event", &format!("{row}[1]")).await;
-    let newest = first.text().await.unwrap();
+    let newest = text_of(&browser, "the newest event", &format!("{row}[1]")).await;
     assert!(newest.contains("doc_changed"), "newest first: {newest}");
     screenshot(&browser, "timeline").await;
     browser
@@ -527,13 +561,12 @@ async fn inspect(browser: Client, base: &str, key: &str) {
         .await
         .unwrap();
     click(&browser, "//button[@id='search-run']").await;
-    let top = wait_for(
+    let top = text_of(
         &browser,
         "the top result",
         "//table[@id='search-table']/tbody/tr[1][.//*[contains(@class, 'parts')]]",
     )
     .await;
-    let top = top.text().await.unwrap();
     assert!(
         top.contains("login fails with a 500 after the deploy"),
         "top result: {top}"
