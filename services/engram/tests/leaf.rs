@@ -1039,15 +1039,8 @@ fn a_session_run_on_the_leaf_resumes_on_the_hub_with_its_artifacts() {
         texts_of(&pair.leaf, "acme").contains("hub first")
     });
     let work = tempfile::tempdir().unwrap();
-    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_engram"))
-        .parent()
-        .unwrap()
-        .to_owned();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // The programs' own `engram` calls find the binary under test.
+    let path = common::path_with_engram();
     let program = r#"printf 'leaf result 42' > result.txt && engram session artifact result.txt >/dev/null && engram session checkpoint --note "built on the laptop" >/dev/null"#;
     let out = pair
         .leaf

@@ -48,16 +48,8 @@ touch "$m.done"; exit 0"#,
         ),
     )
     .unwrap();
-    // The replicas' own `engram` calls find the binary on PATH.
-    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_engram"))
-        .parent()
-        .unwrap()
-        .to_owned();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // The programs' own `engram` calls find the binary under test.
+    let path = common::path_with_engram();
     let out = engram(&["task", "apply", spec.to_str().unwrap(), "--progress", "2s"])
         .current_dir(work.path())
         .env("PATH", &path)
@@ -169,15 +161,8 @@ exit 0"#,
         ),
     )
     .unwrap();
-    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_engram"))
-        .parent()
-        .unwrap()
-        .to_owned();
-    let path = format!(
-        "{}:{}",
-        bin_dir.display(),
-        std::env::var("PATH").unwrap_or_default()
-    );
+    // The programs' own `engram` calls find the binary under test.
+    let path = common::path_with_engram();
     let out = engram(&["task", "apply", spec.to_str().unwrap(), "--progress", "2s"])
         .current_dir(work.path())
         .env("PATH", &path)

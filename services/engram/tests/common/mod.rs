@@ -128,6 +128,20 @@ pub fn http_exchange(addr: &str, host: &str, head: &str, body: &str) -> (u16, St
     (status, body)
 }
 
+/// `PATH` with the `engram` under test first, so that programs a test runs (through
+/// `engram run` or `task apply`) call that one.
+pub fn path_with_engram() -> String {
+    let bin_dir = std::path::Path::new(env!("CARGO_BIN_EXE_engram"))
+        .parent()
+        .expect("the binary is in a directory")
+        .to_owned();
+    format!(
+        "{}:{}",
+        bin_dir.display(),
+        std::env::var("PATH").unwrap_or_default()
+    )
+}
+
 /// `engram up <args>` with its data in `home` and none of the caller's config, its HTTP on
 /// a free port; the child (killed on drop) and its "engram is up" line, waited for at most
 /// `ready_within` (a first start may fetch the model; a cluster elects its meta leader).
