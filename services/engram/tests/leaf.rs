@@ -319,6 +319,74 @@ fn assert_fact(side: &Side, scope: &str, object: &str) {
     ]));
 }
 
+/// [`start_pair`], once an event of the hub has reached the leaf: the link is up.
+fn start_linked_pair() -> Pair {
+    let pair = start_pair();
+    append(&pair.hub, "acme", "task:t1", "hub first");
+    wait_for("the link", Duration::from_secs(90), || {
+        texts_of(&pair.leaf, "acme").contains("hub first")
+    });
+    pair
+}
+
+/// JetStream on `side`'s server as its admin (the whole server in hand).
+async fn admin_js(side: &Side) -> async_nats::jetstream::Context {
+    let admin = engram_access::Credentials::load(&engram_access::creds::service_path(
+        &side.home,
+        engram_access::RoleName::Admin,
+    ))
+    .unwrap();
+    let nc = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
+        .connect(&side.url)
+        .await
+        .unwrap();
+    async_nats::jetstream::new(nc)
+}
+
+/// On the leaf (`js`), a stream `name` sourcing the hub's `source` with `filter`, exactly as
+/// the leaf's inbox does: what a leaf operator could set up by hand.
+async fn source_from_hub(
+    js: &async_nats::jetstream::Context,
+    name: &str,
+    source: &str,
+    filter: &str,
+) {
+    use async_nats::jetstream::stream;
+    js.create_stream(stream::Config {
+        name: name.into(),
+        sources: Some(vec![stream::Source {
+            name: source.into(),
+            filter_subject: Some(filter.into()),
+            external: Some(stream::External {
+                api_prefix: "$JS.hub.API".into(),
+                delivery_prefix: Some(format!("engram.leaf.laptop.down.{}", name.to_lowercase())),
+            }),
+            ..Default::default()
+        }]),
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+}
+
+/// How many messages stream `name` holds.
+async fn messages_in(js: &async_nats::jetstream::Context, name: &str) -> u64 {
+    let mut s = js.get_stream(name).await.unwrap();
+    s.info().await.unwrap().state.messages
+}
+
+/// Waits until stream `name` holds a message (a control source delivered).
+async fn until_filled(js: &async_nats::jetstream::Context, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(90);
+    while messages_in(js, name).await == 0 {
+        assert!(
+            Instant::now() < deadline,
+            "the {name} source never delivered"
+        );
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+}
+
 fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
     let deadline = Instant::now() + timeout;
     while !check() {
@@ -566,7 +634,6 @@ fn a_leaf_and_its_hub_write_through_a_cut_link_and_converge_on_the_same_events()
 /// The hub refuses all of it; the same leaf's legitimate sync keeps working beside.
 #[test]
 fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
-    use async_nats::jetstream::stream;
     let pair = start_pair();
     let (hub, leaf) = (&pair.hub, &pair.leaf);
     append(hub, "beta", "task:t1", "beta secret");
@@ -576,32 +643,15 @@ fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
     });
 
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let admin = engram_access::Credentials::load(&engram_access::creds::service_path(
-        &leaf.home,
-        engram_access::RoleName::Admin,
-    ))
-    .unwrap();
     rt.block_on(async {
-        let nc = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
-            .connect(&leaf.url)
-            .await
-            .unwrap();
-        let js = async_nats::jetstream::new(nc.clone());
+        let js = admin_js(leaf).await;
+        let nc = js.client();
         let hub_api = "$JS.hub.API";
-        let down = "engram.leaf.laptop.down";
         // Two streams sourcing the hub exactly as the inbox does: one on beta's scopes (not
         // the leaf's), one on acme's (the control: it must fill while the other stays empty).
         // And one on beta's working memory (the hub holds an entry of it).
-        let hub_admin = engram_access::Credentials::load(&engram_access::creds::service_path(
-            &hub.home,
-            engram_access::RoleName::Admin,
-        ))
-        .unwrap();
-        let hub_nc = async_nats::ConnectOptions::with_nkey(hub_admin.seed.clone())
-            .connect(&hub.url)
+        admin_js(hub)
             .await
-            .unwrap();
-        async_nats::jetstream::new(hub_nc)
             .get_key_value("engram_working")
             .await
             .unwrap()
@@ -613,21 +663,7 @@ fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
             ("STEALKV", "KV_engram_working", "$KV.engram_working.beta.>"),
             ("CONTROL", "ENGRAM_EVENTS", "engram.evt.acme.task.*.*.*"),
         ] {
-            js.create_stream(stream::Config {
-                name: name.into(),
-                sources: Some(vec![stream::Source {
-                    name: source.into(),
-                    filter_subject: Some(filter.into()),
-                    external: Some(stream::External {
-                        api_prefix: hub_api.into(),
-                        delivery_prefix: Some(format!("{down}.{}", name.to_lowercase())),
-                    }),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
+            source_from_hub(&js, name, source, filter).await;
         }
         // Everything of the hub's API but creating a consumer on the leaf's own scopes is
         // refused: stream info, direct gets of another tenant's last event.
@@ -665,22 +701,10 @@ fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
         }
         nc.flush().await.unwrap();
         // The control source delivers; by then the other has had its chance.
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let mut control = js.get_stream("CONTROL").await.unwrap();
-            if control.info().await.unwrap().state.messages > 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the control source never delivered"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+        until_filled(&js, "CONTROL").await;
         for name in ["STEAL", "STEALKV"] {
-            let mut steal = js.get_stream(name).await.unwrap();
             assert_eq!(
-                steal.info().await.unwrap().state.messages,
+                messages_in(&js, name).await,
                 0,
                 "another tenant's memory reached the leaf ({name})"
             );
@@ -706,11 +730,7 @@ fn a_hostile_leaf_gets_no_other_tenants_events_and_cannot_write_into_them() {
 /// were doing when it died.
 #[test]
 fn a_leaf_killed_mid_sync_resumes_where_it_stopped() {
-    let mut pair = start_pair();
-    append(&pair.hub, "acme", "task:t1", "hub first");
-    wait_for("the link", Duration::from_secs(90), || {
-        texts_of(&pair.leaf, "acme").contains("hub first")
-    });
+    let mut pair = start_linked_pair();
     // Both sides write a batch at once (one CLI call each, many events), and the leaf dies
     // while they cross.
     const N: usize = 300;
@@ -886,57 +906,26 @@ fn a_grant_made_after_the_leaf_was_added_reaches_it_and_its_revocation_or_remova
 
     // A hostile leaf asks for the revoked scope anyway, over its new connection: the hub
     // refuses it, while the control fills.
-    use async_nats::jetstream::stream;
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let admin = engram_access::Credentials::load(&engram_access::creds::service_path(
-        &pair.leaf.home,
-        engram_access::RoleName::Admin,
-    ))
-    .unwrap();
     rt.block_on(async {
-        let nc = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
-            .connect(&pair.leaf.url)
-            .await
-            .unwrap();
-        let js = async_nats::jetstream::new(nc);
-        for (name, filter) in [
-            ("STEAL", "engram.evt.acme.team.platform.*.*"),
-            ("CONTROL", "engram.evt.acme.task.*.*.*"),
-        ] {
-            js.create_stream(stream::Config {
-                name: name.into(),
-                sources: Some(vec![stream::Source {
-                    name: "ENGRAM_EVENTS".into(),
-                    filter_subject: Some(filter.into()),
-                    external: Some(stream::External {
-                        api_prefix: "$JS.hub.API".into(),
-                        delivery_prefix: Some(format!(
-                            "engram.leaf.laptop.down.{}",
-                            name.to_lowercase()
-                        )),
-                    }),
-                    ..Default::default()
-                }]),
-                ..Default::default()
-            })
-            .await
-            .unwrap();
-        }
-        let deadline = Instant::now() + Duration::from_secs(90);
-        loop {
-            let mut control = js.get_stream("CONTROL").await.unwrap();
-            if control.info().await.unwrap().state.messages > 0 {
-                break;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "the control source never delivered"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
-        let mut steal = js.get_stream("STEAL").await.unwrap();
+        let js = admin_js(&pair.leaf).await;
+        source_from_hub(
+            &js,
+            "STEAL",
+            "ENGRAM_EVENTS",
+            "engram.evt.acme.team.platform.*.*",
+        )
+        .await;
+        source_from_hub(
+            &js,
+            "CONTROL",
+            "ENGRAM_EVENTS",
+            "engram.evt.acme.task.*.*.*",
+        )
+        .await;
+        until_filled(&js, "CONTROL").await;
         assert_eq!(
-            steal.info().await.unwrap().state.messages,
+            messages_in(&js, "STEAL").await,
             0,
             "a revoked grant's scope reaches the leaf"
         );
@@ -965,31 +954,17 @@ fn a_grant_made_after_the_leaf_was_added_reaches_it_and_its_revocation_or_remova
 /// never do.
 #[test]
 fn the_hubs_working_memory_of_the_leafs_scopes_comes_down_and_no_other() {
-    let pair = start_pair();
-    append(&pair.hub, "acme", "task:t1", "hub first");
-    wait_for("the link", Duration::from_secs(90), || {
-        texts_of(&pair.leaf, "acme").contains("hub first")
-    });
+    let pair = start_linked_pair();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let admin = |side: &Side| {
-        let creds = engram_access::Credentials::load(&engram_access::creds::service_path(
-            &side.home,
-            engram_access::RoleName::Admin,
-        ))
-        .unwrap();
-        let url = side.url.clone();
-        async move {
-            let nc = async_nats::ConnectOptions::with_nkey(creds.seed.clone())
-                .connect(&url)
-                .await
-                .unwrap();
-            async_nats::jetstream::new(nc)
-                .get_key_value("engram_working")
-                .await
-                .unwrap()
-        }
-    };
-    let (hub, leaf) = rt.block_on(async { (admin(&pair.hub).await, admin(&pair.leaf).await) });
+    let (hub, leaf) = rt.block_on(async {
+        let bucket = |js: async_nats::jetstream::Context| async move {
+            js.get_key_value("engram_working").await.unwrap()
+        };
+        (
+            bucket(admin_js(&pair.hub).await).await,
+            bucket(admin_js(&pair.leaf).await).await,
+        )
+    });
     let get = |key: &str| -> Option<String> {
         rt.block_on(leaf.get(key))
             .unwrap()
@@ -1033,11 +1008,7 @@ fn the_hubs_working_memory_of_the_leafs_scopes_comes_down_and_no_other() {
 /// it, so `engram session resume` on the hub fetches it and checks its hash.
 #[test]
 fn a_session_run_on_the_leaf_resumes_on_the_hub_with_its_artifacts() {
-    let pair = start_pair();
-    append(&pair.hub, "acme", "task:t1", "hub first");
-    wait_for("the link", Duration::from_secs(90), || {
-        texts_of(&pair.leaf, "acme").contains("hub first")
-    });
+    let pair = start_linked_pair();
     let work = tempfile::tempdir().unwrap();
     // The programs' own `engram` calls find the binary under test.
     let path = common::path_with_engram();

@@ -9,20 +9,57 @@ mod common;
 use std::time::Duration;
 
 use common::{cli, ok, spawn_up, token};
+
+/// `engram up` on free ports with tenant `acme`, and a working directory for the task.
+struct Up {
+    _child: common::KillOnDrop,
+    home: tempfile::TempDir,
+    work: tempfile::TempDir,
+    nats: String,
+}
+
+impl Up {
+    fn start() -> Self {
+        let home = tempfile::tempdir().unwrap();
+        let (child, ready) = spawn_up(home.path(), &["--nats-port", "0"], Duration::from_secs(120));
+        let up = Self {
+            nats: token(&ready, "nats=").to_owned(),
+            _child: child,
+            home,
+            work: tempfile::tempdir().unwrap(),
+        };
+        ok(&mut up.engram(&["tenant", "add", "acme"]));
+        up
+    }
+
+    fn engram(&self, args: &[&str]) -> std::process::Command {
+        let mut c = cli(self.home.path());
+        c.args(["--nats", &self.nats]).args(args);
+        c
+    }
+
+    /// `engram task apply` of `spec` in the working directory, its programs finding the
+    /// `engram` under test on PATH; what it printed on stderr, once it succeeded.
+    fn apply(&self, spec: &str) -> String {
+        let path = self.work.path().join("task.yaml");
+        std::fs::write(&path, spec).unwrap();
+        let out = self
+            .engram(&["task", "apply", path.to_str().unwrap(), "--progress", "2s"])
+            .current_dir(self.work.path())
+            .env("PATH", common::path_with_engram())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "task apply failed: {stderr}");
+        stderr
+    }
+}
 use serde_json::Value;
 
 #[test]
 fn a_task_spec_runs_its_replicas_restarts_a_failed_one_from_its_brief_and_stops_at_the_ttl() {
-    let home = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let (_up, ready) = spawn_up(home.path(), &["--nats-port", "0"], Duration::from_secs(120));
-    let nats = token(&ready, "nats=").to_owned();
-    let engram = |args: &[&str]| {
-        let mut c = cli(home.path());
-        c.args(["--nats", &nats]).args(args);
-        c
-    };
-    ok(&mut engram(&["tenant", "add", "acme"]));
+    let up = Up::start();
+    let (work, engram) = (&up.work, |args: &[&str]| up.engram(args));
 
     let marks = work.path().join("marks");
     std::fs::create_dir_all(&marks).unwrap();
@@ -40,23 +77,9 @@ touch "$m.done"; exit 0"#,
         r#"trap 'touch {marks}/watcher.stopped; exit 0' TERM; while true; do sleep 0.2; done"#,
         marks = marks.display()
     );
-    let spec = work.path().join("task.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let stderr = up.apply(&format!(
             "tenant: acme\ntask: release-7\nttl: 25s\ncontext: shared\nmemory:\n  scope: task:release-7\nmax_restarts: 2\nroles:\n  - name: worker\n    replicas: 2\n    command: [\"sh\", \"-c\", {worker:?}]\n  - name: watcher\n    replicas: 1\n    command: [\"sh\", \"-c\", {watcher:?}]\n"
-        ),
-    )
-    .unwrap();
-    // The programs' own `engram` calls find the binary under test.
-    let path = common::path_with_engram();
-    let out = engram(&["task", "apply", spec.to_str().unwrap(), "--progress", "2s"])
-        .current_dir(work.path())
-        .env("PATH", &path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "task apply failed: {stderr}");
+    ));
 
     for mark in [
         "worker-0.done",
@@ -121,16 +144,8 @@ touch "$m.done"; exit 0"#,
 /// task ends, every scope it wrote is erased, verifiably.
 #[test]
 fn an_isolated_replica_keeps_to_its_session_and_session_persistence_erases_the_task_at_its_end() {
-    let home = tempfile::tempdir().unwrap();
-    let work = tempfile::tempdir().unwrap();
-    let (_up, ready) = spawn_up(home.path(), &["--nats-port", "0"], Duration::from_secs(120));
-    let nats = token(&ready, "nats=").to_owned();
-    let engram = |args: &[&str]| {
-        let mut c = cli(home.path());
-        c.args(["--nats", &nats]).args(args);
-        c
-    };
-    ok(&mut engram(&["tenant", "add", "acme"]));
+    let up = Up::start();
+    let (work, engram) = (&up.work, |args: &[&str]| up.engram(args));
 
     let marks = work.path().join("marks");
     std::fs::create_dir_all(&marks).unwrap();
@@ -153,23 +168,9 @@ exit 0"#,
 exit 0"#,
         marks = marks.display()
     );
-    let spec = work.path().join("task.yaml");
-    std::fs::write(
-        &spec,
-        format!(
+    let stderr = up.apply(&format!(
             "tenant: acme\ntask: probe-3\nttl: 5m\ncontext: shared\nmemory:\n  persistence: session\nmax_restarts: 1\nroles:\n  - name: lead\n    replicas: 1\n    command: [\"sh\", \"-c\", {lead:?}]\n  - name: scout\n    replicas: 1\n    context: isolated\n    command: [\"sh\", \"-c\", {scout:?}]\n"
-        ),
-    )
-    .unwrap();
-    // The programs' own `engram` calls find the binary under test.
-    let path = common::path_with_engram();
-    let out = engram(&["task", "apply", spec.to_str().unwrap(), "--progress", "2s"])
-        .current_dir(work.path())
-        .env("PATH", &path)
-        .output()
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "task apply failed: {stderr}");
+    ));
     for mark in [
         "lead-0.shared",
         "lead-0.wrote-task",
@@ -190,7 +191,7 @@ exit 0"#,
     // The ledger names the three sessions (lead once, scout twice) and what was erased:
     // at least their started and ended records and the three appends that were taken.
     let ledger: Value = serde_json::from_slice(
-        &std::fs::read(home.path().join("tasks/acme/probe-3.json")).unwrap(),
+        &std::fs::read(up.home.path().join("tasks/acme/probe-3.json")).unwrap(),
     )
     .unwrap();
     let sessions: Vec<String> = ledger["replicas"]
