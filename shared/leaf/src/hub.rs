@@ -93,6 +93,11 @@ pub fn artifacts_source(leaf: &LeafSpec) -> stream::Source {
     }
 }
 
+/// The most a leaf's artifacts may take on the hub. A leaf's operator decides what it puts
+/// in its bucket, so the hub bounds its copy: past this, the hub's bucket takes nothing new
+/// (discard new; the source reports the error) and nothing it holds is dropped.
+pub const LEAF_ARTIFACTS_MAX_BYTES: i64 = 8 * 1024 * 1024 * 1024;
+
 /// Gives every live leaf a bucket on the hub that sources its artifacts bucket, and takes
 /// the source off the buckets of leaves no longer live (what they sent stays). Returns how
 /// many buckets changed.
@@ -122,9 +127,14 @@ pub async fn reconcile_artifacts(
         let mut s = js.get_stream(&name).await.map_err(js_err)?;
         let config = s.info().await.map_err(js_err)?.config.clone();
         let wanted = vec![artifacts_source(leaf)];
-        if !same_sources(&config.sources.clone().unwrap_or_default(), &wanted) {
+        if !same_sources(&config.sources.clone().unwrap_or_default(), &wanted)
+            || config.max_bytes != LEAF_ARTIFACTS_MAX_BYTES
+            || config.discard != stream::DiscardPolicy::New
+        {
             js.update_stream(&stream::Config {
                 sources: Some(wanted),
+                max_bytes: LEAF_ARTIFACTS_MAX_BYTES,
+                discard: stream::DiscardPolicy::New,
                 ..config
             })
             .await
