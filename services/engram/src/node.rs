@@ -39,9 +39,19 @@ pub async fn start(
     http: Option<String>,
 ) -> Result<LocalNode, UpError> {
     let node_stop = CancellationToken::new();
+    // Each node reads its partitions with consumers of its own (`<model>-p<i>-<node>`). A
+    // node that lost its lease (cut off, frozen, slow) keeps pulling until it notices, and
+    // on a consumer shared by name it would take events the new owner then never sees.
+    let mut projectors_config = config.projectors.clone();
+    if projectors_config.replica.is_none() {
+        projectors_config.replica = Some(engram_node::node_ident(
+            state_dir,
+            config.node.name.as_ref(),
+        )?);
+    }
     // The read models, hosting no partition yet: the node takes its partitions below.
     let projectors = engram_projectors::open(
-        &config.projectors,
+        &projectors_config,
         state_dir,
         |name, link| {
             let worker = match ModelRole::of(name) {

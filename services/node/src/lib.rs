@@ -153,6 +153,19 @@ pub async fn serving(bus: &Bus, bucket: &str) -> Result<BTreeSet<u32>, engram_bu
         .collect())
 }
 
+/// The node's name (as [`start`] will use it) as an ident: what its projectors' consumer
+/// names end in, so that no two nodes ever read through one consumer.
+pub fn node_ident(
+    state: &Path,
+    configured: Option<&engram_schema::Ident>,
+) -> Result<engram_schema::Ident, NodeError> {
+    let (name, _) = identity(state, configured)?;
+    engram_schema::Ident::parse("node", name).map_err(|e| NodeError::State {
+        path: state.join("node").display().to_string(),
+        source: std::io::Error::new(std::io::ErrorKind::InvalidData, e.to_string()),
+    })
+}
+
 /// The node's name and its state dir's id, made up once and kept in `<state>/node`.
 fn identity(
     state: &Path,

@@ -29,6 +29,10 @@ pub const DLQ_STREAM: &str = "ENGRAM_DLQ";
 /// How long the server waits for an ack before redelivering. Acks follow checkpoints, so this
 /// must be far longer than the checkpoint interval; redeliveries are skipped by sequence anyway.
 const ACK_WAIT: Duration = Duration::from_secs(10 * 60);
+/// A projector's consumer that nobody has pulled from for this long is deleted by the server:
+/// the consumer of a partition's model on a node that has handed the partition over, or died.
+/// A projector that comes back later recreates it at its checkpoint.
+const INACTIVE_THRESHOLD: Duration = Duration::from_secs(60 * 60);
 /// Events a projector may hold between checkpoints.
 pub const MAX_ACK_PENDING: i64 = 1_000_000;
 
@@ -145,6 +149,7 @@ impl Bus {
             ack_policy: AckPolicy::All,
             ack_wait: ACK_WAIT,
             max_ack_pending: MAX_ACK_PENDING,
+            inactive_threshold: INACTIVE_THRESHOLD,
             // The server would otherwise write a consumer's state to a file about ten times a
             // second while it delivers, for every model of every partition: a thousand file
             // creations and renames a second at 600 appends/s, most of nats-server's CPU. The

@@ -24,6 +24,7 @@
 pub mod cache;
 pub mod client_supplied;
 pub mod config;
+mod encoder;
 pub mod error;
 pub mod health;
 pub mod minilm;

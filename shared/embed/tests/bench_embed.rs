@@ -78,4 +78,10 @@ fn bench_embed_reports_its_roofline_and_a_baseline_beside_it() {
     assert!(efficiency > 0.0, "{report:#}");
     assert!(report["baseline_sentences_per_sec"].as_f64().unwrap() > 0.0);
     assert!(report["speedup_vs_baseline"].as_f64().unwrap() > 0.0);
+    // A query's latency: one short text at a time.
+    let (p50, p99) = (
+        report["query_ms_p50"].as_f64().unwrap(),
+        report["query_ms_p99"].as_f64().unwrap(),
+    );
+    assert!(p50 > 0.0 && p99 >= p50, "{report:#}");
 }

@@ -23,9 +23,9 @@ struct Args {
     /// Read sentences from this file, one per line, instead of generating them.
     #[arg(long)]
     file: Option<PathBuf>,
-    /// Texts per forward pass.
-    #[arg(long, default_value_t = 32)]
-    batch: usize,
+    /// Texts per forward pass; default: the embedder's own (and the baseline's own).
+    #[arg(long)]
+    batch: Option<usize>,
     /// Cache directory; default: a fresh temporary directory, removed afterwards.
     #[arg(long)]
     cache_dir: Option<PathBuf>,
@@ -77,9 +77,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let n = sentences.len();
 
     let started = Instant::now();
-    let model = tokio::task::spawn_blocking(MiniLm::load_default)
-        .await??
-        .with_batch_size(args.batch);
+    let mut model = tokio::task::spawn_blocking(MiniLm::load_default).await??;
+    if let Some(batch) = args.batch {
+        model = model.with_batch_size(batch);
+    }
     let load_seconds = started.elapsed().as_secs_f64();
     let counter = model.token_counter();
     // Counting is what `build_context` does for every candidate memory: the tokenizer
@@ -110,6 +111,18 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // The first forward pass allocates and faults in the weights; keep it out of the numbers.
     model.embed_blocking(&refs[..n.min(16)])?;
+
+    // A query's cost: one short text at a time, as a retrieve embeds its question.
+    let queries = generate_sentences(200.min(n.max(20)), 6, 14);
+    let mut query_ms: Vec<f64> = Vec::with_capacity(queries.len());
+    for query in &queries {
+        let started = Instant::now();
+        model.embed_blocking(&[query.as_str()])?;
+        query_ms.push(started.elapsed().as_secs_f64() * 1e3);
+    }
+    query_ms.sort_by(f64::total_cmp);
+    let query_p50 = quantile(&query_ms, 0.5);
+    let query_p99 = quantile(&query_ms, 0.99);
 
     let mut phases = Vec::new();
     let started = Instant::now();
@@ -182,9 +195,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let achieved_gflops = model_flops / phases[0].seconds / 1e9;
     let tokens_per_sec = (total_tokens + 2 * n) as f64 / phases[0].seconds;
     // The peak at the model's shapes: a batch's token rows against its weights.
-    let rows = ((mean_tokens + 2.0) * args.batch.min(n) as f64)
+    let batch = model.batch_size();
+    let rows = ((mean_tokens + 2.0) * batch.min(n) as f64)
         .round()
-        .max(1.0) as usize;
+        .clamp(1.0, engram_embed::minilm::MAX_PASS_TOKENS as f64) as usize;
     let gemm = if args.no_roofline {
         Vec::new()
     } else {
@@ -221,7 +235,9 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "efficiency": (peak > 0.0).then(|| achieved_gflops / peak),
             "baseline_sentences_per_sec": baseline,
             "speedup_vs_baseline": baseline.map(|b| bare_rate / b),
-            "batch": args.batch,
+            "batch": batch,
+            "query_ms_p50": query_p50,
+            "query_ms_p99": query_p99,
             "model_load_seconds": load_seconds,
             "token_count_us": count_us,
             "token_count_cached_us": cached_count_us,
@@ -230,8 +246,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         println!("{}", serde_json::to_string_pretty(&report)?);
     } else {
         println!(
-            "{n} sentences, {mean_tokens:.1} tokens on average, batch {}, model loaded in {load_seconds:.2}s",
-            args.batch
+            "{n} sentences, {mean_tokens:.1} tokens on average, batch {batch}, model loaded in {load_seconds:.2}s"
+        );
+        println!(
+            "one query at a time ({} texts of 6 to 14 words): p50 {query_p50:.2} ms, p99 {query_p99:.2} ms",
+            queries.len()
         );
         println!(
             "{:<28} {:>9} {:>14} {:>9} {:>9} {:>7} {:>7}",
@@ -286,18 +305,22 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 fn run_baseline(
     binary: &std::path::Path,
     sentences: &[String],
-    batch: usize,
+    batch: Option<usize>,
 ) -> Result<f64, Box<dyn std::error::Error>> {
     let file = std::env::temp_dir().join(format!(
         "engram-bench-embed-baseline-{}.txt",
         std::process::id()
     ));
     std::fs::write(&file, sentences.join("\n"))?;
-    let out = std::process::Command::new(binary)
+    let mut command = std::process::Command::new(binary);
+    command
         .args(["--file", &file.display().to_string()])
         .args(["--sentences", &sentences.len().to_string()])
-        .args(["--batch", &batch.to_string(), "--json"])
-        .output();
+        .arg("--json");
+    if let Some(batch) = batch {
+        command.args(["--batch", &batch.to_string()]);
+    }
+    let out = command.output();
     let _ = std::fs::remove_file(&file);
     let out = out.map_err(|e| format!("cannot run the baseline {}: {e}", binary.display()))?;
     if !out.status.success() {
@@ -312,6 +335,15 @@ fn run_baseline(
     report["results"][0]["sentences_per_sec"]
         .as_f64()
         .ok_or_else(|| format!("the baseline's report has no bare rate: {report}").into())
+}
+
+/// The `q` quantile of sorted values (nearest rank).
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
 }
 
 /// User plus system CPU time of this process, all threads, from `/proc/self/stat` (Linux only).

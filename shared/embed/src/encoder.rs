@@ -1,0 +1,767 @@
+//! A BERT encoder's inference pass for the CPU, written so that nearly all of its time is spent
+//! in matrix products.
+//!
+//! candle's `BertModel` (the previous path, still the tests' reference) pads every text of a
+//! batch to the longest, allocates and zeroes a fresh tensor for every operation, evaluates
+//! GELU's `erf` and softmax's `exp` one scalar libm call at a time, and adds biases and
+//! residuals in separate passes. Profiled on agent-length texts, only 45% of its time was
+//! GEMM (`docs/benchmarks.md`). Here:
+//! - texts are packed, not padded: the dense products run over exactly the batch's real
+//!   tokens, and attention runs per text, so no work is spent on padding or masks;
+//! - every activation lives in buffers that are allocated once and reused across passes;
+//! - a bias is the destination's initial value and the product accumulates onto it; Q, K and
+//!   V are one product with concatenated weights;
+//! - GELU (exact, with an `erf` accurate to about 1e-7), softmax and layer norm with its
+//!   residual are fused loops that the compiler vectorises for the instruction set detected at
+//!   run time (`pulp`).
+//!
+//! The matrix products are the `gemm` crate's, the library candle itself calls, so the
+//! roofline's peak (`crate::roofline`) is measured with the same kernels.
+
+use std::collections::HashMap;
+
+use candle_core::{DType, Device, Tensor};
+use rayon::prelude::*;
+
+/// An encoder's weights as plain row-major `f32`, ready for the pass.
+pub(crate) struct Encoder {
+    hidden: usize,
+    heads: usize,
+    intermediate: usize,
+    eps: f32,
+    word: Vec<f32>,
+    position: Vec<f32>,
+    max_positions: usize,
+    /// Row 0 of the token-type table: every token here has type 0.
+    token_type: Vec<f32>,
+    embed_norm: Norm,
+    layers: Vec<Layer>,
+    arch: pulp::Arch,
+}
+
+struct Layer {
+    /// Q, K and V stacked: (3·hidden, hidden).
+    qkv: Linear,
+    attention_out: Linear,
+    attention_norm: Norm,
+    up: Linear,
+    down: Linear,
+    output_norm: Norm,
+}
+
+/// A linear layer: `weight` is (outputs, inputs), row-major, as stored.
+struct Linear {
+    weight: Vec<f32>,
+    bias: Vec<f32>,
+    inputs: usize,
+    outputs: usize,
+}
+
+struct Norm {
+    gain: Vec<f32>,
+    bias: Vec<f32>,
+}
+
+/// The dimensions [`Encoder::load`] needs from the model's `config.json`.
+pub(crate) struct Dims {
+    pub hidden: usize,
+    pub heads: usize,
+    pub intermediate: usize,
+    pub layers: usize,
+    pub eps: f64,
+}
+
+/// Buffers for one pass, grown to the largest batch seen and then reused.
+#[derive(Default)]
+pub(crate) struct Scratch {
+    x: Vec<f32>,
+    qkv: Vec<f32>,
+    context: Vec<f32>,
+    projected: Vec<f32>,
+    inner: Vec<f32>,
+}
+
+impl Scratch {
+    fn ensure(&mut self, tokens: usize, hidden: usize, intermediate: usize) {
+        let grow = |buffer: &mut Vec<f32>, len: usize| {
+            if buffer.len() < len {
+                buffer.resize(len, 0.0);
+            }
+        };
+        grow(&mut self.x, tokens * hidden);
+        grow(&mut self.qkv, tokens * 3 * hidden);
+        grow(&mut self.context, tokens * hidden);
+        grow(&mut self.projected, tokens * hidden);
+        grow(&mut self.inner, tokens * intermediate);
+    }
+}
+
+impl Encoder {
+    /// Reads the weights out of a safetensors buffer in the Hugging Face BERT layout, with or
+    /// without a `bert.` prefix.
+    pub(crate) fn load(safetensors: &[u8], dims: &Dims) -> Result<Self, String> {
+        let tensors = candle_core::safetensors::load_buffer(safetensors, &Device::Cpu)
+            .map_err(|e| e.to_string())?;
+        let prefix = if tensors.contains_key("bert.embeddings.word_embeddings.weight") {
+            "bert."
+        } else {
+            ""
+        };
+        let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>, String> {
+            let key = format!("{prefix}{name}");
+            let tensor = tensors
+                .get(&key)
+                .ok_or_else(|| format!("no tensor {key}"))?;
+            if tensor.dims() != shape {
+                return Err(format!(
+                    "{key} has shape {:?}, expected {shape:?}",
+                    tensor.dims()
+                ));
+            }
+            flat(tensor).map_err(|e| format!("{key}: {e}"))
+        };
+        let (h, f) = (dims.hidden, dims.intermediate);
+        if dims.heads == 0 || h % dims.heads != 0 {
+            return Err(format!(
+                "{} attention heads do not divide the hidden size {h}",
+                dims.heads
+            ));
+        }
+        let linear = |name: &str, inputs: usize, outputs: usize| -> Result<Linear, String> {
+            Ok(Linear {
+                weight: get(&format!("{name}.weight"), &[outputs, inputs])?,
+                bias: get(&format!("{name}.bias"), &[outputs])?,
+                inputs,
+                outputs,
+            })
+        };
+        let norm = |name: &str| -> Result<Norm, String> {
+            Ok(Norm {
+                gain: get(&format!("{name}.weight"), &[h])?,
+                bias: get(&format!("{name}.bias"), &[h])?,
+            })
+        };
+        let word = tensor_rows(
+            &tensors,
+            &format!("{prefix}embeddings.word_embeddings.weight"),
+            h,
+        )?;
+        let position = tensor_rows(
+            &tensors,
+            &format!("{prefix}embeddings.position_embeddings.weight"),
+            h,
+        )?;
+        let token_types = tensor_rows(
+            &tensors,
+            &format!("{prefix}embeddings.token_type_embeddings.weight"),
+            h,
+        )?;
+        let mut layers = Vec::with_capacity(dims.layers);
+        for i in 0..dims.layers {
+            let at = |part: &str| format!("encoder.layer.{i}.{part}");
+            let (q, k, v) = (
+                linear(&at("attention.self.query"), h, h)?,
+                linear(&at("attention.self.key"), h, h)?,
+                linear(&at("attention.self.value"), h, h)?,
+            );
+            let qkv = Linear {
+                weight: [q.weight, k.weight, v.weight].concat(),
+                bias: [q.bias, k.bias, v.bias].concat(),
+                inputs: h,
+                outputs: 3 * h,
+            };
+            layers.push(Layer {
+                qkv,
+                attention_out: linear(&at("attention.output.dense"), h, h)?,
+                attention_norm: norm(&at("attention.output.LayerNorm"))?,
+                up: linear(&at("intermediate.dense"), h, f)?,
+                down: linear(&at("output.dense"), f, h)?,
+                output_norm: norm(&at("output.LayerNorm"))?,
+            });
+        }
+        Ok(Encoder {
+            hidden: h,
+            heads: dims.heads,
+            intermediate: f,
+            eps: dims.eps as f32,
+            max_positions: position.len() / h,
+            word,
+            position,
+            token_type: token_types[..h].to_vec(),
+            embed_norm: norm("embeddings.LayerNorm")?,
+            layers,
+            arch: pulp::Arch::new(),
+        })
+    }
+
+    /// Token ids past this position have no position embedding.
+    pub(crate) fn max_positions(&self) -> usize {
+        self.max_positions
+    }
+
+    /// Words in the vocabulary; larger ids are refused.
+    pub(crate) fn vocabulary(&self) -> usize {
+        self.word.len() / self.hidden
+    }
+
+    /// The mean of each text's last hidden states over its tokens (not normalised).
+    ///
+    /// Every text must be non-empty, no longer than [`Encoder::max_positions`], and hold ids
+    /// below [`Encoder::vocabulary`]; the caller's tokenizer guarantees all three.
+    pub(crate) fn mean_pooled(&self, texts: &[&[u32]], scratch: &mut Scratch) -> Vec<Vec<f32>> {
+        let (h, f) = (self.hidden, self.intermediate);
+        let tokens: usize = texts.iter().map(|t| t.len()).sum();
+        let lens: Vec<usize> = texts.iter().map(|t| t.len()).collect();
+        assert!(lens.iter().all(|&n| n > 0 && n <= self.max_positions));
+        scratch.ensure(tokens, h, f);
+        let Scratch {
+            x,
+            qkv,
+            context,
+            projected,
+            inner,
+        } = scratch;
+        let x = &mut x[..tokens * h];
+        let qkv = &mut qkv[..tokens * 3 * h];
+        let context = &mut context[..tokens * h];
+        let projected = &mut projected[..tokens * h];
+        let inner = &mut inner[..tokens * f];
+
+        self.embed(texts, x);
+        for layer in &self.layers {
+            linear(self.arch, x, &layer.qkv, qkv);
+            self.attention(qkv, &lens, context);
+            linear(self.arch, context, &layer.attention_out, projected);
+            self.add_and_norm(projected, &layer.attention_norm, x);
+            linear(self.arch, x, &layer.up, inner);
+            self.gelu(inner);
+            linear(self.arch, inner, &layer.down, projected);
+            self.add_and_norm(projected, &layer.output_norm, x);
+        }
+
+        let mut pooled = Vec::with_capacity(texts.len());
+        let mut row = 0;
+        for &n in &lens {
+            let mut mean = vec![0f32; h];
+            for token in x[row * h..(row + n) * h].chunks_exact(h) {
+                for (m, v) in mean.iter_mut().zip(token) {
+                    *m += v;
+                }
+            }
+            let scale = 1.0 / n as f32;
+            mean.iter_mut().for_each(|m| *m *= scale);
+            pooled.push(mean);
+            row += n;
+        }
+        pooled
+    }
+
+    /// Word, position and token-type embeddings summed, then normalised.
+    fn embed(&self, texts: &[&[u32]], x: &mut [f32]) {
+        let h = self.hidden;
+        let mut rows = x.chunks_exact_mut(h);
+        for text in texts {
+            for (position, &id) in text.iter().enumerate() {
+                let row = rows.next().expect("one row per token");
+                let word = &self.word[id as usize * h..][..h];
+                let place = &self.position[position * h..][..h];
+                for (((r, w), p), t) in row.iter_mut().zip(word).zip(place).zip(&self.token_type) {
+                    *r = w + p + t;
+                }
+            }
+        }
+        let norm = &self.embed_norm;
+        let eps = self.eps;
+        x.par_chunks_mut(h * 64).for_each(|block| {
+            self.arch.dispatch(|| {
+                for row in block.chunks_exact_mut(h) {
+                    layer_norm(row, &norm.gain, &norm.bias, eps);
+                }
+            })
+        });
+    }
+
+    /// Self-attention of each text over its own tokens, every head: `context` gets the
+    /// heads' weighted values side by side, as the output projection expects.
+    fn attention(&self, qkv: &[f32], lens: &[usize], context: &mut [f32]) {
+        let h = self.hidden;
+        let d = h / self.heads;
+        let scale = 1.0 / (d as f32).sqrt();
+        // Split the output by text, so that each text's heads run on one thread.
+        let mut parts: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(lens.len());
+        let mut rest = context;
+        let mut row = 0;
+        for &n in lens {
+            let (mine, after) = rest.split_at_mut(n * h);
+            parts.push((row, n, mine));
+            rest = after;
+            row += n;
+        }
+        parts.into_par_iter().for_each(|(row, n, out)| {
+            let text = &qkv[row * 3 * h..(row + n) * 3 * h];
+            let mut scores = vec![0f32; n * n];
+            if n <= FEW_ROWS {
+                // A short text: plain loops beat `gemm`'s packing and set-up at this size.
+                self.arch.dispatch(|| {
+                    for head in 0..self.heads {
+                        let at = |token: usize, part: usize| {
+                            &text[token * 3 * h + part * h + head * d..][..d]
+                        };
+                        for (i, row) in scores.chunks_exact_mut(n).enumerate() {
+                            let q = at(i, 0);
+                            for (j, score) in row.iter_mut().enumerate() {
+                                *score = scale * dot_short(q, at(j, 1));
+                            }
+                            softmax(row);
+                            let context = &mut out[i * h + head * d..][..d];
+                            context.fill(0.0);
+                            for (j, p) in row.iter().enumerate() {
+                                for (c, v) in context.iter_mut().zip(at(j, 2)) {
+                                    *c += p * v;
+                                }
+                            }
+                        }
+                    }
+                });
+                return;
+            }
+            for head in 0..self.heads {
+                let q = &text[head * d..];
+                let k = &text[h + head * d..];
+                let v = &text[2 * h + head * d..];
+                // scores (n×n) = scale · Q (n×d) · Kᵀ (d×n)
+                matmul(
+                    MatRef::new(q, n, d, 3 * h, 1),
+                    MatRef::new(k, d, n, 1, 3 * h),
+                    MatMut::new(&mut scores, n, n, n),
+                    None,
+                    scale,
+                    gemm::Parallelism::None,
+                );
+                self.arch.dispatch(|| {
+                    for row in scores.chunks_exact_mut(n) {
+                        softmax(row);
+                    }
+                });
+                // out[:, head] (n×d) = P (n×n) · V (n×d)
+                matmul(
+                    MatRef::new(&scores, n, n, n, 1),
+                    MatRef::new(v, n, d, 3 * h, 1),
+                    MatMut::new(&mut out[head * d..], n, d, h),
+                    None,
+                    1.0,
+                    gemm::Parallelism::None,
+                );
+            }
+        });
+    }
+
+    /// `x = layer_norm(projected + x)`, row by row.
+    fn add_and_norm(&self, projected: &[f32], norm: &Norm, x: &mut [f32]) {
+        let h = self.hidden;
+        let eps = self.eps;
+        x.par_chunks_mut(h * 64)
+            .zip(projected.par_chunks(h * 64))
+            .for_each(|(block, add)| {
+                self.arch.dispatch(|| {
+                    for (row, add) in block.chunks_exact_mut(h).zip(add.chunks_exact(h)) {
+                        for (r, a) in row.iter_mut().zip(add) {
+                            *r += a;
+                        }
+                        layer_norm(row, &norm.gain, &norm.bias, eps);
+                    }
+                })
+            });
+    }
+
+    fn gelu(&self, values: &mut [f32]) {
+        values.par_chunks_mut(16 * 1024).for_each(|block| {
+            self.arch.dispatch(|| {
+                for v in block.iter_mut() {
+                    *v = gelu(*v);
+                }
+            })
+        });
+    }
+}
+
+/// A tensor as a flat row-major `f32` vector.
+fn flat(tensor: &Tensor) -> candle_core::Result<Vec<f32>> {
+    tensor.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()
+}
+
+/// A 2-d table with `width` columns, flattened.
+fn tensor_rows(
+    tensors: &HashMap<String, Tensor>,
+    key: &str,
+    width: usize,
+) -> Result<Vec<f32>, String> {
+    let tensor = tensors.get(key).ok_or_else(|| format!("no tensor {key}"))?;
+    match tensor.dims() {
+        [rows, w] if *w == width && *rows > 0 => flat(tensor).map_err(|e| format!("{key}: {e}")),
+        other => Err(format!("{key} has shape {other:?}, expected (_, {width})")),
+    }
+}
+
+/// Up to this many token rows (a query, a few short texts), [`linear`] streams the weights
+/// once through its own kernel instead of calling `gemm`, which packs every weight matrix into
+/// freshly allocated panels first: 42 MB of copying per pass that only pays off over many rows.
+const FEW_ROWS: usize = 48;
+
+/// Lanes per accumulator in [`few_rows`]' dot products: two 512-bit or four 256-bit vectors,
+/// enough independent sums to keep the FMA units busy.
+const LANES: usize = 32;
+
+/// `out = input · weightᵀ + bias` for every row of `input`.
+fn linear(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32]) {
+    let rows = input.len() / layer.inputs;
+    if rows <= FEW_ROWS && layer.inputs.is_multiple_of(LANES) {
+        few_rows(arch, input, layer, out);
+        return;
+    }
+    // The bias is the destination's starting value; the product accumulates onto it.
+    for row in out.chunks_exact_mut(layer.outputs).take(rows) {
+        row.copy_from_slice(&layer.bias);
+    }
+    matmul(
+        MatRef::new(input, rows, layer.inputs, layer.inputs, 1),
+        // weight is (outputs, inputs) row-major, so its transpose is (inputs, outputs) with a
+        // row stride of 1 and a column stride of `inputs`.
+        MatRef::new(&layer.weight, layer.inputs, layer.outputs, 1, layer.inputs),
+        MatMut::new(out, rows, layer.outputs, layer.outputs),
+        Some(1.0),
+        1.0,
+        gemm::Parallelism::Rayon(0),
+    );
+}
+
+/// [`linear`] for a few rows: each weight row is read once (from memory or cache) and dotted
+/// with every input row, output columns split across threads.
+fn few_rows(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32]) {
+    let (k, n) = (layer.inputs, layer.outputs);
+    let rows = input.len() / k;
+    // Columns per task: enough work (about 100k multiply-adds) to outweigh scheduling.
+    let per_task = (100_000 / (rows * k)).clamp(16, n);
+    let columns: Vec<(usize, Vec<f32>)> = (0..n)
+        .step_by(per_task)
+        .collect::<Vec<_>>()
+        .into_par_iter()
+        .map(|first| {
+            let last = (first + per_task).min(n);
+            // Column-major within the task: `rows` values per output column.
+            let mut block = vec![0f32; (last - first) * rows];
+            arch.dispatch(FewRows {
+                input,
+                layer,
+                first,
+                block: &mut block,
+            });
+            (first, block)
+        })
+        .collect();
+    for (first, block) in columns {
+        let width = block.len() / rows;
+        for (offset, column) in block.chunks_exact(rows).enumerate() {
+            for (i, value) in column.iter().enumerate() {
+                out[i * n + first + offset] = *value;
+            }
+        }
+        debug_assert!(first + width <= n);
+    }
+}
+
+/// One task of [`few_rows`]: output columns `first..` into `block`, column-major. A
+/// `WithSimd` type rather than a closure: its `with_simd` is `inline(always)` into the
+/// function compiled for the detected instruction set, where a closure's body may stay a
+/// separate function compiled for the baseline.
+struct FewRows<'a> {
+    input: &'a [f32],
+    layer: &'a Linear,
+    first: usize,
+    block: &'a mut [f32],
+}
+
+impl pulp::WithSimd for FewRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let k = self.layer.inputs;
+        let rows = self.input.len() / k;
+        for (offset, column) in self.block.chunks_exact_mut(rows).enumerate() {
+            let j = self.first + offset;
+            let weight = &self.layer.weight[j * k..(j + 1) * k];
+            for (i, value) in column.iter_mut().enumerate() {
+                *value = dot(&self.input[i * k..(i + 1) * k], weight) + self.layer.bias[j];
+            }
+        }
+    }
+}
+
+/// A dot product in [`LANES`] independent sums, which the compiler keeps in vector registers.
+/// The length must be a multiple of [`LANES`].
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0f32; LANES];
+    for (a, b) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
+        let a: &[f32; LANES] = a.try_into().expect("a whole chunk");
+        let b: &[f32; LANES] = b.try_into().expect("a whole chunk");
+        for l in 0..LANES {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    acc.iter().sum()
+}
+
+/// A dot product of any length: [`dot`] where the length allows, else one running sum.
+#[inline(always)]
+fn dot_short(a: &[f32], b: &[f32]) -> f32 {
+    if a.len().is_multiple_of(LANES) {
+        dot(a, b)
+    } else {
+        a.iter().zip(b).map(|(x, y)| x * y).sum()
+    }
+}
+
+/// A read-only strided matrix view, checked to lie inside its slice.
+struct MatRef<'a> {
+    data: &'a [f32],
+    rows: usize,
+    cols: usize,
+    row_stride: usize,
+    col_stride: usize,
+}
+
+impl<'a> MatRef<'a> {
+    fn new(
+        data: &'a [f32],
+        rows: usize,
+        cols: usize,
+        row_stride: usize,
+        col_stride: usize,
+    ) -> Self {
+        assert!(rows > 0 && cols > 0);
+        let last = (rows - 1) * row_stride + (cols - 1) * col_stride;
+        assert!(last < data.len(), "matrix view past its slice");
+        MatRef {
+            data,
+            rows,
+            cols,
+            row_stride,
+            col_stride,
+        }
+    }
+}
+
+/// A writable row-major matrix view (columns contiguous), checked to lie inside its slice.
+struct MatMut<'a> {
+    data: &'a mut [f32],
+    rows: usize,
+    cols: usize,
+    row_stride: usize,
+}
+
+impl<'a> MatMut<'a> {
+    fn new(data: &'a mut [f32], rows: usize, cols: usize, row_stride: usize) -> Self {
+        assert!(rows > 0 && cols > 0 && cols <= row_stride);
+        assert!(
+            (rows - 1) * row_stride + cols <= data.len(),
+            "matrix view past its slice"
+        );
+        MatMut {
+            data,
+            rows,
+            cols,
+            row_stride,
+        }
+    }
+}
+
+/// `out = keep·out + scale·(a · b)` when `keep` is given, else `out = scale·(a · b)`.
+fn matmul(
+    a: MatRef<'_>,
+    b: MatRef<'_>,
+    out: MatMut<'_>,
+    keep: Option<f32>,
+    scale: f32,
+    parallelism: gemm::Parallelism,
+) {
+    assert_eq!(a.cols, b.rows, "inner dimensions differ");
+    assert_eq!((out.rows, out.cols), (a.rows, b.cols), "output shape");
+    // SAFETY: the three views were checked at construction to lie inside their slices for the
+    // strides given, the shapes agree (asserted above), `out` is borrowed mutably so it
+    // aliases neither input, and `gemm` reads and writes nothing outside those views.
+    unsafe {
+        gemm::gemm(
+            out.rows,
+            out.cols,
+            a.cols,
+            out.data.as_mut_ptr(),
+            1,
+            out.row_stride as isize,
+            keep.is_some(),
+            a.data.as_ptr(),
+            a.col_stride as isize,
+            a.row_stride as isize,
+            b.data.as_ptr(),
+            b.col_stride as isize,
+            b.row_stride as isize,
+            keep.unwrap_or(0.0),
+            scale,
+            false,
+            false,
+            false,
+            parallelism,
+        );
+    }
+}
+
+/// Layer norm of one row in place: two passes, mean then variance, as the reference does.
+#[inline(always)]
+fn layer_norm(row: &mut [f32], gain: &[f32], bias: &[f32], eps: f32) {
+    let n = row.len() as f32;
+    let mean = row.iter().sum::<f32>() / n;
+    let var = row.iter().map(|v| (v - mean) * (v - mean)).sum::<f32>() / n;
+    let inv = 1.0 / (var + eps).sqrt();
+    for ((v, g), b) in row.iter_mut().zip(gain).zip(bias) {
+        *v = (*v - mean) * inv * g + b;
+    }
+}
+
+/// Softmax of one row in place.
+#[inline(always)]
+fn softmax(row: &mut [f32]) {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0;
+    for v in row.iter_mut() {
+        *v = exp(*v - max);
+        sum += *v;
+    }
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// `eˣ` without a libm call, so that loops over it vectorise: `2ⁿ · eʳ` with `n` the nearest
+/// integer to `x / ln 2` and `eʳ` (|r| ≤ ln2/2) from its degree-7 Taylor polynomial, relative
+/// error under 2e-7. Inputs below -87 give 0 (or close to it); above 88, a large finite value.
+#[inline(always)]
+fn exp(x: f32) -> f32 {
+    const LOG2_E: f32 = std::f32::consts::LOG2_E;
+    // ln 2 split in two, so that n·ln2 subtracts exactly for the n that occur.
+    const LN2_HI: f32 = 0.693_145_75;
+    const LN2_LO: f32 = 1.428_606_8e-6;
+    // Adding and subtracting 1.5·2²³ rounds to the nearest integer with no rounding call.
+    const ROUND: f32 = 12_582_912.0;
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2_E + ROUND) - ROUND;
+    let r = x - n * LN2_HI - n * LN2_LO;
+    let p = 1.0
+        + r * (1.0
+            + r * (0.5
+                + r * (1.0 / 6.0
+                    + r * (1.0 / 24.0
+                        + r * (1.0 / 120.0 + r * (1.0 / 720.0 + r * (1.0 / 5040.0)))))));
+    let scale = f32::from_bits(((n as i32 + 127) as u32) << 23);
+    p * scale
+}
+
+/// GELU as BERT defines it, `x · Φ(x) = x/2 · (1 + erf(x/√2))`, with `erf` from Abramowitz
+/// and Stegun 7.1.26 (absolute error under 1.5e-7) over the vectorisable [`exp`].
+#[inline(always)]
+fn gelu(x: f32) -> f32 {
+    let z = x * std::f32::consts::FRAC_1_SQRT_2;
+    let a = z.abs();
+    let t = 1.0 / (1.0 + 0.327_591_1 * a);
+    let poly = t
+        * (0.254_829_6
+            + t * (-0.284_496_74 + t * (1.421_413_8 + t * (-1.453_152 + t * 1.061_405_4))));
+    let erf_abs = 1.0 - poly * exp(-a * a);
+    let erf = erf_abs.copysign(z);
+    0.5 * x * (1.0 + erf)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn erf_reference(x: f64) -> f64 {
+        // The Maclaurin series, summed in f64: for |x| ≤ 4.3 its largest term is under 1e8, so
+        // cancellation costs under 1e-8, well inside what the check allows.
+        assert!(x.abs() <= 4.3);
+        let mut sum = 0.0;
+        let mut term = x;
+        for n in 0..200 {
+            sum += term / (2 * n + 1) as f64;
+            term *= -x * x / (n + 1) as f64;
+        }
+        sum * 2.0 / std::f64::consts::PI.sqrt()
+    }
+
+    #[test]
+    fn exp_is_accurate_over_the_range_softmax_sees() {
+        let mut worst = 0f64;
+        for i in 0..=20_000 {
+            let x = -87.0 + 175.0 * i as f64 / 20_000.0;
+            let got = exp(x as f32) as f64;
+            // The reference at the f32 input, so that only exp's own error is measured.
+            let want = (x as f32 as f64).exp();
+            worst = worst.max(((got - want) / want).abs());
+        }
+        assert!(worst < 5e-7, "relative error {worst}");
+        assert_eq!(exp(-1000.0), exp(-87.0));
+        assert!(exp(f32::NEG_INFINITY) < 1e-37);
+        assert_eq!(exp(0.0), 1.0);
+    }
+
+    #[test]
+    fn gelu_matches_the_exact_definition() {
+        let mut worst = 0f64;
+        for i in 0..=20_000 {
+            let x = (-6.0 + 12.0 * i as f64 / 20_000.0) as f32 as f64;
+            let want = 0.5 * x * (1.0 + erf_reference(x / std::f64::consts::SQRT_2));
+            let got = gelu(x as f32) as f64;
+            worst = worst.max((got - want).abs());
+        }
+        assert!(worst < 1e-6, "absolute error {worst}");
+        // Past ±6, erfc(x/√2) < 2e-9: GELU is x or 0 to well within f32's precision.
+        for x in [6.5f32, 9.0, 12.0, 40.0] {
+            assert!((gelu(x) - x).abs() <= x * 1e-6, "{x}");
+            assert!(gelu(-x).abs() < 1e-6, "{}", -x);
+        }
+        assert_eq!(gelu(0.0), 0.0);
+    }
+
+    #[test]
+    fn softmax_sums_to_one_and_keeps_order() {
+        let mut row = vec![1.0, 3.0, -2.0, 3.0, 0.5, -1e9];
+        softmax(&mut row);
+        assert!((row.iter().sum::<f32>() - 1.0).abs() < 1e-6);
+        assert!(row[1] > row[0] && row[0] > row[4] && row[4] > row[2]);
+        assert_eq!(row[1], row[3]);
+        assert!(row[5] < 1e-30);
+    }
+
+    #[test]
+    fn matmul_with_strides_and_accumulation() {
+        // a (2×3) row-major, b (3×2) given as the transpose of a (2×3) row-major weight.
+        let a = [1.0, 2.0, 3.0, 4.0, 5.0, 6.0];
+        let w = [1.0, 0.0, 1.0, 0.0, 1.0, 0.0];
+        let mut out = [10.0, 20.0, 30.0, 40.0];
+        matmul(
+            MatRef::new(&a, 2, 3, 3, 1),
+            MatRef::new(&w, 3, 2, 1, 3),
+            MatMut::new(&mut out, 2, 2, 2),
+            Some(1.0),
+            2.0,
+            gemm::Parallelism::None,
+        );
+        assert_eq!(out, [10.0 + 8.0, 20.0 + 4.0, 30.0 + 20.0, 40.0 + 10.0]);
+    }
+
+    #[test]
+    #[should_panic(expected = "past its slice")]
+    fn a_view_past_its_slice_is_refused() {
+        let a = [0.0; 5];
+        let _ = MatRef::new(&a, 2, 3, 3, 1);
+    }
+}
