@@ -31,6 +31,9 @@ pub mod working;
 
 use std::sync::Arc;
 
+/// How many times a handshake the server refused is tried: see [`Bus::connect`].
+const UNAUTHORIZED_ATTEMPTS: u32 = 3;
+
 use async_nats::jetstream;
 use engram_schema::Codec;
 use engram_telemetry::metrics;
@@ -85,75 +88,111 @@ impl Bus {
         // Logs and errors show where, never with which credentials.
         let server = config::redact_url(&url);
         let server_shown = server.clone();
-        let options = match (&config.nkey, config::url_credentials(&url)) {
-            (Some(nkey), _) => async_nats::ConnectOptions::with_nkey(nkey.seed.clone())
-                .custom_inbox_prefix(&nkey.inbox_prefix),
-            (None, Some(config::UrlCredentials::UserPassword { user, password })) => {
-                async_nats::ConnectOptions::with_user_and_password(user, password)
-            }
-            (None, Some(config::UrlCredentials::Token(token))) => {
-                async_nats::ConnectOptions::with_token(token)
-            }
-            (None, None) => async_nats::ConnectOptions::new(),
-        };
-        let client = options
-            .name(&config.client_name)
-            .connection_timeout(config.connect_timeout)
-            .ping_interval(config.ping_interval)
-            // Appends wait for their ack; the client keeps reconnecting forever in the
-            // background so that a restarted server is picked up without user action.
-            .max_reconnects(None)
-            .event_callback(move |event| {
-                let was_connected = was_connected.clone();
-                let server = server.clone();
-                let refused = refused_tx.clone();
-                let reconnected = reconnected_cb.clone();
-                async move {
-                    match event {
-                        async_nats::Event::ServerError(async_nats::ServerError::Other(e))
-                            if refused_subject(&e).is_some() =>
-                        {
-                            tracing::warn!(error = %e, "the server refused a publish: these credentials do not allow it");
-                            let _ = refused.send(refused_subject(&e).unwrap_or_default());
-                        }
-                        async_nats::Event::Connected => {
-                            metrics::NATS_CONNECTED.set(1);
-                            if was_connected.swap(true, std::sync::atomic::Ordering::Relaxed) {
-                                tracing::info!(url = %server, "nats connection restored");
-                                reconnected.send_modify(|n| *n += 1);
-                            } else {
-                                tracing::debug!("nats connection up");
+        let addrs = config::server_addrs(&url).map_err(|reason| BusError::Connect {
+            url: server_shown.clone(),
+            reason,
+        })?;
+        let options = || {
+            let was_connected = was_connected.clone();
+            let server = server.clone();
+            let refused_tx = refused_tx.clone();
+            let reconnected_cb = reconnected_cb.clone();
+            let options = match (&config.nkey, config::url_credentials(&url)) {
+                (Some(nkey), _) => async_nats::ConnectOptions::with_nkey(nkey.seed.clone())
+                    .custom_inbox_prefix(&nkey.inbox_prefix),
+                (None, Some(config::UrlCredentials::UserPassword { user, password })) => {
+                    async_nats::ConnectOptions::with_user_and_password(user, password)
+                }
+                (None, Some(config::UrlCredentials::Token(token))) => {
+                    async_nats::ConnectOptions::with_token(token)
+                }
+                (None, None) => async_nats::ConnectOptions::new(),
+            };
+            options
+                .name(&config.client_name)
+                .connection_timeout(config.connect_timeout)
+                .ping_interval(config.ping_interval)
+                // Appends wait for their ack; the client keeps reconnecting forever in the
+                // background so that a restarted server is picked up without user action.
+                .max_reconnects(None)
+                .event_callback(move |event| {
+                    let was_connected = was_connected.clone();
+                    let server = server.clone();
+                    let refused = refused_tx.clone();
+                    let reconnected = reconnected_cb.clone();
+                    async move {
+                        match event {
+                            async_nats::Event::ServerError(async_nats::ServerError::Other(e))
+                                if refused_subject(&e).is_some() =>
+                            {
+                                tracing::warn!(error = %e, "the server refused a publish: these credentials do not allow it");
+                                let _ = refused.send(refused_subject(&e).unwrap_or_default());
                             }
+                            async_nats::Event::Connected => {
+                                metrics::NATS_CONNECTED.set(1);
+                                if was_connected.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                                    tracing::info!(url = %server, "nats connection restored");
+                                    reconnected.send_modify(|n| *n += 1);
+                                } else {
+                                    tracing::debug!("nats connection up");
+                                }
+                            }
+                            async_nats::Event::Disconnected => {
+                                metrics::NATS_CONNECTED.set(0);
+                                tracing::warn!(url = %server, "nats connection lost, reconnecting");
+                            }
+                            other => tracing::debug!(event = %other, "nats client event"),
                         }
-                        async_nats::Event::Disconnected => {
-                            metrics::NATS_CONNECTED.set(0);
-                            tracing::warn!(url = %server, "nats connection lost, reconnecting");
+                    }
+                })
+        };
+        let mut attempt = 0;
+        let client = loop {
+            attempt += 1;
+            let handshake = options().connect(addrs.clone());
+            // The client logs each refused handshake as an error: only the last one is
+            // worth a line, the ones tried again are counted and logged below.
+            let handshake = if attempt < UNAUTHORIZED_ATTEMPTS {
+                tracing::instrument::WithSubscriber::with_subscriber(
+                    handshake,
+                    tracing::subscriber::NoSubscriber::default(),
+                )
+                .await
+            } else {
+                handshake.await
+            };
+            let error = match handshake {
+                Ok(client) => break client,
+                Err(source) => {
+                    let reason = source.to_string();
+                    if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation
+                        || reason.to_ascii_lowercase().contains("authorization")
+                    {
+                        BusError::Unauthorized {
+                            url: server_shown.clone(),
+                            reason,
                         }
-                        other => tracing::debug!(event = %other, "nats client event"),
+                    } else {
+                        BusError::Connect {
+                            url: server_shown.clone(),
+                            reason,
+                        }
                     }
                 }
-            })
-            .connect(config::server_addrs(&url).map_err(|reason| BusError::Connect {
-                url: server_shown.clone(),
-                reason,
-            })?)
-            .await
-            .map_err(|source| {
-                let reason = source.to_string();
-                if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation
-                    || reason.to_ascii_lowercase().contains("authorization")
-                {
-                    BusError::Unauthorized {
-                        url: server_shown.clone(),
-                        reason,
-                    }
-                } else {
-                    BusError::Connect {
-                        url: server_shown.clone(),
-                        reason,
-                    }
-                }
-            })?;
+            };
+            // A config reload re-checks every connection the server holds, and one whose
+            // CONNECT it has not read yet has no credentials to check: the server refuses it
+            // as an authorization violation even though its key is listed before and after
+            // (nats-server's `reloadAuthorization`). Engram reloads whenever a key is added or
+            // revoked, so a refused handshake is tried again, a bounded number of times: a
+            // key that really is refused still fails, well under a second later.
+            if !matches!(error, BusError::Unauthorized { .. }) || attempt >= UNAUTHORIZED_ATTEMPTS {
+                return Err(error);
+            }
+            metrics::NATS_CONNECT_REFUSED_RETRIES.inc();
+            tracing::debug!(attempt, error = %error, "nats refused the handshake; trying again in case a config reload raced it");
+            tokio::time::sleep(std::time::Duration::from_millis(100 * attempt as u64)).await;
+        };
         metrics::NATS_CONNECTED.set(1);
         let mut bus = Self::from_client(client, config);
         bus.refused = refused;

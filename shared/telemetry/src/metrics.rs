@@ -113,6 +113,18 @@ pub static NATS_CONNECTED: LazyLock<IntGauge> = LazyLock::new(|| {
     register(IntGauge::new("engram_nats_connected", "1 if the nats connection is up").unwrap())
 });
 
+/// Handshakes the server refused and that were tried again, in case a config reload raced
+/// them (see `engram_bus::Bus::connect`); a steady rise means a key really is refused.
+pub static NATS_CONNECT_REFUSED_RETRIES: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "engram_nats_connect_refused_retries_total",
+            "nats handshakes refused as unauthorized and tried again",
+        )
+        .unwrap(),
+    )
+});
+
 /// Projector consumers reopened because deliveries never arrived (a consumer leader of a
 /// cluster died with them in flight): each is a loss avoided, and a sign of leader churn.
 pub static CONSUMER_GAPS: LazyLock<IntCounter> = LazyLock::new(|| {
@@ -744,6 +756,7 @@ pub fn touch_all(layers: &[&str]) {
     LazyLock::force(&NATS_CONNECTED);
     LazyLock::force(&ACCESS_EXPIRY_RENDERS);
     LazyLock::force(&CONSUMER_GAPS);
+    LazyLock::force(&NATS_CONNECT_REFUSED_RETRIES);
     LazyLock::force(&STREAM_MESSAGES);
     LazyLock::force(&STREAM_BYTES);
     LazyLock::force(&STREAM_LAST_SEQ);
