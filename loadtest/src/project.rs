@@ -450,7 +450,7 @@ async fn embedder_part(
     drop(model);
 
     let projector_config = ProjectorsConfig {
-        embedder: EmbedderConfig::MiniLm,
+        embedder: EmbedderConfig::default(),
         ..ProjectorsConfig::default()
     };
     let cache_config = |dir: &Path| CacheConfig {

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use serde::{Deserialize, Serialize};
 
-use crate::{ClientSupplied, EmbedError, Embedder, MiniLm, OpenAiConfig, OpenAiEmbedder};
+use crate::{
+    ClientSupplied, EmbedError, Embedder, MiniLm, OpenAiConfig, OpenAiEmbedder, Precision,
+};
 
 /// Texts per request to an OpenAI-compatible server; OpenAI accepts up to 2048, local servers
 /// often far fewer, and 64 keeps each request small enough to time out cleanly.
@@ -20,13 +22,19 @@ const OPENAI_BATCH: usize = 64;
 /// api_key_env = "EMBEDDINGS_API_KEY"
 /// dim = 384
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
 pub enum EmbedderConfig {
     /// all-MiniLM-L6-v2 in-process (`kind = "minilm"`).
-    #[default]
     #[serde(rename = "minilm")]
-    MiniLm,
+    MiniLm {
+        /// The dense products' arithmetic: `"auto"` (bf16 where the CPU has AVX-512 BF16,
+        /// else f32), `"f32"` (the reference, on every CPU) or `"bf16"` (refused on a CPU
+        /// without it). Vectors of either stay within a cosine of 0.999 of each other, so an
+        /// index built with one is searched with the other.
+        #[serde(default, skip_serializing_if = "is_auto")]
+        precision: Precision,
+    },
     /// An OpenAI-compatible `/v1/embeddings` server (`kind = "openai"`).
     #[serde(rename = "openai")]
     OpenAi {
@@ -42,12 +50,27 @@ pub enum EmbedderConfig {
     ClientSupplied { model: String, dim: usize },
 }
 
+impl Default for EmbedderConfig {
+    fn default() -> Self {
+        EmbedderConfig::MiniLm {
+            precision: Precision::Auto,
+        }
+    }
+}
+
+fn is_auto(precision: &Precision) -> bool {
+    *precision == Precision::Auto
+}
+
 /// Builds the configured embedder. Loading MiniLM (and fetching it on first use) runs on a
 /// blocking thread.
 pub async fn build(config: &EmbedderConfig) -> Result<Arc<dyn Embedder>, EmbedError> {
     match config {
-        EmbedderConfig::MiniLm => {
-            let model = tokio::task::spawn_blocking(MiniLm::load_default).await??;
+        EmbedderConfig::MiniLm { precision } => {
+            let precision = *precision;
+            let model =
+                tokio::task::spawn_blocking(move || MiniLm::load_default_in(precision)).await??;
+            tracing::info!(precision = model.precision().as_str(), "minilm loaded");
             Ok(Arc::new(model))
         }
         EmbedderConfig::OpenAi {
@@ -90,7 +113,13 @@ mod tests {
     #[test]
     fn kinds_round_trip_through_json() {
         let configs = [
-            (EmbedderConfig::MiniLm, r#"{"kind":"minilm"}"#),
+            (EmbedderConfig::default(), r#"{"kind":"minilm"}"#),
+            (
+                EmbedderConfig::MiniLm {
+                    precision: Precision::F32,
+                },
+                r#"{"kind":"minilm","precision":"f32"}"#,
+            ),
             (
                 EmbedderConfig::OpenAi {
                     url: "http://h:1".into(),
@@ -115,7 +144,16 @@ mod tests {
                 config
             );
         }
-        assert_eq!(EmbedderConfig::default(), EmbedderConfig::MiniLm);
+        assert_eq!(
+            EmbedderConfig::default(),
+            EmbedderConfig::MiniLm {
+                precision: Precision::Auto
+            }
+        );
+        assert!(
+            serde_json::from_str::<EmbedderConfig>(r#"{"kind":"minilm","precision":"f16"}"#)
+                .is_err()
+        );
         let no_key: EmbedderConfig =
             serde_json::from_str(r#"{"kind":"openai","url":"http://h","model":"m","dim":3}"#)
                 .unwrap();

@@ -23,6 +23,8 @@ use std::collections::HashMap;
 use candle_core::{DType, Device, Tensor};
 use rayon::prelude::*;
 
+use crate::kernel::{self, Precision, Weights};
+
 /// An encoder's weights as plain row-major `f32`, ready for the pass.
 pub(crate) struct Encoder {
     hidden: usize,
@@ -37,6 +39,8 @@ pub(crate) struct Encoder {
     embed_norm: Norm,
     layers: Vec<Layer>,
     arch: pulp::Arch,
+    /// [`Precision::F32`] or [`Precision::Bf16`], as resolved for this CPU at load.
+    precision: Precision,
 }
 
 struct Layer {
@@ -49,9 +53,9 @@ struct Layer {
     output_norm: Norm,
 }
 
-/// A linear layer: `weight` is (outputs, inputs), row-major, as stored.
+/// A linear layer, its weights in the layout its kernel reads ([`Weights`]).
 struct Linear {
-    weight: Vec<f32>,
+    weights: Weights,
     bias: Vec<f32>,
     inputs: usize,
     outputs: usize,
@@ -79,6 +83,8 @@ pub(crate) struct Scratch {
     context: Vec<f32>,
     projected: Vec<f32>,
     inner: Vec<f32>,
+    /// A linear layer's input rounded to bf16 pairs (the bf16 kernel's operand).
+    pairs: Vec<u32>,
 }
 
 impl Scratch {
@@ -99,7 +105,13 @@ impl Scratch {
 impl Encoder {
     /// Reads the weights out of a safetensors buffer in the Hugging Face BERT layout, with or
     /// without a `bert.` prefix.
-    pub(crate) fn load(safetensors: &[u8], dims: &Dims) -> Result<Self, String> {
+    /// The dense products run in `precision`, which must be resolved for this CPU.
+    pub(crate) fn load(
+        safetensors: &[u8],
+        dims: &Dims,
+        precision: Precision,
+    ) -> Result<Self, String> {
+        assert_ne!(precision, Precision::Auto, "resolve the precision first");
         let tensors = candle_core::safetensors::load_buffer(safetensors, &Device::Cpu)
             .map_err(|e| e.to_string())?;
         let prefix = if tensors.contains_key("bert.embeddings.word_embeddings.weight") {
@@ -127,13 +139,21 @@ impl Encoder {
                 dims.heads
             ));
         }
-        let linear = |name: &str, inputs: usize, outputs: usize| -> Result<Linear, String> {
-            Ok(Linear {
-                weight: get(&format!("{name}.weight"), &[outputs, inputs])?,
-                bias: get(&format!("{name}.bias"), &[outputs])?,
+        let linear =
+            |name: &str, inputs: usize, outputs: usize| -> Result<(Vec<f32>, Vec<f32>), String> {
+                Ok((
+                    get(&format!("{name}.weight"), &[outputs, inputs])?,
+                    get(&format!("{name}.bias"), &[outputs])?,
+                ))
+            };
+        let packed = |(weight, bias): (Vec<f32>, Vec<f32>), inputs: usize| {
+            let outputs = bias.len();
+            Linear {
+                weights: Weights::pack(&weight, inputs, outputs, precision),
+                bias,
                 inputs,
                 outputs,
-            })
+            }
         };
         let norm = |name: &str| -> Result<Norm, String> {
             Ok(Norm {
@@ -164,18 +184,13 @@ impl Encoder {
                 linear(&at("attention.self.key"), h, h)?,
                 linear(&at("attention.self.value"), h, h)?,
             );
-            let qkv = Linear {
-                weight: [q.weight, k.weight, v.weight].concat(),
-                bias: [q.bias, k.bias, v.bias].concat(),
-                inputs: h,
-                outputs: 3 * h,
-            };
+            let qkv = packed(([q.0, k.0, v.0].concat(), [q.1, k.1, v.1].concat()), h);
             layers.push(Layer {
                 qkv,
-                attention_out: linear(&at("attention.output.dense"), h, h)?,
+                attention_out: packed(linear(&at("attention.output.dense"), h, h)?, h),
                 attention_norm: norm(&at("attention.output.LayerNorm"))?,
-                up: linear(&at("intermediate.dense"), h, f)?,
-                down: linear(&at("output.dense"), f, h)?,
+                up: packed(linear(&at("intermediate.dense"), h, f)?, h),
+                down: packed(linear(&at("output.dense"), f, h)?, f),
                 output_norm: norm(&at("output.LayerNorm"))?,
             });
         }
@@ -191,12 +206,18 @@ impl Encoder {
             embed_norm: norm("embeddings.LayerNorm")?,
             layers,
             arch: pulp::Arch::new(),
+            precision,
         })
     }
 
     /// Token ids past this position have no position embedding.
     pub(crate) fn max_positions(&self) -> usize {
         self.max_positions
+    }
+
+    /// The dense products' arithmetic, as resolved at load.
+    pub(crate) fn precision(&self) -> Precision {
+        self.precision
     }
 
     /// Words in the vocabulary; larger ids are refused.
@@ -220,6 +241,7 @@ impl Encoder {
             context,
             projected,
             inner,
+            pairs,
         } = scratch;
         let x = &mut x[..tokens * h];
         let qkv = &mut qkv[..tokens * 3 * h];
@@ -229,13 +251,13 @@ impl Encoder {
 
         self.embed(texts, x);
         for layer in &self.layers {
-            linear(self.arch, x, &layer.qkv, qkv);
+            linear(self.arch, x, &layer.qkv, qkv, pairs);
             self.attention(qkv, &lens, context);
-            linear(self.arch, context, &layer.attention_out, projected);
+            linear(self.arch, context, &layer.attention_out, projected, pairs);
             self.add_and_norm(projected, &layer.attention_norm, x);
-            linear(self.arch, x, &layer.up, inner);
+            linear(self.arch, x, &layer.up, inner, pairs);
             self.gelu(inner);
-            linear(self.arch, inner, &layer.down, projected);
+            linear(self.arch, inner, &layer.down, projected, pairs);
             self.add_and_norm(projected, &layer.output_norm, x);
         }
 
@@ -273,10 +295,11 @@ impl Encoder {
         let norm = &self.embed_norm;
         let eps = self.eps;
         x.par_chunks_mut(h * 64).for_each(|block| {
-            self.arch.dispatch(|| {
-                for row in block.chunks_exact_mut(h) {
-                    layer_norm(row, &norm.gain, &norm.bias, eps);
-                }
+            self.arch.dispatch(NormRows {
+                rows: block,
+                add: None,
+                norm,
+                eps,
             })
         });
     }
@@ -302,26 +325,14 @@ impl Encoder {
             let mut scores = vec![0f32; n * n];
             if n <= FEW_ROWS {
                 // A short text: plain loops beat `gemm`'s packing and set-up at this size.
-                self.arch.dispatch(|| {
-                    for head in 0..self.heads {
-                        let at = |token: usize, part: usize| {
-                            &text[token * 3 * h + part * h + head * d..][..d]
-                        };
-                        for (i, row) in scores.chunks_exact_mut(n).enumerate() {
-                            let q = at(i, 0);
-                            for (j, score) in row.iter_mut().enumerate() {
-                                *score = scale * dot_short(q, at(j, 1));
-                            }
-                            softmax(row);
-                            let context = &mut out[i * h + head * d..][..d];
-                            context.fill(0.0);
-                            for (j, p) in row.iter().enumerate() {
-                                for (c, v) in context.iter_mut().zip(at(j, 2)) {
-                                    *c += p * v;
-                                }
-                            }
-                        }
-                    }
+                self.arch.dispatch(ShortAttention {
+                    text,
+                    n,
+                    hidden: h,
+                    heads: self.heads,
+                    scale,
+                    scores: &mut scores,
+                    out,
                 });
                 return;
             }
@@ -338,10 +349,9 @@ impl Encoder {
                     scale,
                     gemm::Parallelism::None,
                 );
-                self.arch.dispatch(|| {
-                    for row in scores.chunks_exact_mut(n) {
-                        softmax(row);
-                    }
+                self.arch.dispatch(SoftmaxRows {
+                    scores: &mut scores,
+                    n,
                 });
                 // out[:, head] (n×d) = P (n×n) · V (n×d)
                 matmul(
@@ -363,25 +373,123 @@ impl Encoder {
         x.par_chunks_mut(h * 64)
             .zip(projected.par_chunks(h * 64))
             .for_each(|(block, add)| {
-                self.arch.dispatch(|| {
-                    for (row, add) in block.chunks_exact_mut(h).zip(add.chunks_exact(h)) {
-                        for (r, a) in row.iter_mut().zip(add) {
-                            *r += a;
-                        }
-                        layer_norm(row, &norm.gain, &norm.bias, eps);
-                    }
+                self.arch.dispatch(NormRows {
+                    rows: block,
+                    add: Some(add),
+                    norm,
+                    eps,
                 })
             });
     }
 
     fn gelu(&self, values: &mut [f32]) {
-        values.par_chunks_mut(16 * 1024).for_each(|block| {
-            self.arch.dispatch(|| {
-                for v in block.iter_mut() {
-                    *v = gelu(*v);
+        values
+            .par_chunks_mut(16 * 1024)
+            .for_each(|block| self.arch.dispatch(Gelu(block)));
+    }
+}
+
+// The element-wise steps below are `WithSimd` types rather than closures passed to
+// `Arch::dispatch`: a `with_simd` marked `inline(always)` is compiled into the function built
+// for the detected instruction set, where a closure's body stays a separate function compiled
+// for the baseline (SSE2): the closures had left softmax, attention's short loops, GELU and
+// layer norm scalar, a third of a query's time.
+
+/// `rows = layer_norm(rows + add)`, row by row (without `add`: a plain layer norm).
+struct NormRows<'a> {
+    rows: &'a mut [f32],
+    add: Option<&'a [f32]>,
+    norm: &'a Norm,
+    eps: f32,
+}
+
+impl pulp::WithSimd for NormRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let h = self.norm.gain.len();
+        if let Some(add) = self.add {
+            for (row, add) in self.rows.chunks_exact_mut(h).zip(add.chunks_exact(h)) {
+                for (r, a) in row.iter_mut().zip(add) {
+                    *r += a;
                 }
-            })
-        });
+            }
+        }
+        for row in self.rows.chunks_exact_mut(h) {
+            layer_norm(row, &self.norm.gain, &self.norm.bias, self.eps);
+        }
+    }
+}
+
+/// GELU of every value.
+struct Gelu<'a>(&'a mut [f32]);
+
+impl pulp::WithSimd for Gelu<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        for v in self.0.iter_mut() {
+            *v = gelu(*v);
+        }
+    }
+}
+
+/// Softmax of each row of `n` scores.
+struct SoftmaxRows<'a> {
+    scores: &'a mut [f32],
+    n: usize,
+}
+
+impl pulp::WithSimd for SoftmaxRows<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        for row in self.scores.chunks_exact_mut(self.n) {
+            softmax(row);
+        }
+    }
+}
+
+/// Self-attention of one short text (`n` tokens of Q, K and V side by side in `text`), every
+/// head, in plain loops: `out` gets the heads' weighted values side by side.
+struct ShortAttention<'a> {
+    text: &'a [f32],
+    n: usize,
+    hidden: usize,
+    heads: usize,
+    scale: f32,
+    scores: &'a mut [f32],
+    out: &'a mut [f32],
+}
+
+impl pulp::WithSimd for ShortAttention<'_> {
+    type Output = ();
+
+    #[inline(always)]
+    fn with_simd<S: pulp::Simd>(self, _simd: S) {
+        let (n, h) = (self.n, self.hidden);
+        let d = h / self.heads;
+        let text = self.text;
+        for head in 0..self.heads {
+            let at = |token: usize, part: usize| &text[token * 3 * h + part * h + head * d..][..d];
+            for (i, row) in self.scores.chunks_exact_mut(n).enumerate() {
+                let q = at(i, 0);
+                for (j, score) in row.iter_mut().enumerate() {
+                    *score = self.scale * dot_short(q, at(j, 1));
+                }
+                softmax(row);
+                let context = &mut self.out[i * h + head * d..][..d];
+                context.fill(0.0);
+                for (j, p) in row.iter().enumerate() {
+                    for (c, v) in context.iter_mut().zip(at(j, 2)) {
+                        *c += p * v;
+                    }
+                }
+            }
+        }
     }
 }
 
@@ -403,97 +511,40 @@ fn tensor_rows(
     }
 }
 
-/// Up to this many token rows (a query, a few short texts), [`linear`] streams the weights
-/// once through its own kernel instead of calling `gemm`, which packs every weight matrix into
-/// freshly allocated panels first: 42 MB of copying per pass that only pays off over many rows.
+/// Up to this many token rows (a query, a few short texts), the f32 [`linear`] runs
+/// [`kernel::few_rows_f32`], which reads each weight once, instead of `gemm`, which packs
+/// every weight matrix into freshly allocated panels first: 42 MB of copying per pass that
+/// only pays off over many rows. Short texts' attention runs plain loops for the same reason.
 const FEW_ROWS: usize = 48;
 
-/// Lanes per accumulator in [`few_rows`]' dot products: two 512-bit or four 256-bit vectors,
-/// enough independent sums to keep the FMA units busy.
+/// Lanes per accumulator in [`dot`]: two 512-bit or four 256-bit vectors, enough
+/// independent sums to keep the FMA units busy.
 const LANES: usize = 32;
 
-/// `out = input · weightᵀ + bias` for every row of `input`.
-fn linear(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32]) {
+/// `out = input · weightᵀ + bias` for every row of `input`, by the layer's kernel.
+fn linear(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32], pairs: &mut Vec<u32>) {
     let rows = input.len() / layer.inputs;
-    if rows <= FEW_ROWS && layer.inputs.is_multiple_of(LANES) {
-        few_rows(arch, input, layer, out);
-        return;
-    }
-    // The bias is the destination's starting value; the product accumulates onto it.
-    for row in out.chunks_exact_mut(layer.outputs).take(rows) {
-        row.copy_from_slice(&layer.bias);
-    }
-    matmul(
-        MatRef::new(input, rows, layer.inputs, layer.inputs, 1),
-        // weight is (outputs, inputs) row-major, so its transpose is (inputs, outputs) with a
-        // row stride of 1 and a column stride of `inputs`.
-        MatRef::new(&layer.weight, layer.inputs, layer.outputs, 1, layer.inputs),
-        MatMut::new(out, rows, layer.outputs, layer.outputs),
-        Some(1.0),
-        1.0,
-        gemm::Parallelism::Rayon(0),
-    );
-}
-
-/// [`linear`] for a few rows: each weight row is read once (from memory or cache) and dotted
-/// with every input row, output columns split across threads.
-fn few_rows(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32]) {
-    let (k, n) = (layer.inputs, layer.outputs);
-    let rows = input.len() / k;
-    // Columns per task: enough work (about 100k multiply-adds) to outweigh scheduling.
-    let per_task = (100_000 / (rows * k)).clamp(16, n);
-    let columns: Vec<(usize, Vec<f32>)> = (0..n)
-        .step_by(per_task)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|first| {
-            let last = (first + per_task).min(n);
-            // Column-major within the task: `rows` values per output column.
-            let mut block = vec![0f32; (last - first) * rows];
-            arch.dispatch(FewRows {
-                input,
-                layer,
-                first,
-                block: &mut block,
-            });
-            (first, block)
-        })
-        .collect();
-    for (first, block) in columns {
-        let width = block.len() / rows;
-        for (offset, column) in block.chunks_exact(rows).enumerate() {
-            for (i, value) in column.iter().enumerate() {
-                out[i * n + first + offset] = *value;
-            }
+    let out = &mut out[..rows * layer.outputs];
+    match &layer.weights {
+        Weights::Bf16(packed) => {
+            kernel::linear_bf16(input, layer.inputs, packed, &layer.bias, out, pairs);
         }
-        debug_assert!(first + width <= n);
-    }
-}
-
-/// One task of [`few_rows`]: output columns `first..` into `block`, column-major. A
-/// `WithSimd` type rather than a closure: its `with_simd` is `inline(always)` into the
-/// function compiled for the detected instruction set, where a closure's body may stay a
-/// separate function compiled for the baseline.
-struct FewRows<'a> {
-    input: &'a [f32],
-    layer: &'a Linear,
-    first: usize,
-    block: &'a mut [f32],
-}
-
-impl pulp::WithSimd for FewRows<'_> {
-    type Output = ();
-
-    #[inline(always)]
-    fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        let k = self.layer.inputs;
-        let rows = self.input.len() / k;
-        for (offset, column) in self.block.chunks_exact_mut(rows).enumerate() {
-            let j = self.first + offset;
-            let weight = &self.layer.weight[j * k..(j + 1) * k];
-            for (i, value) in column.iter_mut().enumerate() {
-                *value = dot(&self.input[i * k..(i + 1) * k], weight) + self.layer.bias[j];
+        Weights::F32(transposed) if rows <= FEW_ROWS => {
+            kernel::few_rows_f32(arch, input, layer.inputs, transposed, &layer.bias, out);
+        }
+        Weights::F32(transposed) => {
+            // The bias is the destination's starting value; the product accumulates onto it.
+            for row in out.chunks_exact_mut(layer.outputs) {
+                row.copy_from_slice(&layer.bias);
             }
+            matmul(
+                MatRef::new(input, rows, layer.inputs, layer.inputs, 1),
+                MatRef::new(transposed, layer.inputs, layer.outputs, layer.outputs, 1),
+                MatMut::new(out, rows, layer.outputs, layer.outputs),
+                Some(1.0),
+                1.0,
+                gemm::Parallelism::Rayon(0),
+            );
         }
     }
 }
@@ -632,12 +683,12 @@ fn layer_norm(row: &mut [f32], gain: &[f32], bias: &[f32], eps: f32) {
 #[inline(always)]
 fn softmax(row: &mut [f32]) {
     let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let mut sum = 0.0;
+    // Two loops: the exponentials vectorise only without the running sum beside them (a
+    // float sum cannot be reordered into lanes).
     for v in row.iter_mut() {
         *v = exp(*v - max);
-        sum += *v;
     }
-    let inv = 1.0 / sum;
+    let inv = 1.0 / row.iter().sum::<f32>();
     row.iter_mut().for_each(|v| *v *= inv);
 }
 

@@ -27,6 +27,7 @@ pub mod config;
 mod encoder;
 pub mod error;
 pub mod health;
+pub mod kernel;
 pub mod minilm;
 pub mod openai;
 pub mod roofline;
@@ -35,6 +36,7 @@ pub use cache::{CacheConfig, CacheStats, CachedEmbedder};
 pub use client_supplied::ClientSupplied;
 pub use config::{EmbedderConfig, build};
 pub use error::EmbedError;
+pub use kernel::Precision;
 pub use minilm::{MINILM_DIM, MINILM_MAX_TOKENS, MINILM_MODEL_ID, MiniLm, TokenCounter};
 pub use openai::{OpenAiConfig, OpenAiEmbedder};
 

@@ -10,7 +10,7 @@ use std::sync::{Arc, Mutex};
 use tokenizers::{Tokenizer, TruncationParams};
 
 use crate::encoder::{Dims, Encoder, Scratch};
-use crate::{EmbedError, Embedder, l2_normalize};
+use crate::{EmbedError, Embedder, Precision, l2_normalize};
 
 /// The vector space MiniLM's vectors live in; vectors with another id are not comparable.
 pub const MINILM_MODEL_ID: &str = "sentence-transformers/all-MiniLM-L6-v2";
@@ -102,9 +102,21 @@ impl MiniLm {
         Self::load(&default_model_dir()?)
     }
 
+    /// [`MiniLm::load_default`] with the dense products in `precision`.
+    pub fn load_default_in(precision: Precision) -> Result<Self, EmbedError> {
+        Self::load_in(&default_model_dir()?, precision)
+    }
+
     /// Loads the model from a directory holding `config.json`, `model.safetensors` and
-    /// `tokenizer.json`. Blocking.
+    /// `tokenizer.json`, in the best precision this CPU has ([`Precision::Auto`]). Blocking.
     pub fn load(dir: &Path) -> Result<Self, EmbedError> {
+        Self::load_in(dir, Precision::Auto)
+    }
+
+    /// [`MiniLm::load`] with the dense products in `precision`; bf16 on a CPU without it is
+    /// refused.
+    pub fn load_in(dir: &Path, precision: Precision) -> Result<Self, EmbedError> {
+        let precision = precision.resolve().map_err(EmbedError::Config)?;
         let load_error = |message: String| EmbedError::ModelLoad {
             path: dir.display().to_string(),
             message,
@@ -139,6 +151,7 @@ impl MiniLm {
                 layers: config.num_hidden_layers,
                 eps: config.layer_norm_eps,
             },
+            precision,
         )
         .map_err(|e| load_error(format!("model.safetensors: {e}")))?;
         if encoder.max_positions() < MINILM_MAX_TOKENS {
@@ -219,6 +232,12 @@ impl MiniLm {
             start = end;
         }
         Ok(out)
+    }
+
+    /// The arithmetic of the dense products on this CPU: [`Precision::F32`] or
+    /// [`Precision::Bf16`].
+    pub fn precision(&self) -> Precision {
+        self.model.encoder.precision()
     }
 
     /// Texts per forward pass, at most.
@@ -444,6 +463,13 @@ mod tests {
         MODEL.get_or_init(|| MiniLm::load_default().expect("load all-MiniLM-L6-v2"))
     }
 
+    /// The reference arithmetic, whatever the CPU.
+    fn model_f32() -> &'static MiniLm {
+        static MODEL: OnceLock<MiniLm> = OnceLock::new();
+        MODEL
+            .get_or_init(|| MiniLm::load_default_in(Precision::F32).expect("load all-MiniLM-L6-v2"))
+    }
+
     fn embed_one(text: &str) -> Vec<f32> {
         model().embed_blocking(&[text]).unwrap().remove(0)
     }
@@ -531,8 +557,13 @@ mod tests {
         let theirs = candle_reference(&texts);
         // Together, the products run over every text's rows at once (gemm); alone, a short
         // text takes the few-rows kernel and the plain attention loops.
-        let together = model().embed_blocking(&texts).unwrap();
-        let alone: Vec<Vec<f32>> = texts.iter().map(|t| embed_one(t)).collect();
+        let model = model_f32();
+        assert_eq!(model.precision(), Precision::F32);
+        let together = model.embed_blocking(&texts).unwrap();
+        let alone: Vec<Vec<f32>> = texts
+            .iter()
+            .map(|t| model.embed_blocking(&[t]).unwrap().remove(0))
+            .collect();
         for ours in [together, alone] {
             for ((text, a), b) in texts.iter().zip(&ours).zip(&theirs) {
                 let max_diff = a
@@ -542,6 +573,43 @@ mod tests {
                     .fold(0f32, f32::max);
                 assert!(max_diff < 1e-5, "{:.40}: differs by {max_diff}", text);
             }
+        }
+    }
+
+    #[test]
+    fn bf16_products_stay_within_their_rounding_of_candles_bert() {
+        if !Precision::bf16_available() {
+            eprintln!("no AVX-512 BF16 here: the bf16 path is not run");
+            assert!(MiniLm::load_default_in(Precision::Bf16).is_err());
+            return;
+        }
+        assert_eq!(
+            model().precision(),
+            Precision::Bf16,
+            "auto picks bf16 where it runs"
+        );
+        let long = "the consolidator merges concurrent edits and cuts snapshots ".repeat(40);
+        let texts = [
+            "This is an example sentence",
+            "",
+            "deploy failed: exit 137 (OOM) on pod api-7f9c; raised the limit to 2Gi",
+            "数据库迁移在周五失败了 naïve café 🚀",
+            long.as_str(),
+        ];
+        let theirs = candle_reference(&texts);
+        let together = model().embed_blocking(&texts).unwrap();
+        let alone: Vec<Vec<f32>> = texts.iter().map(|t| embed_one(t)).collect();
+        for ours in [&together, &alone] {
+            for ((text, a), b) in texts.iter().zip(ours).zip(&theirs) {
+                // Unit vectors: their dot is the cosine. bf16 keeps 8 bits of mantissa, so
+                // the vectors move a little, never far (a wrong product moves them far).
+                let cosine = dot(a, b);
+                assert!(cosine > 0.999, "{:.40}: cosine {cosine}", text);
+            }
+        }
+        // A text's vector does not depend on the batch it came in.
+        for (a, b) in together.iter().zip(&alone) {
+            assert!(dot(a, b) > 0.9999);
         }
     }
 

@@ -1,6 +1,7 @@
 //! The embedder's roofline: what the model's matrix products cost, and how fast the same
-//! GEMM library (candle's CPU matmul, which the model runs on) multiplies matrices of the
-//! model's shapes on this machine, measured in the same process.
+//! kernels the model runs on multiply matrices of the model's shapes on this machine,
+//! measured in the same process: `gemm`'s f32 kernels (through candle, which calls them) and,
+//! where the CPU has AVX-512 BF16, the encoder's bf16 kernel.
 
 use std::time::Instant;
 
@@ -80,6 +81,48 @@ pub fn gemm_rates(
     Ok(out)
 }
 
+/// The same measurement for the encoder's bf16 kernel ([`crate::kernel`]), the products the
+/// model runs on a CPU with AVX-512 BF16: its peak at the model's shapes is that path's
+/// roofline. `None` on a CPU without it.
+pub fn bf16_rates(shapes: &[(usize, usize, usize)], budget_s: f64) -> Option<Vec<GemmRate>> {
+    use crate::kernel::{Precision, Weights, linear_bf16};
+    if !Precision::bf16_available() {
+        return None;
+    }
+    let mut out = Vec::new();
+    for &(m, k, n) in shapes {
+        let values = |len: usize, seed: usize| -> Vec<f32> {
+            (0..len)
+                .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
+                .collect()
+        };
+        let Weights::Bf16(packed) = Weights::pack(&values(n * k, 1), k, n, Precision::Bf16) else {
+            // A shape the kernel does not take (odd inputs, partial tiles): not measured.
+            continue;
+        };
+        let (x, bias) = (values(m * k, 2), values(n, 3));
+        let mut result = vec![0f32; m * n];
+        let mut pairs = Vec::new();
+        linear_bf16(&x, k, &packed, &bias, &mut result, &mut pairs);
+        let flops = 2.0 * m as f64 * k as f64 * n as f64;
+        let mut best = 0.0f64;
+        let started = Instant::now();
+        while started.elapsed().as_secs_f64() < budget_s {
+            let t = Instant::now();
+            linear_bf16(&x, k, &packed, &bias, &mut result, &mut pairs);
+            std::hint::black_box(&result);
+            best = best.max(flops / t.elapsed().as_secs_f64() / 1e9);
+        }
+        out.push(GemmRate {
+            m,
+            k,
+            n,
+            gflops: best,
+        });
+    }
+    Some(out)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -104,5 +147,17 @@ mod tests {
         assert_eq!(rates.len(), 2);
         assert!(rates.iter().all(|r| r.gflops > 0.0));
         assert_eq!((rates[0].m, rates[0].k, rates[0].n), (8, 16, 8));
+    }
+
+    #[test]
+    fn bf16_rates_measure_every_shape_where_the_cpu_has_it() {
+        match bf16_rates(&[(8, 64, 32), (3, 32, 64)], 0.01) {
+            None => assert!(!crate::kernel::Precision::bf16_available()),
+            Some(rates) => {
+                assert_eq!(rates.len(), 2);
+                assert!(rates.iter().all(|r| r.gflops > 0.0));
+                assert_eq!((rates[1].m, rates[1].k, rates[1].n), (3, 32, 64));
+            }
+        }
     }
 }

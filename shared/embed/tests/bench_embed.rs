@@ -76,6 +76,19 @@ fn bench_embed_reports_its_roofline_and_a_baseline_beside_it() {
     assert_eq!(shapes, [(384, 384), (384, 1536), (1536, 384)]);
     let efficiency = report["efficiency"].as_f64().unwrap();
     assert!(efficiency > 0.0, "{report:#}");
+    // The precision the model ran in, and with bf16 that kernel's own peak beside f32's.
+    match report["precision"].as_str().unwrap() {
+        "bf16" => {
+            assert!(engram_embed::Precision::bf16_available());
+            assert!(
+                report["bf16_peak_gflops"].as_f64().unwrap() > 0.0,
+                "{report:#}"
+            );
+            assert_eq!(report["bf16_kernel"].as_array().unwrap().len(), 3);
+        }
+        "f32" => assert!(report["bf16_peak_gflops"].is_null(), "{report:#}"),
+        other => panic!("precision {other}"),
+    }
     assert!(report["baseline_sentences_per_sec"].as_f64().unwrap() > 0.0);
     assert!(report["speedup_vs_baseline"].as_f64().unwrap() > 0.0);
     // A query's latency: one short text at a time.
