@@ -544,16 +544,27 @@ mod tests {
             .collect()
     }
 
-    #[test]
-    fn the_encoder_matches_candles_bert_on_the_same_weights() {
-        let long = "the consolidator merges concurrent edits and cuts snapshots ".repeat(40);
-        let texts = [
+    /// A text that runs past the 256-token cut.
+    fn long_text() -> String {
+        "the consolidator merges concurrent edits and cuts snapshots ".repeat(40)
+    }
+
+    /// Texts the encoder is compared with candle's BERT on: a short one, an empty one, one of
+    /// symbols, one of other scripts and emoji, and `long`.
+    fn reference_texts(long: &str) -> [&str; 5] {
+        [
             "This is an example sentence",
             "",
             "deploy failed: exit 137 (OOM) on pod api-7f9c; raised the limit to 2Gi",
             "数据库迁移在周五失败了 naïve café 🚀",
-            long.as_str(),
-        ];
+            long,
+        ]
+    }
+
+    #[test]
+    fn the_encoder_matches_candles_bert_on_the_same_weights() {
+        let long = long_text();
+        let texts = reference_texts(&long);
         let theirs = candle_reference(&texts);
         // Together, the products run over every text's rows at once (gemm); alone, a short
         // text takes the few-rows kernel and the plain attention loops.
@@ -588,14 +599,8 @@ mod tests {
             Precision::Bf16,
             "auto picks bf16 where it runs"
         );
-        let long = "the consolidator merges concurrent edits and cuts snapshots ".repeat(40);
-        let texts = [
-            "This is an example sentence",
-            "",
-            "deploy failed: exit 137 (OOM) on pod api-7f9c; raised the limit to 2Gi",
-            "数据库迁移在周五失败了 naïve café 🚀",
-            long.as_str(),
-        ];
+        let long = long_text();
+        let texts = reference_texts(&long);
         let theirs = candle_reference(&texts);
         let together = model().embed_blocking(&texts).unwrap();
         let alone: Vec<Vec<f32>> = texts.iter().map(|t| embed_one(t)).collect();
