@@ -374,17 +374,16 @@ pub(crate) fn few_rows_f32(
                     }
                 } else {
                     // A partial tile (an output count that is not a multiple of TILE; not
-                    // MiniLM's): plain loops.
-                    for (row, out) in x.chunks_exact(inputs).zip(block.chunks_exact_mut(TILE)) {
-                        for (j, o) in out.iter_mut().take(width).enumerate() {
-                            *o = bias[first + j]
-                                + row
-                                    .iter()
-                                    .enumerate()
-                                    .map(|(i, v)| v * transposed[i * n + first + j])
-                                    .sum::<f32>();
-                        }
-                    }
+                    // MiniLM's).
+                    plain_tile(
+                        x,
+                        inputs,
+                        transposed,
+                        n,
+                        first,
+                        &bias[first..first + width],
+                        block,
+                    );
                 }
             }
             block
@@ -395,6 +394,30 @@ pub(crate) fn few_rows_f32(
         let width = TILE.min(n - first);
         for (r, values) in block.chunks_exact(TILE).enumerate() {
             out[r * n + first..][..width].copy_from_slice(&values[..width]);
+        }
+    }
+}
+
+/// The output columns from `first` that `bias` covers (its length, at most [`TILE`]), of
+/// `x · Wᵀ + bias`, in plain loops, one product at a time, into `out` (rows of [`TILE`]). For
+/// what the vector kernel does not take: a partial tile, or no usable vector width.
+fn plain_tile(
+    x: &[f32],
+    inputs: usize,
+    transposed: &[f32],
+    n: usize,
+    first: usize,
+    bias: &[f32],
+    out: &mut [f32],
+) {
+    for (row, out) in x.chunks_exact(inputs).zip(out.chunks_exact_mut(TILE)) {
+        for (j, o) in out.iter_mut().take(bias.len()).enumerate() {
+            *o = bias[j]
+                + row
+                    .iter()
+                    .enumerate()
+                    .map(|(i, v)| v * transposed[i * n + first + j])
+                    .sum::<f32>();
         }
     }
 }
@@ -434,18 +457,16 @@ impl<const M: usize> pulp::WithSimd for TileRows<'_, M> {
         // so the loops over it unroll and the sums stay in registers.
         let nv = TILE / S::F32_LANES;
         if nv > MAX_VECTORS {
-            // No usable vector width: one product at a time.
-            for (r, out) in tile.out.chunks_exact_mut(TILE).enumerate() {
-                let row = &tile.x[r * tile.inputs..(r + 1) * tile.inputs];
-                for (j, o) in out.iter_mut().enumerate() {
-                    *o = tile.bias[j]
-                        + row
-                            .iter()
-                            .enumerate()
-                            .map(|(i, v)| v * tile.transposed[i * tile.n + tile.first + j])
-                            .sum::<f32>();
-                }
-            }
+            // No usable vector width.
+            plain_tile(
+                tile.x,
+                tile.inputs,
+                tile.transposed,
+                tile.n,
+                tile.first,
+                tile.bias,
+                tile.out,
+            );
             return;
         }
         let load = |values: &[f32]| -> S::f32s {
