@@ -98,19 +98,23 @@ struct Raw {
 
 async fn raw_as(nats: &SecureNats, creds: &Credentials) -> Raw {
     let (tx, errors) = mpsc::unbounded_channel();
-    let client = async_nats::ConnectOptions::with_nkey(creds.seed.clone())
-        .custom_inbox_prefix(creds.inbox_prefix())
-        .event_callback(move |event| {
-            let tx = tx.clone();
-            async move {
-                if let async_nats::Event::ServerError(e) = event {
-                    let _ = tx.send(e.to_string());
+    // Tried again if a reload the test's own key changes raced the handshake.
+    let client = engram_bus::handshake(|| {
+        let tx = tx.clone();
+        async_nats::ConnectOptions::with_nkey(creds.seed.clone())
+            .custom_inbox_prefix(creds.inbox_prefix())
+            .event_callback(move |event| {
+                let tx = tx.clone();
+                async move {
+                    if let async_nats::Event::ServerError(e) = event {
+                        let _ = tx.send(e.to_string());
+                    }
                 }
-            }
-        })
-        .connect(nats.url())
-        .await
-        .unwrap();
+            })
+            .connect(nats.url())
+    })
+    .await
+    .unwrap();
     Raw { client, errors }
 }
 

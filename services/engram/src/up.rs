@@ -628,11 +628,13 @@ fn leaf_kicker(url: String, creds: engram_access::Credentials) -> engram_leaf::l
     std::sync::Arc::new(move || {
         let (url, seed) = (url.clone(), creds.seed.clone());
         Box::pin(async move {
-            let nc = async_nats::ConnectOptions::with_nkey(seed)
-                .name("engram up (system)")
-                .connect(&url)
-                .await
-                .map_err(|e| format!("cannot connect as the system account: {e}"))?;
+            let nc = engram_bus::handshake(|| {
+                async_nats::ConnectOptions::with_nkey(seed.clone())
+                    .name("engram up (system)")
+                    .connect(&url)
+            })
+            .await
+            .map_err(|e| format!("cannot connect as the system account: {e}"))?;
             let inbox = nc.new_inbox();
             let mut answers = nc
                 .subscribe(inbox.clone())

@@ -336,10 +336,11 @@ async fn admin_js(side: &Side) -> async_nats::jetstream::Context {
         engram_access::RoleName::Admin,
     ))
     .unwrap();
-    let nc = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
-        .connect(&side.url)
-        .await
-        .unwrap();
+    let nc = engram_bus::handshake(|| {
+        async_nats::ConnectOptions::with_nkey(admin.seed.clone()).connect(&side.url)
+    })
+    .await
+    .unwrap();
     async_nats::jetstream::new(nc)
 }
 
@@ -387,12 +388,75 @@ async fn until_filled(js: &async_nats::jetstream::Context, name: &str) {
     }
 }
 
-fn wait_for(what: &str, timeout: Duration, mut check: impl FnMut() -> bool) {
+fn wait_for(what: &str, timeout: Duration, check: impl FnMut() -> bool) {
+    wait_for_or(what, timeout, check, String::new);
+}
+
+/// [`wait_for`], whose failure also says what `state` finds then.
+fn wait_for_or(
+    what: &str,
+    timeout: Duration,
+    mut check: impl FnMut() -> bool,
+    state: impl FnOnce() -> String,
+) {
     let deadline = Instant::now() + timeout;
     while !check() {
-        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        if Instant::now() >= deadline {
+            panic!("timed out waiting for {what}\n{}", state());
+        }
         std::thread::sleep(Duration::from_millis(250));
     }
+}
+
+/// Where a sync stands, for a failure's message: each side's events of `tenant` by the
+/// first word of their text, the leaf relays' backlogs, and every source's state on both
+/// sides' streams.
+fn sync_state(pair: &Pair, tenant: &str) -> String {
+    let by_word = |side: &Side| {
+        let mut words = BTreeMap::<String, usize>::new();
+        for text in stored(side, tenant).1.into_values() {
+            let word = text.split(' ').next().unwrap_or("").to_owned();
+            *words.entry(word).or_default() += 1;
+        }
+        words
+    };
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let sources = |side: &Side| {
+        rt.block_on(async {
+            let js = admin_js(side).await;
+            let mut names = js.stream_names();
+            let mut out = Vec::new();
+            while let Some(Ok(name)) = futures::StreamExt::next(&mut names).await {
+                let Ok(mut stream) = js.get_stream(&name).await else {
+                    continue;
+                };
+                let Ok(info) = stream.info().await else {
+                    continue;
+                };
+                let (messages, last) = (info.state.messages, info.state.last_sequence);
+                let mut line = format!("{name}: {messages} messages, last seq {last}");
+                for s in &info.sources {
+                    line.push_str(&format!(
+                        "\n    source {} lag {} active {:?}",
+                        s.name, s.lag, s.active
+                    ));
+                }
+                out.push(line);
+            }
+            out.join("\n  ")
+        })
+    };
+    let relays = rt.block_on(async {
+        let js = admin_js(&pair.leaf).await;
+        engram_leaf::relay::pending(&js, "ENGRAM_EVENTS").await
+    });
+    format!(
+        "hub events by first word: {:?}\nleaf events by first word: {:?}\nleaf relays pending (up, down): {relays:?}\nhub streams:\n  {}\nleaf streams:\n  {}",
+        by_word(&pair.hub),
+        by_word(&pair.leaf),
+        sources(&pair.hub),
+        sources(&pair.leaf),
+    )
 }
 
 #[test]
@@ -775,10 +839,11 @@ fn a_leaf_killed_mid_sync_resumes_where_it_stopped() {
     pair.start_leaf();
     append(&pair.leaf, "acme", "task:t1", "leaf after its restart");
     let want = 1 + 2 * N + 2;
-    wait_for(
+    wait_for_or(
         "both sides to hold everything",
         Duration::from_secs(180),
         || stored(&pair.hub, "acme").0.len() == want && stored(&pair.leaf, "acme").0.len() == want,
+        || sync_state(&pair, "acme"),
     );
     std::thread::sleep(Duration::from_secs(3));
     let (h, _) = stored(&pair.hub, "acme");
@@ -797,10 +862,11 @@ fn leaf_connection(hub: &Side) -> Option<u64> {
     let creds = engram_access::Credentials::load(&hub.home.join("nats/system.creds")).unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
-        let nc = async_nats::ConnectOptions::with_nkey(creds.seed.clone())
-            .connect(&hub.url)
-            .await
-            .unwrap();
+        let nc = engram_bus::handshake(|| {
+            async_nats::ConnectOptions::with_nkey(creds.seed.clone()).connect(&hub.url)
+        })
+        .await
+        .unwrap();
         let answer = nc
             .request("$SYS.REQ.SERVER.PING.LEAFZ", "{}".into())
             .await

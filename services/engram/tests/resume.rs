@@ -103,10 +103,11 @@ fn runtime() -> tokio::runtime::Runtime {
 fn with_store(up: &Up, change: impl AsyncFnOnce(async_nats::jetstream::object_store::ObjectStore)) {
     let admin = Credentials::load(&up.admin_creds()).unwrap();
     runtime().block_on(async {
-        let client = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
-            .connect(up.nats.as_str())
-            .await
-            .unwrap();
+        let client = engram_bus::handshake(|| {
+            async_nats::ConnectOptions::with_nkey(admin.seed.clone()).connect(up.nats.as_str())
+        })
+        .await
+        .unwrap();
         let store = async_nats::jetstream::new(client)
             .get_object_store("ENGRAM_ARTIFACTS_acme")
             .await

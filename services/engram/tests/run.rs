@@ -278,10 +278,11 @@ fn stored_object(up: &Up, object: &str) -> Vec<u8> {
     let admin = Credentials::load(&up.admin_creds()).unwrap();
     runtime().block_on(async {
         use tokio::io::AsyncReadExt as _;
-        let client = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
-            .connect(up.nats.as_str())
-            .await
-            .unwrap();
+        let client = engram_bus::handshake(|| {
+            async_nats::ConnectOptions::with_nkey(admin.seed.clone()).connect(up.nats.as_str())
+        })
+        .await
+        .unwrap();
         let store = async_nats::jetstream::new(client)
             .get_object_store("ENGRAM_ARTIFACTS_acme")
             .await
@@ -304,10 +305,11 @@ fn stored_objects(up: &Up, prefix: &str) -> Vec<String> {
     let admin = Credentials::load(&up.admin_creds()).unwrap();
     runtime().block_on(async {
         use futures::{StreamExt as _, TryStreamExt as _};
-        let client = async_nats::ConnectOptions::with_nkey(admin.seed.clone())
-            .connect(up.nats.as_str())
-            .await
-            .unwrap();
+        let client = engram_bus::handshake(|| {
+            async_nats::ConnectOptions::with_nkey(admin.seed.clone()).connect(up.nats.as_str())
+        })
+        .await
+        .unwrap();
         let js = async_nats::jetstream::new(client);
         let streams: Vec<String> = js.stream_names().try_collect().await.unwrap();
         if !streams.iter().any(|s| s == "OBJ_ENGRAM_ARTIFACTS_acme") {

@@ -31,9 +31,6 @@ pub mod working;
 
 use std::sync::Arc;
 
-/// How many times a handshake the server refused is tried: see [`Bus::connect`].
-const UNAUTHORIZED_ATTEMPTS: u32 = 3;
-
 use async_nats::jetstream;
 use engram_schema::Codec;
 use engram_telemetry::metrics;
@@ -48,6 +45,57 @@ pub use lease::{Leases, keys_with_prefix};
 pub use provision::{ConfigDiff, ProvisionReport, ReplicaShortfall};
 pub use read::{EventStream, StartAt, StoredEvent, StreamState};
 pub use working::{Entries, EntryBounds, WorkingMemory};
+
+/// How many times a handshake the server refused is tried: see [`handshake`].
+const UNAUTHORIZED_ATTEMPTS: u32 = 3;
+
+/// Runs `connect` (one handshake with a server) and, when the server refuses it as an
+/// authorization violation, runs it again, at most [`UNAUTHORIZED_ATTEMPTS`] times in all.
+///
+/// A config reload re-checks every connection the server holds, and one whose CONNECT it
+/// has not read yet has no credentials to check: the server refuses it as an authorization
+/// violation even though its key is listed before and after (nats-server's
+/// `reloadAuthorization`). Engram reloads whenever a key is added or revoked, so every
+/// connection Engram makes goes through here, not only [`Bus::connect`]'s: a key that really
+/// is refused still fails, well under a second later. Other errors are returned at once.
+pub async fn handshake<F, Fut>(
+    mut connect: F,
+) -> Result<async_nats::Client, async_nats::ConnectError>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<async_nats::Client, async_nats::ConnectError>>,
+{
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        // The client logs each refused handshake as an error: only the last one is worth a
+        // line, the ones tried again are counted and logged below.
+        let result = if attempt < UNAUTHORIZED_ATTEMPTS {
+            tracing::instrument::WithSubscriber::with_subscriber(
+                connect(),
+                tracing::subscriber::NoSubscriber::default(),
+            )
+            .await
+        } else {
+            connect().await
+        };
+        let error = match result {
+            Ok(client) => return Ok(client),
+            Err(e) => e,
+        };
+        let refused = error.kind() == async_nats::ConnectErrorKind::AuthorizationViolation
+            || error
+                .to_string()
+                .to_ascii_lowercase()
+                .contains("authorization");
+        if !refused || attempt >= UNAUTHORIZED_ATTEMPTS {
+            return Err(error);
+        }
+        metrics::NATS_CONNECT_REFUSED_RETRIES.inc();
+        tracing::debug!(attempt, error = %error, "nats refused the handshake; trying again in case a config reload raced it");
+        tokio::time::sleep(std::time::Duration::from_millis(100 * u64::from(attempt))).await;
+    }
+}
 
 /// A connection to NATS plus the JetStream context and codec the bus uses.
 ///
@@ -146,53 +194,24 @@ impl Bus {
                     }
                 })
         };
-        let mut attempt = 0;
-        let client = loop {
-            attempt += 1;
-            let handshake = options().connect(addrs.clone());
-            // The client logs each refused handshake as an error: only the last one is
-            // worth a line, the ones tried again are counted and logged below.
-            let handshake = if attempt < UNAUTHORIZED_ATTEMPTS {
-                tracing::instrument::WithSubscriber::with_subscriber(
-                    handshake,
-                    tracing::subscriber::NoSubscriber::default(),
-                )
-                .await
-            } else {
-                handshake.await
-            };
-            let error = match handshake {
-                Ok(client) => break client,
-                Err(source) => {
-                    let reason = source.to_string();
-                    if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation
-                        || reason.to_ascii_lowercase().contains("authorization")
-                    {
-                        BusError::Unauthorized {
-                            url: server_shown.clone(),
-                            reason,
-                        }
-                    } else {
-                        BusError::Connect {
-                            url: server_shown.clone(),
-                            reason,
-                        }
+        let client = handshake(|| options().connect(addrs.clone()))
+            .await
+            .map_err(|source| {
+                let reason = source.to_string();
+                if source.kind() == async_nats::ConnectErrorKind::AuthorizationViolation
+                    || reason.to_ascii_lowercase().contains("authorization")
+                {
+                    BusError::Unauthorized {
+                        url: server_shown.clone(),
+                        reason,
+                    }
+                } else {
+                    BusError::Connect {
+                        url: server_shown.clone(),
+                        reason,
                     }
                 }
-            };
-            // A config reload re-checks every connection the server holds, and one whose
-            // CONNECT it has not read yet has no credentials to check: the server refuses it
-            // as an authorization violation even though its key is listed before and after
-            // (nats-server's `reloadAuthorization`). Engram reloads whenever a key is added or
-            // revoked, so a refused handshake is tried again, a bounded number of times: a
-            // key that really is refused still fails, well under a second later.
-            if !matches!(error, BusError::Unauthorized { .. }) || attempt >= UNAUTHORIZED_ATTEMPTS {
-                return Err(error);
-            }
-            metrics::NATS_CONNECT_REFUSED_RETRIES.inc();
-            tracing::debug!(attempt, error = %error, "nats refused the handshake; trying again in case a config reload raced it");
-            tokio::time::sleep(std::time::Duration::from_millis(100 * attempt as u64)).await;
-        };
+            })?;
         metrics::NATS_CONNECTED.set(1);
         let mut bus = Self::from_client(client, config);
         bus.refused = refused;
