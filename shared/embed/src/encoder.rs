@@ -230,6 +230,16 @@ impl Encoder {
     /// Every text must be non-empty, no longer than [`Encoder::max_positions`], and hold ids
     /// below [`Encoder::vocabulary`]; the caller's tokenizer guarantees all three.
     pub(crate) fn mean_pooled(&self, texts: &[&[u32]], scratch: &mut Scratch) -> Vec<Vec<f32>> {
+        // The whole pass runs on one of rayon's workers. Each step below splits its work
+        // across the pool, and from a thread outside it every split is a job handed over and
+        // waited for on a futex: for a query's few rows those wake-ups (about fifty a pass)
+        // cost as much as the arithmetic. Inside a worker the splits stay with the pool,
+        // whose idle threads spin briefly before they sleep.
+        if rayon::current_thread_index().is_none() {
+            let mut pooled = Vec::new();
+            rayon::scope(|_| pooled = self.mean_pooled(texts, scratch));
+            return pooled;
+        }
         let (h, f) = (self.hidden, self.intermediate);
         let tokens: usize = texts.iter().map(|t| t.len()).sum();
         let lens: Vec<usize> = texts.iter().map(|t| t.len()).collect();
@@ -310,6 +320,42 @@ impl Encoder {
         let h = self.hidden;
         let d = h / self.heads;
         let scale = 1.0 / (d as f32).sqrt();
+        // One short text (a query) would keep one thread busy while the others wait: its
+        // heads are split across the pool instead, each group into a buffer of its own.
+        if let [n] = *lens
+            && n <= FEW_ROWS
+            && rayon::current_num_threads() > 1
+        {
+            let groups = rayon::current_num_threads().min(self.heads);
+            let per = self.heads.div_ceil(groups);
+            let parts: Vec<(usize, Vec<f32>)> = (0..self.heads)
+                .step_by(per)
+                .collect::<Vec<_>>()
+                .into_par_iter()
+                .map(|first| {
+                    let heads = first..(first + per).min(self.heads);
+                    let mut out = vec![0f32; n * heads.len() * d];
+                    self.arch.dispatch(ShortAttention {
+                        text: qkv,
+                        n,
+                        hidden: h,
+                        head_dim: d,
+                        heads: heads.clone(),
+                        scale,
+                        out: &mut out,
+                        out_stride: heads.len() * d,
+                    });
+                    (first, out)
+                })
+                .collect();
+            for (first, out) in parts {
+                let width = out.len() / n;
+                for (i, row) in out.chunks_exact(width).enumerate() {
+                    context[i * h + first * d..][..width].copy_from_slice(row);
+                }
+            }
+            return;
+        }
         // Split the output by text, so that each text's heads run on one thread.
         let mut parts: Vec<(usize, usize, &mut [f32])> = Vec::with_capacity(lens.len());
         let mut rest = context;
@@ -322,20 +368,21 @@ impl Encoder {
         }
         parts.into_par_iter().for_each(|(row, n, out)| {
             let text = &qkv[row * 3 * h..(row + n) * 3 * h];
-            let mut scores = vec![0f32; n * n];
             if n <= FEW_ROWS {
                 // A short text: plain loops beat `gemm`'s packing and set-up at this size.
                 self.arch.dispatch(ShortAttention {
                     text,
                     n,
                     hidden: h,
-                    heads: self.heads,
+                    head_dim: d,
+                    heads: 0..self.heads,
                     scale,
-                    scores: &mut scores,
                     out,
+                    out_stride: h,
                 });
                 return;
             }
+            let mut scores = vec![0f32; n * n];
             for head in 0..self.heads {
                 let q = &text[head * d..];
                 let k = &text[h + head * d..];
@@ -454,39 +501,86 @@ impl pulp::WithSimd for SoftmaxRows<'_> {
 }
 
 /// Self-attention of one short text (`n` tokens of Q, K and V side by side in `text`), every
-/// head, in plain loops: `out` gets the heads' weighted values side by side.
+/// head of `heads`, in plain loops: `out` gets those heads' weighted values side by side,
+/// a token's every `out_stride` values.
+///
+/// A query's scores are one token's dot products with every key. Taken one key at a time,
+/// each is a sum across vector lanes, which costs more than its products at a head's 32
+/// dimensions; so each head's keys are transposed first (padded with zeros to whole vectors),
+/// and a token's scores for [`SCORE_LANES`] keys at once are one vector of running sums.
 struct ShortAttention<'a> {
     text: &'a [f32],
     n: usize,
     hidden: usize,
-    heads: usize,
+    head_dim: usize,
+    heads: std::ops::Range<usize>,
     scale: f32,
-    scores: &'a mut [f32],
     out: &'a mut [f32],
+    out_stride: usize,
 }
+
+/// Keys scored at once by [`ShortAttention`]: one AVX-512 vector of sums.
+const SCORE_LANES: usize = 16;
 
 impl pulp::WithSimd for ShortAttention<'_> {
     type Output = ();
 
     #[inline(always)]
     fn with_simd<S: pulp::Simd>(self, _simd: S) {
-        let (n, h) = (self.n, self.hidden);
-        let d = h / self.heads;
+        let (n, h, d) = (self.n, self.hidden, self.head_dim);
+        let padded = n.next_multiple_of(SCORE_LANES);
         let text = self.text;
-        for head in 0..self.heads {
+        // Kᵀ of one head (d rows of `padded` keys) and one token's scores.
+        let mut keys = vec![0f32; d * padded];
+        let mut row = vec![0f32; padded];
+        for (slot, head) in self.heads.clone().enumerate() {
             let at = |token: usize, part: usize| &text[token * 3 * h + part * h + head * d..][..d];
-            for (i, row) in self.scores.chunks_exact_mut(n).enumerate() {
-                let q = at(i, 0);
-                for (j, score) in row.iter_mut().enumerate() {
-                    *score = self.scale * dot_short(q, at(j, 1));
+            for j in 0..n {
+                for (c, k) in at(j, 1).iter().enumerate() {
+                    keys[c * padded + j] = *k;
                 }
-                softmax(row);
-                let context = &mut self.out[i * h + head * d..][..d];
-                context.fill(0.0);
-                for (j, p) in row.iter().enumerate() {
-                    for (c, v) in context.iter_mut().zip(at(j, 2)) {
-                        *c += p * v;
+            }
+            for i in 0..n {
+                let q = at(i, 0);
+                for (block, scores) in row.chunks_exact_mut(SCORE_LANES).enumerate() {
+                    let mut sums = [0f32; SCORE_LANES];
+                    for (c, &qc) in q.iter().enumerate() {
+                        let k: &[f32; SCORE_LANES] = keys[c * padded + block * SCORE_LANES..]
+                            [..SCORE_LANES]
+                            .try_into()
+                            .expect("a whole block");
+                        for l in 0..SCORE_LANES {
+                            sums[l] += qc * k[l];
+                        }
                     }
+                    for (s, sum) in scores.iter_mut().zip(sums) {
+                        *s = sum * self.scale;
+                    }
+                }
+                softmax_padded(&mut row, n);
+                let probabilities = &row[..n];
+                let context = &mut self.out[i * self.out_stride + slot * d..][..d];
+                // The weighted values, a vector of sums at a time kept in registers (summed
+                // in place, each value's sum was stored and loaded again per key).
+                let whole = d - d % SCORE_LANES;
+                for (block, out) in context[..whole].chunks_exact_mut(SCORE_LANES).enumerate() {
+                    let mut sums = [0f32; SCORE_LANES];
+                    for (j, &p) in probabilities.iter().enumerate() {
+                        let v: &[f32; SCORE_LANES] = at(j, 2)[block * SCORE_LANES..][..SCORE_LANES]
+                            .try_into()
+                            .expect("a whole block");
+                        for l in 0..SCORE_LANES {
+                            sums[l] += p * v[l];
+                        }
+                    }
+                    out.copy_from_slice(&sums);
+                }
+                for (c, out) in context.iter_mut().enumerate().skip(whole) {
+                    *out = probabilities
+                        .iter()
+                        .enumerate()
+                        .map(|(j, p)| p * at(j, 2)[c])
+                        .sum();
                 }
             }
         }
@@ -517,10 +611,6 @@ fn tensor_rows(
 /// only pays off over many rows. Short texts' attention runs plain loops for the same reason.
 const FEW_ROWS: usize = 48;
 
-/// Lanes per accumulator in [`dot`]: two 512-bit or four 256-bit vectors, enough
-/// independent sums to keep the FMA units busy.
-const LANES: usize = 32;
-
 /// `out = input · weightᵀ + bias` for every row of `input`, by the layer's kernel.
 fn linear(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32], pairs: &mut Vec<u32>) {
     let rows = input.len() / layer.inputs;
@@ -546,31 +636,6 @@ fn linear(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32], pair
                 gemm::Parallelism::Rayon(0),
             );
         }
-    }
-}
-
-/// A dot product in [`LANES`] independent sums, which the compiler keeps in vector registers.
-/// The length must be a multiple of [`LANES`].
-#[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0f32; LANES];
-    for (a, b) in a.chunks_exact(LANES).zip(b.chunks_exact(LANES)) {
-        let a: &[f32; LANES] = a.try_into().expect("a whole chunk");
-        let b: &[f32; LANES] = b.try_into().expect("a whole chunk");
-        for l in 0..LANES {
-            acc[l] += a[l] * b[l];
-        }
-    }
-    acc.iter().sum()
-}
-
-/// A dot product of any length: [`dot`] where the length allows, else one running sum.
-#[inline(always)]
-fn dot_short(a: &[f32], b: &[f32]) -> f32 {
-    if a.len().is_multiple_of(LANES) {
-        dot(a, b)
-    } else {
-        a.iter().zip(b).map(|(x, y)| x * y).sum()
     }
 }
 
@@ -689,6 +754,35 @@ fn softmax(row: &mut [f32]) {
         *v = exp(*v - max);
     }
     let inv = 1.0 / row.iter().sum::<f32>();
+    row.iter_mut().for_each(|v| *v *= inv);
+}
+
+/// [`softmax`] of `row[..n]` in whole blocks of [`SCORE_LANES`] (`row`'s length is a
+/// multiple of it): a short row would otherwise fall wholly to the scalar remainder of each
+/// vectorised loop. The padding ends as zeros.
+#[inline(always)]
+fn softmax_padded(row: &mut [f32], n: usize) {
+    row[n..].fill(f32::NEG_INFINITY);
+    let mut max = [f32::NEG_INFINITY; SCORE_LANES];
+    for block in row.chunks_exact(SCORE_LANES) {
+        for l in 0..SCORE_LANES {
+            max[l] = max[l].max(block[l]);
+        }
+    }
+    let max = max.into_iter().fold(f32::NEG_INFINITY, f32::max);
+    let mut sums = [0f32; SCORE_LANES];
+    for v in row.iter_mut() {
+        // `exp` clamps below -87, so the padding's -inf gives a value under 1e-37, and is
+        // set to zero after.
+        *v = exp(*v - max);
+    }
+    row[n..].fill(0.0);
+    for block in row.chunks_exact(SCORE_LANES) {
+        for l in 0..SCORE_LANES {
+            sums[l] += block[l];
+        }
+    }
+    let inv = 1.0 / sums.iter().sum::<f32>();
     row.iter_mut().for_each(|v| *v *= inv);
 }
 

@@ -9,6 +9,8 @@ fn bench_embed_reports_every_phase_with_its_cache_hits() {
         .args([
             "--sentences",
             "4",
+            "--queries",
+            "5",
             "--batch",
             "2",
             "--json",
@@ -47,6 +49,8 @@ fn bench_embed_reports_its_roofline_and_a_baseline_beside_it() {
         .args([
             "--sentences",
             "3",
+            "--queries",
+            "5",
             "--batch",
             "3",
             "--json",

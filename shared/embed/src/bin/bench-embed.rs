@@ -44,6 +44,10 @@ struct Args {
     /// Seconds spent on each GEMM shape when measuring the peak.
     #[arg(long, default_value_t = 2.0)]
     gemm_seconds: f64,
+    /// How many short texts (6 to 14 words) to embed one at a time, as a retrieve embeds its
+    /// question; their latency is reported as the query's.
+    #[arg(long, default_value_t = 200)]
+    queries: usize,
     /// Another bench-embed binary (an earlier build) to run on the same sentences in this run;
     /// its bare rate is reported beside this one's.
     #[arg(long, value_name = "BINARY")]
@@ -118,7 +122,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     model.embed_blocking(&refs[..n.min(16)])?;
 
     // A query's cost: one short text at a time, as a retrieve embeds its question.
-    let queries = generate_sentences(200.min(n.max(20)), 6, 14);
+    let queries = generate_sentences(args.queries.max(1), 6, 14);
     let mut query_ms: Vec<f64> = Vec::with_capacity(queries.len());
     for query in &queries {
         let started = Instant::now();
