@@ -35,6 +35,7 @@ mod error;
 mod files;
 mod query;
 pub mod schema;
+mod stats;
 mod tail;
 
 use std::collections::HashMap;
@@ -57,7 +58,8 @@ pub use crate::error::KeywordError;
 pub use crate::files::{IndexFile, IndexFiles, IndexHandle, install as install_files};
 pub use crate::query::MAX_QUERY_TERMS;
 use crate::schema::{DIGEST_HI, DIGEST_LO, Fields, SEQ, seq_term};
-use crate::tail::{TailSegment, WithTail};
+use crate::stats::{ScopedStats, TotalsCache};
+use crate::tail::TailSegment;
 
 /// Indexing memory budget. tantivy flushes a segment when a thread fills its share, so this
 /// bounds writer memory whatever the batch size between commits.
@@ -117,6 +119,8 @@ pub struct KeywordReader {
     /// its write lock; a search takes its searcher under the read lock: together, every
     /// document is in exactly one of the two.
     tail: Arc<RwLock<TailSegment>>,
+    /// The committed documents' totals per searched scope set, for the commit they count.
+    totals: TotalsCache,
 }
 
 impl KeywordIndex {
@@ -184,6 +188,7 @@ impl KeywordIndex {
             analyzer: index.tokenizer_for_field(fields.text)?,
             committed: Arc::new(AtomicU64::new(committed)),
             tail: Arc::default(),
+            totals: TotalsCache::default(),
         };
         let high_water = reader.max_seq()?;
         Ok(Self {
@@ -512,18 +517,37 @@ impl KeywordReader {
             return Ok(Vec::new());
         }
         let terms = query::text_terms(&self.analyzer, self.fields.text, query);
-        let (searcher, tail_stats, tail_hits, in_tail) = {
+        if terms.is_empty() {
+            return Ok(Vec::new());
+        }
+        let scope_query = query::scopes(&self.fields, scopes);
+        let mut scope_key: Vec<String> = scopes.iter().map(ScopeKey::token).collect();
+        scope_key.sort_unstable();
+        scope_key.dedup();
+        let (searcher, tail_stats, tail_matches, in_tail) = {
             let tail = self.tail.read().unwrap_or_else(|p| p.into_inner());
             let searcher = self.reader.searcher();
-            let stats = tail.stats(&terms);
-            let with_tail = WithTail {
-                searcher: &searcher,
-                tail: &stats,
-                text: self.fields.text,
-            };
-            let hits = tail.search(&with_tail, &terms, scopes, filter)?;
-            (searcher, stats, hits, tail.seqs())
+            (
+                searcher,
+                tail.stats(&terms, scopes),
+                tail.matches(&terms, scopes, filter),
+                tail.seqs(),
+            )
         };
+        // Statistics of the searched scopes alone (see `stats`), counted after the lock is
+        // released: the searcher and the tail's part are those taken together under it.
+        let committed =
+            self.totals
+                .committed(&searcher, self.fields.text, scope_key, &*scope_query)?;
+        let stats = ScopedStats::new(
+            &searcher,
+            self.fields.text,
+            committed,
+            &*scope_query,
+            &terms,
+            &tail_stats,
+        )?;
+        let tail_hits = tail_matches.score(&stats, &terms)?;
         let Some(query) = query::build(&self.fields, terms, scopes, filter) else {
             return Ok(Vec::new());
         };
@@ -532,11 +556,6 @@ impl KeywordReader {
         let top = if limit == 0 {
             Vec::new()
         } else {
-            let stats = WithTail {
-                searcher: &searcher,
-                tail: &tail_stats,
-                text: self.fields.text,
-            };
             searcher.search_with_statistics_provider(
                 &*query,
                 &TopDocs::with_limit(limit).order_by_score(),

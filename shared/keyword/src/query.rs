@@ -66,12 +66,7 @@ pub(crate) fn build(
             .collect(),
     ));
 
-    let mut restrictions: Vec<Box<dyn Query>> = vec![any_of(
-        scopes
-            .iter()
-            .map(|scope| scope_term(fields, scope))
-            .collect(),
-    )];
+    let mut restrictions: Vec<Box<dyn Query>> = vec![self::scopes(fields, scopes)];
     if !filter.layers.is_empty() {
         restrictions.push(any_of(
             filter
@@ -147,6 +142,16 @@ pub(crate) fn build(
             Box::new(ConstScoreQuery::new(Box::new(restrictions), 0.0)),
         ),
     ])))
+}
+
+/// Matches exactly the documents of `scopes`.
+pub(crate) fn scopes(fields: &Fields, scopes: &[ScopeKey]) -> Box<dyn Query> {
+    any_of(
+        scopes
+            .iter()
+            .map(|scope| scope_term(fields, scope))
+            .collect(),
+    )
 }
 
 /// Matches documents carrying at least one of `terms`, each compared whole.

@@ -4,7 +4,7 @@
 //! one lands, what it added is invisible to tantivy's searcher. The tail keeps those documents
 //! in memory as a small inverted index (the analysed terms of each, with their frequencies),
 //! and a search scores them with the same BM25 as the committed documents, over statistics
-//! that count both ([`WithTail`]). A fresh write is therefore found as soon as it is added,
+//! that count both ([`crate::stats::ScopedStats`]). A fresh write is therefore found as soon as it is added,
 //! at the score the commit will give it, and the commit only makes it durable. A commit
 //! empties the tail under the same lock a search takes its searcher under, so no search sees
 //! a document twice or not at all.
@@ -17,9 +17,8 @@ use std::collections::{BTreeMap, HashMap};
 use engram_memory::{Hit, MemoryFilter, MemoryMeta, ScopeKey, Seq};
 use tantivy::fieldnorm::FieldNormReader;
 use tantivy::query::{Bm25StatisticsProvider, Bm25Weight};
-use tantivy::schema::Field;
 use tantivy::tokenizer::{TextAnalyzer, TokenStream};
-use tantivy::{Searcher, Term};
+use tantivy::Term;
 
 /// One document of the tail.
 struct TailDoc {
@@ -36,7 +35,6 @@ pub(crate) struct TailSegment {
     docs: BTreeMap<Seq, TailDoc>,
     /// Term to the documents holding it and the term's frequency in each.
     postings: HashMap<String, BTreeMap<Seq, u32>>,
-    total_tokens: u64,
 }
 
 impl TailSegment {
@@ -69,7 +67,6 @@ impl TailSegment {
                 .or_default()
                 .insert(meta.seq, *tf);
         }
-        self.total_tokens += u64::from(tokens);
         self.docs.insert(
             meta.seq,
             TailDoc {
@@ -85,7 +82,6 @@ impl TailSegment {
         let Some(doc) = self.docs.remove(&seq) else {
             return;
         };
-        self.total_tokens -= u64::from(doc.tokens);
         for (term, _) in doc.terms {
             if let Some(docs) = self.postings.get_mut(&term) {
                 docs.remove(&seq);
@@ -114,103 +110,117 @@ impl TailSegment {
     }
 
     /// The tail's documents that match any of `terms` (analysed query terms), of `scopes` and
-    /// passing `filter`, scored by BM25 with the statistics `stats` gives: the sum over the
-    /// terms a document holds, as tantivy's boolean query of the same terms sums them.
-    pub(crate) fn search(
+    /// passing `filter`: each with the terms it holds (by index into `terms`) and their
+    /// frequencies. Taken under the tail's lock and scored after it ([`TailMatches::score`]).
+    pub(crate) fn matches(
         &self,
-        stats: &dyn Bm25StatisticsProvider,
         terms: &[Term],
         scopes: &[ScopeKey],
         filter: &MemoryFilter,
-    ) -> tantivy::Result<Vec<Hit>> {
-        let mut scores: HashMap<Seq, f32> = HashMap::new();
-        for term in terms {
+    ) -> TailMatches {
+        let mut docs: BTreeMap<Seq, (u32, Vec<(usize, u32)>)> = BTreeMap::new();
+        for (i, term) in terms.iter().enumerate() {
             let value = term.value();
             let Some(text) = value.as_str() else {
                 continue;
             };
-            let Some(docs) = self.postings.get(text) else {
+            let Some(holding) = self.postings.get(text) else {
                 continue;
             };
-            let weight = Bm25Weight::for_terms(stats, std::slice::from_ref(term))?;
-            for (seq, tf) in docs {
+            for (seq, tf) in holding {
                 let doc = &self.docs[seq];
                 if !scopes.contains(&doc.meta.scope) || !filter.matches(&doc.meta) {
                     continue;
                 }
-                let norm = FieldNormReader::fieldnorm_to_id(doc.tokens);
-                *scores.entry(*seq).or_default() += weight.score(norm, *tf);
+                docs.entry(*seq)
+                    .or_insert_with(|| (doc.tokens, Vec::new()))
+                    .1
+                    .push((i, *tf));
             }
         }
-        Ok(scores
-            .into_iter()
-            .map(|(seq, score)| Hit { seq, score })
-            .collect())
+        TailMatches(docs)
     }
 }
 
-/// What BM25 needs of the tail for one query: its documents, their tokens, and how many of
-/// them hold each query term. Taken under the tail's lock, so that the committed search can
-/// run after it is released.
+/// What [`TailSegment::matches`] found: sequence to (tokens, the query terms it holds).
+pub(crate) struct TailMatches(BTreeMap<Seq, (u32, Vec<(usize, u32)>)>);
+
+impl TailMatches {
+    /// Scores the matches by BM25 with the statistics `stats` gives: the sum over the terms
+    /// a document holds, as tantivy's boolean query of the same terms sums them.
+    pub(crate) fn score(
+        self,
+        stats: &dyn Bm25StatisticsProvider,
+        terms: &[Term],
+    ) -> tantivy::Result<Vec<Hit>> {
+        let mut weights: Vec<Option<Bm25Weight>> = vec![None; terms.len()];
+        let mut hits = Vec::with_capacity(self.0.len());
+        for (seq, (tokens, held)) in self.0 {
+            let norm = FieldNormReader::fieldnorm_to_id(tokens);
+            let mut score = 0.0;
+            for (i, tf) in held {
+                let weight = match &weights[i] {
+                    Some(w) => w,
+                    None => weights[i].insert(Bm25Weight::for_terms(
+                        stats,
+                        std::slice::from_ref(&terms[i]),
+                    )?),
+                };
+                score += weight.score(norm, tf);
+            }
+            hits.push(Hit { seq, score });
+        }
+        Ok(hits)
+    }
+}
+
+/// What BM25 needs of the tail for one query, counting only the searched scopes' documents:
+/// how many, their lengths as the index will store them, and how many hold each query term.
+/// Taken under the tail's lock, so that the committed search can run after it is released.
 pub(crate) struct TailStats {
-    docs: u64,
-    tokens: u64,
+    pub(crate) docs: u64,
+    pub(crate) tokens: u64,
     doc_freqs: HashMap<String, u64>,
 }
 
+impl TailStats {
+    /// How many of the searched scopes' tail documents hold `term` (of the text field).
+    pub(crate) fn doc_freq(&self, term: &Term) -> u64 {
+        let value = term.value();
+        value
+            .as_str()
+            .and_then(|t| self.doc_freqs.get(t))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
 impl TailSegment {
-    pub(crate) fn stats(&self, terms: &[Term]) -> TailStats {
+    pub(crate) fn stats(&self, terms: &[Term], scopes: &[ScopeKey]) -> TailStats {
+        let mine = |seq: &Seq| {
+            self.docs
+                .get(seq)
+                .is_some_and(|d| scopes.contains(&d.meta.scope))
+        };
+        let (docs, tokens) = self
+            .docs
+            .values()
+            .filter(|d| scopes.contains(&d.meta.scope))
+            .fold((0, 0), |(docs, tokens), d| {
+                (docs + 1, tokens + crate::stats::stored_length(d.tokens))
+            });
         TailStats {
-            docs: self.docs.len() as u64,
-            tokens: self.total_tokens,
+            docs,
+            tokens,
             doc_freqs: terms
                 .iter()
                 .filter_map(|t| {
                     let value = t.value();
                     let text = value.as_str()?;
-                    Some((text.to_owned(), self.postings.get(text)?.len() as u64))
+                    let holding = self.postings.get(text)?.keys().filter(|s| mine(s)).count();
+                    Some((text.to_owned(), holding as u64))
                 })
                 .collect(),
         }
-    }
-}
-
-/// BM25 statistics over the committed documents and the tail together: what the index will
-/// hold once the tail is committed.
-pub(crate) struct WithTail<'a> {
-    pub(crate) searcher: &'a Searcher,
-    pub(crate) tail: &'a TailStats,
-    /// The text field, the only one whose terms score.
-    pub(crate) text: Field,
-}
-
-impl Bm25StatisticsProvider for WithTail<'_> {
-    fn total_num_tokens(&self, field: Field) -> tantivy::Result<u64> {
-        let committed = Bm25StatisticsProvider::total_num_tokens(self.searcher, field)?;
-        Ok(committed
-            + if field == self.text {
-                self.tail.tokens
-            } else {
-                0
-            })
-    }
-
-    fn total_num_docs(&self) -> tantivy::Result<u64> {
-        Ok(Bm25StatisticsProvider::total_num_docs(self.searcher)? + self.tail.docs)
-    }
-
-    fn doc_freq(&self, term: &Term) -> tantivy::Result<u64> {
-        let committed = self.searcher.doc_freq(term)?;
-        let tail = if term.field() == self.text {
-            let value = term.value();
-            value
-                .as_str()
-                .and_then(|t| self.tail.doc_freqs.get(t))
-                .copied()
-                .unwrap_or(0)
-        } else {
-            0
-        };
-        Ok(committed + tail)
     }
 }

@@ -1101,3 +1101,50 @@ fn shipped_files_that_would_escape_or_differ_are_refused_and_change_nothing() {
     assert_eq!(index.committed_seq(), 2);
     assert!(!from.path().parent().unwrap().join("outside.idx").exists());
 }
+
+#[test]
+fn a_scopes_scores_do_not_depend_on_the_other_scopes_its_index_holds() {
+    // Given one tenant's scope alone in an index
+    let a = scope("acme", ScopeKind::Task, "t1");
+    let texts = [
+        "the deploy failed on friday",
+        "deploys run on tuesdays after the review",
+        "the cache warms at start",
+        "friday is the quiet day",
+    ];
+    let alone = index_with(&a, &texts);
+    let query = "deploy failed friday cache";
+    let expected = scores(&alone.search(query, from_ref(&a), &any(), 10).unwrap());
+    assert_eq!(expected.len(), 4, "{expected:?}");
+
+    // When the same scope shares its index (its partition) with another tenant's, whose
+    // memories use the query's words at other rates and lengths, committed and not
+    let b = scope("globex", ScopeKind::Task, "t1");
+    let mut shared = KeywordIndex::in_ram().unwrap();
+    for (i, text) in texts.iter().enumerate() {
+        shared.add(&meta(i as Seq + 1, &a), text).unwrap();
+    }
+    for seq in 5..40 {
+        let text = if seq % 2 == 0 {
+            "deploy deploy deploy failed"
+        } else {
+            "friday cache friday cache friday cache with many more words than the others hold"
+        };
+        shared.add(&meta(seq, &b), text).unwrap();
+    }
+    shared.commit(39).unwrap();
+    let committed = scores(&shared.search(query, from_ref(&a), &any(), 10).unwrap());
+    shared
+        .add(&meta(40, &b), "deploy failed friday cache deploy")
+        .unwrap();
+    let with_tail = scores(&shared.search(query, from_ref(&a), &any(), 10).unwrap());
+
+    // Then the scope's memories rank and score exactly as when alone
+    assert_eq!(committed, expected);
+    assert_eq!(with_tail, expected);
+    // And the other tenant's memories are all still found in theirs
+    assert_eq!(
+        shared.search(query, from_ref(&b), &any(), 50).unwrap().len(),
+        36
+    );
+}
