@@ -112,6 +112,8 @@ pub struct KeywordReader {
     reader: IndexReader,
     fields: Fields,
     analyzer: TextAnalyzer,
+    /// [`analyzer`](schema::analyzer) without function words, for queries.
+    query_analyzer: TextAnalyzer,
     /// The sequence of the commit readers can see; raised only after the reload that makes
     /// that commit visible.
     committed: Arc<AtomicU64>,
@@ -186,6 +188,7 @@ impl KeywordIndex {
             reader,
             fields,
             analyzer: index.tokenizer_for_field(fields.text)?,
+            query_analyzer: schema::query_analyzer(),
             committed: Arc::new(AtomicU64::new(committed)),
             tail: Arc::default(),
             totals: TotalsCache::default(),
@@ -516,7 +519,12 @@ impl KeywordReader {
         if k == 0 || scopes.is_empty() {
             return Ok(Vec::new());
         }
-        let terms = query::text_terms(&self.analyzer, self.fields.text, query);
+        let terms = query::text_terms(
+            &self.analyzer,
+            &self.query_analyzer,
+            self.fields.text,
+            query,
+        );
         if terms.is_empty() {
             return Ok(Vec::new());
         }

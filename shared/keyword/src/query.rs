@@ -20,13 +20,26 @@ pub const MAX_QUERY_TERMS: usize = 256;
 /// The distinct analysed terms of `text`, in a fixed order, at most [`MAX_QUERY_TERMS`].
 ///
 /// Repeating a word does not weigh it more: a query is a set of terms.
-pub(crate) fn text_terms(analyzer: &TextAnalyzer, field: Field, text: &str) -> Vec<Term> {
-    // `token_stream` needs `&mut`; a clone keeps searches free of a shared lock.
-    let mut analyzer = analyzer.clone();
-    let mut stream = analyzer.token_stream(text);
-    let mut tokens = Vec::new();
-    while stream.advance() {
-        tokens.push(stream.token().text.clone());
+pub(crate) fn text_terms(
+    analyzer: &TextAnalyzer,
+    query_analyzer: &TextAnalyzer,
+    field: Field,
+    text: &str,
+) -> Vec<Term> {
+    let tokens_of = |analyzer: &TextAnalyzer| {
+        // `token_stream` needs `&mut`; a clone keeps searches free of a shared lock.
+        let mut analyzer = analyzer.clone();
+        let mut stream = analyzer.token_stream(text);
+        let mut tokens = Vec::new();
+        while stream.advance() {
+            tokens.push(stream.token().text.clone());
+        }
+        tokens
+    };
+    // Without function words, unless the query is nothing else ("to be or not to be").
+    let mut tokens = tokens_of(query_analyzer);
+    if tokens.is_empty() {
+        tokens = tokens_of(analyzer);
     }
     tokens.sort_unstable();
     tokens.dedup();

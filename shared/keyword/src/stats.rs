@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex};
 
 use tantivy::collector::{Collector, Count, SegmentCollector};
 use tantivy::fieldnorm::{FieldNormReader, FieldNormReaders};
-use tantivy::query::{BooleanQuery, Bm25StatisticsProvider, Occur, Query, TermQuery};
+use tantivy::query::{Bm25StatisticsProvider, BooleanQuery, Occur, Query, TermQuery};
 use tantivy::schema::{Field, IndexRecordOption};
 use tantivy::{DocId, Score, Searcher, SegmentOrdinal, SegmentReader, Term};
 

@@ -15,10 +15,10 @@
 use std::collections::{BTreeMap, HashMap};
 
 use engram_memory::{Hit, MemoryFilter, MemoryMeta, ScopeKey, Seq};
+use tantivy::Term;
 use tantivy::fieldnorm::FieldNormReader;
 use tantivy::query::{Bm25StatisticsProvider, Bm25Weight};
 use tantivy::tokenizer::{TextAnalyzer, TokenStream};
-use tantivy::Term;
 
 /// One document of the tail.
 struct TailDoc {

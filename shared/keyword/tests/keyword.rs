@@ -1144,7 +1144,42 @@ fn a_scopes_scores_do_not_depend_on_the_other_scopes_its_index_holds() {
     assert_eq!(with_tail, expected);
     // And the other tenant's memories are all still found in theirs
     assert_eq!(
-        shared.search(query, from_ref(&b), &any(), 50).unwrap().len(),
+        shared
+            .search(query, from_ref(&b), &any(), 50)
+            .unwrap()
+            .len(),
         36
     );
+}
+
+#[test]
+fn a_questions_function_words_do_not_match_and_a_query_of_nothing_else_keeps_them() {
+    // Given a memory made of function words and one about the thing asked
+    let a = team("a");
+    let index = index_with(
+        &a,
+        &[
+            "what did you do there, and when did you do it?",
+            "the deploy failed",
+            "to be or not to be",
+        ],
+    );
+
+    // When a question asks about the deploy in function words
+    let hits = index
+        .search(
+            "what did the deploy do when it was there",
+            from_ref(&a),
+            &any(),
+            10,
+        )
+        .unwrap();
+
+    // Then only the memory about the deploy matches
+    assert_eq!(seqs(&hits), vec![2]);
+    // And a query of function words only still finds them
+    let hits = index
+        .search("to be or not to be", from_ref(&a), &any(), 10)
+        .unwrap();
+    assert_eq!(seqs(&hits)[0], 3, "{hits:?}");
 }
