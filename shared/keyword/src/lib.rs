@@ -525,9 +525,11 @@ impl KeywordReader {
             self.fields.text,
             query,
         );
-        if terms.is_empty() {
+        // A query that can match nothing (no terms, a filter no memory passes) costs no
+        // counting below.
+        let Some(full_query) = query::build(&self.fields, terms.clone(), scopes, filter) else {
             return Ok(Vec::new());
-        }
+        };
         let scope_query = query::scopes(&self.fields, scopes);
         let mut scope_key: Vec<String> = scopes.iter().map(ScopeKey::token).collect();
         scope_key.sort_unstable();
@@ -556,16 +558,13 @@ impl KeywordReader {
             &tail_stats,
         )?;
         let tail_hits = tail_matches.score(&stats, &terms)?;
-        let Some(query) = query::build(&self.fields, terms, scopes, filter) else {
-            return Ok(Vec::new());
-        };
         // TopDocs preallocates for its limit, so a huge `k` must not reach it.
         let limit = k.min(usize::try_from(searcher.num_docs()).unwrap_or(usize::MAX));
         let top = if limit == 0 {
             Vec::new()
         } else {
             searcher.search_with_statistics_provider(
-                &*query,
+                &*full_query,
                 &TopDocs::with_limit(limit).order_by_score(),
                 &stats,
             )?
