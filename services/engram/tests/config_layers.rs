@@ -116,6 +116,16 @@ fn layers_apply_in_order_and_bad_values_are_reported() {
             "[http]\nmax_connections = 0\n",
             "http.max_connections",
         ),
+        (
+            "nice.toml",
+            "[projectors]\napply_nice = 20\n",
+            "projectors.apply_nice",
+        ),
+        (
+            "threads.toml",
+            "[projectors]\napply_threads = 100000\n",
+            "projectors.apply_threads",
+        ),
     ];
     for (name, text, named) in cases {
         let err = load_err(&write(dir.path(), name, text));

@@ -88,6 +88,13 @@ pub struct ProjectorsConfig {
     /// Requests each projector endpoint handles at once; more are answered `busy` (429). The
     /// query service makes up to four projector requests per retrieval.
     pub max_in_flight: usize,
+    /// Threads that apply batches to the models, apart from the threads that answer
+    /// requests (see `engram_projection_runtime::pool`); 0 is one per core.
+    pub apply_threads: usize,
+    /// How many `nice` steps below the rest of the process the applying threads run
+    /// (0..=19; 0 keeps the same priority). Under load they yield the CPU to nats-server's
+    /// acknowledgements and to queries, and projectors fall a little behind instead.
+    pub apply_nice: i32,
     /// Versioned snapshots: where they are kept, how many, how often they are cut.
     pub snapshots: SnapshotsConfig,
     /// When consolidation runs, and how it judges.
@@ -121,6 +128,8 @@ impl Default for ProjectorsConfig {
             embed_cache_disk_mb: 1024,
             hnsw: HnswParams::default(),
             max_in_flight: 256,
+            apply_threads: 0,
+            apply_nice: engram_projection_runtime::pool::PoolSettings::default().nice,
             snapshots: SnapshotsConfig::default(),
             consolidator: consolidator::ConsolidatorConfig::default(),
             replica: None,
@@ -139,6 +148,18 @@ impl ProjectorsConfig {
         }
         if self.embed_cache_disk_mb < 4 {
             return Err("projectors.embed_cache_disk_mb must be at least 4".into());
+        }
+        if !(0..=19).contains(&self.apply_nice) {
+            return Err(format!(
+                "projectors.apply_nice is {}: it lowers the applying threads' priority by 0 to 19 nice steps",
+                self.apply_nice
+            ));
+        }
+        if self.apply_threads > 1024 {
+            return Err(format!(
+                "projectors.apply_threads is {}: at most 1024 (0 is one per core)",
+                self.apply_threads
+            ));
         }
         self.snapshots
             .validate()
@@ -877,6 +898,18 @@ where
     F: Fn(&'static str, engram_rpc::Link) -> Fut,
     Fut: Future<Output = Result<Bus, engram_bus::BusError>>,
 {
+    // The encoder's threads first, from this thread: started from an apply thread, they
+    // would inherit its lowered priority, queries' embeddings included.
+    engram_embed::start_pool();
+    // One pool per process: the first configuration wins (tests open many sets of models).
+    if let Err(e) =
+        engram_projection_runtime::pool::configure(engram_projection_runtime::pool::PoolSettings {
+            threads: config.apply_threads,
+            nice: config.apply_nice,
+        })
+    {
+        tracing::warn!(error = %e, "apply pool settings not changed");
+    }
     let mut models = Vec::new();
     for name in config.run.iter().copied() {
         let projector = name.as_str();

@@ -57,6 +57,17 @@ pub trait Embedder: Send + Sync + 'static {
     async fn embed(&self, texts: &[String]) -> Result<Vec<Vec<f32>>, EmbedError>;
 }
 
+/// Starts the encoder's thread pool (rayon's global one) from the calling thread, if nothing
+/// has yet. Its threads take the priority of the thread that starts them: called first from
+/// a thread that runs at a lowered priority (a projector's apply thread), every embedding,
+/// queries' too, would run at that priority. A process that lowers some threads calls this
+/// from one at its normal priority before. Idempotent.
+pub fn start_pool() {
+    // Already started (by an earlier call, or by a first use) is fine: only the first
+    // start chooses the threads.
+    let _ = rayon::ThreadPoolBuilder::new().build_global();
+}
+
 /// Scales `vector` to unit length in place; a zero vector stays zero (there is no direction to
 /// keep, and NaNs would poison every later similarity).
 pub fn l2_normalize(vector: &mut [f32]) {

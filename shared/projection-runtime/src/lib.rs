@@ -19,12 +19,14 @@
 //! the ledger saved with the state. Acks only tidy the server's bookkeeping.
 
 pub mod model;
+pub mod pool;
 pub mod snapshot;
 
 use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
+use tracing::Instrument;
 
 use async_trait::async_trait;
 use engram_bus::{Bus, BusError, Delivery, StoredEvent};
@@ -1047,7 +1049,18 @@ impl<P: Projection> Projector<P> {
                 Err(e) => poison.push((delivery, e.to_string(), None)),
             }
         }
-        let rejected = self.projection.apply(&events).await?;
+        // On the apply pool, not this runtime's workers: see `pool`.
+        let projection = self.projection.clone();
+        let span = tracing::Span::current();
+        let (events, rejected) = pool::run(
+            async move {
+                let rejected = projection.apply(&events).await;
+                (events, rejected)
+            }
+            .instrument(span),
+        )
+        .await;
+        let rejected = rejected?;
         let mut refused = vec![false; events.len()];
         for r in &rejected {
             match refused.get_mut(r.index) {
