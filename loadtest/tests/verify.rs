@@ -332,9 +332,12 @@ async fn events_appended_after_the_final_ledgers_are_not_held_against_the_projec
 
 /// A projector that other clients keep busy: when first asked, its ledger is a batch ahead of
 /// what it has published (so that batch's dead letters may not be sent yet); by the time it
-/// has published that far, it has applied more. It is checked on the ledger first read.
+/// has published that far, it has applied more. It is checked on the first ledger that is
+/// published whole, from one answer: a model's ledger sums its partitions', and one read
+/// while a partition was behind lacks events that partition applies later, below its
+/// sequence (the first ledger, kept, counted them lost).
 #[tokio::test]
-async fn a_projector_kept_busy_is_checked_on_its_first_ledger_once_that_is_published() {
+async fn a_projector_kept_busy_is_checked_on_the_first_ledger_it_has_published_whole() {
     let nats = TestNats::start().await;
     let bus = nats.bus().await;
     let acked = append(&bus, 0..6).await;
@@ -365,7 +368,11 @@ async fn a_projector_kept_busy_is_checked_on_its_first_ledger_once_that_is_publi
         .unwrap();
     let p = check(&v, "skills");
     assert!(clean(&v, "skills"), "{p:?}");
-    assert_eq!((p.through_seq, p.expected_events), (6, 6), "{p:?}");
+    assert_eq!(
+        (p.through_seq, p.expected_events),
+        (later.seq, later.events),
+        "{p:?}"
+    );
     assert_eq!(v.failures(), 0);
 }
 
