@@ -100,6 +100,24 @@ async fn stand_in_answering(
     })
 }
 
+/// Every projector answers with `steady`, but `name`, which answers `answers` in turn (see
+/// [`stand_in_answering`]).
+async fn stand_ins_with_one_answering(
+    bus: &Bus,
+    steady: ApplyLedger,
+    name: &str,
+    answers: Vec<(u64, ApplyLedger)>,
+) -> Vec<AbortOnDrop> {
+    let mut out = Vec::new();
+    for p in projectors() {
+        if p != name {
+            out.push(AbortOnDrop(stand_in(bus, p, steady).await));
+        }
+    }
+    out.push(AbortOnDrop(stand_in_answering(bus, name, answers).await));
+    out
+}
+
 /// Every projector answers with `correct`, but the one `wrong` names, which answers with its
 /// ledger.
 async fn stand_ins(
@@ -344,24 +362,17 @@ async fn a_projector_kept_busy_is_checked_on_the_first_ledger_it_has_published_w
     let other = append(&bus, 100..104).await;
     let first = ledger_of(&acked);
     let later = ledger_of(acked.iter().chain(&other));
-    let mut projectors = Vec::new();
-    for name in engram_loadtest::fleet::target::projectors() {
-        if name != "skills" {
-            projectors.push(AbortOnDrop(stand_in(&bus, name, first).await));
-        }
-    }
-    projectors.push(AbortOnDrop(
-        stand_in_answering(
-            &bus,
-            "skills",
-            vec![
-                (first.seq - 2, first),
-                (first.seq - 1, later),
-                (later.seq, later),
-            ],
-        )
-        .await,
-    ));
+    let _projectors = stand_ins_with_one_answering(
+        &bus,
+        first,
+        "skills",
+        vec![
+            (first.seq - 2, first),
+            (first.seq - 1, later),
+            (later.seq, later),
+        ],
+    )
+    .await;
 
     let v = verify(&bus, &acked, "bench", &Baseline::default())
         .await
@@ -390,20 +401,13 @@ async fn a_model_read_while_a_partition_is_behind_is_checked_on_a_later_whole_an
     // The partition holding the third and fourth events had applied neither.
     let partial = ledger_of(acked[..2].iter().chain(&acked[4..]));
     assert_eq!((partial.seq, partial.events), (whole.seq, 4));
-    let mut projectors = Vec::new();
-    for name in engram_loadtest::fleet::target::projectors() {
-        if name != "vector" {
-            projectors.push(AbortOnDrop(stand_in(&bus, name, whole).await));
-        }
-    }
-    projectors.push(AbortOnDrop(
-        stand_in_answering(
-            &bus,
-            "vector",
-            vec![(acked[1].seq, partial), (whole.seq, whole)],
-        )
-        .await,
-    ));
+    let _projectors = stand_ins_with_one_answering(
+        &bus,
+        whole,
+        "vector",
+        vec![(acked[1].seq, partial), (whole.seq, whole)],
+    )
+    .await;
 
     let v = verify(&bus, &acked, "bench", &Baseline::default())
         .await

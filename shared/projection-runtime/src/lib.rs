@@ -26,7 +26,6 @@ use std::collections::VecDeque;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime};
-use tracing::Instrument;
 
 use async_trait::async_trait;
 use engram_bus::{Bus, BusError, Delivery, StoredEvent};
@@ -38,6 +37,7 @@ use serde::{Deserialize, Serialize};
 use thiserror::Error;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
 
 /// What a projector has applied: how many events, and an order-independent digest of their
 /// (seq, event id) pairs. Saved with the model's state, so a crash and replay can be checked
