@@ -105,3 +105,79 @@ async fn a_run_that_does_not_sustain_its_target_says_so_and_fails_unless_allowed
     );
     running.shutdown().await;
 }
+
+/// `--find-capacity` against a deployment: each rate's run in a directory of its own, the
+/// capacity report beside them. The verdicts are made certain by the schedule: 2 instances at
+/// 0.5 steps/s for 4 s have one step each (a period of 4 s), so there is no later step to
+/// miss and the run holds if it passes; the one search run allowed ends the search there, and
+/// the overload run at 10× the capacity is judged against it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_capacity_search_reports_each_rate_and_judges_the_overload_run() {
+    let nats = engram_testkit::TestNats::start().await;
+    let home = tempfile::tempdir().unwrap();
+    let config = common::deployment(home.path(), nats.url(), |_| {});
+    let running = engram::up::start(&config, 0).await.unwrap();
+    let out_dir = home.path().join("capacity");
+    let out = tokio::process::Command::new(env!("CARGO_BIN_EXE_loadtest"))
+        .args(["--nats", &nats.url(), "--embedder", "client"])
+        .args(["--instances", "2", "--team-size", "2", "--rate", "0.5"])
+        .args([
+            "--duration",
+            "4",
+            "--reference",
+            "0.001",
+            "--drain-limit",
+            "60",
+        ])
+        .args(["--churn", "0", "--snapshot-every", "0", "--seed", "21"])
+        .args([
+            "--find-capacity",
+            "--capacity-runs",
+            "1",
+            "--overload",
+            "10",
+        ])
+        .arg("--out")
+        .arg(&out_dir)
+        .kill_on_drop(true)
+        .output();
+    let out = tokio::time::timeout(Duration::from_secs(300), out)
+        .await
+        .expect("the search finishes")
+        .unwrap();
+    let output = format!(
+        "{}\n--- stderr ---\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(out.status.code(), Some(0), "{output}");
+    let report: Value =
+        serde_json::from_str(&std::fs::read_to_string(out_dir.join("capacity.json")).unwrap())
+            .unwrap();
+    assert_eq!(report["capacity"], 0.5, "{report:#}");
+    let rates: Vec<f64> = report["runs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["rate"].as_f64().unwrap())
+        .collect();
+    assert_eq!(rates, vec![0.5, 5.0], "{report:#}");
+    for (rate, dir) in [(0.5, "rate-0.5"), (5.0, "rate-5")] {
+        let run: Value = serde_json::from_str(
+            &std::fs::read_to_string(out_dir.join(dir).join("report.json")).unwrap(),
+        )
+        .unwrap();
+        assert_eq!(run["config"]["rate"], rate, "{dir}");
+        assert_eq!(run["verification"]["lost"], 0, "{dir}");
+    }
+    let overload = &report["overload"][0];
+    assert_eq!(overload["rate"], 5.0, "{report:#}");
+    assert_eq!(overload["factor"], 10.0, "{report:#}");
+    let markdown = std::fs::read_to_string(out_dir.join("capacity.md")).unwrap();
+    assert!(
+        markdown.starts_with("# Capacity: 0.5 steps/s held with 2 instances (seed 21)"),
+        "{markdown}"
+    );
+    assert!(markdown.contains("## Above capacity"), "{markdown}");
+    running.shutdown().await;
+}

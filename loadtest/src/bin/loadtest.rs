@@ -79,8 +79,9 @@ struct Cli {
     offline: Option<f64>,
 
     /// Share of an operation's requests (appends, recalls, queries, ...) that may fail with a
-    /// retryable error (busy, unavailable, timed out) outside chaos outages before the run
-    /// fails. Errors retrying cannot fix always fail it. [default: 0.01]
+    /// retryable error (unavailable, timed out) outside chaos outages before the run fails;
+    /// refusals `busy` are counted apart. Errors retrying cannot fix always fail it.
+    /// [default: 0.01]
     #[arg(long, env = "ENGRAM_LOADTEST_ERROR_BUDGET")]
     error_budget: Option<f64>,
 
@@ -189,6 +190,26 @@ struct Cli {
     #[arg(long, env = "ENGRAM_LOADTEST_OUT")]
     out: Option<PathBuf>,
 
+    /// Search for the highest rate the fleet holds (the run passes and every step runs),
+    /// starting at --rate, then run above it: one fresh target and report per rate, and
+    /// capacity.md and capacity.json in --out.
+    #[arg(long, env = "ENGRAM_LOADTEST_FIND_CAPACITY")]
+    find_capacity: bool,
+
+    /// The search ends once the lowest rate not held is within this share above the
+    /// highest held. [default: 0.1]
+    #[arg(long, env = "ENGRAM_LOADTEST_CAPACITY_RESOLUTION")]
+    capacity_resolution: Option<f64>,
+
+    /// At most this many runs in the search, before the overload runs. [default: 8]
+    #[arg(long, env = "ENGRAM_LOADTEST_CAPACITY_RUNS")]
+    capacity_runs: Option<usize>,
+
+    /// After the search, runs at these multiples of the capacity, judged against the run at
+    /// capacity (comma-separated). [default: 1.5]
+    #[arg(long, env = "ENGRAM_LOADTEST_OVERLOAD", value_delimiter = ',')]
+    overload: Option<Vec<f64>>,
+
     /// Seed of the simulated content and schedule [default: random].
     #[arg(long, env = "ENGRAM_LOADTEST_SEED")]
     seed: Option<u64>,
@@ -200,6 +221,9 @@ async fn main() -> anyhow::Result<ExitCode> {
     engram_telemetry::init_logging(engram_telemetry::LogFormat::Text, "warn")
         .context("failed to set up logging")?;
     let config = config(cli)?;
+    if config.capacity.enabled {
+        return find_capacity(config).await;
+    }
     let out = config.out.clone();
     let report = fleet::run(config, interrupted())
         .await
@@ -219,6 +243,57 @@ async fn main() -> anyhow::Result<ExitCode> {
         ),
     }
     Ok(ExitCode::from(code))
+}
+
+/// `--find-capacity`: one whole run per rate of the search, each in its own directory under
+/// --out, against a fresh target each (or, with --nats, the same deployment); the first
+/// ctrl-c ends the run under way early (it still verifies and reports) and the search after
+/// it.
+async fn find_capacity(config: FleetConfig) -> anyhow::Result<ExitCode> {
+    let stop = tokio::sync::watch::channel(false).0;
+    {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            interrupted().await;
+            let _ = stop.send(true);
+        });
+    }
+    let runs = std::sync::atomic::AtomicU64::new(0);
+    let run = |rate: f64| {
+        let mut one = config.clone();
+        one.rate = rate;
+        let index = runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if one.nats.is_some() {
+            // One deployment for every run: a seed of its own each, or a run would write the
+            // same markers again and a recall could find an earlier run's write.
+            one.seed = config.seed.wrapping_add(index);
+        }
+        one.out = fleet::capacity::run_dir(&config.out, rate);
+        // Falling short is what the search looks for, not a failure of the run.
+        one.allow_overload = true;
+        one.capacity.enabled = false;
+        let mut stopped = stop.subscribe();
+        async move {
+            let shutdown = async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            };
+            let report = fleet::run(one, shutdown).await?;
+            eprintln!("[capacity] {}", report.verdicts());
+            Ok(fleet::capacity::RunFigures::of(&report, rate))
+        }
+    };
+    let report = fleet::capacity::search(&config, run, || *stop.borrow())
+        .await
+        .context("capacity search failed")?;
+    std::fs::create_dir_all(&config.out)
+        .with_context(|| format!("cannot create {}", config.out.display()))?;
+    report.write(&config.out)?;
+    print!("{}", report.markdown());
+    eprintln!(
+        "capacity report: {}/capacity.md and capacity.json; each run's report in its rate-<r> directory",
+        config.out.display()
+    );
+    Ok(ExitCode::from(report.exit_code()))
 }
 
 /// Defaults, then the TOML file, then environment variables and flags (clap reads both; a
@@ -267,6 +342,16 @@ fn config(cli: Cli) -> anyhow::Result<FleetConfig> {
     config.chaos |= cli.chaos == Some(ChaosKind::Processes);
     config.chaos_cluster |= cli.chaos == Some(ChaosKind::Cluster);
     config.allow_overload |= cli.allow_overload;
+    config.capacity.enabled |= cli.find_capacity;
+    if let Some(resolution) = cli.capacity_resolution {
+        config.capacity.resolution = resolution;
+    }
+    if let Some(runs) = cli.capacity_runs {
+        config.capacity.max_runs = runs;
+    }
+    if let Some(overload) = cli.overload {
+        config.capacity.overload = overload;
+    }
     if cli.nats.is_some() {
         config.nats = cli.nats;
     }

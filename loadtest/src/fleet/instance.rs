@@ -33,13 +33,16 @@ use engram_memory::proto::{
 use engram_rpc::RpcError;
 use engram_schema::{Embedding, Envelope, EventKind, Ident, Layer, SubjectFilter};
 use engram_sdk::bootstrap::BootstrapError;
-use engram_sdk::{Client, StartAt};
+use engram_sdk::{Client, RetryPolicy, StartAt};
 use futures::StreamExt;
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 
 use super::record::{Acked, Check, Metric, Recorder};
+
+/// The longest pause before asking a refused query again: the SDK's own backoff ceiling.
+const MAX_BUSY_PAUSE: Duration = Duration::from_secs(2);
 use super::sampler::projector_ledger;
 use super::target::{CLIENT_DIM, CLIENT_MODEL, EmbedderChoice, projectors};
 use crate::workload::{AgentProfile, AgentWorkload};
@@ -273,7 +276,10 @@ impl Instance {
         let p = &self.profile;
         if self.board.is_none() {
             let attempt = recorder.attempt("doc_open");
-            let agent = match self.client.agent(
+            // The board's client waits out `busy` itself (the SDK's default): its open is a
+            // compound of requests whose refusals the load test does not time one by one.
+            let patient = Client::from_bus(self.client.bus().clone(), RetryPolicy::default());
+            let agent = match patient.agent(
                 p.tenant.as_str(),
                 p.agent_id.as_str(),
                 p.instance_id.as_str(),
@@ -590,13 +596,18 @@ impl Instance {
             consistency: self.consistency(self.last_seq),
         };
         let started = Instant::now();
-        let attempt = recorder.attempt("context");
-        match self.client.build_context(&request).await {
+        let answer = self
+            .unless_busy("context", |client| {
+                let request = request.clone();
+                async move { client.build_context(&request).await }
+            })
+            .await;
+        match answer {
             Ok(_) => {
                 let now = Instant::now();
                 recorder.latency(Metric::Context, now - started, now);
             }
-            Err(e) => recorder.error(
+            Err((attempt, e)) => recorder.error(
                 attempt,
                 "context",
                 error_kind(&e),
@@ -620,13 +631,18 @@ impl Instance {
             ranking: None,
         };
         let started = Instant::now();
-        let attempt = recorder.attempt("query");
-        match self.client.retrieve(&request).await {
+        let answer = self
+            .unless_busy("query", |client| {
+                let request = request.clone();
+                async move { client.retrieve(&request).await }
+            })
+            .await;
+        match answer {
             Ok(_) => {
                 let now = Instant::now();
                 recorder.latency(Metric::Query, now - started, now);
             }
-            Err(e) => recorder.error(
+            Err((attempt, e)) => recorder.error(
                 attempt,
                 "query",
                 error_kind(&e),
@@ -654,10 +670,9 @@ impl Instance {
     {
         let recorder = &self.shared.recorder;
         loop {
-            let attempt = recorder.attempt(operation);
-            match call(self.client.clone()).await {
+            match self.unless_busy(operation, &call).await {
                 Ok(answer) => return Some(answer),
-                Err(e) => {
+                Err((attempt, e)) => {
                     if e.code() == ErrorCode::NotYetVisible {
                         recorder.visibility_timeout();
                     } else {
@@ -679,6 +694,42 @@ impl Instance {
                         return None;
                     }
                 }
+            }
+        }
+    }
+
+    /// One query, asked as an agent asks it: refused `busy`, it is asked again after a
+    /// pause that starts at the service's retry-after and doubles (jittered), until it is
+    /// answered, fails otherwise, or the run's give-up point passes. Each try counts as an
+    /// attempt; each refusal is recorded with its time from send to refusal, and the answered
+    /// try with its own (`Metric::Answered`). A failure comes back with its attempt.
+    async fn unless_busy<T, F, Fut>(
+        &self,
+        operation: &str,
+        call: F,
+    ) -> Result<T, (super::record::Attempt, RpcError)>
+    where
+        F: Fn(Client) -> Fut,
+        Fut: std::future::Future<Output = Result<T, RpcError>>,
+    {
+        let recorder = &self.shared.recorder;
+        let mut pause = engram_rpc::BUSY_RETRY_AFTER;
+        loop {
+            let attempt = recorder.attempt(operation);
+            let sent = Instant::now();
+            let answer = call(self.client.clone()).await;
+            let now = Instant::now();
+            match answer {
+                Ok(answer) => {
+                    recorder.latency(Metric::Answered, now - sent, now);
+                    return Ok(answer);
+                }
+                Err(e) if e.code() == ErrorCode::Busy && now < self.shared.give_up => {
+                    recorder.refused(operation, now - sent, now);
+                    tokio::time::sleep(pause.mul_f64(rand::random_range(0.5..1.0))).await;
+                    pause = (pause * 2).min(MAX_BUSY_PAUSE);
+                }
+                Err(e) => return Err((attempt, e)),
             }
         }
     }
@@ -755,6 +806,14 @@ impl Instance {
                 Err(BootstrapError::TailGone { .. }) => {
                     recorder.bootstrap_refused_tail_gone();
                     return None;
+                }
+                // One of its queries refused at the service's in-flight bound: the
+                // designed answer to overload, counted as a refusal, asked again.
+                Err(BootstrapError::Rpc(e))
+                    if e.code() == ErrorCode::Busy && Instant::now() < self.shared.give_up =>
+                {
+                    recorder.refused_in("bootstrap");
+                    tokio::time::sleep(engram_rpc::BUSY_RETRY_AFTER).await;
                 }
                 Err(e) => {
                     let (kind, retryable) = bootstrap_error_kind(&e);

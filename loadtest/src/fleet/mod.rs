@@ -23,6 +23,7 @@
 //! target rate ([`report::LoadVerdict`]) says so in its headline, and the binary exits with 3
 //! unless `allow_overload` is set.
 
+pub mod capacity;
 pub mod charts;
 pub mod consolidation;
 pub mod docs;
@@ -148,6 +149,8 @@ pub struct FleetConfig {
     pub out: PathBuf,
     /// 0 in a scenario file: pick one at random.
     pub seed: u64,
+    /// `--find-capacity`: search for the highest rate held instead of one run.
+    pub capacity: capacity::CapacitySearch,
 }
 
 impl Default for FleetConfig {
@@ -192,6 +195,7 @@ impl Default for FleetConfig {
             reference: Duration::from_secs(30),
             out: PathBuf::from("target/loadtest"),
             seed: 0,
+            capacity: capacity::CapacitySearch::default(),
         }
     }
 }
@@ -284,7 +288,12 @@ impl FleetConfig {
                     .into(),
             );
         }
-        Ok(())
+        if self.capacity.enabled && (self.chaos || self.chaos_cluster) {
+            return invalid(
+                "--find-capacity measures the load a healthy deployment holds: drop --chaos".into(),
+            );
+        }
+        self.capacity.validate()
     }
 
     /// Seconds between two steps of one instance.
@@ -396,7 +405,15 @@ async fn load_and_verify(
         recorder: recorder.clone(),
         clients: pool
             .iter()
-            .map(|bus| Client::from_bus(bus.clone(), RetryPolicy::default()))
+            .map(|bus| {
+                // Refusals come back to the instances, which time and count each one and
+                // ask again as an agent would (`Instance::unless_busy`).
+                let retry = RetryPolicy {
+                    retry_busy: false,
+                    ..RetryPolicy::default()
+                };
+                Client::from_bus(bus.clone(), retry)
+            })
             .collect(),
         team_size: config.team_size,
         period: config.period(),
@@ -677,6 +694,8 @@ fn metric_name(metric: Metric) -> &'static str {
         Metric::Skills => "skills",
         Metric::Takeover => "takeover_replay",
         Metric::Bootstrap => "takeover_bootstrap",
+        Metric::Answered => "answered",
+        Metric::Refused => "refused",
     }
 }
 

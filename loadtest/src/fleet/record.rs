@@ -75,10 +75,16 @@ pub(crate) enum Metric {
     Takeover,
     /// A successor instance bootstrapping the same scopes: snapshot slices, then the tail.
     Bootstrap,
+    /// One query request that was answered (any query operation), from its send: the
+    /// service time, without the refusals and pauses before it that the per-operation
+    /// figures include.
+    Answered,
+    /// One query request refused `busy`, from its send to the refusal.
+    Refused,
 }
 
 impl Metric {
-    const ALL: [Metric; 10] = [
+    const ALL: [Metric; 12] = [
         Metric::Ack,
         Metric::AckService,
         Metric::Visibility,
@@ -89,6 +95,8 @@ impl Metric {
         Metric::Skills,
         Metric::Takeover,
         Metric::Bootstrap,
+        Metric::Answered,
+        Metric::Refused,
     ];
 
     fn is_query(self) -> bool {
@@ -188,14 +196,19 @@ pub struct Problems {
     /// Failed requests that retrying cannot fix (refused as invalid, failed inside the
     /// service, a reply that does not decode), by `operation:error kind`. Any fails the run.
     pub hard_errors: BTreeMap<String, u64>,
-    /// Failed requests that may succeed later (busy, unavailable, timed out), outside chaos
-    /// outages, by `operation:error kind`. More than the error budget of an operation's
-    /// attempts fails the run.
+    /// Failed requests that may succeed later (unavailable, timed out; a refusal `busy` is
+    /// counted in `refused`), outside chaos outages, by `operation:error kind`. More than
+    /// the error budget of an operation's attempts fails the run.
     pub errors: BTreeMap<String, u64>,
     /// Retryable failures of requests that overlapped a chaos outage (sent or failed between
     /// the kill and every projector having caught up): expected, shown, and not held against
     /// the budget.
     pub outage_errors: BTreeMap<String, u64>,
+    /// Requests refused `busy` (at the service's in-flight bound), by operation: the
+    /// designed answer to overload, asked again after a pause, so neither an error nor
+    /// held against the budget. Their time to the refusal is `latency_ms.refused`.
+    #[serde(default)]
+    pub refused: BTreeMap<String, u64>,
     /// The first message of each error kind, to say what happened.
     pub first_errors: BTreeMap<String, String>,
     /// Read-your-writes retrieves that returned results without the write.
@@ -344,6 +357,23 @@ impl Recorder {
         Attempt {
             epoch: self.outage.load(Ordering::SeqCst),
         }
+    }
+
+    /// Records a request of `operation` refused `busy`, `took` after it was sent.
+    pub(crate) fn refused(&self, operation: &str, took: Duration, at: Instant) {
+        self.refused_in(operation);
+        self.latency(Metric::Refused, took, at);
+    }
+
+    /// Counts a refusal `busy` inside a compound operation (a bootstrap's queries), whose
+    /// own time to the refusal is not seen.
+    pub(crate) fn refused_in(&self, operation: &str) {
+        *self
+            .lock()
+            .problems
+            .refused
+            .entry(operation.to_owned())
+            .or_default() += 1;
     }
 
     /// Counts a failed request; `retryable` says whether the same request may succeed later.

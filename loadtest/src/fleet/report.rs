@@ -35,7 +35,8 @@ pub struct FleetReport {
     /// Appends the SDK retried after a lost ack and the stream recognised as stored.
     pub duplicate_acks: u64,
     /// By kind: ack (open loop), ack_service (from sent), visibility, query, context, facts,
-    /// skills, takeover_replay, takeover_bootstrap.
+    /// skills, takeover_replay, takeover_bootstrap, answered and refused (one query request
+    /// each).
     pub latency_ms: BTreeMap<String, Latency>,
     pub takeovers: u64,
     pub takeover_events_checked: u64,
@@ -305,6 +306,31 @@ impl FleetReport {
             } else {
                 ""
             }
+        )
+    }
+
+    /// Query requests refused `busy`, and of how many: the service's answer to more than
+    /// it holds in flight. Each operation's row times it from its first try, pauses after
+    /// refusals included; `answered` times the answered try alone.
+    pub fn refusals(&self) -> String {
+        let refused: u64 = self.problems.refused.values().sum();
+        if refused == 0 {
+            return "No query request was refused busy.".to_owned();
+        }
+        let asked: u64 = self
+            .problems
+            .refused
+            .keys()
+            .filter_map(|op| self.problems.attempts.get(op))
+            .sum();
+        format!(
+            "Refused busy: {refused} of {asked} requests of those operations ({}), each asked again after a pause; the operations' rows include the pauses, `answered` does not.",
+            self.problems
+                .refused
+                .iter()
+                .map(|(op, n)| format!("{op} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         )
     }
 
@@ -632,6 +658,8 @@ impl FleetReport {
             "skills" => "skill by name (with token)",
             "takeover_replay" => "successor replays its scopes (private and team)",
             "takeover_bootstrap" => "successor bootstraps the same scopes",
+            "answered" => "one query request answered, any operation (its own service time)",
+            "refused" => "one query request refused busy (send to refusal)",
             _ => "other",
         };
         for (kind, l) in &self.latency_ms {
@@ -647,6 +675,7 @@ impl FleetReport {
                 l.max
             );
         }
+        let _ = writeln!(out, "\n{}", self.refusals());
         if let (Some(r), Some(x)) = (&self.reference, &self.ratios) {
             let _ = writeln!(out, "\n## Against raw JetStream, same run\n");
             let _ = writeln!(

@@ -66,7 +66,9 @@ pub async fn start(
     .await?;
     let query_bus = Bus::connect(bus_as(RoleName::Query, "engram-query".into())).await?;
     let (role, name) = service_link(RoleName::Query, engram_rpc::Link::Responder, "engram-query");
-    let query_responder = Bus::connect(bus_as(role, name)).await?;
+    // Connected on the front door's thread: the requests' reads and the replies' writes are
+    // not queued behind the work they admit (see `engram_rpc::front`).
+    let query_responder = engram_rpc::front::run(Bus::connect(bus_as(role, name))).await?;
     let query = engram_query::Query::new(query_bus.clone(), config.query.clone())
         .await
         .map_err(|e| UpError::Query(e.to_string()))?;

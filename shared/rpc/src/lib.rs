@@ -13,6 +13,7 @@
 //! counted in `engram_rpc_replies_refused_total`. Serve on a connection of the service's
 //! responder identity ([`engram_access::Role::Responder`]), which may publish to inboxes only.
 
+pub mod front;
 mod local;
 
 use std::future::Future;
@@ -381,8 +382,9 @@ where
 }
 
 /// Serves `subject` on `service` with `handler` until the endpoint closes. Each request runs
-/// in its own task, so a slow request (a read-your-writes wait) never holds up others; at
-/// most `limits.max_in_flight` run at once, and none beyond its deadline.
+/// in its own task on the calling runtime, so a slow request (a read-your-writes wait) never
+/// holds up others; at most `limits.max_in_flight` run at once, and none beyond its deadline.
+/// Requests are admitted or refused `busy` on the [`front`] door's thread.
 pub async fn serve<Req, Resp, H, Fut>(
     service: &service::Service,
     subject: &str,
@@ -503,7 +505,9 @@ where
         );
     }
     let routes = routes.cloned();
-    Ok(tokio::spawn(async move {
+    // Admission on the front door's thread, the work on the runtime serving the endpoint.
+    let work = tokio::runtime::Handle::current();
+    Ok(front::handle().spawn(async move {
         let stop = routes.as_ref().map(|r| r.stop.clone()).unwrap_or_default();
         loop {
             let request = tokio::select! {
@@ -552,7 +556,7 @@ where
                 continue;
             };
             let handler = handler.clone();
-            tokio::spawn(
+            work.spawn(
                 async move {
                     let _permit = permit;
                     let started = Instant::now();

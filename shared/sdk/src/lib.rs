@@ -52,13 +52,18 @@ pub use engram_schema::{
 };
 pub use usage::UsageReporter;
 
-/// How appends retry when the server does not acknowledge.
+/// How appends retry when the server does not acknowledge, and queries when it answers
+/// `busy`.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RetryPolicy {
     /// Give up after this long and return the last error.
     pub max_elapsed: Duration,
     pub initial_backoff: Duration,
     pub max_backoff: Duration,
+    /// Whether a query answered `busy` is asked again (with backoff, within `max_elapsed`).
+    /// Off, the caller gets [`ErrorCode::Busy`] at once: for a caller with its own policy,
+    /// or one that measures refusals (the load test does).
+    pub retry_busy: bool,
 }
 
 impl Default for RetryPolicy {
@@ -67,6 +72,7 @@ impl Default for RetryPolicy {
             max_elapsed: Duration::from_secs(30),
             initial_backoff: Duration::from_millis(50),
             max_backoff: Duration::from_secs(2),
+            retry_busy: true,
         }
     }
 }
@@ -689,6 +695,7 @@ impl Client {
                 // other failures may have waited out a read-your-writes token already.
                 Err(e)
                     if e.code() == ErrorCode::Busy
+                        && self.retry.retry_busy
                         && started.elapsed() + backoff < self.retry.max_elapsed =>
                 {
                     tokio::time::sleep(jitter(backoff)).await;
