@@ -292,10 +292,13 @@ fn p_ranking() -> BoxedStrategy<Value> {
         p_float(),
         p_float(),
         p_float(),
+        p_float(),
+        p_float(),
     )
-        .prop_map(|(fusion, kw, rrf, cf, half, rw, iw)| {
+        .prop_map(|(fusion, kw, rrf, cf, half, rw, iw, dw, dh)| {
             json!({"fusion": fusion, "keyword_weight": kw, "rrf_k": rrf, "candidates_factor": cf,
-                   "recency_half_life_hours": half, "recency_weight": rw, "importance_weight": iw})
+                   "recency_half_life_hours": half, "recency_weight": rw, "importance_weight": iw,
+                   "date_weight": dw, "date_half_life_days": dh})
         })
         .boxed()
 }
@@ -416,6 +419,8 @@ const RANKING_FIELDS: Fields = &[
     ("recency_half_life_hours", p_float),
     ("recency_weight", p_float),
     ("importance_weight", p_float),
+    ("date_weight", p_float),
+    ("date_half_life_days", p_float),
 ];
 
 /// Arbitrary bytes, some of them almost-JSON.

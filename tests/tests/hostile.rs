@@ -195,6 +195,8 @@ async fn every_ranking_field_out_of_range_is_a_400_naming_it() {
         ("ranking.recency_half_life_hours", (-1.0).into()),
         ("ranking.recency_weight", serde_json::json!(1e300)),
         ("ranking.importance_weight", 1e9.into()),
+        ("ranking.date_weight", (-1.0).into()),
+        ("ranking.date_half_life_days", serde_json::json!(1e300)),
     ];
     for (field, value) in cases {
         let key = field.trim_start_matches("ranking.");

@@ -452,6 +452,80 @@ async fn a_forgotten_memory_leaves_every_index_and_a_scope_forgets_only_its_own(
     engram.stop().await;
 }
 
+/// A question that names a date ranks the memories from that date first, in every mode,
+/// and says so in each result's score parts; the same question without the date, or with
+/// `date_weight` 0, ranks by the text alone.
+#[tokio::test]
+async fn a_date_the_question_names_ranks_the_memories_from_then_first() {
+    let nats = TestNats::start().await;
+    let engram = Engram::start(&nats).await;
+    let scope = Scope::new(ScopeKind::Task, "dated").unwrap();
+    let at = |s: &str| s.parse::<chrono::DateTime<chrono::Utc>>().unwrap();
+    // The May memory matches the question's words better; the October one happened on the
+    // day the question names.
+    let mut may = memory(
+        "acme",
+        scope.clone(),
+        "Melanie did show Caroline a painting",
+    );
+    may.occurred_at = at("2023-05-08T13:56:00Z");
+    let mut october = memory(
+        "acme",
+        scope.clone(),
+        "Melanie told Caroline about her week",
+    );
+    october.occurred_at = at("2023-10-13T10:31:00Z");
+    // Far from both in meaning and in time: dense scores are normalised over the
+    // candidates, and without it the weaker of two would score 0, which no lift moves.
+    let mut other = memory(
+        "acme",
+        scope.clone(),
+        "the build server runs out of disk on mondays",
+    );
+    other.occurred_at = at("2021-01-04T09:00:00Z");
+    let mut last = 0;
+    for event in [&may, &october, &other] {
+        last = engram.client.append(event).await.unwrap().seq;
+    }
+    let ranked = |query: &str, mode: RetrievalMode, date_weight: f32| {
+        let mut request = retrieve(own("acme", &scope), query, mode, last);
+        request.ranking = Some(engram_memory::proto::Ranking {
+            date_weight,
+            ..Default::default()
+        });
+        let client = engram.client.clone();
+        async move {
+            let response = client.retrieve(&request).await.unwrap();
+            response
+                .results
+                .into_iter()
+                .map(|r| (r.event_id, r.parts.date_boost))
+                .collect::<Vec<_>>()
+        }
+    };
+    let dated = "What painting did Melanie show to Caroline on October 13, 2023?";
+    let undated = "What painting did Melanie show to Caroline?";
+    for mode in [
+        RetrievalMode::Keyword,
+        RetrievalMode::Dense,
+        RetrievalMode::Hybrid,
+    ] {
+        let plain = ranked(undated, mode, 1.0).await;
+        assert_eq!(plain[0].0, may.event_id, "{mode:?}: by text, May first");
+        assert!(plain.iter().all(|(_, boost)| *boost == 0.0), "{mode:?}");
+        let off = ranked(dated, mode, 0.0).await;
+        assert_eq!(
+            off[0].0, may.event_id,
+            "{mode:?}: weight 0 ignores the date"
+        );
+        // The largest weight, so the check does not hang on how close the two texts
+        // score; what the default weight does to recall is the LoCoMo benchmark's to say.
+        let on = ranked(dated, mode, 10.0).await;
+        assert_eq!(on[0], (october.event_id.clone(), 10.0), "{mode:?}: {on:?}");
+    }
+    engram.stop().await;
+}
+
 /// Hybrid score fusion asks the keyword side for its hits plus the scores of the memories
 /// ranked after them (`rest`), in one search. Those must be exactly the next ranks of a
 /// deeper search, or fusion would score dense-only candidates wrongly.

@@ -9,6 +9,8 @@ use chrono::{DateTime, Utc};
 use engram_memory::proto::{Fusion, MemoryHit, MemoryResult, Ranking, ScoreParts};
 use engram_memory::{Hit, Seq};
 
+use crate::when::Mentions;
+
 /// One retriever's answer: its ranked hits plus scores of extra candidates it was asked about.
 #[derive(Clone, Debug, Default)]
 pub struct Side {
@@ -41,15 +43,25 @@ pub fn fuse(
     now: DateTime<Utc>,
     top_k: usize,
 ) -> Fused {
-    fuse_with(dense, keyword, ranking, now, top_k, ranking.summary_results)
+    fuse_with(
+        dense,
+        keyword,
+        ranking,
+        &Mentions::default(),
+        now,
+        top_k,
+        ranking.summary_results,
+    )
 }
 
-/// [`fuse`], with whether summaries compete for the `top_k` places decided by the caller
-/// (a filter that asks for summaries makes them results).
+/// [`fuse`], with the dates the query names (`dates`, from [`Mentions::parse`]) and
+/// whether summaries compete for the `top_k` places decided by the caller (a filter that
+/// asks for summaries makes them results).
 pub fn fuse_with(
     dense: &Side,
     keyword: &Side,
     ranking: &Ranking,
+    dates: &Mentions,
     now: DateTime<Utc>,
     top_k: usize,
     summaries_compete: bool,
@@ -124,7 +136,10 @@ pub fn fuse_with(
                 0.0
             };
             let importance_boost = ranking.importance_weight * (hit.meta.importance as f32 - 0.5);
-            let score = fused * (1.0 + recency_boost) * (1.0 + importance_boost);
+            let date_boost = ranking.date_weight
+                * dates.nearness(hit.meta.occurred_at, ranking.date_half_life_days);
+            let score =
+                fused * (1.0 + recency_boost) * (1.0 + importance_boost) * (1.0 + date_boost);
             Some(MemoryResult {
                 seq: hit.meta.seq,
                 event_id: hit.meta.event_id.clone(),
@@ -147,6 +162,7 @@ pub fn fuse_with(
                     fused,
                     recency_boost,
                     importance_boost,
+                    date_boost,
                 },
             })
         })
@@ -308,6 +324,42 @@ pub(crate) mod tests {
         };
         let out = fuse(&dense, &Side::default(), &ranking, Utc::now(), 2).results;
         assert_eq!(out[0].seq, 2, "the older memory decayed");
+    }
+
+    #[test]
+    fn a_date_the_query_names_lifts_the_memories_from_then() {
+        let at = |s: &str| s.parse::<DateTime<Utc>>().unwrap();
+        // Seq 1 is the better text match; seq 2 happened on the day the query names.
+        let mut dense = side(&[(1, 0.9), (2, 0.7), (3, 0.1)]);
+        dense.hits[0].meta.occurred_at = at("2023-05-08T13:56:00Z");
+        dense.hits[1].meta.occurred_at = at("2023-10-13T10:31:00Z");
+        dense.hits[2].meta.occurred_at = at("2023-10-13T10:32:00Z");
+        let now = at("2026-12-07T00:00:00Z");
+        let dates = Mentions::parse("which painting was shown on October 13, 2023?", now);
+        let ranking = Ranking {
+            importance_weight: 0.0,
+            ..Ranking::default()
+        };
+        let ranked = |ranking: &Ranking, dates: &Mentions| -> Vec<Seq> {
+            fuse_with(&dense, &Side::default(), ranking, dates, now, 3, false)
+                .results
+                .iter()
+                .map(|r| r.seq)
+                .collect()
+        };
+        assert_eq!(ranked(&ranking, &dates), vec![2, 1, 3]);
+        // Nearness lifts; it does not replace relevance: seq 3 (a poor match from the same
+        // day, fused 0) stays last.
+        let out = fuse_with(&dense, &Side::default(), &ranking, &dates, now, 3, false).results;
+        assert_eq!(out[0].parts.date_boost, 1.0);
+        assert!(out[1].parts.date_boost < 1e-3);
+        // Without a named date, or with the weight at 0, relevance alone decides.
+        assert_eq!(ranked(&ranking, &Mentions::default()), vec![1, 2, 3]);
+        let off = Ranking {
+            date_weight: 0.0,
+            ..ranking.clone()
+        };
+        assert_eq!(ranked(&off, &dates), vec![1, 2, 3]);
     }
 
     /// Score fusion compares both retrievers on every candidate: a memory only one list

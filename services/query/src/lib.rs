@@ -25,6 +25,7 @@ pub mod replay;
 mod route;
 mod slices;
 pub mod usage;
+pub mod when;
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -725,6 +726,12 @@ impl Query {
             score_also: Vec::new(),
             rest: 0,
         };
+        let now = chrono::Utc::now();
+        let dates = if ranking.date_weight > 0.0 {
+            when::Mentions::parse(&request.query, now)
+        } else {
+            when::Mentions::default()
+        };
         let (mut dense, mut keyword) = (Side::default(), Side::default());
         let mut visible = Vec::new();
         match request.mode {
@@ -802,7 +809,8 @@ impl Query {
             &dense,
             &keyword,
             &ranking,
-            chrono::Utc::now(),
+            &dates,
+            now,
             request.top_k,
             ranking.summary_results || asks_for_summaries,
         );

@@ -441,6 +441,13 @@ pub struct Ranking {
     pub recency_weight: f32,
     /// Weight of importance (multiplies `1 + w * (importance - 0.5)`).
     pub importance_weight: f32,
+    /// Weight of a memory's nearness to a date the query names ("in July 2023", "on
+    /// October 13, 2023", "yesterday"): multiplies `1 + w * nearness`, where nearness is 1
+    /// within the date and halves for every `date_half_life_days` outside it. A query that
+    /// names no date is ranked as without it. 0 disables it.
+    pub date_weight: f32,
+    /// How fast nearness to a named date falls outside it, in days.
+    pub date_half_life_days: f64,
     /// Session summaries (the consolidator's, tagged [`crate::SUMMARY_TAG`]) returned
     /// beside the results, in `summaries`, best first: at most
     /// [`limits::MAX_SUMMARIES`].
@@ -456,7 +463,8 @@ pub struct Ranking {
 impl Ranking {
     /// Every field finite and within its documented range: `keyword_weight` 0..=1, `rrf_k`
     /// above 0 and at most 1e6, `candidates_factor` 1..=[`limits::MAX_CANDIDATES_FACTOR`],
-    /// `recency_half_life_hours` 0..=1e6, the two boost weights 0..=10.
+    /// `recency_half_life_hours` 0..=1e6, `date_half_life_days` 0..=36500, the three boost
+    /// weights 0..=10.
     pub fn validate(&self) -> Result<(), InvalidField> {
         check_weight(
             "ranking.keyword_weight",
@@ -494,6 +502,18 @@ impl Ranking {
             0.0,
             10.0,
         )?;
+        check_weight(
+            "ranking.date_weight",
+            f64::from(self.date_weight),
+            0.0,
+            10.0,
+        )?;
+        check_weight(
+            "ranking.date_half_life_days",
+            self.date_half_life_days,
+            0.0,
+            36_500.0,
+        )?;
         check_range(
             "ranking.summaries",
             self.summaries,
@@ -521,6 +541,8 @@ impl Default for Ranking {
             recency_half_life_hours: 0.0,
             recency_weight: 0.0,
             importance_weight: 0.1,
+            date_weight: 1.0,
+            date_half_life_days: 7.0,
             summaries: 3,
             summary_results: false,
         }
@@ -553,6 +575,9 @@ pub struct ScoreParts {
     pub fused: f32,
     pub recency_boost: f32,
     pub importance_boost: f32,
+    /// `date_weight` times the memory's nearness to the dates the query names.
+    #[serde(default)]
+    pub date_boost: f32,
 }
 
 /// One retrieved memory with its provenance.

@@ -42,6 +42,7 @@ class ScoreParts(TypedDict, total=False):
     fused: float
     recency_boost: float
     importance_boost: float
+    date_boost: float
 
 
 class MemoryResult(TypedDict):
