@@ -15,7 +15,7 @@
 //!   year, since the question does not say which. "May" elsewhere is the verb;
 //! - a year alone: `in 2023`;
 //! - relative to the time of the request: `today`, `yesterday`, `this` or `last`
-//!   `week`/`month`/`year`.
+//!   `week`/`month`/`year`, `3 days ago`, `a week ago`, `two months ago`.
 //!
 //! A date library parses one string known to be a date; this finds dates inside free
 //! text and keeps their granularity (a month is a month, not its first day), which the
@@ -264,6 +264,10 @@ fn read_at(words: &[String], i: usize, today: NaiveDate) -> (Option<Mention>, us
         let after_preposition = i > 0 && BEFORE_A_MONTH.contains(&words[i - 1].as_str());
         return (after_preposition.then(|| dated(None, m, None)).flatten(), 1);
     }
+    // "3 days ago", "a week ago", "two months ago".
+    if let Some(mention) = ago(w, at(i + 1), at(i + 2), today) {
+        return (Some(mention), 3);
+    }
     // A day first: "13 October 2023", "3rd of June".
     if let Some(d) = day(w) {
         let of = usize::from(at(i + 1) == Some("of"));
@@ -280,6 +284,35 @@ fn read_at(words: &[String], i: usize, today: NaiveDate) -> (Option<Mention>, us
         return (start.zip(end).map(|(s, e)| Mention::span(s, e)), 1);
     }
     relative(w, at(i + 1), today)
+}
+
+/// `<count> <unit> ago`: the day that many days, weeks, months or years before the
+/// request's date (nearness then spreads it by the half-life). A count is 1 to 999 in
+/// digits, or `a`, `an`, `one` to `twelve`.
+fn ago(count: &str, unit: Option<&str>, ago: Option<&str>, today: NaiveDate) -> Option<Mention> {
+    if ago != Some("ago") {
+        return None;
+    }
+    const WORDS: [&str; 12] = [
+        "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven",
+        "twelve",
+    ];
+    let n: u32 = match count {
+        "a" | "an" => 1,
+        c if c.len() <= 3 && c.bytes().all(|b| b.is_ascii_digit()) => c.parse().ok()?,
+        c => WORDS.iter().position(|w| *w == c)? as u32 + 1,
+    };
+    if n == 0 {
+        return None;
+    }
+    let then = match unit?.trim_end_matches('s') {
+        "day" => today.checked_sub_days(Days::new(n.into())),
+        "week" => today.checked_sub_days(Days::new(7 * u64::from(n))),
+        "month" => today.checked_sub_months(Months::new(n)),
+        "year" => today.checked_sub_months(Months::new(12 * n)),
+        _ => None,
+    }?;
+    Some(Mention::span(then, then.checked_add_days(Days::new(1))?))
 }
 
 /// `today`, `yesterday`, and `this` or `last` (`past`, `previous`) `week`, `month` or
@@ -390,6 +423,24 @@ mod tests {
             "mar a lago",
             "",
             "---",
+        ] {
+            assert_eq!(parse(q), vec![], "{q}");
+        }
+    }
+
+    #[test]
+    fn counted_times_ago_are_read_against_the_request() {
+        let on = |d: NaiveDate| vec![span(d, d.succ_opt().unwrap())];
+        assert_eq!(parse("what did we decide 3 days ago"), on(day(2026, 12, 6)));
+        assert_eq!(parse("a week ago"), on(day(2026, 12, 2)));
+        assert_eq!(parse("two months ago"), on(day(2026, 10, 9)));
+        assert_eq!(parse("1 year ago"), on(day(2025, 12, 9)));
+        for q in [
+            "0 days ago",
+            "3 days",
+            "a week",
+            "many days ago",
+            "3 apples ago",
         ] {
             assert_eq!(parse(q), vec![], "{q}");
         }
