@@ -505,6 +505,9 @@ async fn a_date_the_question_names_ranks_the_memories_from_then_first() {
     };
     let dated = "What painting did Melanie show to Caroline on October 13, 2023?";
     let undated = "What painting did Melanie show to Caroline?";
+    // Process-wide and only rising (other tests share the process): at least the dated
+    // retrievals below with a weight above 0 count.
+    let counted_before = engram_telemetry::metrics::RETRIEVE_DATED.get();
     for mode in [
         RetrievalMode::Keyword,
         RetrievalMode::Dense,
@@ -523,6 +526,7 @@ async fn a_date_the_question_names_ranks_the_memories_from_then_first() {
         let on = ranked(dated, mode, 10.0).await;
         assert_eq!(on[0], (october.event_id.clone(), 10.0), "{mode:?}: {on:?}");
     }
+    assert!(engram_telemetry::metrics::RETRIEVE_DATED.get() >= counted_before + 3);
     engram.stop().await;
 }
 

@@ -732,6 +732,10 @@ impl Query {
         } else {
             when::Mentions::default()
         };
+        if !dates.is_empty() {
+            metrics::RETRIEVE_DATED.inc();
+            tracing::debug!(dates = ?dates.0, "query names dates");
+        }
         let (mut dense, mut keyword) = (Side::default(), Side::default());
         let mut visible = Vec::new();
         match request.mode {

@@ -573,6 +573,19 @@ pub static RETRIEVE_STAGE_SECONDS: LazyLock<HistogramVec> = LazyLock::new(|| {
         prometheus::exponential_buckets(0.0001, 2.0, 18).unwrap(),
     )
 });
+/// Retrievals whose query named a date ("in July 2023", "yesterday"), so ranking lifted
+/// the memories near it (`ranking.date_weight`). Against `engram_queries_total` it says how
+/// often the lift applies.
+pub static RETRIEVE_DATED: LazyLock<IntCounter> = LazyLock::new(|| {
+    register(
+        IntCounter::new(
+            "engram_retrieve_dated_total",
+            "retrievals whose query named a date that ranking lifted memories near",
+        )
+        .unwrap(),
+    )
+});
+
 /// Retrieval-usage events (`feedback` with `retrieved`) the query service wrote, by
 /// outcome: `appended`, `retried` (not acknowledged; kept to append again by the same id),
 /// `dropped` (refused, or past the bound of events waiting to be appended).
