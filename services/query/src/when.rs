@@ -65,17 +65,21 @@ impl Mentions {
     }
 
     /// 1 for a memory from within a named date, falling by half for every `half_life_days`
-    /// it lies outside the nearest one; 0 when the query names none.
+    /// it lies outside the nearest one (a half-life of 0: nothing outside is near); 0 when
+    /// the query names none.
     pub fn nearness(&self, at: DateTime<Utc>, half_life_days: f64) -> f32 {
-        if self.0.is_empty() || half_life_days <= 0.0 {
-            return 0.0;
-        }
         let distance = self
             .0
             .iter()
             .map(|m| m.distance_days(at))
             .fold(f64::INFINITY, f64::min);
-        0.5f64.powf(distance / half_life_days) as f32
+        if distance == 0.0 {
+            1.0
+        } else if half_life_days > 0.0 {
+            0.5f64.powf(distance / half_life_days) as f32
+        } else {
+            0.0
+        }
     }
 }
 
@@ -486,6 +490,9 @@ mod tests {
             Mentions::default().nearness(at("2023-07-15T12:00:00Z"), 7.0),
             0.0
         );
+        // A half-life of 0 lifts only what lies within the date.
+        assert_eq!(m.nearness(at("2023-07-31T23:59:59Z"), 0.0), 1.0);
+        assert_eq!(m.nearness(at("2023-08-01T00:00:00Z"), 0.0), 0.0);
         // A month of any year is near in whichever year the memory is.
         let june = Mentions::parse("in June", now());
         assert_eq!(june.nearness(at("2019-06-30T23:00:00Z"), 7.0), 1.0);

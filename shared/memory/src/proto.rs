@@ -446,7 +446,8 @@ pub struct Ranking {
     /// within the date and halves for every `date_half_life_days` outside it. A query that
     /// names no date is ranked as without it. 0 disables it.
     pub date_weight: f32,
-    /// How fast nearness to a named date falls outside it, in days.
+    /// How fast nearness to a named date falls outside it, in days; 0 lifts only the
+    /// memories within the date.
     pub date_half_life_days: f64,
     /// Session summaries (the consolidator's, tagged [`crate::SUMMARY_TAG`]) returned
     /// beside the results, in `summaries`, best first: at most

@@ -769,6 +769,7 @@ pub fn touch_all(layers: &[&str]) {
     LazyLock::force(&NATS_CONNECTED);
     LazyLock::force(&ACCESS_EXPIRY_RENDERS);
     LazyLock::force(&CONSUMER_GAPS);
+    LazyLock::force(&RETRIEVE_DATED);
     LazyLock::force(&NATS_CONNECT_REFUSED_RETRIES);
     LazyLock::force(&STREAM_MESSAGES);
     LazyLock::force(&STREAM_BYTES);
