@@ -115,9 +115,10 @@ fn span_distance(at: DateTime<Utc>, start: NaiveDate, end: NaiveDate) -> f64 {
     } else if t >= e {
         t - e
     } else {
-        0
+        return 0.0;
     };
-    outside as f64 / 86_400.0
+    // The end is not in the span: its first second is outside, though 0 seconds past it.
+    (outside as f64 / 86_400.0).max(f64::MIN_POSITIVE)
 }
 
 /// `[start, end)` of a day, or of a month when `day` is `None`; `None` for a day the month
