@@ -39,7 +39,8 @@ pub(crate) struct Encoder {
     embed_norm: Norm,
     layers: Vec<Layer>,
     arch: pulp::Arch,
-    /// [`Precision::F32`] or [`Precision::Bf16`], as resolved for this CPU at load.
+    /// [`Precision::F32`], [`Precision::Bf16`] or [`Precision::Int8`], as resolved for this
+    /// CPU at load.
     precision: Precision,
 }
 
@@ -83,8 +84,8 @@ pub(crate) struct Scratch {
     context: Vec<f32>,
     projected: Vec<f32>,
     inner: Vec<f32>,
-    /// A linear layer's input rounded to bf16 pairs (the bf16 kernel's operand).
-    pairs: Vec<u32>,
+    /// A linear layer's input in a narrow kernel's operand layout (bf16 or u8).
+    operand: kernel::Operand,
 }
 
 impl Scratch {
@@ -251,7 +252,7 @@ impl Encoder {
             context,
             projected,
             inner,
-            pairs,
+            operand,
         } = scratch;
         let x = &mut x[..tokens * h];
         let qkv = &mut qkv[..tokens * 3 * h];
@@ -261,13 +262,13 @@ impl Encoder {
 
         self.embed(texts, x);
         for layer in &self.layers {
-            linear(self.arch, x, &layer.qkv, qkv, pairs);
+            linear(self.arch, x, &layer.qkv, qkv, operand);
             self.attention(qkv, &lens, context);
-            linear(self.arch, context, &layer.attention_out, projected, pairs);
+            linear(self.arch, context, &layer.attention_out, projected, operand);
             self.add_and_norm(projected, &layer.attention_norm, x);
-            linear(self.arch, x, &layer.up, inner, pairs);
+            linear(self.arch, x, &layer.up, inner, operand);
             self.gelu(inner);
-            linear(self.arch, inner, &layer.down, projected, pairs);
+            linear(self.arch, inner, &layer.down, projected, operand);
             self.add_and_norm(projected, &layer.output_norm, x);
         }
 
@@ -612,12 +613,18 @@ fn tensor_rows(
 const FEW_ROWS: usize = 48;
 
 /// `out = input · weightᵀ + bias` for every row of `input`, by the layer's kernel.
-fn linear(arch: pulp::Arch, input: &[f32], layer: &Linear, out: &mut [f32], pairs: &mut Vec<u32>) {
+fn linear(
+    arch: pulp::Arch,
+    input: &[f32],
+    layer: &Linear,
+    out: &mut [f32],
+    operand: &mut kernel::Operand,
+) {
     let rows = input.len() / layer.inputs;
     let out = &mut out[..rows * layer.outputs];
     match &layer.weights {
-        Weights::Bf16(packed) => {
-            kernel::linear_bf16(input, layer.inputs, packed, &layer.bias, out, pairs);
+        narrow @ (Weights::Bf16(_) | Weights::Int8(_)) => {
+            narrow.apply_narrow(input, layer.inputs, &layer.bias, out, operand);
         }
         Weights::F32(transposed) if rows <= FEW_ROWS => {
             kernel::few_rows_f32(arch, input, layer.inputs, transposed, &layer.bias, out);

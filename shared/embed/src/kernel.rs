@@ -6,6 +6,13 @@
 //!   Twice the multiply-adds of an f32 FMA per instruction, and half the bytes of weights to
 //!   stream, which is what a query's few rows are bound by. No library the encoder could call
 //!   has this kernel: `gemm` (candle's) widens bf16 to f32 and multiplies in f32.
+//! - **int8** (x86-64 with AVX-512 VNNI and no BF16, detected at run time): the weights are
+//!   rounded to int8 once, at load, one scale per output column, and packed in the same tiles;
+//!   each pass rounds every activation row to u8 with a scale and zero point of its own (the
+//!   row's range, so a token's outlier costs only its own row precision), and `vpdpbusd`
+//!   multiplies groups of four into i32 sums, corrected for the zero point and scaled to f32
+//!   once, at the store. Four times the multiply-adds of an f32 FMA per instruction and a
+//!   quarter of the weights' bytes. Lossy beyond bf16: its recall is measured, not assumed.
 //! - **f32** everywhere else: `gemm` for many rows, and for a few rows (a query) a kernel that
 //!   reads each weight once and keeps its sums in registers, where `gemm` would first pack
 //!   every weight matrix into fresh panels (42 MB of copying per pass).
@@ -35,13 +42,17 @@ const ROW_BLOCK: usize = 128;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Precision {
-    /// bf16 products where the CPU has AVX-512 BF16, else f32.
+    /// bf16 products where the CPU has AVX-512 BF16, else int8 where it has AVX-512 VNNI,
+    /// else f32.
     #[default]
     Auto,
     /// f32 throughout: the reference arithmetic, on every CPU.
     F32,
     /// bf16 products with f32 sums; refused on a CPU without AVX-512 BF16.
     Bf16,
+    /// int8 weights, u8 activations quantised per row, i32 sums; refused on a CPU without
+    /// AVX-512 VNNI.
+    Int8,
 }
 
 impl Precision {
@@ -57,15 +68,37 @@ impl Precision {
         }
     }
 
-    /// What `self` comes to on this CPU: [`Precision::F32`] or [`Precision::Bf16`]; `Err`
-    /// for bf16 asked of a CPU without it.
+    /// Whether this CPU runs the int8 kernel.
+    pub fn int8_available() -> bool {
+        #[cfg(target_arch = "x86_64")]
+        {
+            std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("avx512vnni")
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        {
+            false
+        }
+    }
+
+    /// What `self` comes to on this CPU: [`Precision::F32`], [`Precision::Bf16`] or
+    /// [`Precision::Int8`]; `Err` for a narrow precision asked of a CPU without it.
+    ///
+    /// `auto` prefers bf16 to int8 where a CPU has both: bf16 is the less lossy of the two,
+    /// and the one measured on such a CPU.
     pub fn resolve(self) -> Result<Precision, String> {
         match self {
             Precision::Auto if Self::bf16_available() => Ok(Precision::Bf16),
+            Precision::Auto if Self::int8_available() => Ok(Precision::Int8),
             Precision::Auto | Precision::F32 => Ok(Precision::F32),
             Precision::Bf16 if Self::bf16_available() => Ok(Precision::Bf16),
             Precision::Bf16 => Err(
                 "precision bf16 needs a CPU with AVX-512 BF16 (avx512_bf16 in /proc/cpuinfo); \
+                 set precision to \"auto\" or \"f32\""
+                    .into(),
+            ),
+            Precision::Int8 if Self::int8_available() => Ok(Precision::Int8),
+            Precision::Int8 => Err(
+                "precision int8 needs a CPU with AVX-512 VNNI (avx512_vnni in /proc/cpuinfo); \
                  set precision to \"auto\" or \"f32\""
                     .into(),
             ),
@@ -77,6 +110,7 @@ impl Precision {
             Precision::Auto => "auto",
             Precision::F32 => "f32",
             Precision::Bf16 => "bf16",
+            Precision::Int8 => "int8",
         }
     }
 }
@@ -90,12 +124,40 @@ pub(crate) enum Weights {
     /// `u32`s whose lane `j` is `bf16(W[t·TILE + j][2q]) | bf16(W[t·TILE + j][2q + 1]) << 16`,
     /// the operand layout of `vdpbf16ps`.
     Bf16(Vec<u32>),
+    /// int8 in the same tiles: for each quad `q` of inputs, TILE `u32`s whose lane `j` holds
+    /// the four bytes `round(W[t·TILE + j][4q + b] / scale[t·TILE + j])`, `b` = 0..4 from the
+    /// low byte up, the operand layout of `vpdpbusd`.
+    Int8(Int8Weights),
 }
+
+/// A layer's weights for the int8 kernel.
+pub(crate) struct Int8Weights {
+    packed: Vec<u32>,
+    /// Per output: the factor from its int8 weights back to f32 (its largest |weight| / 127).
+    scale: Vec<f32>,
+    /// Per group of [`GROUP`] inputs and output (group-major): the sum of the group's int8
+    /// weights, to take the activations' zero point out of the sums.
+    sums: Vec<f32>,
+}
+
+/// Inputs per group of the int8 kernel's activations: each token row is rounded to u8 in
+/// groups of this many inputs, each with a scale and zero point of its own. BERT's hidden
+/// states have a few dimensions far larger than the rest; rounded by the whole row's range,
+/// they would leave every other value a handful of steps. In groups, an outlier coarsens
+/// only its own group (per-embedding-group quantisation, Bondarenko et al. 2021).
+pub(crate) const GROUP: usize = 64;
+
+/// Input quads per group.
+const GROUP_QUADS: usize = GROUP / 4;
+
+/// Rows per tile of the int8 kernel: 6 rows × 2 vectors of i32 sums for the group under way
+/// and as many of f32 for the groups done, 24 registers of AVX-512's 32.
+const MR_INT8: usize = 6;
 
 impl Weights {
     /// `weight` (outputs × inputs, row-major, as stored) in the layout of `precision`, which
-    /// must be resolved. bf16 needs an even input count and whole tiles of outputs; a layer
-    /// without them stays f32.
+    /// must be resolved. bf16 needs an even input count, int8 whole groups of [`GROUP`], and
+    /// both whole tiles of outputs; a layer without them stays f32.
     pub(crate) fn pack(
         weight: &[f32],
         inputs: usize,
@@ -118,6 +180,42 @@ impl Weights {
             }
             return Weights::Bf16(packed);
         }
+        if precision == Precision::Int8
+            && inputs.is_multiple_of(GROUP)
+            && outputs.is_multiple_of(TILE)
+        {
+            let quads = inputs / 4;
+            let mut quantised = vec![0i8; outputs * inputs];
+            let mut scale = vec![0f32; outputs];
+            let mut sums = vec![0f32; outputs * (inputs / GROUP)];
+            for (o, row) in weight.chunks_exact(inputs).enumerate() {
+                let largest = row.iter().fold(0f32, |m, w| m.max(w.abs()));
+                scale[o] = if largest > 0.0 { largest / 127.0 } else { 1.0 };
+                for (i, (q, w)) in quantised[o * inputs..][..inputs]
+                    .iter_mut()
+                    .zip(row)
+                    .enumerate()
+                {
+                    *q = (w / scale[o]).round().clamp(-127.0, 127.0) as i8;
+                    sums[i / GROUP * outputs + o] += *q as f32;
+                }
+            }
+            let mut packed = vec![0u32; outputs * quads];
+            for (t, tile) in packed.chunks_exact_mut(quads * TILE).enumerate() {
+                for (q, lanes) in tile.chunks_exact_mut(TILE).enumerate() {
+                    for (j, lane) in lanes.iter_mut().enumerate() {
+                        let b = &quantised[(t * TILE + j) * inputs + 4 * q..][..4];
+                        *lane =
+                            u32::from_le_bytes([b[0] as u8, b[1] as u8, b[2] as u8, b[3] as u8]);
+                    }
+                }
+            }
+            return Weights::Int8(Int8Weights {
+                packed,
+                scale,
+                sums,
+            });
+        }
         let mut transposed = vec![0f32; inputs * outputs];
         for (o, row) in weight.chunks_exact(inputs).enumerate() {
             for (i, w) in row.iter().enumerate() {
@@ -138,49 +236,68 @@ pub(crate) fn bf16_bits(x: f32) -> u16 {
     (bits.wrapping_add(round) >> 16) as u16
 }
 
-/// `out = x · Wᵀ + bias` through the bf16 kernel, `x` being rows of `inputs` values and
-/// `packed` [`Weights::Bf16`]. `pairs` is scratch for the activations in bf16.
-pub(crate) fn linear_bf16(
-    x: &[f32],
-    inputs: usize,
-    packed: &[u32],
-    bias: &[f32],
-    out: &mut [f32],
-    pairs: &mut Vec<u32>,
-) {
-    let n = bias.len();
-    let rows = x.len() / inputs;
-    let kp = inputs / 2;
-    assert!(inputs.is_multiple_of(2) && n.is_multiple_of(TILE) && x.len() == rows * inputs);
-    assert_eq!(packed.len(), n * kp, "packed weights of another shape");
-    assert!(out.len() >= rows * n, "output too short");
-    if rows == 0 {
-        return;
+/// A linear layer's input in a narrow kernel's operand layout: buffers grown to the largest
+/// pass seen and then reused.
+#[derive(Default)]
+pub(crate) struct Operand {
+    /// bf16 pairs or u8 quads, one row after another.
+    words: Vec<u32>,
+    /// int8: per row and group of [`GROUP`] inputs, the factor from its u8 values back to
+    /// f32.
+    scale: Vec<f32>,
+    /// int8: per row and group, the u8 value that stands for 0.
+    zero: Vec<i32>,
+}
+
+impl Operand {
+    fn grow(&mut self, rows: usize, words_per_row: usize, groups_per_row: usize) {
+        if self.words.len() < rows * words_per_row {
+            self.words.resize(rows * words_per_row, 0);
+        }
+        if self.scale.len() < rows * groups_per_row {
+            self.scale.resize(rows * groups_per_row, 0.0);
+            self.zero.resize(rows * groups_per_row, 0);
+        }
     }
-    if pairs.len() < rows * kp {
-        pairs.resize(rows * kp, 0);
+}
+
+impl Weights {
+    /// `out = x · Wᵀ + bias` through the narrow kernel these weights were packed for.
+    ///
+    /// # Panics
+    /// On [`Weights::F32`], which the encoder multiplies itself (`gemm` or
+    /// [`few_rows_f32`]).
+    pub(crate) fn apply_narrow(
+        &self,
+        x: &[f32],
+        inputs: usize,
+        bias: &[f32],
+        out: &mut [f32],
+        operand: &mut Operand,
+    ) {
+        match self {
+            Weights::Bf16(packed) => linear_bf16(x, inputs, packed, bias, out, operand),
+            Weights::Int8(weights) => linear_int8(x, inputs, weights, bias, out, operand),
+            Weights::F32(_) => panic!("f32 weights have no narrow kernel"),
+        }
     }
-    let pairs = &mut pairs[..rows * kp];
-    pairs
-        .par_chunks_mut(ROW_BLOCK * kp)
-        .zip(x.par_chunks(ROW_BLOCK * inputs))
-        .for_each(|(to, from)| to_bf16_pairs(from, to));
-    let pairs = &*pairs;
+}
+
+/// Calls `tile(first_row, rows, t, out, stride)` for every tile `t` of the `n` outputs of
+/// `rows` rows, row `first_row + r` going to `out[r·stride..][..TILE]`, and the results in
+/// `out` (rows of `n`). Few rows split by tiles: the weights are what costs. Many split by
+/// blocks of [`ROW_BLOCK`] rows, whose operand stays in L2 while every tile passes over it.
+fn for_each_tile<F>(rows: usize, n: usize, out: &mut [f32], tile: F)
+where
+    F: Fn(usize, usize, usize, &mut [f32], usize) + Sync,
+{
     let tiles = n / TILE;
     if rows <= ROW_BLOCK {
-        // Few rows: the weights are what costs, so the tiles are what is split.
         let blocks: Vec<Vec<f32>> = (0..tiles)
             .into_par_iter()
             .map(|t| {
                 let mut block = vec![0f32; rows * TILE];
-                rows_bf16(
-                    pairs,
-                    kp,
-                    &packed[t * kp * TILE..][..kp * TILE],
-                    &bias[t * TILE..][..TILE],
-                    &mut block,
-                    TILE,
-                );
+                tile(0, rows, t, &mut block, TILE);
                 block
             })
             .collect();
@@ -193,19 +310,328 @@ pub(crate) fn linear_bf16(
     }
     out[..rows * n]
         .par_chunks_mut(ROW_BLOCK * n)
-        .zip(pairs.par_chunks(ROW_BLOCK * kp))
-        .for_each(|(out, pairs)| {
+        .enumerate()
+        .for_each(|(b, out)| {
+            let m = out.len() / n;
             for t in 0..tiles {
-                rows_bf16(
-                    pairs,
-                    kp,
-                    &packed[t * kp * TILE..][..kp * TILE],
-                    &bias[t * TILE..][..TILE],
-                    &mut out[t * TILE..],
-                    n,
-                );
+                tile(b * ROW_BLOCK, m, t, &mut out[t * TILE..], n);
             }
         });
+}
+
+/// `out = x · Wᵀ + bias` through the bf16 kernel, `x` being rows of `inputs` values and
+/// `packed` [`Weights::Bf16`]. `operand` is scratch for the activations in bf16.
+pub(crate) fn linear_bf16(
+    x: &[f32],
+    inputs: usize,
+    packed: &[u32],
+    bias: &[f32],
+    out: &mut [f32],
+    operand: &mut Operand,
+) {
+    let n = bias.len();
+    let rows = x.len() / inputs;
+    let kp = inputs / 2;
+    assert!(inputs.is_multiple_of(2) && n.is_multiple_of(TILE) && x.len() == rows * inputs);
+    assert_eq!(packed.len(), n * kp, "packed weights of another shape");
+    assert!(out.len() >= rows * n, "output too short");
+    if rows == 0 {
+        return;
+    }
+    operand.grow(rows, kp, 0);
+    let pairs = &mut operand.words[..rows * kp];
+    pairs
+        .par_chunks_mut(ROW_BLOCK * kp)
+        .zip(x.par_chunks(ROW_BLOCK * inputs))
+        .for_each(|(to, from)| to_bf16_pairs(from, to));
+    let pairs = &*pairs;
+    for_each_tile(rows, n, out, |first, m, t, out, stride| {
+        rows_bf16(
+            &pairs[first * kp..(first + m) * kp],
+            kp,
+            &packed[t * kp * TILE..][..kp * TILE],
+            &bias[t * TILE..][..TILE],
+            out,
+            stride,
+        )
+    });
+}
+
+/// `out = x · Wᵀ + bias` through the int8 kernel, `x` being rows of `inputs` values and `w`
+/// [`Weights::Int8`]. `operand` is scratch for the activations in u8.
+pub(crate) fn linear_int8(
+    x: &[f32],
+    inputs: usize,
+    w: &Int8Weights,
+    bias: &[f32],
+    out: &mut [f32],
+    operand: &mut Operand,
+) {
+    let n = bias.len();
+    let rows = x.len() / inputs;
+    let kq = inputs / 4;
+    let groups = inputs / GROUP;
+    assert!(inputs.is_multiple_of(GROUP) && n.is_multiple_of(TILE) && x.len() == rows * inputs);
+    assert!(
+        w.packed.len() == n * kq && w.scale.len() == n && w.sums.len() == n * groups,
+        "packed weights of another shape"
+    );
+    assert!(out.len() >= rows * n, "output too short");
+    if rows == 0 {
+        return;
+    }
+    operand.grow(rows, kq, groups);
+    let quads = &mut operand.words[..rows * kq];
+    let scale = &mut operand.scale[..rows * groups];
+    let zero = &mut operand.zero[..rows * groups];
+    quads
+        .par_chunks_mut(ROW_BLOCK * kq)
+        .zip(scale.par_chunks_mut(ROW_BLOCK * groups))
+        .zip(zero.par_chunks_mut(ROW_BLOCK * groups))
+        .zip(x.par_chunks(ROW_BLOCK * inputs))
+        .for_each(|(((to, scale), zero), from)| {
+            for (((to, scale), zero), from) in to
+                .chunks_exact_mut(GROUP_QUADS)
+                .zip(scale)
+                .zip(zero)
+                .zip(from.chunks_exact(GROUP))
+            {
+                (*scale, *zero) = quantise_group(from, to);
+            }
+        });
+    let (quads, scale, zero) = (&*quads, &*scale, &*zero);
+    for_each_tile(rows, n, out, |first, m, t, out, stride| {
+        let columns = t * TILE..(t + 1) * TILE;
+        rows_int8(
+            RowsInt8 {
+                x: &quads[first * kq..(first + m) * kq],
+                scale: &scale[first * groups..(first + m) * groups],
+                zero: &zero[first * groups..(first + m) * groups],
+            },
+            kq,
+            &w.packed[t * kq * TILE..][..kq * TILE],
+            ColumnsInt8 {
+                scale: &w.scale[columns.clone()],
+                sums: &w.sums[t * TILE..],
+                stride: n,
+                bias: &bias[columns],
+            },
+            out,
+            stride,
+        )
+    });
+}
+
+/// The scale and zero point that map `[lo, hi]` (which holds 0) onto 0..=255.
+fn group_quantiser(lo: f32, hi: f32) -> (f32, i32) {
+    let scale = (hi - lo) / 255.0;
+    if !(scale > 0.0 && scale.is_finite()) {
+        // An all-zero group (any scale represents it exactly), or a non-finite one.
+        return (1.0, 0);
+    }
+    let zero = (-lo / scale).round_ties_even().clamp(0.0, 255.0) as i32;
+    (scale, zero)
+}
+
+/// One group of f32 rounded to u8 in quads (`to` holds `x.len() / 4` of them, the first
+/// input in the low byte), by its own range: returns the scale and the zero point, so that
+/// `x[i] ≈ scale · (u8[i] − zero)`.
+fn quantise_group(x: &[f32], to: &mut [u32]) -> (f32, i32) {
+    assert_eq!(x.len(), to.len() * 4);
+    #[cfg(target_arch = "x86_64")]
+    if Precision::int8_available() && x.len().is_multiple_of(16) {
+        // SAFETY: checked just above that the CPU has AVX-512F and that the group is whole
+        // vectors; `to` holds a byte for every value, as asserted.
+        return unsafe { quantise_group_avx512(x, pulp::bytemuck::cast_slice_mut(to)) };
+    }
+    let (lo, hi) = x
+        .iter()
+        .fold((0f32, 0f32), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
+    let (scale, zero) = group_quantiser(lo, hi);
+    let bytes: &mut [u8] = pulp::bytemuck::cast_slice_mut(to);
+    for (b, v) in bytes.iter_mut().zip(x) {
+        *b = ((v / scale).round_ties_even() as i32 + zero).clamp(0, 255) as u8;
+    }
+    (scale, zero)
+}
+
+/// # Safety
+/// The CPU has AVX-512F; `x.len()` is a multiple of 16 and `to.len()`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn quantise_group_avx512(x: &[f32], to: &mut [u8]) -> (f32, i32) {
+    use std::arch::x86_64::*;
+    debug_assert!(x.len().is_multiple_of(16) && x.len() == to.len());
+    // SAFETY: every step reads 16 values at `i` and writes 16 bytes at `i`, inside both
+    // slices by the caller's promise.
+    unsafe {
+        let mut lo = _mm512_setzero_ps();
+        let mut hi = _mm512_setzero_ps();
+        for i in (0..x.len()).step_by(16) {
+            let v = _mm512_loadu_ps(x.as_ptr().add(i));
+            lo = _mm512_min_ps(lo, v);
+            hi = _mm512_max_ps(hi, v);
+        }
+        let (mut lanes_lo, mut lanes_hi) = ([0f32; 16], [0f32; 16]);
+        _mm512_storeu_ps(lanes_lo.as_mut_ptr(), lo);
+        _mm512_storeu_ps(lanes_hi.as_mut_ptr(), hi);
+        let lo = lanes_lo.iter().fold(0f32, |m, v| m.min(*v));
+        let hi = lanes_hi.iter().fold(0f32, |m, v| m.max(*v));
+        let (scale, zero) = group_quantiser(lo, hi);
+        // A division per value, as the scalar path does: a reciprocal would round a value
+        // that sits on a half step the other way.
+        let divisor = _mm512_set1_ps(scale);
+        let offset = _mm512_set1_epi32(zero);
+        let floor = _mm512_setzero_si512();
+        for i in (0..x.len()).step_by(16) {
+            let v = _mm512_div_ps(_mm512_loadu_ps(x.as_ptr().add(i)), divisor);
+            // Rounded to nearest even (the default rounding mode), shifted by the zero point,
+            // and held to 0..=255 (the conversion saturates above 255).
+            let q = _mm512_max_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(v), offset), floor);
+            _mm_storeu_si128(
+                to.as_mut_ptr().add(i) as *mut __m128i,
+                _mm512_cvtusepi32_epi8(q),
+            );
+        }
+        (scale, zero)
+    }
+}
+
+/// Rows of the int8 kernel's operand: u8 quads, and each row's scales and zero points, a
+/// pair per group.
+#[derive(Clone, Copy)]
+struct RowsInt8<'a> {
+    x: &'a [u32],
+    scale: &'a [f32],
+    zero: &'a [i32],
+}
+
+/// A tile's columns for the int8 kernel: weight scales, the int8 weights' sums per group
+/// (the group's `TILE` sums at `sums[g·stride..]`) and bias.
+#[derive(Clone, Copy)]
+struct ColumnsInt8<'a> {
+    scale: &'a [f32],
+    sums: &'a [f32],
+    stride: usize,
+    bias: &'a [f32],
+}
+
+/// One tile of columns for every row of `rows`: row `r` goes to `out[r·stride..][..TILE]`.
+fn rows_int8(
+    rows: RowsInt8,
+    kq: usize,
+    w: &[u32],
+    columns: ColumnsInt8,
+    out: &mut [f32],
+    stride: usize,
+) {
+    let groups = kq / GROUP_QUADS;
+    let count = rows.x.len() / kq;
+    assert!(kq.is_multiple_of(GROUP_QUADS) && rows.x.len() == count * kq);
+    assert!(rows.scale.len() == count * groups && rows.zero.len() == count * groups);
+    assert!(w.len() == kq * TILE);
+    assert!(columns.scale.len() == TILE && columns.bias.len() == TILE);
+    assert!(groups == 0 || (groups - 1) * columns.stride + TILE <= columns.sums.len());
+    assert!(
+        count == 0 || (count - 1) * stride + TILE <= out.len(),
+        "output too short"
+    );
+    let mut r = 0;
+    while r < count {
+        let m = (count - r).min(MR_INT8);
+        let part = RowsInt8 {
+            x: &rows.x[r * kq..(r + m) * kq],
+            scale: &rows.scale[r * groups..(r + m) * groups],
+            zero: &rows.zero[r * groups..(r + m) * groups],
+        };
+        let o = &mut out[r * stride..];
+        // SAFETY: `linear_int8` runs only on a CPU with AVX-512F and VNNI (its callers hold
+        // `Weights::Int8`, packed only when `Precision::resolve` found both); the slices hold
+        // `m` rows of `kq` quads with a scale and zero point per group, `kq` tiles of
+        // weights, a tile of column values (per group for the sums), and `m` output rows of
+        // `stride` (the last one a tile long), as asserted above.
+        #[cfg(target_arch = "x86_64")]
+        unsafe {
+            match m {
+                6 => tile_int8::<6>(part, kq, w, columns, o, stride),
+                5 => tile_int8::<5>(part, kq, w, columns, o, stride),
+                4 => tile_int8::<4>(part, kq, w, columns, o, stride),
+                3 => tile_int8::<3>(part, kq, w, columns, o, stride),
+                2 => tile_int8::<2>(part, kq, w, columns, o, stride),
+                _ => tile_int8::<1>(part, kq, w, columns, o, stride),
+            }
+        }
+        #[cfg(not(target_arch = "x86_64"))]
+        unreachable!("int8 weights exist only on x86-64");
+        r += m;
+    }
+}
+
+/// `M` rows × [`TILE`] columns. Per group: i32 sums of one `vpdpbusd` per row, vector and
+/// input quad, then into f32 sums at the group's scale, less its zero point's share. At the
+/// end the weights' scale and the bias, and one store.
+///
+/// # Safety
+/// The CPU has AVX-512F and AVX-512 VNNI; `rows` holds `M·kq` quads and `M·kq/GROUP_QUADS`
+/// scales and zero points, `w` `kq·TILE` quads, `columns` `TILE` scales and bias values and
+/// `TILE` sums per group at its stride, and `out` at least `(M-1)·stride + TILE`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512vnni")]
+unsafe fn tile_int8<const M: usize>(
+    rows: RowsInt8,
+    kq: usize,
+    w: &[u32],
+    columns: ColumnsInt8,
+    out: &mut [f32],
+    stride: usize,
+) {
+    use std::arch::x86_64::*;
+    let groups = kq / GROUP_QUADS;
+    debug_assert!(rows.x.len() >= M * kq && rows.scale.len() >= M * groups);
+    debug_assert!(w.len() >= kq * TILE && columns.bias.len() >= TILE);
+    debug_assert!(out.len() >= (M - 1) * stride + TILE);
+    // SAFETY: the caller's promises above bound every pointer offset taken here.
+    unsafe {
+        let (xp, wp, op) = (rows.x.as_ptr(), w.as_ptr(), out.as_mut_ptr());
+        let mut lo = [_mm512_setzero_ps(); M];
+        let mut hi = [_mm512_setzero_ps(); M];
+        for g in 0..groups {
+            let mut lo_i = [_mm512_setzero_si512(); M];
+            let mut hi_i = [_mm512_setzero_si512(); M];
+            for q in g * GROUP_QUADS..(g + 1) * GROUP_QUADS {
+                let w0 = _mm512_loadu_si512(wp.add(q * TILE) as *const __m512i);
+                let w1 = _mm512_loadu_si512(wp.add(q * TILE + 16) as *const __m512i);
+                for r in 0..M {
+                    let a = _mm512_set1_epi32(*xp.add(r * kq + q) as i32);
+                    lo_i[r] = _mm512_dpbusd_epi32(lo_i[r], a, w0);
+                    hi_i[r] = _mm512_dpbusd_epi32(hi_i[r], a, w1);
+                }
+            }
+            let sums = columns.sums.as_ptr().add(g * columns.stride);
+            let (sums0, sums1) = (_mm512_loadu_ps(sums), _mm512_loadu_ps(sums.add(16)));
+            for r in 0..M {
+                let scale = *rows.scale.get_unchecked(r * groups + g);
+                let zero = *rows.zero.get_unchecked(r * groups + g);
+                let s = _mm512_set1_ps(scale);
+                let z = _mm512_set1_ps(-scale * zero as f32);
+                lo[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(lo_i[r]), s, lo[r]);
+                lo[r] = _mm512_fmadd_ps(z, sums0, lo[r]);
+                hi[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(hi_i[r]), s, hi[r]);
+                hi[r] = _mm512_fmadd_ps(z, sums1, hi[r]);
+            }
+        }
+        let scale0 = _mm512_loadu_ps(columns.scale.as_ptr());
+        let scale1 = _mm512_loadu_ps(columns.scale.as_ptr().add(16));
+        let bias0 = _mm512_loadu_ps(columns.bias.as_ptr());
+        let bias1 = _mm512_loadu_ps(columns.bias.as_ptr().add(16));
+        for r in 0..M {
+            _mm512_storeu_ps(op.add(r * stride), _mm512_fmadd_ps(lo[r], scale0, bias0));
+            _mm512_storeu_ps(
+                op.add(r * stride + 16),
+                _mm512_fmadd_ps(hi[r], scale1, bias1),
+            );
+        }
+    }
 }
 
 /// One tile of columns for every row of `pairs`: row `r` goes to `out[r·stride..][..TILE]`.
@@ -592,7 +1018,7 @@ mod tests {
         for rows in [1, 7, 8, 9, ROW_BLOCK + 13] {
             let x = values(rows * inputs, 20 + rows as u64);
             let mut out = vec![f32::NAN; rows * n];
-            let mut scratch = Vec::new();
+            let mut scratch = Operand::default();
             linear_bf16(&x, inputs, &p, &b, &mut out, &mut scratch);
             // The products of values rounded to bf16 against the exact reference: each
             // operand is off by at most 2⁻⁹ relatively, so a 384-long dot of values in
@@ -620,13 +1046,136 @@ mod tests {
     }
 
     #[test]
-    fn bf16_is_refused_where_the_cpu_lacks_it_and_auto_follows_the_cpu() {
+    fn int8_matches_the_reference_within_its_rounding() {
+        if !Precision::int8_available() {
+            eprintln!("no AVX-512 VNNI here: the int8 kernel is not run");
+            return;
+        }
+        let (inputs, n) = (384, 64);
+        let w = values(inputs * n, 31);
+        let b = values(n, 32);
+        let Weights::Int8(p) = Weights::pack(&w, inputs, n, Precision::Int8) else {
+            panic!("int8 asked, int8 packed")
+        };
+        // Few rows (split by tiles), a row block and a tail (split by rows); rows skewed to
+        // one side, as a GELU's output is, and one row of zeros.
+        for rows in [1, 7, 8, 9, ROW_BLOCK + 13] {
+            let mut x: Vec<f32> = values(rows * inputs, 40 + rows as u64)
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    if (i / inputs) % 2 == 1 {
+                        v * 3.0 + 2.5
+                    } else {
+                        *v
+                    }
+                })
+                .collect();
+            x[(rows - 1) * inputs..].fill(0.0);
+            let mut out = vec![f32::NAN; rows * n];
+            let mut scratch = Operand::default();
+            linear_int8(&x, inputs, &p, &b, &mut out, &mut scratch);
+            // Against the same arithmetic done plainly on the quantised operands: only the
+            // order of the sums differs.
+            let mut quads = vec![0u32; GROUP_QUADS];
+            for (r, row) in x.chunks_exact(inputs).enumerate() {
+                let quantised: Vec<(f64, Vec<i64>)> = row
+                    .chunks_exact(GROUP)
+                    .map(|group| {
+                        let (scale, zero) = quantise_group(group, &mut quads);
+                        let bytes: &[u8] = pulp::bytemuck::cast_slice(&quads);
+                        let values = bytes.iter().map(|b| *b as i64 - zero as i64).collect();
+                        (scale as f64, values)
+                    })
+                    .collect();
+                for o in 0..n {
+                    let wq: Vec<i64> = (0..inputs)
+                        .map(|i| {
+                            (w[o * inputs + i] / p.scale[o])
+                                .round()
+                                .clamp(-127.0, 127.0) as i64
+                        })
+                        .collect();
+                    let dot: f64 = quantised
+                        .iter()
+                        .zip(wq.chunks_exact(GROUP))
+                        .map(|((scale, values), wq)| {
+                            scale * values.iter().zip(wq).map(|(a, b)| a * b).sum::<i64>() as f64
+                        })
+                        .sum();
+                    let want = b[o] as f64 + p.scale[o] as f64 * dot;
+                    let got = out[r * n + o] as f64;
+                    assert!(
+                        (got - want).abs() < 1e-3,
+                        "{rows} rows, row {r}, output {o}: {got} vs {want}"
+                    );
+                }
+            }
+            // And against the exact f32 products: a row's u8 step is its range / 255 (up to
+            // 0.024 here) and a weight's int8 step 1/127, so a 384-long dot is off by about
+            // 0.1 and rarely by half a unit; an indexing mistake is off by tens.
+            let want = reference(&x, &w, &b, inputs);
+            let worst = out
+                .iter()
+                .zip(&want)
+                .map(|(g, w)| (g - w).abs())
+                .fold(0f32, f32::max);
+            assert!(worst < 1.0, "{rows} rows: worst error {worst}");
+            // The row of zeros is the bias, exactly.
+            assert_eq!(&out[(rows - 1) * n..], &b[..]);
+        }
+    }
+
+    #[test]
+    fn a_group_rounds_to_u8_by_its_own_range() {
+        let group: Vec<f32> = (0..32).map(|i| i as f32 - 8.0).collect(); // -8..=23
+        let mut quads = vec![0u32; 8];
+        let (scale, zero) = quantise_group(&group, &mut quads);
+        assert!((scale - 31.0 / 255.0).abs() < 1e-6);
+        assert_eq!(zero, (8.0f32 / scale).round_ties_even() as i32);
+        let bytes: &[u8] = pulp::bytemuck::cast_slice(&quads);
+        assert_eq!((bytes[0], bytes[31]), (0, 255));
+        for (b, v) in bytes.iter().zip(&group) {
+            assert!((scale * (*b as i32 - zero) as f32 - v).abs() <= scale / 2.0 + 1e-5);
+        }
+        // All non-negative: 0 stays the bottom of the range.
+        let (_, zero) = quantise_group(&[1.0; 16], &mut quads[..4]);
+        assert_eq!(zero, 0);
+        // All zero: any scale holds it.
+        assert_eq!(quantise_group(&[0.0; 16], &mut quads[..4]), (1.0, 0));
+    }
+
+    #[test]
+    fn an_outlier_coarsens_only_its_own_group() {
+        // One large value in the first group of a row: the second group keeps its fine
+        // steps.
+        let mut row: Vec<f32> = values(2 * GROUP, 7);
+        row[3] = 40.0;
+        let mut quads = vec![0u32; GROUP_QUADS];
+        let (coarse, _) = quantise_group(&row[..GROUP], &mut quads);
+        let (fine, _) = quantise_group(&row[GROUP..], &mut quads);
+        assert!(coarse > 0.15 && fine < 0.01, "{coarse} {fine}");
+    }
+
+    #[test]
+    fn narrow_precisions_are_refused_where_the_cpu_lacks_them_and_auto_follows_the_cpu() {
         let auto = Precision::Auto.resolve().unwrap();
-        assert_eq!(auto == Precision::Bf16, Precision::bf16_available());
+        let want = if Precision::bf16_available() {
+            Precision::Bf16
+        } else if Precision::int8_available() {
+            Precision::Int8
+        } else {
+            Precision::F32
+        };
+        assert_eq!(auto, want);
         assert_eq!(Precision::F32.resolve(), Ok(Precision::F32));
         assert_eq!(
             Precision::Bf16.resolve().is_ok(),
             Precision::bf16_available()
+        );
+        assert_eq!(
+            Precision::Int8.resolve().is_ok(),
+            Precision::int8_available()
         );
     }
 }

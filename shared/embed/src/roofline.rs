@@ -1,7 +1,7 @@
 //! The embedder's roofline: what the model's matrix products cost, and how fast the same
 //! kernels the model runs on multiply matrices of the model's shapes on this machine,
 //! measured in the same process: `gemm`'s f32 kernels (through candle, which calls them) and,
-//! where the CPU has AVX-512 BF16, the encoder's bf16 kernel.
+//! where the CPU has them, the encoder's bf16 (AVX-512 BF16) and int8 (AVX-512 VNNI) kernels.
 
 use std::time::Instant;
 
@@ -81,12 +81,16 @@ pub fn gemm_rates(
     Ok(out)
 }
 
-/// The same measurement for the encoder's bf16 kernel ([`crate::kernel`]), the products the
-/// model runs on a CPU with AVX-512 BF16: its peak at the model's shapes is that path's
-/// roofline. `None` on a CPU without it.
-pub fn bf16_rates(shapes: &[(usize, usize, usize)], budget_s: f64) -> Option<Vec<GemmRate>> {
-    use crate::kernel::{Precision, Weights, linear_bf16};
-    if !Precision::bf16_available() {
+/// The same measurement for one of the encoder's narrow kernels ([`crate::kernel`]), bf16
+/// or int8, the products the model runs in that precision: its peak at the model's shapes is
+/// that path's roofline. `None` for f32 or auto, or on a CPU without the kernel.
+pub fn kernel_rates(
+    precision: crate::Precision,
+    shapes: &[(usize, usize, usize)],
+    budget_s: f64,
+) -> Option<Vec<GemmRate>> {
+    use crate::kernel::{Operand, Precision, Weights};
+    if !matches!(precision, Precision::Bf16 | Precision::Int8) || precision.resolve().is_err() {
         return None;
     }
     let mut out = Vec::new();
@@ -96,20 +100,21 @@ pub fn bf16_rates(shapes: &[(usize, usize, usize)], budget_s: f64) -> Option<Vec
                 .map(|i| ((i.wrapping_mul(2_654_435_761) ^ seed) % 2001) as f32 / 1000.0 - 1.0)
                 .collect()
         };
-        let Weights::Bf16(packed) = Weights::pack(&values(n * k, 1), k, n, Precision::Bf16) else {
+        let weights = Weights::pack(&values(n * k, 1), k, n, precision);
+        if matches!(weights, Weights::F32(_)) {
             // A shape the kernel does not take (odd inputs, partial tiles): not measured.
             continue;
-        };
+        }
         let (x, bias) = (values(m * k, 2), values(n, 3));
         let mut result = vec![0f32; m * n];
-        let mut pairs = Vec::new();
-        linear_bf16(&x, k, &packed, &bias, &mut result, &mut pairs);
+        let mut operand = Operand::default();
+        weights.apply_narrow(&x, k, &bias, &mut result, &mut operand);
         let flops = 2.0 * m as f64 * k as f64 * n as f64;
         let mut best = 0.0f64;
         let started = Instant::now();
         while started.elapsed().as_secs_f64() < budget_s {
             let t = Instant::now();
-            linear_bf16(&x, k, &packed, &bias, &mut result, &mut pairs);
+            weights.apply_narrow(&x, k, &bias, &mut result, &mut operand);
             std::hint::black_box(&result);
             best = best.max(flops / t.elapsed().as_secs_f64() / 1e9);
         }
@@ -150,14 +155,23 @@ mod tests {
     }
 
     #[test]
-    fn bf16_rates_measure_every_shape_where_the_cpu_has_it() {
-        match bf16_rates(&[(8, 64, 32), (3, 32, 64)], 0.01) {
-            None => assert!(!crate::kernel::Precision::bf16_available()),
-            Some(rates) => {
-                assert_eq!(rates.len(), 2);
-                assert!(rates.iter().all(|r| r.gflops > 0.0));
-                assert_eq!((rates[1].m, rates[1].k, rates[1].n), (3, 32, 64));
+    fn kernel_rates_measure_every_shape_where_the_cpu_has_the_kernel() {
+        use crate::Precision;
+        for (precision, available) in [
+            (Precision::Bf16, Precision::bf16_available()),
+            (Precision::Int8, Precision::int8_available()),
+        ] {
+            // Inputs in whole groups of the int8 kernel's activations (64).
+            match kernel_rates(precision, &[(8, 64, 32), (3, 128, 64)], 0.01) {
+                None => assert!(!available, "{precision:?} runs here but was not measured"),
+                Some(rates) => {
+                    assert!(available);
+                    assert_eq!(rates.len(), 2);
+                    assert!(rates.iter().all(|r| r.gflops > 0.0));
+                    assert_eq!((rates[1].m, rates[1].k, rates[1].n), (3, 128, 64));
+                }
             }
         }
+        assert!(kernel_rates(Precision::F32, &[(8, 64, 32)], 0.01).is_none());
     }
 }

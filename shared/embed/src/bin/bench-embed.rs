@@ -23,7 +23,8 @@ struct Args {
     /// Read sentences from this file, one per line, instead of generating them.
     #[arg(long)]
     file: Option<PathBuf>,
-    /// The dense products' arithmetic: auto (bf16 where the CPU has it), f32 or bf16.
+    /// The dense products' arithmetic: auto (bf16, else int8, where the CPU has it), f32, bf16
+    /// or int8.
     #[arg(long, default_value = "auto", value_parser = parse_precision)]
     precision: engram_embed::Precision,
     /// Texts per forward pass; default: the embedder's own (and the baseline's own).
@@ -214,20 +215,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         engram_embed::roofline::gemm_rates(&shape.gemms(rows), args.gemm_seconds)?
     };
     let peak = gemm.iter().map(|g| g.gflops).fold(0.0f64, f64::max);
-    // The bf16 kernel's own peak at the same shapes, where the model runs on it: the roofline
-    // of the path in use (against the f32 peak alone, bf16 would score above 1).
-    let bf16 = if args.no_roofline || model.precision() != engram_embed::Precision::Bf16 {
+    // The narrow kernel's own peak at the same shapes, where the model runs on one (bf16 or
+    // int8): the roofline of the path in use (against the f32 peak alone, a narrow kernel
+    // would score above 1).
+    let narrow = if args.no_roofline {
         None
     } else {
-        engram_embed::roofline::bf16_rates(&shape.gemms(rows), args.gemm_seconds)
+        engram_embed::roofline::kernel_rates(
+            model.precision(),
+            &shape.gemms(rows),
+            args.gemm_seconds,
+        )
     };
-    let bf16_peak = bf16
+    let narrow_peak = narrow
         .iter()
         .flatten()
         .map(|g| g.gflops)
         .fold(0.0f64, f64::max);
     // The peak of the arithmetic the model ran in.
-    let path_peak = if bf16_peak > 0.0 { bf16_peak } else { peak };
+    let path_peak = if narrow_peak > 0.0 { narrow_peak } else { peak };
     let baseline = match &args.baseline {
         Some(binary) => Some(run_baseline(binary, &sentences, args.batch)?),
         None => None,
@@ -255,8 +261,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             "achieved_gflops": achieved_gflops,
             "gemm": gemm,
             "gemm_peak_gflops": (peak > 0.0).then_some(peak),
-            "bf16_kernel": bf16,
-            "bf16_peak_gflops": (bf16_peak > 0.0).then_some(bf16_peak),
+            "kernel": narrow,
+            "kernel_peak_gflops": (narrow_peak > 0.0).then_some(narrow_peak),
             "efficiency": (path_peak > 0.0).then(|| achieved_gflops / path_peak),
             "f32_peak_ratio": (peak > 0.0).then(|| achieved_gflops / peak),
             "baseline_sentences_per_sec": baseline,
@@ -312,10 +318,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
                 g.m, g.k, g.n, g.gflops
             );
         }
-        for g in bf16.iter().flatten() {
+        for g in narrow.iter().flatten() {
             println!(
-                "  bf16 kernel {}x{}x{}: {:.1} GFLOP/s",
-                g.m, g.k, g.n, g.gflops
+                "  {} kernel {}x{}x{}: {:.1} GFLOP/s",
+                model.precision().as_str(),
+                g.m,
+                g.k,
+                g.n,
+                g.gflops
             );
         }
         if path_peak > 0.0 {
@@ -503,6 +513,7 @@ fn parse_precision(s: &str) -> Result<engram_embed::Precision, String> {
         "auto" => Ok(engram_embed::Precision::Auto),
         "f32" => Ok(engram_embed::Precision::F32),
         "bf16" => Ok(engram_embed::Precision::Bf16),
-        other => Err(format!("{other:?}: expected auto, f32 or bf16")),
+        "int8" => Ok(engram_embed::Precision::Int8),
+        other => Err(format!("{other:?}: expected auto, f32, bf16 or int8")),
     }
 }
