@@ -23,8 +23,6 @@
 
 use rayon::prelude::*;
 
-use crate::pages::Pages;
-
 /// Output columns per tile: two 512-bit vectors of f32.
 pub(crate) const TILE: usize = 32;
 
@@ -121,11 +119,11 @@ impl Precision {
 pub(crate) enum Weights {
     /// f32, transposed: (inputs, outputs) row-major, which `gemm` reads as the right-hand
     /// matrix and the few-rows kernel as rows of output columns.
-    F32(Pages<f32>),
+    F32(Vec<f32>),
     /// bf16 in tiles: tile `t` (outputs `t·TILE..`) holds, for each pair `q` of inputs, TILE
     /// `u32`s whose lane `j` is `bf16(W[t·TILE + j][2q]) | bf16(W[t·TILE + j][2q + 1]) << 16`,
     /// the operand layout of `vdpbf16ps`.
-    Bf16(Pages<u32>),
+    Bf16(Vec<u32>),
     /// int8 in the same tiles: for each quad `q` of inputs, TILE `u32`s whose lane `j` holds
     /// the four bytes `round(W[t·TILE + j][4q + b] / scale[t·TILE + j])`, `b` = 0..4 from the
     /// low byte up, the operand layout of `vpdpbusd`.
@@ -134,7 +132,7 @@ pub(crate) enum Weights {
 
 /// A layer's weights for the int8 kernel.
 pub(crate) struct Int8Weights {
-    packed: Pages<u32>,
+    packed: Vec<u32>,
     /// Per output: the factor from its int8 weights back to f32 (its largest |weight| / 127).
     scale: Vec<f32>,
     /// Per group of [`GROUP`] inputs and output (group-major): the sum of the group's int8
@@ -170,7 +168,7 @@ impl Weights {
         if precision == Precision::Bf16 && inputs.is_multiple_of(2) && outputs.is_multiple_of(TILE)
         {
             let pairs = inputs / 2;
-            let mut packed = Pages::<u32>::zeroed(outputs * pairs);
+            let mut packed = vec![0u32; outputs * pairs];
             for (t, tile) in packed.chunks_exact_mut(pairs * TILE).enumerate() {
                 for (q, lanes) in tile.chunks_exact_mut(TILE).enumerate() {
                     for (j, lane) in lanes.iter_mut().enumerate() {
@@ -202,7 +200,7 @@ impl Weights {
                     sums[i / GROUP * outputs + o] += *q as f32;
                 }
             }
-            let mut packed = Pages::<u32>::zeroed(outputs * quads);
+            let mut packed = vec![0u32; outputs * quads];
             for (t, tile) in packed.chunks_exact_mut(quads * TILE).enumerate() {
                 for (q, lanes) in tile.chunks_exact_mut(TILE).enumerate() {
                     for (j, lane) in lanes.iter_mut().enumerate() {
@@ -218,7 +216,7 @@ impl Weights {
                 sums,
             });
         }
-        let mut transposed = Pages::<f32>::zeroed(inputs * outputs);
+        let mut transposed = vec![0f32; inputs * outputs];
         for (o, row) in weight.chunks_exact(inputs).enumerate() {
             for (i, w) in row.iter().enumerate() {
                 transposed[i * outputs + o] = *w;
@@ -427,11 +425,8 @@ pub(crate) fn linear_int8(
 /// The scale and zero point that map `[lo, hi]` (which holds 0) onto 0..=255.
 fn group_quantiser(lo: f32, hi: f32) -> (f32, i32) {
     let scale = (hi - lo) / 255.0;
-    if !(scale > 0.0 && scale.is_finite() && scale.recip().is_finite()) {
-        // An all-zero group (any scale represents it exactly), a non-finite one, or one so
-        // near zero (a range under about 1e-36) that its reciprocal, by which the values are
-        // multiplied, overflows: as zeros it is off by less than f32 can tell beside any
-        // other group.
+    if !(scale > 0.0 && scale.is_finite()) {
+        // An all-zero group (any scale represents it exactly), or a non-finite one.
         return (1.0, 0);
     }
     let zero = (-lo / scale).round_ties_even().clamp(0.0, 255.0) as i32;
@@ -454,9 +449,8 @@ fn quantise_group(x: &[f32], to: &mut [u32]) -> (f32, i32) {
         .fold((0f32, 0f32), |(lo, hi), v| (lo.min(*v), hi.max(*v)));
     let (scale, zero) = group_quantiser(lo, hi);
     let bytes: &mut [u8] = pulp::bytemuck::cast_slice_mut(to);
-    let inverse = scale.recip();
     for (b, v) in bytes.iter_mut().zip(x) {
-        *b = ((v * inverse).round_ties_even() as i32 + zero).clamp(0, 255) as u8;
+        *b = ((v / scale).round_ties_even() as i32 + zero).clamp(0, 255) as u8;
     }
     (scale, zero)
 }
@@ -484,13 +478,13 @@ unsafe fn quantise_group_avx512(x: &[f32], to: &mut [u8]) -> (f32, i32) {
         let lo = lanes_lo.iter().fold(0f32, |m, v| m.min(*v));
         let hi = lanes_hi.iter().fold(0f32, |m, v| m.max(*v));
         let (scale, zero) = group_quantiser(lo, hi);
-        // A product with the reciprocal, as the scalar path does (the same rounding, so both
-        // give the same bytes): a vector division takes many times a product's cycles.
-        let inverse = _mm512_set1_ps(scale.recip());
+        // A division per value, as the scalar path does: a reciprocal would round a value
+        // that sits on a half step the other way.
+        let divisor = _mm512_set1_ps(scale);
         let offset = _mm512_set1_epi32(zero);
         let floor = _mm512_setzero_si512();
         for i in (0..x.len()).step_by(16) {
-            let v = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr().add(i)), inverse);
+            let v = _mm512_div_ps(_mm512_loadu_ps(x.as_ptr().add(i)), divisor);
             // Rounded to nearest even (the default rounding mode), shifted by the zero point,
             // and held to 0..=255 (the conversion saturates above 255).
             let q = _mm512_max_epi32(_mm512_add_epi32(_mm512_cvtps_epi32(v), offset), floor);
@@ -1149,10 +1143,6 @@ mod tests {
         assert_eq!(zero, 0);
         // All zero: any scale holds it.
         assert_eq!(quantise_group(&[0.0; 16], &mut quads[..4]), (1.0, 0));
-        // A range so small that its step's reciprocal overflows: zeros, not garbage.
-        let tiny: Vec<f32> = (0..16).map(|i| i as f32 * 1e-40).collect();
-        assert_eq!(quantise_group(&tiny, &mut quads[..4]), (1.0, 0));
-        assert!(quads[..4].iter().all(|q| *q == 0));
     }
 
     #[test]

@@ -30,7 +30,6 @@ pub mod health;
 pub mod kernel;
 pub mod minilm;
 pub mod openai;
-mod pages;
 pub mod roofline;
 
 pub use cache::{CacheConfig, CacheStats, CachedEmbedder};
