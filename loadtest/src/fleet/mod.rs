@@ -1214,12 +1214,21 @@ async fn rolling_restart(
         let whole = began.elapsed().as_secs_f64();
         *slowest = Some(slowest.map_or(whole, |s: f64| s.max(whole)));
     }
-    for (name, _) in target.node_pids() {
+    for (name, pid) in target.node_pids() {
         eprintln!("[chaos] rolling restart: {name}");
         target.stop_node(&name);
-        // Gone from the members first, so that "back" is its new life, not its old one.
+        // Gone from the members first, so that "back" is its new life, not its old one. A
+        // stopped node is started again at once, so its new pid also says it left (a busy
+        // monitor may never see the gap between the two lives).
         let gone = Instant::now() + Duration::from_secs(60);
         while Instant::now() < gone {
+            if target
+                .node_pids()
+                .into_iter()
+                .any(|(n, p)| n == name && p != pid)
+            {
+                break;
+            }
             let still = engram_node::ownership::live_members(
                 monitor,
                 &engram_node::NodeConfig::default().bucket,

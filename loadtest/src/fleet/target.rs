@@ -482,8 +482,8 @@ impl Target {
         }
     }
 
-    /// SIGTERM to a node `node-<i>` of `engram up --nodes`, which starts it again after
-    /// `node.restart_after` (a rolling restart's stop).
+    /// SIGTERM to a node `node-<i>` of `engram up --nodes`, which starts it again at once
+    /// (a rolling restart's stop).
     pub(crate) fn stop_node(&self, name: &str) {
         if let Some((_, pid)) = self.node_pids().into_iter().find(|(n, _)| n == name) {
             // SAFETY: kill(2) on a process of this run's (a grandchild), by the pid its

@@ -4,7 +4,8 @@
 //! same home, server and service identities as this process, serving `/healthz` and
 //! `/metrics` on a port of its own (its membership entry says where). A node that dies is
 //! started again after `node.restart_after` (its partitions move to the others once its
-//! leases expire, and back to it once it has caught up); each one's pid is kept in
+//! leases expire, and back to it once it has caught up); one stopped with SIGTERM after
+//! running a while (it hands its partitions back) is started again at once. Each one's pid is kept in
 //! `<home>/nodes/<i>/pid` for whoever wants to kill one.
 
 use std::path::PathBuf;
@@ -122,7 +123,21 @@ impl Children {
     }
 }
 
-/// Runs node `i` until `stop`, starting it again whenever it dies.
+/// How long a node that ran at least this long before a clean exit counts as stopped on
+/// purpose rather than failing at start-up.
+const STEADY: Duration = Duration::from_secs(10);
+
+/// How long to wait before starting a node again that exited (`clean`: status 0) after
+/// running for `ran`.
+fn restart_delay(clean: bool, ran: Duration, restart_after: Duration) -> Duration {
+    if clean && ran >= STEADY {
+        Duration::ZERO
+    } else {
+        restart_after
+    }
+}
+
+/// Runs node `i` until `stop`, starting it again whenever it exits.
 async fn supervise(
     i: usize,
     (exe, args): (PathBuf, Vec<String>),
@@ -179,12 +194,22 @@ async fn supervise(
             let _ = std::fs::write(dir.join("pid"), format!("{pid}\n"));
         }
         tracing::info!(node = i, pid, "memory node started");
+        let started = tokio::time::Instant::now();
         tokio::select! {
             status = child.wait() => {
-                tracing::warn!(node = i, ?status, "memory node exited; starting it again");
+                // A node that ran a while and exited cleanly was asked to stop (SIGTERM: a
+                // rolling restart), having handed its partitions back: it is started again
+                // at once, so the restart costs its start-up only. One that died, or exited
+                // straight after starting (a loop), waits `restart_after`.
+                let delay = restart_delay(
+                    status.as_ref().is_ok_and(std::process::ExitStatus::success),
+                    started.elapsed(),
+                    restart_after,
+                );
+                tracing::warn!(node = i, ?status, ?delay, "memory node exited; starting it again");
                 tokio::select! {
                     () = stop.cancelled() => return,
-                    () = tokio::time::sleep(restart_after) => continue,
+                    () = tokio::time::sleep(delay) => continue,
                 }
             }
             () = stop.cancelled() => {
@@ -203,5 +228,22 @@ async fn supervise(
                 return;
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_clean_exit_after_a_steady_run_restarts_at_once() {
+        let after = Duration::from_secs(40);
+        assert_eq!(restart_delay(true, STEADY, after), Duration::ZERO);
+        // Killed, crashed, or exiting in a loop: the configured wait.
+        assert_eq!(restart_delay(false, Duration::from_secs(600), after), after);
+        assert_eq!(
+            restart_delay(true, STEADY - Duration::from_millis(1), after),
+            after
+        );
     }
 }

@@ -300,8 +300,8 @@ async fn a_cluster_chaos_run_survives_every_fault_and_loses_nothing() {
         // first), so there is room for three times that.
         node_restart_after: Duration::from_secs(40),
         // Each fault comes at its share of the load and is timed while the load goes on.
-        // Recoveries take 10 to 80 s here (a rolling restart waits out each node's restart),
-        // so the load outlasts the last one with a minute to spare.
+        // Recoveries take 10 to 80 s here (a rolling restart waits out each process's
+        // start and catch-up), so the load outlasts the last one with a minute to spare.
         ..config(out.path(), 330)
     };
     // The network partition needs network namespaces (root, iproute2); elsewhere the run

@@ -698,3 +698,49 @@ fn an_api_key_from_the_cli_appends_and_retrieves_through_the_http_api_of_engram_
     unsafe { libc::kill(child.0.id() as libc::pid_t, libc::SIGTERM) };
     assert!(child.0.wait().unwrap().success());
 }
+
+/// `engram up --nodes 1`: a memory node stopped with SIGTERM after running a while (what a
+/// rolling restart does) hands its partitions back and is started again at once, not after
+/// `node.restart_after` (a killed node's wait, here ten minutes).
+#[test]
+fn a_memory_node_stopped_with_sigterm_is_started_again_at_once() {
+    let home = tempfile::tempdir().unwrap();
+    let lease = engram_natsd::PortLease::acquire().unwrap();
+    let (_up, _ready) = common::spawn_up_with(
+        home.path(),
+        &["--nodes", "1", "--nats-port", &lease.port().to_string()],
+        &[
+            ("ENGRAM_NODE__RESTART_AFTER", "600s"),
+            // Client-supplied vectors: no model for the node to load.
+            ("ENGRAM_PROJECTORS__EMBEDDER__KIND", "client_supplied"),
+            ("ENGRAM_PROJECTORS__EMBEDDER__MODEL", "test-hash-64"),
+            ("ENGRAM_PROJECTORS__EMBEDDER__DIM", "64"),
+        ],
+        Duration::from_secs(120),
+    );
+    let pid_file = home.path().join("nodes").join("0").join("pid");
+    let pid = || -> Option<i32> { std::fs::read_to_string(&pid_file).ok()?.trim().parse().ok() };
+    let first = pid().expect("the node's pid file");
+    // "engram is up" came once the node served; past the supervisor's 10 s of a steady run
+    // the stop counts as one on purpose.
+    std::thread::sleep(Duration::from_secs(11));
+    // SAFETY: kill(2) on the node process engram up started for this test.
+    assert_eq!(unsafe { libc::kill(first, libc::SIGTERM) }, 0);
+    let stopped = Instant::now();
+    let deadline = stopped + Duration::from_secs(300);
+    let second = loop {
+        match pid() {
+            Some(p) if p != first => break p,
+            _ if Instant::now() > deadline => {
+                panic!("the node was not started again within 300 s of its SIGTERM")
+            }
+            _ => std::thread::sleep(Duration::from_millis(100)),
+        }
+    };
+    // SAFETY: signal 0 only asks whether the restarted node lives.
+    assert_eq!(
+        unsafe { libc::kill(second, 0) },
+        0,
+        "the restarted node is running"
+    );
+}

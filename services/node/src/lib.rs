@@ -59,7 +59,9 @@ pub struct NodeConfig {
     pub bucket: String,
     /// How long after a node process of `engram up --nodes` died it is started again. A
     /// node back within its lease TTL reclaims its partitions itself; one back later finds
-    /// them taken over, and they move back to it once it has caught up.
+    /// them taken over, and they move back to it once it has caught up. A node that exited
+    /// cleanly after running 10 s or more (SIGTERM: it handed its partitions back) is
+    /// started again at once.
     #[serde(with = "humantime_serde")]
     pub restart_after: Duration,
 }
