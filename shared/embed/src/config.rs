@@ -29,7 +29,7 @@ pub enum EmbedderConfig {
     #[serde(rename = "minilm")]
     MiniLm {
         /// The dense products' arithmetic: `"auto"` (bf16 where the CPU has AVX-512 BF16,
-        /// else int8 where it has AVX-512 VNNI, else f32), `"f32"` (the reference, on every
+        /// else int8 where it has AVX-512 VNNI or AVX2, else f32), `"f32"` (the reference, on every
         /// CPU), `"bf16"` or `"int8"` (refused on a CPU without it). Vectors of any stay
         /// within a cosine of 0.99 of f32's (bf16 0.999), so an index built with one is
         /// searched with another.

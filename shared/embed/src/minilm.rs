@@ -639,10 +639,14 @@ mod tests {
     /// measured on these texts (AVX-512 VNNI, 2026-12-07). bf16 stays above 0.999.
     const INT8_COSINE: f32 = 0.995;
 
+    /// The same on AVX2, whose activations take 7 bits (in groups of 32): 0.9947 (the empty
+    /// text) to 0.9995 (AMD EPYC, 2026-12-07).
+    const INT8_AVX2_COSINE: f32 = 0.994;
+
     #[test]
     fn int8_products_stay_within_their_rounding_of_candles_bert() {
         if !Precision::int8_available() {
-            eprintln!("no AVX-512 VNNI here: the int8 path is not run");
+            eprintln!("no AVX-512 VNNI or AVX2 here: the int8 path is not run");
             assert!(MiniLm::load_default_in(Precision::Int8).is_err());
             return;
         }
@@ -653,7 +657,11 @@ mod tests {
                 "auto picks int8 where it runs and bf16 does not"
             );
         }
-        narrow_products_stay_near_candles_bert(Precision::Int8, INT8_COSINE);
+        let bound = match crate::kernel::Int8Isa::detect() {
+            Some(crate::kernel::Int8Isa::Avx2) => INT8_AVX2_COSINE,
+            _ => INT8_COSINE,
+        };
+        narrow_products_stay_near_candles_bert(Precision::Int8, bound);
     }
 
     #[test]

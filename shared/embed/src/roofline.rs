@@ -1,7 +1,8 @@
 //! The embedder's roofline: what the model's matrix products cost, and how fast the same
 //! kernels the model runs on multiply matrices of the model's shapes on this machine,
 //! measured in the same process: `gemm`'s f32 kernels (through candle, which calls them) and,
-//! where the CPU has them, the encoder's bf16 (AVX-512 BF16) and int8 (AVX-512 VNNI) kernels.
+//! where the CPU has them, the encoder's bf16 (AVX-512 BF16) and int8 (AVX-512 VNNI or AVX2)
+//! kernels.
 
 use std::time::Instant;
 
