@@ -482,6 +482,13 @@ fn group_quantiser(lo: f32, hi: f32, top: i32) -> (f32, i32) {
     (scale, zero)
 }
 
+/// [`group_quantiser`] of the range in a vector quantiser's lanes of minima and maxima.
+fn lanes_quantiser(lo: &[f32], hi: &[f32], top: i32) -> (f32, i32) {
+    let lo = lo.iter().fold(0f32, |m, v| m.min(*v));
+    let hi = hi.iter().fold(0f32, |m, v| m.max(*v));
+    group_quantiser(lo, hi, top)
+}
+
 /// One group of f32 rounded to u8 in quads (`to` holds `x.len() / 4` of them, the first
 /// input in the low byte), by its own range onto the int8 kernel's `0..=top`: returns the
 /// scale and the zero point, so that `x[i] ≈ scale · (u8[i] − zero)`.
@@ -536,13 +543,14 @@ unsafe fn quantise_group_avx2(x: &[f32], to: &mut [u8]) -> (f32, i32) {
         let (mut lanes_lo, mut lanes_hi) = ([0f32; 8], [0f32; 8]);
         _mm256_storeu_ps(lanes_lo.as_mut_ptr(), lo);
         _mm256_storeu_ps(lanes_hi.as_mut_ptr(), hi);
-        let lo = lanes_lo.iter().fold(0f32, |m, v| m.min(*v));
-        let hi = lanes_hi.iter().fold(0f32, |m, v| m.max(*v));
-        let (scale, zero) = group_quantiser(lo, hi, Int8Isa::Avx2.top());
+        let (scale, zero) = lanes_quantiser(&lanes_lo, &lanes_hi, Int8Isa::Avx2.top());
         // A division per value, as the scalar path does (see the AVX-512 quantiser).
         let divisor = _mm256_set1_ps(scale);
         let offset = _mm256_set1_epi32(zero);
-        let (floor, ceiling) = (_mm256_setzero_si256(), _mm256_set1_epi32(127));
+        let (floor, ceiling) = (
+            _mm256_setzero_si256(),
+            _mm256_set1_epi32(Int8Isa::Avx2.top()),
+        );
         // The packs work within 128-bit lanes: this puts the 4-byte groups back in order.
         let order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
         for i in (0..x.len()).step_by(32) {
@@ -585,9 +593,7 @@ unsafe fn quantise_group_avx512(x: &[f32], to: &mut [u8]) -> (f32, i32) {
         let (mut lanes_lo, mut lanes_hi) = ([0f32; 16], [0f32; 16]);
         _mm512_storeu_ps(lanes_lo.as_mut_ptr(), lo);
         _mm512_storeu_ps(lanes_hi.as_mut_ptr(), hi);
-        let lo = lanes_lo.iter().fold(0f32, |m, v| m.min(*v));
-        let hi = lanes_hi.iter().fold(0f32, |m, v| m.max(*v));
-        let (scale, zero) = group_quantiser(lo, hi, Int8Isa::Vnni.top());
+        let (scale, zero) = lanes_quantiser(&lanes_lo, &lanes_hi, Int8Isa::Vnni.top());
         // A division per value, as the scalar path does: a reciprocal would round a value
         // that sits on a half step the other way.
         let divisor = _mm512_set1_ps(scale);
