@@ -44,6 +44,7 @@ use super::record::{Acked, Check, Metric, Recorder};
 /// The longest pause before asking a refused query again: the SDK's own backoff ceiling.
 const MAX_BUSY_PAUSE: Duration = Duration::from_secs(2);
 use super::sampler::projector_ledger;
+use super::span::LoadSpan;
 use super::target::{CLIENT_DIM, CLIENT_MODEL, EmbedderChoice, projectors};
 use crate::workload::{AgentProfile, AgentWorkload};
 
@@ -54,10 +55,11 @@ pub(crate) struct Shared {
     pub(crate) team_size: usize,
     pub(crate) period: Duration,
     pub(crate) start: Instant,
-    /// No step starts at or after this.
-    pub(crate) end: Instant,
-    /// Read-your-writes checks still waiting at this point give up (counted as unchecked).
-    pub(crate) give_up: Instant,
+    /// When the load ends: no step due at or after it runs.
+    pub(crate) load: Arc<LoadSpan>,
+    /// How long after the load's end read-your-writes checks still waiting give up (counted
+    /// as unchecked).
+    pub(crate) drain_limit: Duration,
     pub(crate) churn: f64,
     pub(crate) recall: f64,
     pub(crate) fact_check: f64,
@@ -77,6 +79,17 @@ pub(crate) struct Shared {
     pub(crate) seed: u64,
     /// Set on ctrl-c: instances finish their step and stop.
     pub(crate) stop: tokio::sync::watch::Receiver<bool>,
+}
+
+impl Shared {
+    /// Read-your-writes checks and retries still waiting at this point give up: the load's
+    /// end and the drain limit, or, while a fault holds the load open, not yet.
+    pub(crate) fn give_up(&self) -> Instant {
+        match self.load.end() {
+            (_, true) => Instant::now() + self.drain_limit,
+            (end, false) => end + self.drain_limit,
+        }
+    }
 }
 
 /// Identity `index`'s seed in a run seeded with `seed`.
@@ -113,12 +126,9 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
         offline: None,
     };
     let offset = shared.period.mul_f64(rng.random::<f64>());
-    let run_for = shared.end.saturating_duration_since(shared.start);
+    // Deaths and offline spells fall within the load as it was asked for.
+    let run_for = shared.load.length();
     let due_at = |step: u64| shared.start + offset + shared.period * step as u32;
-    let steps_due = (0u64..)
-        .take_while(|&step| due_at(step) < shared.end)
-        .count() as u64;
-    shared.recorder.steps_due(steps_due);
     // Successions happen in the middle of the run, so both generations do real work.
     let mut dies_at = rng
         .random_bool(shared.churn.clamp(0.0, 1.0))
@@ -126,15 +136,19 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
     agent.offline = rng
         .random_bool(shared.offline.clamp(0.0, 1.0))
         .then(|| (shared.start + run_for / 3, shared.start + run_for * 2 / 3));
-    for step in 0..steps_due {
+    // Each step is counted due when its time comes, not up front: a chaos fault may hold
+    // the load open past `duration` (see [`LoadSpan`]).
+    for step in 0u64.. {
         let due = due_at(step);
         if *shared.stop.borrow() {
             break;
         }
-        if Instant::now() >= shared.end {
+        if let Some(end) = shared.load.ended(Instant::now()) {
             // Fallen so far behind that the load is over: the steps still owed are missed,
             // not run late, so an overloaded run ends on time and says how far short it fell.
-            shared.recorder.missed(steps_due - step);
+            let owed = (step..).take_while(|&s| due_at(s) < end).count() as u64;
+            shared.recorder.steps_due(owed);
+            shared.recorder.missed(owed);
             break;
         }
         if let Some(dies) = dies_at.filter(|&t| due >= t) {
@@ -147,6 +161,10 @@ pub(crate) async fn run(shared: Arc<Shared>, index: usize) {
             agent.die_and_succeed().await;
         }
         tokio::time::sleep_until(due).await;
+        if !shared.load.includes(due) {
+            break;
+        }
+        shared.recorder.steps_due(1);
         agent.step(step, due).await;
     }
     // Back online at the end: what it edited offline goes now.
@@ -689,7 +707,7 @@ impl Instance {
                         }
                         tokio::time::sleep(Duration::from_millis(250)).await;
                     }
-                    if Instant::now() >= self.shared.give_up {
+                    if Instant::now() >= self.shared.give_up() {
                         recorder.unchecked(Some(check));
                         return None;
                     }
@@ -724,7 +742,7 @@ impl Instance {
                     recorder.latency(Metric::Answered, now - sent, now);
                     return Ok(answer);
                 }
-                Err(e) if e.code() == ErrorCode::Busy && now < self.shared.give_up => {
+                Err(e) if e.code() == ErrorCode::Busy && now < self.shared.give_up() => {
                     recorder.refused(operation, now - sent, now);
                     tokio::time::sleep(pause.mul_f64(rand::random_range(0.5..1.0))).await;
                     pause = (pause * 2).min(MAX_BUSY_PAUSE);
@@ -810,7 +828,7 @@ impl Instance {
                 // One of its queries refused at the service's in-flight bound: the
                 // designed answer to overload, counted as a refusal, asked again.
                 Err(BootstrapError::Rpc(e))
-                    if e.code() == ErrorCode::Busy && Instant::now() < self.shared.give_up =>
+                    if e.code() == ErrorCode::Busy && Instant::now() < self.shared.give_up() =>
                 {
                     recorder.refused_in("bootstrap");
                     tokio::time::sleep(engram_rpc::BUSY_RETRY_AFTER).await;
@@ -818,7 +836,7 @@ impl Instance {
                 Err(e) => {
                     let (kind, retryable) = bootstrap_error_kind(&e);
                     recorder.error(attempt, "bootstrap", kind, retryable, &e.to_string());
-                    if !retryable || Instant::now() >= self.shared.give_up {
+                    if !retryable || Instant::now() >= self.shared.give_up() {
                         recorder.bootstrap_failed();
                         return None;
                     }
@@ -894,7 +912,7 @@ impl Instance {
                 Err(e) => e.to_string(),
             };
             recorder.error(attempt, "takeover", "unavailable", true, &failed);
-            if Instant::now() >= self.shared.give_up {
+            if Instant::now() >= self.shared.give_up() {
                 return None;
             }
             tokio::time::sleep(Duration::from_millis(250)).await;

@@ -10,6 +10,7 @@
 //!    and every projector is asked for a snapshot every `snapshot_every` ([`snapshots`]),
 //!    which the successors of dying instances bootstrap from.
 //!    With `--chaos`, a projector and then nats-server are killed with SIGKILL and restarted.
+//!    Each fault holds the load open until its recovery is timed ([`span`]).
 //! 3. **Drain.** Wait until every projector has applied the whole stream.
 //! 4. **Verify.** Read the stream and every projector's apply ledger ([`verify`]); then cut
 //!    one more snapshot of each projector, timed, and read the target's metrics again
@@ -34,6 +35,7 @@ pub mod reference;
 pub mod report;
 mod sampler;
 pub mod snapshots;
+mod span;
 pub mod target;
 pub(crate) use target::locate_engram;
 pub mod timeline;
@@ -398,7 +400,7 @@ async fn load_and_verify(
         })
     };
     let start = Instant::now() + Duration::from_secs(1);
-    let end = start + config.duration;
+    let load = span::LoadSpan::new(start, config.duration, config.period());
     let recorder = Arc::new(Recorder::new(start));
     let boards = Arc::new(docs::Boards::default());
     let shared = Arc::new(instance::Shared {
@@ -418,8 +420,8 @@ async fn load_and_verify(
         team_size: config.team_size,
         period: config.period(),
         start,
-        end,
-        give_up: end + config.drain_limit,
+        load: load.clone(),
+        drain_limit: config.drain_limit,
         churn: config.churn,
         recall: config.recall,
         fact_check: config.fact_check,
@@ -447,7 +449,12 @@ async fn load_and_verify(
         samples.clone(),
         sampler_rx,
     ));
-    let progress = tokio::spawn(progress(recorder.clone(), samples.clone(), start, end));
+    let progress = tokio::spawn(progress(
+        recorder.clone(),
+        samples.clone(),
+        start,
+        load.clone(),
+    ));
     let cuts = snapshots::Cuts::default();
     let (cutter_stop, cutter_rx) = watch::channel(false);
     let cutter = tokio::spawn(snapshots::run_during_load(
@@ -478,6 +485,7 @@ async fn load_and_verify(
             &recorder,
             start,
             config.duration,
+            &load,
             config.visibility_goal,
         )
         .await
@@ -585,7 +593,7 @@ async fn load_and_verify(
         .last_ack
         .map_or(0.0, |t| t.saturating_duration_since(start).as_secs_f64())
         .max(
-            (load_ended.min(end))
+            (load_ended.min(start + load.length()))
                 .saturating_duration_since(start)
                 .as_secs_f64(),
         );
@@ -645,6 +653,7 @@ async fn load_and_verify(
         machine,
         nats_server_version,
         interrupted,
+        load_secs: load.length().as_secs_f64(),
         measured_secs,
         appends,
         appends_per_sec,
@@ -927,17 +936,25 @@ async fn chaos(
     recorder: &Recorder,
     start: Instant,
     duration: Duration,
+    load: &Arc<span::LoadSpan>,
     visibility_goal: Duration,
 ) -> Vec<ChaosEvent> {
     let mut events = Vec::new();
     let clustered = target.nats_names().len() > 1;
-    let load_end = start + duration;
+    // Each fault holds the load open until it has been timed (see [`span`]), and the hold
+    // passes straight to the next fault when that one is already due, so that a slow
+    // recovery delays the faults after it rather than leaving them no load to be timed in.
+    let mut held: Option<span::Hold> = None;
     for &(share, fault) in plan {
-        tokio::time::sleep_until(start + duration.mul_f64(share)).await;
-        // An earlier fault's recovery can run past this one's share, even past the load: a
-        // fault due after the load could not be timed (nothing appends any more), so it is
-        // reported as not run rather than waited on for minutes.
-        if Instant::now() >= load_end {
+        let due = start + duration.mul_f64(share);
+        if Instant::now() < due {
+            held = None;
+            tokio::time::sleep_until(due).await;
+        }
+        // Every fault is due within `duration` or takes over the last one's hold, so the load
+        // is still on; were it not, the fault is reported as not run rather than timed with
+        // nothing appending.
+        let Some(hold) = held.take().or_else(|| load.hold()) else {
             let what = match fault {
                 Fault::Kill(name) => format!("kill -9 {name}"),
                 Fault::KillLeader => "kill -9 the stream leader".to_owned(),
@@ -964,13 +981,10 @@ async fn chaos(
                 replica_caught_up_secs: None,
                 visibility_back_secs: None,
                 leader_change: None,
-                error: Some(
-                    "not run: the faults before it recovered only after the load had ended; run longer (--duration)"
-                        .to_owned(),
-                ),
+                error: Some("not run: the load had already ended".to_owned()),
             });
             continue;
-        }
+        };
         if let (Fault::Partition, Err(why)) = (fault, target.partitionable()) {
             eprintln!("[chaos] network partition: not run, this machine cannot ({why})");
             continue;
@@ -1097,8 +1111,8 @@ async fn chaos(
             } else {
                 recorder.acked_count()
             };
-            // Nothing appends after the load: resumption is looked for until then.
-            let resume_by = (Instant::now() + Duration::from_secs(120)).min(load_end);
+            // The load is held open meanwhile, so appends can resume.
+            let resume_by = Instant::now() + Duration::from_secs(120);
             while recorder.acked_count() <= baseline && Instant::now() < resume_by {
                 tokio::time::sleep(Duration::from_millis(10)).await;
             }
@@ -1155,9 +1169,7 @@ async fn chaos(
         recorder.outage(false);
         let now = Instant::now();
         event.visibility_max_ms = recorder.visibility_max_ms(killed, now);
-        // Appends stop when the load does: a gap is measured up to its end at most.
-        let gap_end = now.min(load_end.max(killed));
-        event.ack_gap_max_ms = Some(recorder.longest_ack_gap_ms(killed, gap_end));
+        event.ack_gap_max_ms = Some(recorder.longest_ack_gap_ms(killed, now));
         event.visibility_back_secs =
             recorder.visibility_back_secs(killed, now, visibility_goal.as_secs_f64() * 1000.0);
         if clustered {
@@ -1188,6 +1200,7 @@ async fn chaos(
             secs(event.visibility_back_secs),
         );
         events.push(event);
+        held = Some(hold);
     }
     events
 }
@@ -1256,7 +1269,12 @@ fn secs(value: Option<f64>) -> String {
 }
 
 /// A line every five seconds while the load runs.
-async fn progress(recorder: Arc<Recorder>, samples: Samples, start: Instant, end: Instant) {
+async fn progress(
+    recorder: Arc<Recorder>,
+    samples: Samples,
+    start: Instant,
+    load: Arc<span::LoadSpan>,
+) {
     let mut tick = tokio::time::interval_at(start + Duration::from_secs(5), Duration::from_secs(5));
     let mut last = 0usize;
     loop {
@@ -1277,7 +1295,10 @@ async fn progress(recorder: Arc<Recorder>, samples: Samples, start: Instant, end
                     .join(", ")
             })
             .unwrap_or_default();
-        let phase = if now > end {
+        let (end, held) = load.end();
+        let phase = if held && now > end {
+            "  (held open until a fault's recovery is timed)"
+        } else if now > end {
             "  (finishing read-your-writes checks)"
         } else {
             ""

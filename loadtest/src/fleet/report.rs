@@ -24,6 +24,10 @@ pub struct FleetReport {
     pub machine: Machine,
     pub nats_server_version: String,
     pub interrupted: bool,
+    /// How long the load ran: `duration`, or more when a chaos fault's recovery ran past it
+    /// and held the load open until it was timed (then a whole number of periods).
+    #[serde(default)]
+    pub load_secs: f64,
     /// From the first step to the last acknowledgement.
     pub measured_secs: f64,
     pub appends: u64,
@@ -489,11 +493,19 @@ impl FleetReport {
         );
         let _ = writeln!(
             out,
-            "{} instances in teams of {}, target {:.1} appends/s for {:.0} s; embedder {:?}; {}{}; seed {}; nats-server {}; started {}.\n",
+            "{} instances in teams of {}, target {:.1} appends/s for {:.0} s{}; embedder {:?}; {}{}; seed {}; nats-server {}; started {}.\n",
             c.instances,
             c.team_size,
             c.rate,
             c.duration.as_secs_f64(),
+            if self.load_secs > c.duration.as_secs_f64() + 1e-3 {
+                format!(
+                    " (held open to {:.1} s until the chaos faults' recoveries were timed)",
+                    self.load_secs
+                )
+            } else {
+                String::new()
+            },
             c.embedder,
             if c.nats.is_some() {
                 "remote deployment"

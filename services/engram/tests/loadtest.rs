@@ -72,11 +72,17 @@ fn with_client_vector(mut event: engram_schema::Envelope) -> engram_schema::Enve
 /// The steps the schedule holds. Every identity steps once a period from an offset within
 /// its first period, so a load that lasts a whole number of periods holds exactly that many
 /// steps per identity: fixed by the configuration, whatever the seed and the machine.
-fn scheduled_steps(config: &FleetConfig) -> u64 {
+/// The steps a load of `load_secs` holds: one per instance per whole period. A chaos run's
+/// load is `duration`, or more periods when a fault's recovery held it open.
+fn scheduled_steps(config: &FleetConfig, load_secs: f64) -> u64 {
     let period = Duration::from_secs_f64(config.instances as f64 / config.rate).as_nanos();
     let duration = config.duration.as_nanos();
     assert_eq!(duration % period, 0, "the tests' loads last whole periods");
-    config.instances as u64 * u64::try_from(duration / period).unwrap()
+    let load = Duration::from_secs_f64(load_secs).as_nanos();
+    assert!(load >= duration, "the load ran {load_secs} s");
+    // Rounded: the length passed through an f64 of seconds.
+    let periods = (load + period / 2) / period;
+    config.instances as u64 * u64::try_from(periods).unwrap()
 }
 
 /// Every step the schedule holds was due, and either ran or was counted missed; every step
@@ -87,7 +93,10 @@ fn scheduled_steps(config: &FleetConfig) -> u64 {
 fn assert_every_step_accounted_for(report: &fleet::report::FleetReport) {
     let p = &report.problems;
     assert!(!report.interrupted);
-    assert_eq!(p.steps_due, scheduled_steps(&report.config));
+    assert_eq!(
+        p.steps_due,
+        scheduled_steps(&report.config, report.load_secs)
+    );
     assert_eq!(
         p.steps_run + p.missed_steps,
         p.steps_due,
@@ -235,9 +244,12 @@ async fn a_fleet_run_verifies_every_acknowledged_write_and_writes_its_report() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_chaos_run_kills_a_projector_and_the_server_and_still_loses_nothing() {
     let out = tempfile::tempdir().unwrap();
+    // Short on purpose: the projector's outage alone (2 s down, then written-to-readable
+    // under its goal for 3 s) runs past the 6 s load from its share (1.8 s), so the faults
+    // must hold the load open for the server's kill to be timed under load at all.
     let config = FleetConfig {
         chaos: true,
-        ..config(out.path(), 14)
+        ..config(out.path(), 6)
     };
     let report = fleet::run(config, std::future::pending())
         .await
@@ -247,6 +259,13 @@ async fn a_chaos_run_kills_a_projector_and_the_server_and_still_loses_nothing() 
         (report.lost(), report.duplicated(), report.invisible()),
         (0, 0, 0)
     );
+    assert!(report.load_secs > 6.0, "{}", report.load_secs);
+    assert!(
+        report.markdown().contains("held open to"),
+        "{}",
+        report.markdown()
+    );
+    // The steps due follow from the load's whole periods, however long the hold was.
     assert_every_step_accounted_for(&report);
     let victims: Vec<&str> = report.chaos.iter().map(|e| e.victim.as_str()).collect();
     assert_eq!(victims, ["vector", "nats-server"]);
